@@ -1,0 +1,249 @@
+"""Load a hardware description into one frozen, validated config object.
+
+Every hardware number used anywhere in dsa-tvm (ISA field widths, scratchpad
+sizes the scheduler tiles for, partitioner limits, simulator timing) is read
+from a :class:`HardwareConfig`; nothing restates one by hand.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import math
+import tomllib
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from functools import cached_property
+from pathlib import Path
+from typing import Any
+
+from .schema import FIELDS, SECTIONS, FieldSpec
+
+
+class ConfigError(ValueError):
+    """A hardware description broke a rule; the message names the field and the rule."""
+
+
+def presets_dir() -> Path:
+    """The folder of bundled presets (`target/` at the top of the project)."""
+    here = Path(__file__).resolve().parent
+    for cand in (here.parents[1] / "target", here.parent / "_presets"):
+        if cand.is_dir():
+            return cand
+    raise ConfigError("cannot find the bundled presets folder 'target/'")
+
+
+def preset_names() -> list[str]:
+    return sorted(p.stem for p in presets_dir().glob("*.toml"))
+
+
+@dataclass(frozen=True)
+class HardwareConfig:
+    """A validated hardware description plus the quantities derived from it.
+
+    Raw fields are attributes named as in the TOML file without their section
+    (``cfg.block_in``, ``cfg.acc_kib``, ``cfg.mhz``). Use :func:`load_config`.
+    """
+
+    values: Mapping[str, Any]
+    source: str = field(default="<dict>", compare=False)
+
+    def __getattr__(self, name: str) -> Any:
+        values = object.__getattribute__(self, "values")
+        if name in values:
+            return values[name]
+        raise AttributeError(name)
+
+    # --- element / vector sizes
+    @property
+    def inp_row_bytes(self) -> int:
+        return self.block_in
+
+    @property
+    def wgt_tile_bytes(self) -> int:
+        return self.block_in * self.block_out
+
+    @property
+    def acc_row_bytes(self) -> int:
+        return 4 * self.block_out
+
+    # --- scratchpad depths, in their addressing units
+    @property
+    def inp_depth(self) -> int:
+        """Rows of block_in int8 elements in the input scratchpad."""
+        return self.inp_kib * 1024 // self.inp_row_bytes
+
+    @property
+    def wgt_depth(self) -> int:
+        """Tiles of block_out x block_in int8 weights in the weight scratchpad."""
+        return self.wgt_kib * 1024 // self.wgt_tile_bytes
+
+    @property
+    def acc_depth(self) -> int:
+        """Rows of block_out int32 lanes in the accumulator scratchpad."""
+        return self.acc_kib * 1024 // self.acc_row_bytes
+
+    def element_bytes(self, buffer: int) -> int:
+        """Bytes of one addressing unit of a LOAD/STORE ``Buffer`` (INP, WGT, ACC, ACC8)."""
+        return (self.inp_row_bytes, self.wgt_tile_bytes, self.acc_row_bytes, self.block_out)[buffer]
+
+    @property
+    def dram_align(self) -> int:
+        """Alignment of DRAM regions: every buffer's element size divides it."""
+        return max(64, self.wgt_tile_bytes, self.acc_row_bytes)
+
+    @property
+    def dram_bytes(self) -> int:
+        return self.size_mib * 1024 * 1024
+
+    # --- throughput
+    @property
+    def peak_macs_per_cycle(self) -> int:
+        return self.block_in * self.block_out
+
+    @property
+    def peak_gops(self) -> float:
+        """Peak int8 giga-operations per second (a MAC counts as 2 operations)."""
+        return 2 * self.peak_macs_per_cycle * self.mhz / 1e3
+
+    @property
+    def alu_cycles_per_row(self) -> int:
+        return math.ceil(self.block_out / self.lanes)
+
+    @property
+    def gemm_fill_drain_cycles(self) -> int:
+        """Cycles to fill and drain the systolic array, paid once per GEMM instruction."""
+        return self.block_in + self.block_out
+
+    @property
+    def energy_modelled(self) -> bool:
+        return any(self.values[k] > 0 for k in ("mac_pj", "alu_lane_op_pj", "sram_byte_pj",
+                                                 "dram_byte_pj"))
+
+    # --- identity
+    @cached_property
+    def fingerprint(self) -> bytes:
+        """16-byte digest of every field; programs carry it and refuse other configs."""
+        canon = json.dumps(dict(sorted(self.values.items())), sort_keys=True)
+        return hashlib.sha256(canon.encode()).digest()[:16]
+
+    def as_dict(self) -> dict[str, dict[str, Any]]:
+        """The description as nested sections, as it would be written in TOML."""
+        out: dict[str, dict[str, Any]] = {}
+        for f in FIELDS:
+            if f.section:
+                out.setdefault(f.section, {})[f.name] = self.values[f.name]
+            else:
+                out[f.name] = self.values[f.name]  # type: ignore[assignment]
+        return out
+
+    def replace(self, **changes: Any) -> "HardwareConfig":
+        """A new validated config with some fields changed (flat names: ``block_in=32``)."""
+        nested = self.as_dict()
+        spec_by_name = {f.name: f for f in FIELDS}
+        for k, v in changes.items():
+            if k not in spec_by_name:
+                raise ConfigError(f"unknown hardware field '{k}'")
+            f = spec_by_name[k]
+            if f.section:
+                nested[f.section][k] = v
+            else:
+                nested[k] = v
+        return config_from_dict(nested, source=f"{self.source} (modified)")
+
+    def summary(self) -> str:
+        return (f"{self.name}: {self.block_out}x{self.block_in} int8 array "
+                f"({self.peak_macs_per_cycle} MACs/cycle), SRAM inp/wgt/acc "
+                f"{self.inp_kib}/{self.wgt_kib}/{self.acc_kib} KiB, DRAM "
+                f"{self.bandwidth_bytes_per_cycle:g} B/cycle + {self.latency_cycles} cycles, "
+                f"{self.lanes} vector lanes, {self.mhz:g} MHz")
+
+    def __repr__(self) -> str:
+        return f"HardwareConfig({self.summary()})"
+
+    def __hash__(self) -> int:
+        return hash(self.fingerprint)
+
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, HardwareConfig) and self.fingerprint == other.fingerprint
+
+
+def _coerce(spec: FieldSpec, value: Any) -> Any:
+    if spec.type is float and isinstance(value, int) and not isinstance(value, bool):
+        return float(value)
+    if not isinstance(value, spec.type) or isinstance(value, bool):
+        raise ConfigError(f"field '{spec.key}' must be {spec.type.__name__}, got {value!r}")
+    return value
+
+
+def config_from_dict(data: Mapping[str, Any], source: str = "<dict>") -> HardwareConfig:
+    """Validate a nested description (sections as tables) into a HardwareConfig."""
+    flat: dict[str, Any] = {}
+    known_sections = set(SECTIONS) - {""}
+    for key, value in data.items():
+        if isinstance(value, Mapping):
+            if key not in known_sections:
+                raise ConfigError(f"{source}: unknown section [{key}] "
+                                  f"(known: {', '.join(sorted(known_sections))})")
+            for sub, v in value.items():
+                flat[f"{key}.{sub}"] = v
+        else:
+            flat[f".{key}"] = value
+    values: dict[str, Any] = {}
+    by_key = {f"{f.section}.{f.name}": f for f in FIELDS}
+    for k in flat:
+        if k not in by_key:
+            sec, name = k.split(".", 1)
+            where = f"[{sec}]" if sec else "the top level"
+            raise ConfigError(f"{source}: unknown field '{name}' in {where}")
+    for k, spec in by_key.items():
+        if k in flat:
+            v = _coerce(spec, flat[k])
+        elif spec.default is not None:
+            v = spec.default
+        else:
+            raise ConfigError(f"{source}: missing required field '{spec.key}' ({spec.doc})")
+        if not spec.check(v):
+            raise ConfigError(f"{source}: field '{spec.key}' = {v!r} breaks the rule: {spec.rule}")
+        values[spec.name] = v
+    cfg = HardwareConfig(values=values, source=source)
+    _check_cross_field_rules(cfg, source)
+    return cfg
+
+
+def _check_cross_field_rules(cfg: HardwareConfig, source: str) -> None:
+    if cfg.lanes > cfg.block_out:
+        raise ConfigError(f"{source}: field 'vector.lanes' = {cfg.lanes} breaks the rule: "
+                          f"at most array.block_out ({cfg.block_out})")
+    for fld, unit in (("inp_kib", cfg.inp_row_bytes), ("wgt_kib", cfg.wgt_tile_bytes),
+                      ("acc_kib", cfg.acc_row_bytes)):
+        if (cfg.values[fld] * 1024) % unit:
+            raise ConfigError(f"{source}: field 'sram.{fld}' = {cfg.values[fld]} breaks the rule: "
+                              f"must hold a whole number of {unit}-byte rows/tiles")
+    from ..isa.formats import check_formats_fit  # the ISA is sized from this config
+
+    problem = check_formats_fit(cfg)
+    if problem:
+        raise ConfigError(f"{source}: field 'isa.instruction_bits' = {cfg.instruction_bits} "
+                          f"breaks the rule: {problem}")
+
+
+def load_config(spec: "str | Path | HardwareConfig | None" = None) -> HardwareConfig:
+    """A preset name (``"default"``, ``"edge"``, ``"large"``), a TOML file path, or a config."""
+    if isinstance(spec, HardwareConfig):
+        return spec
+    if spec is None:
+        spec = "default"
+    path = Path(spec)
+    if path.suffix != ".toml" and not path.exists():
+        path = presets_dir() / f"{spec}.toml"
+        if not path.exists():
+            raise ConfigError(f"unknown hardware preset '{spec}' "
+                              f"(presets: {', '.join(preset_names())}; or pass a .toml file)")
+    if not path.exists():
+        raise ConfigError(f"hardware description file not found: {path}")
+    try:
+        data = tomllib.loads(path.read_text())
+    except tomllib.TOMLDecodeError as e:
+        raise ConfigError(f"{path}: not valid TOML: {e}") from e
+    return config_from_dict(data, source=str(path))

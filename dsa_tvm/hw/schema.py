@@ -1,0 +1,121 @@
+"""The hardware-description schema: every field, its unit, its rule and what it means.
+
+This table is the single definition of what a hardware description may say.
+The loader validates against it, the docs (`docs/hardware.md`) are generated
+from it, and the presets in `target/` are checked against it in the tests.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+
+
+def _pow2(v: int) -> bool:
+    return v > 0 and (v & (v - 1)) == 0
+
+
+@dataclass(frozen=True)
+class FieldSpec:
+    """One field of a hardware description (a key inside a TOML section)."""
+
+    section: str
+    name: str
+    type: type
+    unit: str
+    doc: str
+    rule: str
+    check: Callable[[object], bool]
+    default: object = None  # None: required
+
+    @property
+    def key(self) -> str:
+        return f"{self.section}.{self.name}"
+
+
+def _int(section, name, unit, doc, rule, check, default=None) -> FieldSpec:
+    return FieldSpec(section, name, int, unit, doc, rule, check, default)
+
+
+def _float(section, name, unit, doc, rule, check, default=None) -> FieldSpec:
+    return FieldSpec(section, name, float, unit, doc, rule, check, default)
+
+
+FIELDS: tuple[FieldSpec, ...] = (
+    FieldSpec("", "name", str, "", "Short name of the part; shown in reports and traces.",
+              "non-empty", lambda v: bool(v)),
+    FieldSpec("", "description", str, "", "One line saying what kind of part this is.",
+              "any text", lambda v: True, ""),
+    # --- matrix unit
+    _int("array", "block_in", "elements",
+         "Reduction width of the MAC array: int8 input elements consumed per row per cycle "
+         "(the K side of one GEMM step). Also the width of one input-buffer row.",
+         "power of two, 2..256", lambda v: _pow2(v) and 2 <= v <= 256),
+    _int("array", "block_out", "elements",
+         "Output width of the MAC array: int32 accumulators updated per cycle (the N side). "
+         "Also the lane count of one accumulator row.",
+         "power of two, 2..256", lambda v: _pow2(v) and 2 <= v <= 256),
+    FieldSpec("array", "input_dtype", str, "", "Element type of activations fed to the array.",
+              'must be "int8"', lambda v: v == "int8", "int8"),
+    FieldSpec("array", "weight_dtype", str, "", "Element type of weights fed to the array.",
+              'must be "int8"', lambda v: v == "int8", "int8"),
+    FieldSpec("array", "acc_dtype", str, "", "Accumulator element type; sums wrap around on overflow.",
+              'must be "int32"', lambda v: v == "int32", "int32"),
+    # --- scratchpads
+    _int("sram", "inp_kib", "KiB",
+         "Input scratchpad: int8 rows of block_in elements that GEMM reads its activations from.",
+         "1..65536, whole number of rows", lambda v: 1 <= v <= 65536),
+    _int("sram", "wgt_kib", "KiB",
+         "Weight scratchpad: int8 tiles of block_out x block_in that GEMM reads its weights from.",
+         "1..65536, whole number of tiles", lambda v: 1 <= v <= 65536),
+    _int("sram", "acc_kib", "KiB",
+         "Accumulator scratchpad: int32 rows of block_out lanes. GEMM accumulates here, the vector "
+         "unit computes here (bias, requantize, pooling), and STORE reads from here.",
+         "1..65536, whole number of rows", lambda v: 1 <= v <= 65536),
+    # --- DRAM
+    _float("dram", "bandwidth_bytes_per_cycle", "bytes/cycle",
+           "Sustained DRAM bandwidth shared by every DMA transfer (loads and stores).",
+           "> 0 and <= 4096", lambda v: 0 < v <= 4096),
+    _int("dram", "latency_cycles", "cycles",
+         "Cycles from the start of a DMA transfer until its first byte arrives; overlaps with "
+         "other transfers.", "0..100000", lambda v: 0 <= v <= 100000),
+    _int("dram", "size_mib", "MiB", "Addressable device DRAM.", "1..65536",
+         lambda v: 1 <= v <= 65536, 1024),
+    # --- vector unit
+    _int("vector", "lanes", "int32 lanes",
+         "int32 lanes the vector ALU processes per cycle; one accumulator row takes "
+         "ceil(block_out / lanes) cycles per ALU step.", "power of two, 1..block_out",
+         lambda v: _pow2(v)),
+    _int("vector", "alu_latency_cycles", "cycles",
+         "Pipeline depth of the vector ALU, paid once per ALU instruction.", "0..1000",
+         lambda v: 0 <= v <= 1000, 4),
+    # --- engines
+    _int("queues", "load_depth", "instructions", "Instruction queue depth of the load engine.",
+         "1..4096", lambda v: 1 <= v <= 4096, 32),
+    _int("queues", "compute_depth", "instructions",
+         "Instruction queue depth of the compute engine (GEMM, ALU, accumulator loads).",
+         "1..4096", lambda v: 1 <= v <= 4096, 32),
+    _int("queues", "store_depth", "instructions", "Instruction queue depth of the store engine.",
+         "1..4096", lambda v: 1 <= v <= 4096, 32),
+    _int("queues", "dispatch_cycles", "cycles",
+         "Cycles the fetch unit takes to decode and dispatch one instruction.", "0..100",
+         lambda v: 0 <= v <= 100, 1),
+    # --- clock
+    _float("clock", "mhz", "MHz", "Clock frequency; turns cycles into time.", "> 0 and <= 10000",
+           lambda v: 0 < v <= 10000),
+    # --- instruction set
+    _int("isa", "instruction_bits", "bits",
+         "Width of every instruction word. Each format's fields, sized from the scratchpad "
+         "depths above, must fit in it.", "multiple of 64, 64..1024",
+         lambda v: v % 64 == 0 and 64 <= v <= 1024, 256),
+    # --- energy (optional; 0 means not modelled)
+    _float("energy", "mac_pj", "pJ", "Energy of one int8 MAC.", ">= 0", lambda v: v >= 0, 0.0),
+    _float("energy", "alu_lane_op_pj", "pJ", "Energy of one int32 vector-lane operation.", ">= 0",
+           lambda v: v >= 0, 0.0),
+    _float("energy", "sram_byte_pj", "pJ", "Energy per scratchpad byte read or written.", ">= 0",
+           lambda v: v >= 0, 0.0),
+    _float("energy", "dram_byte_pj", "pJ", "Energy per DRAM byte transferred.", ">= 0",
+           lambda v: v >= 0, 0.0),
+)
+
+SECTIONS: tuple[str, ...] = tuple(dict.fromkeys(f.section for f in FIELDS))

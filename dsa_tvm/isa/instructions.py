@@ -1,0 +1,242 @@
+"""The DSA's instructions as Python values.
+
+Six kinds, VTA-style decoupled access/execute:
+
+* ``LOAD``  DRAM -> scratchpad, 2-D strided, padding on load (load engine for
+  INP/WGT, compute engine for ACC, as the accumulator belongs to compute).
+* ``STORE`` accumulator scratchpad -> DRAM, int32 or narrowed to int8 (store engine).
+* ``GEMM``  a 4-level loop nest of MAC-array steps (compute engine).
+* ``ALU``   a 3-level loop nest of vector operations on accumulator rows (compute).
+* ``SYNC``  no work; carries dependency tokens on a chosen engine.
+* ``FINISH`` marks the end of the program (compute engine).
+
+Every instruction carries four dependency-token flags. Tokens flow through four
+FIFOs between neighbouring engines: load->compute, compute->load,
+compute->store, store->compute. ``pop_prev`` waits for (and takes) a token from
+the previous engine, ``pop_next`` from the next one; ``push_prev`` / ``push_next``
+send one when the instruction completes. The load engine has no previous
+engine and the store engine no next one.
+"""
+
+from __future__ import annotations
+
+import enum
+from dataclasses import dataclass, field
+
+
+class Opcode(enum.IntEnum):
+    LOAD = 0
+    STORE = 1
+    GEMM = 2
+    ALU = 3
+    SYNC = 4
+    FINISH = 5
+
+
+class Buffer(enum.IntEnum):
+    """Scratchpad (and DRAM element type) a LOAD or STORE moves."""
+
+    INP = 0    # int8 rows of block_in
+    WGT = 1    # int8 tiles of block_out x block_in
+    ACC = 2    # int32 rows of block_out (DRAM int32)
+    ACC8 = 3   # int32 rows of block_out, DRAM int8 (sign-extended on load, low byte on store)
+
+
+class Engine(enum.IntEnum):
+    LOAD = 0
+    COMPUTE = 1
+    STORE = 2
+
+
+class AluOp(enum.IntEnum):
+    """Vector operations; ``a`` is source A, ``b`` source B or the immediate."""
+
+    MOV = 0      # dst = b
+    ADD = 1      # dst = a + b            (int32 wrap-around)
+    SUB = 2      # dst = a - b            (int32 wrap-around)
+    MUL = 3      # dst = a * b            (int32 wrap-around)
+    MAC = 4      # dst = dst + a * b      (int32 wrap-around)
+    MIN = 5      # dst = min(a, b)
+    MAX = 6      # dst = max(a, b)
+    SHR = 7      # dst = a >> b, rounding half up; a negative b shifts left (wraps)
+    CLIP = 8     # dst = clamp(a, lo, hi); imm: lo = low 16 bits, hi = high 16 bits (signed);
+    #              tensor form: lo from row b, hi from row b + 1
+    REQUANT = 9  # dst = sat_int8(rshift_round(a * mult, shift) + zp); mult = row b,
+    #              shift = row b + 1 (per lane: per output channel), zp = imm
+
+
+#: ALU ops whose tensor form reads two consecutive parameter rows starting at b.
+PAIRED_B_OPS = frozenset({AluOp.CLIP, AluOp.REQUANT})
+#: ALU ops that must use the tensor form (their parameters are per lane).
+TENSOR_ONLY_OPS = frozenset({AluOp.REQUANT})
+
+
+@dataclass(frozen=True)
+class Deps:
+    """Dependency-token flags carried by every instruction."""
+
+    pop_prev: bool = False
+    pop_next: bool = False
+    push_prev: bool = False
+    push_next: bool = False
+
+    def any(self) -> bool:
+        return self.pop_prev or self.pop_next or self.push_prev or self.push_next
+
+
+NO_DEPS = Deps()
+
+
+@dataclass(frozen=True)
+class GemmLoop:
+    """One level of a GEMM loop nest: extent and per-operand strides (rows / tiles)."""
+
+    extent: int
+    acc: int = 0
+    inp: int = 0
+    wgt: int = 0
+
+
+@dataclass(frozen=True)
+class AluLoop:
+    """One level of an ALU loop nest: extent and per-operand strides (accumulator rows)."""
+
+    extent: int
+    dst: int = 0
+    a: int = 0
+    b: int = 0
+
+
+GEMM_LEVELS = 4
+ALU_LEVELS = 3
+
+
+def _pad_loops(loops, levels: int, unit):
+    loops = tuple(loops)
+    if len(loops) > levels:
+        raise ValueError(f"at most {levels} loop levels, got {len(loops)}")
+    return (unit,) * (levels - len(loops)) + loops
+
+
+@dataclass(frozen=True)
+class Load:
+    """DRAM -> scratchpad. Writes (pad_top + y_size + pad_bottom) x (pad_left + x_size +
+    pad_right) elements contiguously from ``sram_base``; padding is ``pad_value``.
+    DRAM addresses, sizes and strides count elements of the buffer's type."""
+
+    buffer: Buffer
+    sram_base: int
+    dram_base: int
+    y_size: int
+    x_size: int
+    x_stride: int
+    pad_top: int = 0
+    pad_bottom: int = 0
+    pad_left: int = 0
+    pad_right: int = 0
+    pad_value: int = 0
+    deps: Deps = NO_DEPS
+    opcode = Opcode.LOAD
+
+    @property
+    def engine(self) -> Engine:
+        return Engine.COMPUTE if self.buffer in (Buffer.ACC, Buffer.ACC8) else Engine.LOAD
+
+    @property
+    def rows_written(self) -> int:
+        return (self.pad_top + self.y_size + self.pad_bottom) * (
+            self.pad_left + self.x_size + self.pad_right)
+
+
+@dataclass(frozen=True)
+class Store:
+    """Accumulator scratchpad -> DRAM, ``y_size`` x ``x_size`` rows read contiguously from
+    ``sram_base``; ACC stores int32, ACC8 the low byte of each lane."""
+
+    buffer: Buffer
+    sram_base: int
+    dram_base: int
+    y_size: int
+    x_size: int
+    x_stride: int
+    deps: Deps = NO_DEPS
+    opcode = Opcode.STORE
+    engine = Engine.STORE
+
+
+@dataclass(frozen=True)
+class Gemm:
+    """acc[acc] (+)= inp[inp] @ wgt[wgt].T for every point of the loop nest (one per cycle).
+
+    Row index of each operand = base + sum(level index * level stride). ``reset`` zeroes
+    every accumulator row the nest touches before accumulating."""
+
+    acc_base: int
+    inp_base: int
+    wgt_base: int
+    loops: tuple[GemmLoop, ...] = ()
+    reset: bool = False
+    deps: Deps = NO_DEPS
+    opcode = Opcode.GEMM
+    engine = Engine.COMPUTE
+
+    def __post_init__(self):
+        object.__setattr__(self, "loops", _pad_loops(self.loops, GEMM_LEVELS, GemmLoop(1)))
+
+    @property
+    def steps(self) -> int:
+        n = 1
+        for lp in self.loops:
+            n *= lp.extent
+        return n
+
+
+@dataclass(frozen=True)
+class Alu:
+    """dst[dst] = op(a[a], b[b] or imm) for every point of the loop nest, in loop order."""
+
+    op: AluOp
+    dst_base: int
+    a_base: int = 0
+    b_base: int = 0
+    loops: tuple[AluLoop, ...] = ()
+    use_imm: bool = False
+    imm: int = 0
+    deps: Deps = NO_DEPS
+    opcode = Opcode.ALU
+    engine = Engine.COMPUTE
+
+    def __post_init__(self):
+        object.__setattr__(self, "loops", _pad_loops(self.loops, ALU_LEVELS, AluLoop(1)))
+
+    @property
+    def steps(self) -> int:
+        n = 1
+        for lp in self.loops:
+            n *= lp.extent
+        return n
+
+
+@dataclass(frozen=True)
+class Sync:
+    """No work: waits for and sends tokens on ``on`` engine."""
+
+    on: Engine
+    deps: Deps = NO_DEPS
+    opcode = Opcode.SYNC
+
+    @property
+    def engine(self) -> Engine:
+        return self.on
+
+
+@dataclass(frozen=True)
+class Finish:
+    """End of program (compute engine)."""
+
+    deps: Deps = field(default=NO_DEPS)
+    opcode = Opcode.FINISH
+    engine = Engine.COMPUTE
+
+
+Instruction = Load | Store | Gemm | Alu | Sync | Finish

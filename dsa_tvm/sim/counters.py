@@ -1,0 +1,110 @@
+"""Performance counters of one simulated run, and their printable table."""
+
+from __future__ import annotations
+
+from collections import Counter
+from typing import TYPE_CHECKING
+
+from ..isa.instructions import Alu, Buffer, Gemm, Instruction, Load, Opcode, Store
+from .timing import Schedule, dma_bytes
+from .validate import Footprint
+
+if TYPE_CHECKING:
+    from ..hw.config import HardwareConfig
+
+#: counter name -> (unit, meaning); the order of the report.
+COUNTER_DOCS: dict[str, tuple[str, str]] = {
+    "cycles": ("cycles", "from the first dispatch to the last completion"),
+    "time_us": ("us", "cycles at the configured clock"),
+    "instructions": ("", "instructions executed"),
+    "macs": ("MACs", "int8 multiply-accumulates issued to the array"),
+    "mac_utilization": ("", "macs / (cycles x peak MACs per cycle)"),
+    "alu_lane_ops": ("ops", "int32 vector-lane operations"),
+    "dram_read_bytes": ("bytes", "DRAM bytes read by all loads"),
+    "dram_write_bytes": ("bytes", "DRAM bytes written by all stores"),
+    "dram_busy_cycles": ("cycles", "cycles the DRAM channel was transferring"),
+    "dram_utilization": ("", "dram_busy_cycles / cycles"),
+    "fetch_stall_cycles": ("cycles", "cycles dispatch waited for a full instruction queue"),
+}
+
+
+def collect_counters(instrs: list[Instruction], sched: Schedule, footprints: list[Footprint],
+                     cfg: "HardwareConfig") -> dict[str, float]:
+    c: dict[str, float] = {}
+    cycles = sched.cycles
+    c["cycles"] = cycles
+    c["time_us"] = cycles / cfg.mhz
+    c["instructions"] = len(instrs)
+    kinds = Counter(ins.opcode for ins in instrs)
+    for op in Opcode:
+        c[f"instr.{op.name.lower()}"] = kinds.get(op, 0)
+    macs = sum(ins.steps for ins in instrs if isinstance(ins, Gemm)) * cfg.peak_macs_per_cycle
+    c["macs"] = macs
+    c["mac_utilization"] = macs / (cycles * cfg.peak_macs_per_cycle) if cycles else 0.0
+    c["alu_lane_ops"] = sum(ins.steps for ins in instrs if isinstance(ins, Alu)) * cfg.block_out
+    for eng in ("load", "compute", "store"):
+        c[f"{eng}.busy_cycles"] = sched.busy[eng]
+        c[f"{eng}.token_wait_cycles"] = sched.token_wait[eng]
+        c[f"{eng}.dram_wait_cycles"] = sched.dram_wait[eng]
+    c["fetch_stall_cycles"] = sched.fetch_stall
+    rd = {b: 0 for b in ("inp", "wgt", "acc")}
+    wr = {"acc32": 0, "acc8": 0}
+    for ins in instrs:
+        if isinstance(ins, Load):
+            rd[("inp", "wgt", "acc", "acc")[ins.buffer]] += dma_bytes(ins, cfg)
+        elif isinstance(ins, Store):
+            wr["acc8" if ins.buffer == Buffer.ACC8 else "acc32"] += dma_bytes(ins, cfg)
+    for b, v in rd.items():
+        c[f"dram_read_bytes.{b}"] = v
+    for b, v in wr.items():
+        c[f"dram_write_bytes.{b}"] = v
+    c["dram_read_bytes"] = sum(rd.values())
+    c["dram_write_bytes"] = sum(wr.values())
+    c["dram_busy_cycles"] = sched.dram_busy
+    c["dram_utilization"] = sched.dram_busy / cycles if cycles else 0.0
+    unit = {"inp": cfg.inp_row_bytes, "wgt": cfg.wgt_tile_bytes, "acc": cfg.acc_row_bytes}
+    peak = {b: -1 for b in unit}
+    for fp in footprints:
+        for sram, _lo, hi in fp.reads + fp.writes:
+            peak[sram] = max(peak[sram], hi)
+    for b in unit:
+        c[f"sram_peak_bytes.{b}"] = (peak[b] + 1) * unit[b]
+    if cfg.energy_modelled:
+        sram_bytes = _sram_bytes(instrs, cfg)
+        pj = (macs * cfg.mac_pj + c["alu_lane_ops"] * cfg.alu_lane_op_pj
+              + sram_bytes * cfg.sram_byte_pj
+              + (c["dram_read_bytes"] + c["dram_write_bytes"]) * cfg.dram_byte_pj)
+        c["sram_bytes"] = sram_bytes
+        c["energy_uj"] = pj / 1e6
+    return c
+
+
+def _sram_bytes(instrs: list[Instruction], cfg: "HardwareConfig") -> int:
+    """Scratchpad bytes read and written (GEMM reads one input row and one weight tile and
+    updates one accumulator row per step; ALU reads 1-3 rows and writes one)."""
+    total = 0
+    for ins in instrs:
+        if isinstance(ins, Gemm):
+            total += ins.steps * (cfg.inp_row_bytes + cfg.wgt_tile_bytes + 2 * cfg.acc_row_bytes)
+        elif isinstance(ins, Alu):
+            total += ins.steps * cfg.acc_row_bytes * (2 if ins.use_imm else 3)
+        elif isinstance(ins, Load):
+            total += ins.rows_written * cfg.element_bytes(ins.buffer)
+        elif isinstance(ins, Store):
+            total += ins.y_size * ins.x_size * cfg.acc_row_bytes
+    return total
+
+
+def format_counters(c: dict[str, float], title: str = "DSA counters") -> str:
+    """An aligned two-column table of every counter."""
+    lines = [title, "-" * len(title)]
+    width = max(len(k) for k in c)
+    for k, v in c.items():
+        if isinstance(v, float) and not float(v).is_integer() or k.endswith(("utilization",
+                                                                               "time_us")):
+            val = f"{v:,.4f}" if k.endswith("utilization") else f"{v:,.3f}"
+        else:
+            val = f"{int(v):,}"
+        doc = COUNTER_DOCS.get(k)
+        lines.append(f"{k:<{width}}  {val:>16}" + (f"  {doc[0]}" if doc and doc[0] else ""))
+    return "\n".join(lines)

@@ -1,0 +1,137 @@
+"""Static checks of a program against a config, before anything runs.
+
+Every address a loop nest or DMA transfer can reach is known from its fields,
+so out-of-range scratchpad or DRAM accesses, illegal token flags and empty
+loops are rejected up front with the instruction index and the reason.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+from ..isa.instructions import (
+    PAIRED_B_OPS,
+    TENSOR_ONLY_OPS,
+    Alu,
+    Buffer,
+    Engine,
+    Finish,
+    Gemm,
+    Instruction,
+    Load,
+    Store,
+)
+from .errors import SimulationError
+
+if TYPE_CHECKING:
+    from ..hw.config import HardwareConfig
+    from ..isa.program import Program
+
+SRAM = ("inp", "wgt", "acc")
+_BUF_SRAM = {Buffer.INP: "inp", Buffer.WGT: "wgt", Buffer.ACC: "acc", Buffer.ACC8: "acc"}
+
+
+@dataclass(frozen=True)
+class Footprint:
+    """Scratchpad rows an instruction reads and writes: (scratchpad, first, last) ranges."""
+
+    reads: tuple[tuple[str, int, int], ...] = ()
+    writes: tuple[tuple[str, int, int], ...] = ()
+
+
+def _span(base: int, loops, attr: str) -> tuple[int, int]:
+    hi = base + sum((lp.extent - 1) * getattr(lp, attr) for lp in loops)
+    return base, hi
+
+
+def _depth(cfg: "HardwareConfig", sram: str) -> int:
+    return {"inp": cfg.inp_depth, "wgt": cfg.wgt_depth, "acc": cfg.acc_depth}[sram]
+
+
+def footprint(ins: Instruction) -> Footprint:
+    if isinstance(ins, Load):
+        return Footprint(writes=((_BUF_SRAM[ins.buffer], ins.sram_base,
+                                  ins.sram_base + ins.rows_written - 1),))
+    if isinstance(ins, Store):
+        return Footprint(reads=(("acc", ins.sram_base,
+                                 ins.sram_base + ins.y_size * ins.x_size - 1),))
+    if isinstance(ins, Gemm):
+        return Footprint(reads=(("inp", *_span(ins.inp_base, ins.loops, "inp")),
+                                ("wgt", *_span(ins.wgt_base, ins.loops, "wgt"))),
+                         writes=(("acc", *_span(ins.acc_base, ins.loops, "acc")),))
+    if isinstance(ins, Alu):
+        reads = [("acc", *_span(ins.a_base, ins.loops, "a"))]
+        if not ins.use_imm:
+            lo, hi = _span(ins.b_base, ins.loops, "b")
+            reads.append(("acc", lo, hi + (1 if ins.op in PAIRED_B_OPS else 0)))
+        return Footprint(reads=tuple(reads), writes=(("acc", *_span(ins.dst_base, ins.loops,
+                                                                    "dst")),))
+    return Footprint()
+
+
+def _check_tokens(i: int, ins: Instruction) -> None:
+    d = ins.deps
+    eng = ins.engine
+    if eng == Engine.LOAD and (d.pop_prev or d.push_prev):
+        raise SimulationError(i, f"{ins.opcode.name} runs on the load engine, which has no "
+                                 f"previous engine: pop_prev/push_prev are not allowed")
+    if eng == Engine.STORE and (d.pop_next or d.push_next):
+        raise SimulationError(i, f"{ins.opcode.name} runs on the store engine, which has no "
+                                 f"next engine: pop_next/push_next are not allowed")
+
+
+def _check_dram(i: int, ins: Load | Store, cfg: "HardwareConfig", program: "Program") -> None:
+    unit = cfg.element_bytes(ins.buffer)
+    first = ins.dram_base * unit
+    end = (ins.dram_base + (ins.y_size - 1) * ins.x_stride + ins.x_size) * unit
+    for r in program.regions:
+        if r.offset <= first and end <= r.offset + r.nbytes:
+            if isinstance(ins, Store) and r.kind == "const":
+                raise SimulationError(i, f"STORE writes into constant DRAM region '{r.name}'")
+            return
+    known = ", ".join(f"{r.name}=[{r.offset}, {r.offset + r.nbytes})" for r in program.regions)
+    raise SimulationError(i, f"{ins.opcode.name} touches DRAM bytes [{first}, {end}), which is "
+                             f"outside every DRAM region of the program ({known or 'none'})")
+
+
+def validate_program(program: "Program", cfg: "HardwareConfig") -> list[Footprint]:
+    """Raise SimulationError on the first bad instruction; return every footprint."""
+    program.check_config(cfg)
+    ins_list = program.instructions
+    if not ins_list or not isinstance(ins_list[-1], Finish):
+        raise SimulationError(len(ins_list) - 1 if ins_list else None,
+                              "program does not end with FINISH")
+    fps = []
+    for i, ins in enumerate(ins_list):
+        name = ins.opcode.name
+        _check_tokens(i, ins)
+        if isinstance(ins, Finish) and i != len(ins_list) - 1:
+            raise SimulationError(i, "FINISH before the end of the program")
+        if isinstance(ins, (Load, Store)):
+            if ins.y_size < 1 or ins.x_size < 1:
+                raise SimulationError(i, f"{name} moves nothing (y_size={ins.y_size}, "
+                                         f"x_size={ins.x_size}); both must be >= 1")
+            if isinstance(ins, Store) and ins.buffer not in (Buffer.ACC, Buffer.ACC8):
+                raise SimulationError(i, f"STORE reads the accumulator only (buffer ACC or ACC8), "
+                                         f"got {ins.buffer.name}")
+            _check_dram(i, ins, cfg, program)
+        if isinstance(ins, (Gemm, Alu)):
+            for k, lp in enumerate(ins.loops):
+                if lp.extent < 1:
+                    raise SimulationError(i, f"{name} loop level {k} has extent {lp.extent}; "
+                                             f"extents must be >= 1")
+        if isinstance(ins, Alu):
+            if ins.use_imm and ins.op in TENSOR_ONLY_OPS:
+                raise SimulationError(i, f"ALU {ins.op.name} reads per-lane parameters from the "
+                                         f"accumulator; the immediate form is not allowed")
+        fp = footprint(ins)
+        for kind, ranges in (("reads", fp.reads), ("writes", fp.writes)):
+            for sram, lo, hi in ranges:
+                depth = _depth(cfg, sram)
+                if hi >= depth:
+                    raise SimulationError(i, f"{name} {kind} {sram.upper()} rows {lo}..{hi}, "
+                                             f"past the end of the {depth}-row {sram.upper()} "
+                                             f"scratchpad (scratchpad overflow)")
+        fps.append(fp)
+    return fps
