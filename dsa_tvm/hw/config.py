@@ -48,56 +48,59 @@ class HardwareConfig:
     values: Mapping[str, Any]
     source: str = field(default="<dict>", compare=False)
 
-    def __getattr__(self, name: str) -> Any:
-        values = object.__getattribute__(self, "values")
-        if name in values:
-            return values[name]
-        raise AttributeError(name)
+    def __post_init__(self) -> None:
+        # raw fields become plain attributes: hot simulator loops read them
+        for k, v in self.values.items():
+            object.__setattr__(self, k, v)
 
     # --- element / vector sizes
-    @property
+    @cached_property
     def inp_row_bytes(self) -> int:
         return self.block_in
 
-    @property
+    @cached_property
     def wgt_tile_bytes(self) -> int:
         return self.block_in * self.block_out
 
-    @property
+    @cached_property
     def acc_row_bytes(self) -> int:
         return 4 * self.block_out
 
     # --- scratchpad depths, in their addressing units
-    @property
+    @cached_property
     def inp_depth(self) -> int:
         """Rows of block_in int8 elements in the input scratchpad."""
         return self.inp_kib * 1024 // self.inp_row_bytes
 
-    @property
+    @cached_property
     def wgt_depth(self) -> int:
         """Tiles of block_out x block_in int8 weights in the weight scratchpad."""
         return self.wgt_kib * 1024 // self.wgt_tile_bytes
 
-    @property
+    @cached_property
     def acc_depth(self) -> int:
         """Rows of block_out int32 lanes in the accumulator scratchpad."""
         return self.acc_kib * 1024 // self.acc_row_bytes
 
+    @cached_property
+    def _element_bytes(self) -> tuple[int, int, int, int]:
+        return (self.inp_row_bytes, self.wgt_tile_bytes, self.acc_row_bytes, self.block_out)
+
     def element_bytes(self, buffer: int) -> int:
         """Bytes of one addressing unit of a LOAD/STORE ``Buffer`` (INP, WGT, ACC, ACC8)."""
-        return (self.inp_row_bytes, self.wgt_tile_bytes, self.acc_row_bytes, self.block_out)[buffer]
+        return self._element_bytes[buffer]
 
-    @property
+    @cached_property
     def dram_align(self) -> int:
         """Alignment of DRAM regions: every buffer's element size divides it."""
         return max(64, self.wgt_tile_bytes, self.acc_row_bytes)
 
-    @property
+    @cached_property
     def dram_bytes(self) -> int:
         return self.size_mib * 1024 * 1024
 
     # --- throughput
-    @property
+    @cached_property
     def peak_macs_per_cycle(self) -> int:
         return self.block_in * self.block_out
 
@@ -106,11 +109,11 @@ class HardwareConfig:
         """Peak int8 giga-operations per second (a MAC counts as 2 operations)."""
         return 2 * self.peak_macs_per_cycle * self.mhz / 1e3
 
-    @property
+    @cached_property
     def alu_cycles_per_row(self) -> int:
         return math.ceil(self.block_out / self.lanes)
 
-    @property
+    @cached_property
     def gemm_fill_drain_cycles(self) -> int:
         """Cycles to fill and drain the systolic array, paid once per GEMM instruction."""
         return self.block_in + self.block_out

@@ -32,12 +32,16 @@ def rshift_round(x: np.ndarray, shift: np.ndarray | int) -> np.ndarray:
     same for any larger magnitude.
     """
     x = np.asarray(x, dtype=np.int64)
-    s = np.clip(np.asarray(shift, dtype=np.int64), -32, 62)
-    right = np.maximum(s, 0)
-    half = np.where(right > 0, np.left_shift(np.int64(1), np.maximum(right - 1, 0)), 0)
-    with np.errstate(over="ignore"):
-        shifted_right = np.right_shift(x + half, right)
-        return np.where(s >= 0, shifted_right, np.left_shift(x, np.maximum(-s, 0)))
+    s = np.asarray(shift, dtype=np.int64)
+    if s.size and (s.min() < 0 or s.max() > 62):
+        s = np.clip(s, -32, 62)
+        with np.errstate(over="ignore"):
+            left = np.left_shift(x, np.maximum(-s, 0))
+        right = np.maximum(s, 0)
+        half = np.left_shift(np.int64(1), right) >> 1
+        return np.where(s >= 0, (x + half) >> right, left)
+    half = np.left_shift(np.int64(1), s) >> 1  # 0 for a shift of 0
+    return (x + half) >> s
 
 
 def requantize(acc: np.ndarray, mult: np.ndarray | int, shift: np.ndarray | int,

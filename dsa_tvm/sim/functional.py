@@ -17,24 +17,21 @@ import numpy as np
 from ..isa import semantics as sem
 from ..isa.instructions import PAIRED_B_OPS, Alu, AluOp, Buffer, Gemm, Instruction, Load, Store
 from .errors import SimulationError
+from .plans import alu_plan, gemm_plan
 
 if TYPE_CHECKING:
     from ..hw.config import HardwareConfig
     from ..isa.program import Program
 
-_EXACT_F32 = 1 << 24
-
-
-def _nest_indices(base: int, loops, attr: str) -> np.ndarray:
-    """Row index of every loop point, shaped by the loop extents (outermost first)."""
-    idx = np.full([lp.extent for lp in loops], base, dtype=np.int64)
-    for k, lp in enumerate(loops):
-        s = getattr(lp, attr)
-        if s and lp.extent > 1:
-            shape = [1] * len(loops)
-            shape[k] = lp.extent
-            idx = idx + (np.arange(lp.extent, dtype=np.int64) * s).reshape(shape)
-    return idx
+def _loop_order(ins: Alu) -> np.ndarray:
+    """Loop-order position of every point, in the (steps, n) layout of its plan, transposed."""
+    loops = ins.loops
+    pos = np.arange(int(np.prod([lp.extent for lp in loops])), dtype=np.int64).reshape(
+        [lp.extent for lp in loops])
+    red = [k for k, lp in enumerate(loops) if lp.dst == 0 and lp.extent > 1]
+    perm = red + [k for k in range(len(loops)) if k not in red]
+    nred = int(np.prod([loops[k].extent for k in red], dtype=np.int64))
+    return pos.transpose(perm).reshape(nred, -1).T.reshape(-1)
 
 
 class Machine:
@@ -50,6 +47,7 @@ class Machine:
         self.inp = np.zeros((cfg.inp_depth, bi), dtype=np.int8)
         self.wgt = np.zeros((cfg.wgt_depth, bo, bi), dtype=np.int8)
         self.acc = np.zeros((cfg.acc_depth, bo), dtype=np.int32)
+        self._wcache: dict = {}  # prepared GEMM weight matrices; cleared when WGT is written
 
     # --- DRAM element views
     def _dram_elems(self, buffer: Buffer) -> np.ndarray:
@@ -96,6 +94,8 @@ class Machine:
         if h * w != ins.y_size * ins.x_size:
             dst[...] = ins.pad_value
         dst[ins.pad_top:ins.pad_top + ins.y_size, ins.pad_left:ins.pad_left + ins.x_size] = src
+        if ins.buffer == Buffer.WGT:
+            self._wcache.clear()
 
     def store(self, ins: Store) -> None:
         n = ins.y_size * ins.x_size
@@ -103,91 +103,62 @@ class Machine:
         self._dram_window(ins)[...] = rows.astype(np.int8) if ins.buffer == Buffer.ACC8 else rows
 
     def gemm(self, ins: Gemm) -> None:
-        loops = [lp for lp in ins.loops if lp.extent > 1]
-        if ins.reset:
-            touched = np.unique(_nest_indices(ins.acc_base, loops, "acc"))
-            self.acc[touched] = 0
-        # Regroup the levels: B (batch: all operands move), M (rows: weight fixed),
-        # N (columns: input fixed), K (reduction: accumulator fixed).
-        groups: dict[str, list] = {"B": [], "M": [], "N": [], "K": []}
-        for lp in loops:
-            if lp.acc == 0:
-                groups["K"].append(lp)
-            elif lp.wgt == 0:
-                groups["M"].append(lp)
-            elif lp.inp == 0:
-                groups["N"].append(lp)
-            else:
-                groups["B"].append(lp)
-        order = groups["B"] + groups["M"] + groups["N"] + groups["K"]
-        nb, nm, nn, nk = (int(np.prod([lp.extent for lp in groups[g]], dtype=np.int64))
-                          for g in "BMNK")
+        plan = gemm_plan(ins.loops, self.cfg.block_in)
         bi, bo = self.cfg.block_in, self.cfg.block_out
-        # Index arrays over the reordered nest; sizes 1 where an operand does not move.
-        ii = _nest_indices(ins.inp_base, order, "inp")
-        wi = _nest_indices(ins.wgt_base, order, "wgt")
-        ai = _nest_indices(ins.acc_base, order, "acc")
-        nlev = len(order)
-        cut_b, cut_m, cut_n = (len(groups["B"]), len(groups["B"]) + len(groups["M"]),
-                               len(groups["B"]) + len(groups["M"]) + len(groups["N"]))
-        inp_idx = ii.reshape(ii.shape)[(slice(None),) * cut_m + (0,) * (cut_n - cut_m)
-                                       + (slice(None),) * (nlev - cut_n)].reshape(nb, nm, nk)
-        wgt_idx = wi[(slice(None),) * cut_b + (0,) * (cut_m - cut_b)].reshape(nb, nn, nk)
-        acc_idx = ai[(Ellipsis,) + (0,) * (nlev - cut_n)].reshape(nb, nm, nn)
-        dt = np.float32 if nk * bi * 128 * 128 <= _EXACT_F32 else np.float64
-        x = self.inp[inp_idx].astype(dt).reshape(nb, nm, nk * bi)
-        w = self.wgt[wgt_idx].astype(dt)                      # (nb, nn, nk, bo, bi)
-        w = w.transpose(0, 2, 4, 1, 3).reshape(nb, nk * bi, nn * bo)
-        prod = np.matmul(x, w).reshape(nb, nm, nn, bo).astype(np.int64)
-        flat = acc_idx.reshape(-1)
-        prod = prod.reshape(-1, bo)
-        if len(np.unique(flat)) == len(flat):
-            self.acc[flat] = sem.wrap_int32(self.acc[flat].astype(np.int64) + prod)
+        nb, nm, nk = plan.nb, plan.nm, plan.nk
+        if plan.inp_run is not None:
+            x = self.inp[ins.inp_base:ins.inp_base + plan.inp_run]
         else:
-            tot = self.acc.astype(np.int64)
-            np.add.at(tot, flat, prod)
-            uniq = np.unique(flat)
-            self.acc[uniq] = sem.wrap_int32(tot[uniq])
+            x = self.inp[ins.inp_base + plan.inp]
+        x = x.astype(plan.dtype).reshape(nb, nm, nk * bi)
+        prod = np.matmul(x, self._gemm_weights(ins, plan)).reshape(-1, bo)
+        # exact integers; int32 adds wrap around like the accumulator does
+        prod = (prod.astype(np.int32) if plan.dtype is np.float32
+                else sem.wrap_int32(prod.astype(np.int64)))
+        acc = self.acc
+        if plan.acc_run is not None:
+            rows = slice(ins.acc_base, ins.acc_base + plan.acc_run)
+        else:
+            rows = ins.acc_base + plan.acc
+        if plan.acc_injective:
+            if ins.reset:
+                acc[rows] = prod
+            else:
+                acc[rows] += prod
+        else:  # several loop points update the same row: np.add.at sums them
+            if ins.reset:
+                acc[rows] = 0
+            np.add.at(acc, rows, prod)
+
+    def _gemm_weights(self, ins: Gemm, plan) -> np.ndarray:
+        """(nb, nk*block_in, nn*block_out) weight matrix, reused while WGT is unchanged."""
+        key = (ins.wgt_base, ins.loops)
+        w = self._wcache.get(key)
+        if w is None:
+            bi, bo = self.cfg.block_in, self.cfg.block_out
+            w = self.wgt[ins.wgt_base + plan.wgt].astype(plan.dtype)  # (nb, nn, nk, bo, bi)
+            w = np.ascontiguousarray(w.transpose(0, 2, 4, 1, 3)).reshape(
+                plan.nb, plan.nk * bi, plan.nn * bo)
+            if len(self._wcache) > 64:
+                self._wcache.clear()
+            self._wcache[key] = w
+        return w
 
     def alu(self, i: int, ins: Alu) -> None:
-        loops = list(ins.loops)
-        d = _nest_indices(ins.dst_base, loops, "dst").reshape(-1)
-        a = _nest_indices(ins.a_base, loops, "a").reshape(-1)
-        b = None if ins.use_imm else _nest_indices(ins.b_base, loops, "b").reshape(-1)
-        # Levels that revisit a destination row are stepped in loop order; the rest vectorize.
-        red = [k for k, lp in enumerate(loops) if lp.dst == 0 and lp.extent > 1]
-        par = [k for k in range(len(loops)) if k not in red]
-        shape = [lp.extent for lp in loops]
-        perm = red + par
-        nred = int(np.prod([shape[k] for k in red], dtype=np.int64))
-
-        def regroup(idx):
-            return idx.reshape(shape).transpose(perm).reshape(nred, -1)
-
-        d2, a2 = regroup(d), regroup(a)
-        b2 = None if b is None else regroup(b)
-        if self._alu_vectorizable(ins, d, a, b, d2[0]):
-            for r in range(nred):
-                self._alu_step(i, ins, d2[r], a2[r], None if b2 is None else b2[r])
-        else:  # reads rows this instruction writes elsewhere: run it step by step
-            for k in range(len(d)):
-                self._alu_step(i, ins, d[k:k + 1], a[k:k + 1], None if b is None else b[k:k + 1])
-
-    @staticmethod
-    def _alu_vectorizable(ins: Alu, d, a, b, d_step) -> bool:
-        if len(np.unique(d_step)) != len(d_step):
-            return False
-        written = np.unique(d)
-        reads = [a] if ins.op not in (AluOp.MOV,) else []
-        if b is not None:
-            reads.append(b)
-            if ins.op in PAIRED_B_OPS:
-                reads.append(b + 1)
-        for r in reads:
-            hit = np.isin(r, written)
-            if hit.any() and not np.array_equal(r[hit], d[hit]):
-                return False
-        return True
+        plan = alu_plan(ins.loops, ins.a_base - ins.dst_base,
+                        None if ins.use_imm else ins.b_base - ins.dst_base, ins.op)
+        base = ins.dst_base
+        if plan.vectorized:
+            for r in range(plan.dst.shape[0]):
+                self._alu_step(i, ins, base + plan.dst[r], base + plan.a[r],
+                               None if plan.b is None else base + plan.b[r])
+        else:  # reads rows this instruction writes elsewhere: step point by point
+            d, a = plan.dst.T.reshape(-1), plan.a.T.reshape(-1)
+            b = None if plan.b is None else plan.b.T.reshape(-1)
+            order = np.argsort(_loop_order(ins), kind="stable")
+            for k in order:
+                self._alu_step(i, ins, base + d[k:k + 1], base + a[k:k + 1],
+                               None if b is None else base + b[k:k + 1])
 
     def _alu_step(self, i: int, ins: Alu, d, a, b) -> None:
         acc = self.acc

@@ -71,122 +71,130 @@ class Schedule:
     bus: list[tuple[int, int, int]] = field(default_factory=list)  # (index, start, end) on DRAM
 
 
+_FIFOS = ("l2c", "c2l", "c2s", "s2c")
+_FIFO_ID = {k: j for j, k in enumerate(_FIFOS)}
+
+
+def _token_plan(ins: Instruction) -> tuple[tuple[int, ...], tuple[int, ...]]:
+    """FIFO ids an instruction pops before it starts and pushes when it completes."""
+    d, e = ins.deps, ins.engine
+    pops = tuple(_FIFO_ID[m[e]] for flag, m in ((d.pop_prev, _POP_PREV), (d.pop_next, _POP_NEXT))
+                 if flag)
+    pushes = tuple(_FIFO_ID[m[e]] for flag, m in ((d.push_prev, _PUSH_PREV),
+                                                  (d.push_next, _PUSH_NEXT)) if flag)
+    return pops, pushes
+
+
 def schedule(instrs: list[Instruction], cfg: "HardwareConfig",
              on_start: Callable[[int, Instruction, int, int], None] | None = None) -> Schedule:
     """Simulate the timing; ``on_start(i, ins, start, end)`` runs in start-time order."""
     n = len(instrs)
-    eng_of = np.array([int(ins.engine) for ins in instrs], dtype=np.int64)
-    depth = {Engine.LOAD: cfg.load_depth, Engine.COMPUTE: cfg.compute_depth,
-             Engine.STORE: cfg.store_depth}
-    bw, lat, disp_cycles = cfg.bandwidth_bytes_per_cycle, cfg.latency_cycles, cfg.dispatch_cycles
-    start = np.zeros(n, dtype=np.int64)
-    end = np.zeros(n, dtype=np.int64)
-    dispatch = np.zeros(n, dtype=np.int64)
-    queues: dict[Engine, deque] = {e: deque() for e in ENGINES}
-    free_at = {e: 0 for e in ENGINES}
-    tokens: dict[str, deque] = {k: deque() for k in ("l2c", "c2l", "c2s", "s2c")}
-    names = {e: e.name.lower() for e in ENGINES}
-    busy = {names[e]: 0 for e in ENGINES}
-    token_wait = dict.fromkeys(busy, 0)
-    dram_wait = dict.fromkeys(busy, 0)
-    bus_free = 0
-    dram_busy = 0
+    eng = [int(ins.engine) for ins in instrs]
+    toks = [_token_plan(ins) for ins in instrs]
+    bw = cfg.bandwidth_bytes_per_cycle
+    # DMA: bus cycles (>= 0, completes `lat` after the bus); others: -duration
+    cost = [math.ceil(dma_bytes(ins, cfg) / bw) if isinstance(ins, (Load, Store))
+            else -compute_cycles(ins, cfg) for ins in instrs]
+    depth = (cfg.load_depth, cfg.compute_depth, cfg.store_depth)
+    lat, disp_cycles = cfg.latency_cycles, cfg.dispatch_cycles
+    start = [0] * n
+    end = [0] * n
+    dispatch = [0] * n
+    queues: tuple[deque, ...] = (deque(), deque(), deque())
+    free_at = [0, 0, 0]
+    tokens: tuple[deque, ...] = (deque(), deque(), deque(), deque())
+    busy = [0, 0, 0]
+    token_wait = [0, 0, 0]
+    dram_wait = [0, 0, 0]
+    bus_free = dram_busy = 0
     bus: list[tuple[int, int, int]] = []
-    fetch_idx, fetch_time, fetch_stall = 0, 0, 0
-    started: dict[Engine, list[int]] = {e: [] for e in ENGINES}  # start times, in order
-    ndisp = {e: 0 for e in ENGINES}
+    fetch_idx = fetch_time = fetch_stall = 0
+    started: tuple[list[int], ...] = ([], [], [])  # start times per engine, in order
+    ndisp = [0, 0, 0]
     done = 0
-
-    def needs(ins: Instruction) -> list[str]:
-        d, e = ins.deps, ins.engine
-        out = []
-        if d.pop_prev:
-            out.append(_POP_PREV[e])
-        if d.pop_next:
-            out.append(_POP_NEXT[e])
-        return out
-
     while done < n:
-        best_t, best = None, None
-        # candidate: dispatch the next instruction once its queue has a free slot
+        best_t = -1
+        best_e = -1  # 3: dispatch
         if fetch_idx < n:
-            e = Engine(eng_of[fetch_idx])
-            k = ndisp[e]
-            if k < depth[e]:
-                best_t, best = fetch_time, ("dispatch", e)
-            elif len(started[e]) > k - depth[e]:  # the slot frees when that one starts
-                best_t, best = max(fetch_time, started[e][k - depth[e]]), ("dispatch", e)
-        # candidates: an engine starts its queue head
-        for e in ENGINES:
-            if not queues[e]:
+            e = eng[fetch_idx]
+            k = ndisp[e] - depth[e]
+            if k < 0:
+                best_t, best_e = fetch_time, 3
+            elif len(started[e]) > k:  # the slot frees when that one starts
+                t = started[e][k]
+                best_t, best_e = (t if t > fetch_time else fetch_time), 3
+        for e in (0, 1, 2):
+            q = queues[e]
+            if not q:
                 continue
-            i = queues[e][0]
-            req = needs(instrs[i])
-            if any(not tokens[k] for k in req):
-                continue
-            ready = max(free_at[e], dispatch[i])
-            t = max([ready] + [tokens[k][0] for k in req])
-            if best_t is None or t < best_t:
-                best_t, best = t, ("start", e)
-        if best is None:
-            raise _deadlock(instrs, queues, tokens, fetch_idx, eng_of, depth, needs)
-        kind, e = best
-        if kind == "dispatch":
-            i = fetch_idx
-            dispatch[i] = best_t
+            i = q[0]
+            t = free_at[e] if free_at[e] > dispatch[i] else dispatch[i]
+            ok = True
+            for f in toks[i][0]:
+                if not tokens[f]:
+                    ok = False
+                    break
+                if tokens[f][0] > t:
+                    t = tokens[f][0]
+            if ok and (best_e < 0 or t < best_t):
+                best_t, best_e = t, e
+        if best_e < 0:
+            raise _deadlock(instrs, queues, tokens, fetch_idx, eng, depth, toks)
+        if best_e == 3:
+            e = eng[fetch_idx]
+            dispatch[fetch_idx] = best_t
             fetch_stall += best_t - fetch_time
-            queues[e].append(i)
+            queues[e].append(fetch_idx)
             ndisp[e] += 1
             fetch_idx += 1
             fetch_time = best_t + disp_cycles
             continue
+        e = best_e
         i = queues[e].popleft()
-        ins = instrs[i]
         t0 = best_t
-        ready = max(free_at[e], dispatch[i])
-        token_wait[names[e]] += t0 - ready
-        for k in needs(ins):
-            tokens[k].popleft()
-        if isinstance(ins, (Load, Store)):
-            nbytes = dma_bytes(ins, cfg)
-            xfer = math.ceil(nbytes / bw)
-            bus_start = max(t0, bus_free)
-            dram_wait[names[e]] += bus_start - t0
-            bus_free = bus_start + xfer
-            dram_busy += xfer
+        ready = free_at[e] if free_at[e] > dispatch[i] else dispatch[i]
+        token_wait[e] += t0 - ready
+        pops, pushes = toks[i]
+        for f in pops:
+            tokens[f].popleft()
+        c = cost[i]
+        if c >= 0:
+            bus_start = t0 if t0 > bus_free else bus_free
+            dram_wait[e] += bus_start - t0
+            bus_free = bus_start + c
+            dram_busy += c
             bus.append((i, bus_start, bus_free))
             t1 = bus_free + lat
         else:
-            t1 = t0 + compute_cycles(ins, cfg)
+            t1 = t0 - c
         start[i], end[i] = t0, t1
-        busy[names[e]] += t1 - t0
+        busy[e] += t1 - t0
         free_at[e] = t1
         started[e].append(t0)
-        d = ins.deps
-        if d.push_prev:
-            tokens[_PUSH_PREV[e]].append(t1)
-        if d.push_next:
-            tokens[_PUSH_NEXT[e]].append(t1)
+        for f in pushes:
+            tokens[f].append(t1)
         if on_start is not None:
-            on_start(i, ins, int(t0), int(t1))
+            on_start(i, instrs[i], t0, t1)
         done += 1
-    cycles = int(end.max()) if n else 0
-    return Schedule(start, end, eng_of, dispatch, cycles, busy, token_wait, dram_wait,
-                    fetch_stall, dram_busy, bus)
+    names = [e.name.lower() for e in ENGINES]
+    return Schedule(np.array(start, dtype=np.int64), np.array(end, dtype=np.int64),
+                    np.array(eng, dtype=np.int64), np.array(dispatch, dtype=np.int64),
+                    max(end) if n else 0, dict(zip(names, busy)), dict(zip(names, token_wait)),
+                    dict(zip(names, dram_wait)), fetch_stall, dram_busy, bus)
 
 
-def _deadlock(instrs, queues, tokens, fetch_idx, eng_of, depth, needs) -> DeadlockError:
+def _deadlock(instrs, queues, tokens, fetch_idx, eng, depth, toks) -> DeadlockError:
     waits = []
     first = None
     for e in ENGINES:
         if queues[e]:
             i = queues[e][0]
             first = i if first is None else min(first, i)
-            missing = [k for k in needs(instrs[i]) if not tokens[k]]
+            missing = [_FIFOS[f] for f in toks[i][0] if not tokens[f]]
             waits.append(f"{instrs[i].opcode.name} #{i} on the {e.name.lower()} engine waits "
                          f"for a {'/'.join(missing)} token")
     if fetch_idx < len(instrs):
-        e = Engine(eng_of[fetch_idx])
+        e = Engine(eng[fetch_idx])
         if len(queues[e]) >= depth[e]:
             waits.append(f"fetch is stalled at #{fetch_idx}: the {e.name.lower()} queue "
                          f"({depth[e]} deep) is full")

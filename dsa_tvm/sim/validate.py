@@ -45,10 +45,6 @@ def _span(base: int, loops, attr: str) -> tuple[int, int]:
     return base, hi
 
 
-def _depth(cfg: "HardwareConfig", sram: str) -> int:
-    return {"inp": cfg.inp_depth, "wgt": cfg.wgt_depth, "acc": cfg.acc_depth}[sram]
-
-
 def footprint(ins: Instruction) -> Footprint:
     if isinstance(ins, Load):
         return Footprint(writes=((_BUF_SRAM[ins.buffer], ins.sram_base,
@@ -81,16 +77,17 @@ def _check_tokens(i: int, ins: Instruction) -> None:
                                  f"next engine: pop_next/push_next are not allowed")
 
 
-def _check_dram(i: int, ins: Load | Store, cfg: "HardwareConfig", program: "Program") -> None:
+def _check_dram(i: int, ins: Load | Store, cfg: "HardwareConfig",
+                bounds: list[tuple[int, int, str, str]]) -> None:
     unit = cfg.element_bytes(ins.buffer)
     first = ins.dram_base * unit
     end = (ins.dram_base + (ins.y_size - 1) * ins.x_stride + ins.x_size) * unit
-    for r in program.regions:
-        if r.offset <= first and end <= r.offset + r.nbytes:
-            if isinstance(ins, Store) and r.kind == "const":
-                raise SimulationError(i, f"STORE writes into constant DRAM region '{r.name}'")
+    for lo, hi, kind, name in bounds:
+        if lo <= first and end <= hi:
+            if isinstance(ins, Store) and kind == "const":
+                raise SimulationError(i, f"STORE writes into constant DRAM region '{name}'")
             return
-    known = ", ".join(f"{r.name}=[{r.offset}, {r.offset + r.nbytes})" for r in program.regions)
+    known = ", ".join(f"{name}=[{lo}, {hi})" for lo, hi, _, name in bounds)
     raise SimulationError(i, f"{ins.opcode.name} touches DRAM bytes [{first}, {end}), which is "
                              f"outside every DRAM region of the program ({known or 'none'})")
 
@@ -103,6 +100,8 @@ def validate_program(program: "Program", cfg: "HardwareConfig") -> list[Footprin
         raise SimulationError(len(ins_list) - 1 if ins_list else None,
                               "program does not end with FINISH")
     fps = []
+    bounds = [(r.offset, r.offset + r.nbytes, r.kind, r.name) for r in program.regions]
+    depths = {"inp": cfg.inp_depth, "wgt": cfg.wgt_depth, "acc": cfg.acc_depth}
     for i, ins in enumerate(ins_list):
         name = ins.opcode.name
         _check_tokens(i, ins)
@@ -115,7 +114,7 @@ def validate_program(program: "Program", cfg: "HardwareConfig") -> list[Footprin
             if isinstance(ins, Store) and ins.buffer not in (Buffer.ACC, Buffer.ACC8):
                 raise SimulationError(i, f"STORE reads the accumulator only (buffer ACC or ACC8), "
                                          f"got {ins.buffer.name}")
-            _check_dram(i, ins, cfg, program)
+            _check_dram(i, ins, cfg, bounds)
         if isinstance(ins, (Gemm, Alu)):
             for k, lp in enumerate(ins.loops):
                 if lp.extent < 1:
@@ -128,7 +127,7 @@ def validate_program(program: "Program", cfg: "HardwareConfig") -> list[Footprin
         fp = footprint(ins)
         for kind, ranges in (("reads", fp.reads), ("writes", fp.writes)):
             for sram, lo, hi in ranges:
-                depth = _depth(cfg, sram)
+                depth = depths[sram]
                 if hi >= depth:
                     raise SimulationError(i, f"{name} {kind} {sram.upper()} rows {lo}..{hi}, "
                                              f"past the end of the {depth}-row {sram.upper()} "
