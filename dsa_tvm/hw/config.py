@@ -15,6 +15,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from functools import cached_property
 from pathlib import Path
+from types import MappingProxyType
 from typing import Any
 
 from .schema import FIELDS, SECTIONS, FieldSpec
@@ -49,6 +50,7 @@ class HardwareConfig:
     source: str = field(default="<dict>", compare=False)
 
     def __post_init__(self) -> None:
+        object.__setattr__(self, "values", MappingProxyType(dict(self.values)))
         # raw fields become plain attributes: hot simulator loops read them
         for k, v in self.values.items():
             object.__setattr__(self, k, v)
@@ -171,11 +173,12 @@ class HardwareConfig:
         return isinstance(other, HardwareConfig) and self.fingerprint == other.fingerprint
 
 
-def _coerce(spec: FieldSpec, value: Any) -> Any:
+def _coerce(spec: FieldSpec, value: Any, source: str) -> Any:
     if spec.type is float and isinstance(value, int) and not isinstance(value, bool):
         return float(value)
     if not isinstance(value, spec.type) or isinstance(value, bool):
-        raise ConfigError(f"field '{spec.key}' must be {spec.type.__name__}, got {value!r}")
+        raise ConfigError(f"{source}: field '{spec.key}' must be "
+                          f"{spec.type.__name__}, got {value!r}")
     return value
 
 
@@ -201,7 +204,7 @@ def config_from_dict(data: Mapping[str, Any], source: str = "<dict>") -> Hardwar
             raise ConfigError(f"{source}: unknown field '{name}' in {where}")
     for k, spec in by_key.items():
         if k in flat:
-            v = _coerce(spec, flat[k])
+            v = _coerce(spec, flat[k], source)
         elif spec.default is not None:
             v = spec.default
         else:

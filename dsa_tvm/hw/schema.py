@@ -30,7 +30,7 @@ class FieldSpec:
 
     @property
     def key(self) -> str:
-        return f"{self.section}.{self.name}"
+        return f"{self.section}.{self.name}" if self.section else self.name
 
 
 def _int(section, name, unit, doc, rule, check, default=None) -> FieldSpec:

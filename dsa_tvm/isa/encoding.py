@@ -8,6 +8,7 @@ errors name the instruction index and the field.
 from __future__ import annotations
 
 from collections.abc import Iterable
+from functools import lru_cache
 from typing import TYPE_CHECKING
 
 from .formats import FORMATS, Format
@@ -58,6 +59,8 @@ def _dep_fields(d: Deps) -> dict[str, int]:
 
 def to_fields(ins: Instruction) -> dict[str, int]:
     """Flatten an instruction into its format's named integer fields."""
+    if not isinstance(ins, (Load, Store, Gemm, Alu, Sync, Finish)):
+        raise EncodeError(None, f"not an instruction: {ins!r}")
     f: dict[str, int] = {"opcode": int(ins.opcode), **_dep_fields(ins.deps)}
     if isinstance(ins, (Load, Store)):
         f.update(buffer=int(ins.buffer), sram_base=ins.sram_base, dram_base=ins.dram_base,
@@ -79,8 +82,6 @@ def to_fields(ins: Instruction) -> dict[str, int]:
                       f"b_stride{k}": lp.b})
     elif isinstance(ins, Sync):
         f["engine"] = int(ins.on)
-    elif not isinstance(ins, Finish):
-        raise EncodeError(None, f"not an instruction: {ins!r}")
     return f
 
 
@@ -127,19 +128,36 @@ def _range(width: int, signed: bool) -> tuple[int, int]:
     return 0, (1 << width) - 1
 
 
+@lru_cache(maxsize=64)
+def _layout(opcode: Opcode, cfg: "HardwareConfig") -> tuple[tuple[str, int, int, int, int,
+                                                                  bool], ...]:
+    """(name, offset, width, lo, hi, signed) of every field of a format, for this config."""
+    fmt: Format = FORMATS[opcode]
+    return tuple((fd.name, off, w, *_range(w, fd.signed), fd.signed)
+                 for fd, off, w in fmt.widths(cfg))
+
+
+def check_fields(ins: Instruction, cfg: "HardwareConfig", index: int = 0) -> dict[str, int]:
+    """The instruction's fields, each checked against its width; EncodeError otherwise."""
+    try:
+        fields = to_fields(ins)
+    except EncodeError as e:
+        raise EncodeError(index, str(e)) from None
+    for name, _off, width, lo, hi, signed in _layout(ins.opcode, cfg):
+        v = fields[name]
+        if not lo <= v <= hi:
+            raise EncodeError(index, f"{ins.opcode.name} field '{name}' = {v} does not fit "
+                                     f"in {width} {'signed ' if signed else ''}bits "
+                                     f"(range {lo}..{hi})")
+    return fields
+
+
 def encode_instruction(ins: Instruction, cfg: "HardwareConfig", index: int = 0) -> int:
     """One instruction as an integer of ``cfg.instruction_bits`` bits."""
-    fields = to_fields(ins)
-    fmt: Format = FORMATS[ins.opcode]
+    fields = check_fields(ins, cfg, index)
     word = 0
-    for fd, off, width in fmt.widths(cfg):
-        v = fields[fd.name]
-        lo, hi = _range(width, fd.signed)
-        if not lo <= v <= hi:
-            raise EncodeError(index, f"{ins.opcode.name} field '{fd.name}' = {v} does not fit "
-                                     f"in {width} {'signed ' if fd.signed else ''}bits "
-                                     f"(range {lo}..{hi})")
-        word |= (v & ((1 << width) - 1)) << off
+    for name, off, width, _lo, _hi, _signed in _layout(ins.opcode, cfg):
+        word |= (fields[name] & ((1 << width) - 1)) << off
     return word
 
 

@@ -116,21 +116,31 @@ class Program:
         pos = 32
         try:
             head = json.loads(bytes(view[pos:pos + hlen]))
-        except ValueError as e:
-            raise ProgramError(f"corrupt DSA program header: {e}") from e
+            prog = cls(name=str(head["name"]), fingerprint=fingerprint,
+                       instruction_bits=int(head["instruction_bits"]), instructions=[],
+                       meta=dict(head.get("meta", {})))
+            count = head["count"]
+            regions = [Region(str(rh["name"]), str(rh["kind"]), int(rh["offset"]),
+                              np.dtype(rh["dtype"]).name, tuple(int(d) for d in rh["shape"]))
+                       for rh in head["regions"]]
+            has_data = [bool(rh["has_data"]) for rh in head["regions"]]
+            if not isinstance(count, int) or count < 0:
+                raise TypeError(f"instruction count {count!r}")
+        except (ValueError, KeyError, TypeError, AttributeError) as e:
+            raise ProgramError(f"corrupt DSA program header: {type(e).__name__}: {e}") from e
         pos += hlen
-        prog = cls(name=head["name"], fingerprint=fingerprint,
-                   instruction_bits=head["instruction_bits"], instructions=[],
-                   meta=head.get("meta", {}))
         prog.check_config(cfg)
-        nwords = head["count"] * cfg.instruction_bits // 8
+        for r in regions:
+            if r.kind not in REGION_KINDS:
+                raise ProgramError(f"corrupt DSA program header: region '{r.name}' has kind "
+                                   f"{r.kind!r}")
+        nwords = count * cfg.instruction_bits // 8
         if pos + nwords > len(data):
             raise ProgramError("truncated DSA program: instruction words missing")
         prog.instructions = decode_program_words(bytes(view[pos:pos + nwords]), cfg)
         pos += nwords
-        for rh in head["regions"]:
-            r = Region(rh["name"], rh["kind"], rh["offset"], rh["dtype"], tuple(rh["shape"]))
-            if rh["has_data"]:
+        for r, data_flag in zip(regions, has_data):
+            if data_flag:
                 if pos + r.nbytes > len(data):
                     raise ProgramError(f"truncated DSA program: data of region '{r.name}' missing")
                 r.data = bytes(view[pos:pos + r.nbytes])

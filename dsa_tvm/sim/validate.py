@@ -10,6 +10,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
+from ..isa.encoding import EncodeError, check_fields
 from ..isa.instructions import (
     PAIRED_B_OPS,
     TENSOR_ONLY_OPS,
@@ -128,9 +129,16 @@ def validate_program(program: "Program", cfg: "HardwareConfig") -> list[Footprin
         for kind, ranges in (("reads", fp.reads), ("writes", fp.writes)):
             for sram, lo, hi in ranges:
                 depth = depths[sram]
+                if lo < 0:
+                    raise SimulationError(i, f"{name} {kind} {sram.upper()} rows {lo}..{hi}: "
+                                             f"negative scratchpad row")
                 if hi >= depth:
                     raise SimulationError(i, f"{name} {kind} {sram.upper()} rows {lo}..{hi}, "
                                              f"past the end of the {depth}-row {sram.upper()} "
                                              f"scratchpad (scratchpad overflow)")
+        try:  # programs built in memory were never encoded: apply the encoder's field checks
+            check_fields(ins, cfg, i)
+        except EncodeError as e:
+            raise SimulationError(i, str(e).split(": ", 1)[-1]) from None
         fps.append(fp)
     return fps

@@ -1,0 +1,705 @@
+"""Functional semantics of every instruction kind, bit-exact against numpy.
+
+Each hand-built program is made sequential with tokens (``conftest.sequential``)
+and its outputs are compared with an explicit numpy expression; the property
+tests compare random GEMM / ALU tiles against the step-by-step reference in
+``conftest.RefMachine``.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from hypothesis import HealthCheck, assume, given, settings
+from hypothesis import strategies as st
+
+from dsa_tvm.hw.config import load_config
+from dsa_tvm.isa.builder import ProgramBuilder
+from dsa_tvm.isa.instructions import AluOp, Buffer
+from dsa_tvm.isa.semantics import pack_clip_imm
+
+from .conftest import (
+    build_sequential,
+    rand_int8,
+    rand_int32,
+    reference_outputs,
+    requant_py,
+    rshift_round_py,
+    run,
+    run_and_check,
+    wrap32,
+)
+
+I64 = np.int64
+
+
+def wrap32_np(x: np.ndarray) -> np.ndarray:
+    x = np.asarray(x, dtype=object)
+    return np.vectorize(wrap32, otypes=[np.int64])(x).astype(np.int32)
+
+
+def identity_tile(cfg) -> np.ndarray:
+    """A block_out x block_in weight tile whose GEMM copies an input row to the accumulator."""
+    assert cfg.block_in == cfg.block_out  # true for every bundled preset
+    return np.eye(cfg.block_out, cfg.block_in, dtype=np.int8)
+
+
+# ----------------------------------------------------------------------------- LOAD / STORE
+
+PAD = (1, 2, 1, 1)  # top, bottom, left, right
+
+
+def _window(elems: np.ndarray, base: int, ys: int, xs: int, stride: int) -> np.ndarray:
+    idx = base + np.arange(ys)[:, None] * stride + np.arange(xs)[None, :]
+    return elems[idx]
+
+
+def test_load_inp_2d_stride_and_padding(any_cfg):
+    cfg = any_cfg
+    bi = cfg.block_in
+    rng = np.random.default_rng(1)
+    x = rand_int8(rng, (40, bi))                       # 40 DRAM input rows
+    ys, xs, stride, first = 3, 4, 6, 7
+    t, btm, lft, rgt = PAD
+    h, w = t + ys + btm, lft + xs + rgt
+    b = ProgramBuilder(cfg, "load_inp")
+    rx = b.region("x", "input", x.shape)
+    rw = b.region("eye", "const", (1, cfg.block_out, bi), data=identity_tile(cfg)[None])
+    out = b.region("out", "output", (h * w, cfg.block_out), "int32")
+    b.load(Buffer.INP, 5, b.addr(rx, Buffer.INP) + first, ys, xs, stride, pad=PAD, pad_value=-7)
+    b.load(Buffer.WGT, 3, b.addr(rw, Buffer.WGT), 1, 1)
+    b.gemm(0, 5, 3, [(h * w, 1, 1, 0)], reset=True)
+    b.store(Buffer.ACC, 0, b.addr(out, Buffer.ACC), 1, h * w)
+    prog = build_sequential(b)
+    res = run(cfg, prog, {"x": x})
+    sel = _window(x, first, ys, xs, stride)
+    want = np.pad(sel, ((t, btm), (lft, rgt), (0, 0)), constant_values=-7).reshape(h * w, bi)
+    np.testing.assert_array_equal(res.outputs["out"], want.astype(np.int32))
+
+
+def test_load_wgt_2d_stride_and_padding(any_cfg):
+    cfg = any_cfg
+    bi, bo = cfg.block_in, cfg.block_out
+    rng = np.random.default_rng(2)
+    wt = rand_int8(rng, (12, bo, bi))
+    ys, xs, stride, first = 2, 2, 5, 1
+    t, btm, lft, rgt = PAD
+    h, w = t + ys + btm, lft + xs + rgt
+    ntiles = h * w
+    b = ProgramBuilder(cfg, "load_wgt")
+    rw = b.region("w", "input", wt.shape)
+    reye = b.region("eye", "const", (bi, bi), data=np.eye(bi, dtype=np.int8))
+    out = b.region("out", "output", (ntiles * bi, bo), "int32")
+    b.load(Buffer.WGT, 2, b.addr(rw, Buffer.WGT) + first, ys, xs, stride, pad=PAD, pad_value=3)
+    b.load(Buffer.INP, 0, b.addr(reye, Buffer.INP), 1, bi)
+    # acc[t*bi + k] = tile_t @ e_k = column k of tile t
+    b.gemm(0, 0, 2, [(ntiles, bi, 0, 1), (bi, 1, 1, 0)], reset=True)
+    b.store(Buffer.ACC, 0, b.addr(out, Buffer.ACC), 1, ntiles * bi)
+    res = run(cfg, build_sequential(b), {"w": wt})
+    sel = _window(wt, first, ys, xs, stride)
+    tiles = np.pad(sel, ((t, btm), (lft, rgt), (0, 0), (0, 0)), constant_values=3)
+    want = tiles.reshape(ntiles, bo, bi).transpose(0, 2, 1).reshape(ntiles * bi, bo)
+    np.testing.assert_array_equal(res.outputs["out"], want.astype(np.int32))
+
+
+@pytest.mark.parametrize("buffer", [Buffer.ACC, Buffer.ACC8])
+def test_load_acc_2d_stride_padding_and_sign_extension(any_cfg, buffer):
+    cfg = any_cfg
+    bo = cfg.block_out
+    rng = np.random.default_rng(3)
+    dtype = np.int32 if buffer == Buffer.ACC else np.int8
+    data = (rand_int32(rng, (30, bo)) if buffer == Buffer.ACC else rand_int8(rng, (30, bo)))
+    data[0, 0] = np.iinfo(dtype).min
+    data[1, 0] = np.iinfo(dtype).max
+    ys, xs, stride, first = 3, 2, 4, 0
+    t, btm, lft, rgt = PAD
+    h, w = t + ys + btm, lft + xs + rgt
+    b = ProgramBuilder(cfg, "load_acc")
+    rd = b.region("d", "input", data.shape, np.dtype(dtype).name)
+    out = b.region("out", "output", (h * w, bo), "int32")
+    b.load(buffer, 4, b.addr(rd, buffer) + first, ys, xs, stride, pad=PAD, pad_value=-128)
+    b.store(Buffer.ACC, 4, b.addr(out, Buffer.ACC), 1, h * w)
+    res = run(cfg, build_sequential(b), {"d": data})
+    sel = _window(data.astype(I64), first, ys, xs, stride)   # ACC8: sign-extended int8
+    want = np.pad(sel, ((t, btm), (lft, rgt), (0, 0)), constant_values=-128).reshape(h * w, bo)
+    np.testing.assert_array_equal(res.outputs["out"], want.astype(np.int32))
+
+
+def test_store_acc_and_acc8_low_byte_with_stride(any_cfg):
+    cfg = any_cfg
+    bo = cfg.block_out
+    rng = np.random.default_rng(4)
+    vals = rand_int32(rng, (6, bo))
+    vals[0, :4] = [300, -200, (1 << 31) - 1, -(1 << 31)]
+    b = ProgramBuilder(cfg, "store")
+    rv = b.region("v", "input", vals.shape, "int32")
+    o32 = b.region("o32", "output", (4, 5, bo), "int32")
+    o8 = b.region("o8", "output", (4, 5, bo), "int8")
+    b.load(Buffer.ACC, 10, b.addr(rv, Buffer.ACC), 1, 6)
+    # 2 rows of 3 elements, row starts 5 elements apart, from element (1, 1)
+    b.store(Buffer.ACC, 10, b.addr(o32, Buffer.ACC) + 6, 2, 3, 5)
+    b.store(Buffer.ACC8, 10, b.addr(o8, Buffer.ACC8) + 6, 2, 3, 5)
+    res = run(cfg, build_sequential(b), {"v": vals})
+    want32 = np.zeros((4, 5, bo), np.int64)
+    want32[1:3, 1:4] = vals.reshape(2, 3, bo)
+    np.testing.assert_array_equal(res.outputs["o32"], want32.astype(np.int32))
+    low = ((want32 & 0xFF) ^ 0x80) - 0x80                     # low byte, as a signed int8
+    np.testing.assert_array_equal(res.outputs["o8"], low.astype(np.int8))
+    assert list(res.outputs["o8"][1, 1, :4]) == [44, 56, -1, 0]
+
+
+# ----------------------------------------------------------------------------- GEMM
+
+def _gemm_program(cfg, x, wt, acc0, gemms, out_rows, name="gemm"):
+    """LOAD x (INP rows), wt (WGT tiles), acc0 (ACC rows); run ``gemms`` (builder args);
+    STORE ``out_rows`` accumulator rows."""
+    b = ProgramBuilder(cfg, name)
+    rx = b.region("x", "input", x.shape)
+    rw = b.region("w", "input", wt.shape)
+    ra = b.region("a", "input", acc0.shape, "int32")
+    out = b.region("out", "output", (out_rows, cfg.block_out), "int32")
+    b.load(Buffer.INP, 0, b.addr(rx, Buffer.INP), 1, x.shape[0])
+    b.load(Buffer.WGT, 0, b.addr(rw, Buffer.WGT), 1, wt.shape[0])
+    b.load(Buffer.ACC, 0, b.addr(ra, Buffer.ACC), 1, acc0.shape[0])
+    for g in gemms:
+        b.gemm(*g)
+    b.store(Buffer.ACC, 0, b.addr(out, Buffer.ACC), 1, out_rows)
+    prog = build_sequential(b)
+    return prog, {"x": x, "w": wt, "a": acc0}
+
+
+def test_gemm_reset_and_accumulate(any_cfg):
+    cfg = any_cfg
+    bi, bo = cfg.block_in, cfg.block_out
+    rng = np.random.default_rng(5)
+    m = 7
+    x = rand_int8(rng, (m, bi))
+    wt = rand_int8(rng, (2, bo, bi))
+    acc0 = rand_int32(rng, (3 * m, bo), -(1 << 20), 1 << 20)
+    prog, inputs = _gemm_program(cfg, x, wt, acc0, [
+        (0, 0, 0, [(m, 1, 1, 0)], True),            # rows 0..m-1 = x @ w0.T
+        (0, 0, 1, [(m, 1, 1, 0)], False),           # rows 0..m-1 += x @ w1.T
+        (m, 0, 1, [(m, 1, 1, 0)], False),           # rows m..2m-1 = acc0 + x @ w1.T
+    ], 3 * m)
+    res = run(cfg, prog, inputs)
+    x64, w64 = x.astype(I64), wt.astype(I64)
+    want = acc0.astype(I64).copy()
+    want[:m] = x64 @ w64[0].T + x64 @ w64[1].T
+    want[m:2 * m] += x64 @ w64[1].T
+    np.testing.assert_array_equal(res.outputs["out"], want.astype(np.int32))
+
+
+@pytest.mark.parametrize("mb,nb,kb", [(5, 3, 2), (1, 1, 4), (6, 1, 1), (2, 4, 3)])
+def test_gemm_tiled_matmul_nest(default_cfg, mb, nb, kb):
+    """(n block: weight-varying output level) x (m row) x (k block: reduction level)."""
+    cfg = default_cfg
+    bi, bo = cfg.block_in, cfg.block_out
+    rng = np.random.default_rng(6)
+    x = rand_int8(rng, (mb, kb * bi))
+    w = rand_int8(rng, (nb * bo, kb * bi))
+    packed = np.ascontiguousarray(w.reshape(nb, bo, kb, bi).transpose(0, 2, 1, 3)).reshape(
+        nb * kb, bo, bi)
+    acc0 = np.zeros((mb * nb, bo), np.int32)
+    gemm = (0, 0, 0, [(nb, 1, 0, kb), (mb, nb, kb, 0), (kb, 0, 1, 1)], True)
+    prog, inputs = _gemm_program(cfg, x.reshape(mb * kb, bi), packed, acc0, [gemm], mb * nb)
+    res = run(cfg, prog, inputs)
+    want = (x.astype(I64) @ w.astype(I64).T).reshape(mb * nb, bo)
+    np.testing.assert_array_equal(res.outputs["out"], want.astype(np.int32))
+
+
+def test_gemm_conv1d_nest(any_cfg):
+    """out[co, p] = sum_t W[co, t] @ in[p + t]: output-channel level (weight varies),
+    position level, tap level (reduction, accumulator fixed)."""
+    cfg = any_cfg
+    bi, bo = cfg.block_in, cfg.block_out
+    rng = np.random.default_rng(7)
+    cob, p, taps = 2, 6, 3
+    x = rand_int8(rng, (p + taps - 1, bi))
+    wt = rand_int8(rng, (cob * taps, bo, bi))
+    acc0 = np.zeros((cob * p, bo), np.int32)
+    gemm = (0, 0, 0, [(cob, p, 0, taps), (p, 1, 1, 0), (taps, 0, 1, 1)], True)
+    prog, inputs = _gemm_program(cfg, x, wt, acc0, [gemm], cob * p)
+    res = run(cfg, prog, inputs)
+    want = np.zeros((cob, p, bo), I64)
+    for c in range(cob):
+        for q in range(p):
+            for t in range(taps):
+                want[c, q] += wt[c * taps + t].astype(I64) @ x[q + t].astype(I64)
+    np.testing.assert_array_equal(res.outputs["out"], want.reshape(-1, bo).astype(np.int32))
+
+
+def test_gemm_conv2d_with_padded_load(default_cfg):
+    """3x3 'same' convolution of an HxW image: LOAD INP pads the border with the zero
+    point, GEMM walks (oh, ow, r, s) with two reduction levels."""
+    cfg = default_cfg
+    bi, bo = cfg.block_in, cfg.block_out
+    rng = np.random.default_rng(8)
+    hh, ww, zp = 5, 6, -3
+    img = rand_int8(rng, (hh, ww, bi))
+    wt = rand_int8(rng, (9, bo, bi))
+    b = ProgramBuilder(cfg, "conv2d")
+    ri = b.region("img", "input", img.shape)
+    rw = b.region("w", "input", wt.shape)
+    out = b.region("out", "output", (hh * ww, bo), "int32")
+    wp = ww + 2
+    b.load(Buffer.INP, 0, b.addr(ri, Buffer.INP), hh, ww, ww, pad=(1, 1, 1, 1), pad_value=zp)
+    b.load(Buffer.WGT, 0, b.addr(rw, Buffer.WGT), 1, 9)
+    b.gemm(0, 0, 0, [(hh, ww, wp, 0), (ww, 1, 1, 0), (3, 0, wp, 3), (3, 0, 1, 1)], reset=True)
+    b.store(Buffer.ACC, 0, b.addr(out, Buffer.ACC), 1, hh * ww)
+    res = run(cfg, build_sequential(b), {"img": img, "w": wt})
+    padded = np.pad(img.astype(I64), ((1, 1), (1, 1), (0, 0)), constant_values=zp)
+    want = np.zeros((hh, ww, bo), I64)
+    for r in range(3):
+        for s in range(3):
+            want += padded[r:r + hh, s:s + ww] @ wt[3 * r + s].astype(I64).T
+    np.testing.assert_array_equal(res.outputs["out"], want.reshape(-1, bo).astype(np.int32))
+
+
+def test_gemm_non_injective_accumulator_map(any_cfg):
+    """acc row i + j receives x[i + 4j] @ W[j].T for every (i, j): rows overlap."""
+    cfg = any_cfg
+    bi, bo = cfg.block_in, cfg.block_out
+    rng = np.random.default_rng(9)
+    x = rand_int8(rng, (16, bi))
+    wt = rand_int8(rng, (3, bo, bi))
+    acc0 = rand_int32(rng, (8, bo), -1000, 1000)
+    for reset in (False, True):
+        gemm = (1, 0, 0, [(4, 1, 1, 0), (3, 1, 4, 1)], reset)
+        prog, inputs = _gemm_program(cfg, x, wt, acc0, [gemm], 8)
+        res = run(cfg, prog, inputs)
+        want = acc0.astype(I64).copy()
+        if reset:
+            want[1:7] = 0
+        for i in range(4):
+            for j in range(3):
+                want[1 + i + j] += wt[j].astype(I64) @ x[i + 4 * j].astype(I64)
+        np.testing.assert_array_equal(res.outputs["out"], want.astype(np.int32))
+
+
+def test_gemm_int32_wraparound(default_cfg):
+    cfg = default_cfg
+    bi, bo = cfg.block_in, cfg.block_out
+    x = np.full((1, bi), 127, np.int8)
+    wt = np.full((1, bo, bi), 127, np.int8)
+    wt[0, 1] = -128                                              # lane 1 goes negative
+    acc0 = np.zeros((2, bo), np.int32)
+    acc0[0] = (1 << 31) - 100
+    acc0[1] = -(1 << 31) + 5
+    gemm = (0, 0, 0, [(2, 1, 0, 0)], False)
+    prog, inputs = _gemm_program(cfg, x, wt, acc0, [gemm], 2)
+    res = run(cfg, prog, inputs)
+    step = np.full(bo, 127 * 127 * bi, I64)
+    step[1] = -128 * 127 * bi
+    want = wrap32_np(acc0.astype(I64) + step)
+    assert want[0, 0] < 0                                        # it did wrap
+    np.testing.assert_array_equal(res.outputs["out"], want)
+
+
+def test_gemm_long_reduction_exact_and_wrapping(default_cfg):
+    """9000 reduction steps of (-128)*(-128)*block_in: beyond float32's exact range and
+    past 2**31, so the sum must wrap exactly."""
+    cfg = default_cfg
+    bi, bo = cfg.block_in, cfg.block_out
+    x = np.full((1, bi), -128, np.int8)
+    wt = np.full((1, bo, bi), -128, np.int8)
+    wt[0, 0, 0] = 127
+    acc0 = np.zeros((1, bo), np.int32)
+    gemm = (0, 0, 0, [(9000, 0, 0, 0)], True)
+    prog, inputs = _gemm_program(cfg, x, wt, acc0, [gemm], 1)
+    res = run(cfg, prog, inputs)
+    per_step = np.full(bo, 128 * 128 * bi, I64)
+    per_step[0] = 128 * 128 * (bi - 1) - 128 * 127
+    want = np.array([[wrap32(9000 * int(v)) for v in per_step]], np.int32)
+    np.testing.assert_array_equal(res.outputs["out"], want)
+
+
+def test_gemm_long_random_reduction_exact(default_cfg):
+    """Random operands over 300 reduction steps (float64 path) stay bit-exact."""
+    cfg = default_cfg
+    bi, bo = cfg.block_in, cfg.block_out
+    rng = np.random.default_rng(10)
+    x = rand_int8(rng, (300, bi))
+    wt = rand_int8(rng, (300, bo, bi))
+    acc0 = rand_int32(rng, (1, bo))
+    gemm = (0, 0, 0, [(300, 0, 1, 1)], False)
+    prog, inputs = _gemm_program(cfg, x, wt, acc0, [gemm], 1)
+    res = run(cfg, prog, inputs)
+    tot = acc0.astype(I64)[0] + np.einsum("kob,kb->o", wt.astype(I64), x.astype(I64))
+    np.testing.assert_array_equal(res.outputs["out"], wrap32_np(tot[None]))
+
+
+# ----------------------------------------------------------------------------- ALU
+
+R = 6  # rows per operand in the ALU tests
+
+
+def _alu_program(cfg, data, alu_calls, out_rows, name="alu"):
+    b = ProgramBuilder(cfg, name)
+    rd = b.region("d", "input", data.shape, "int32")
+    out = b.region("out", "output", (out_rows, cfg.block_out), "int32")
+    b.load(Buffer.ACC, 0, b.addr(rd, Buffer.ACC), 1, data.shape[0])
+    for kw in alu_calls:
+        b.alu(**kw)
+    b.store(Buffer.ACC, 0, b.addr(out, Buffer.ACC), 1, out_rows)
+    return build_sequential(b), {"d": data}
+
+
+def _expected_alu(op, a, bb, b2, d, zp):
+    """Vectorized numpy form of every ALU op, on Python integers (object arrays)."""
+
+    def obj(v):
+        return None if v is None else np.asarray(v, dtype=np.int64).astype(object)
+
+    a, bb, b2, d = obj(a), obj(bb), obj(b2), obj(d)
+    if op == AluOp.MOV:
+        return wrap32_np(np.broadcast_to(bb, a.shape))
+    if op == AluOp.ADD:
+        return wrap32_np(a + bb)
+    if op == AluOp.SUB:
+        return wrap32_np(a - bb)
+    if op == AluOp.MUL:
+        return wrap32_np(a * bb)
+    if op == AluOp.MAC:
+        return wrap32_np(d + a * bb)
+    if op == AluOp.MIN:
+        return np.minimum(a, bb).astype(np.int32)
+    if op == AluOp.MAX:
+        return np.maximum(a, bb).astype(np.int32)
+    if op == AluOp.SHR:
+        f = np.vectorize(lambda x, s: wrap32(rshift_round_py(x, s)), otypes=[np.int64])
+        return f(a, bb).astype(np.int32)
+    if op == AluOp.CLIP:
+        return np.minimum(np.maximum(a, bb), b2).astype(np.int32)
+    if op == AluOp.REQUANT:
+        f = np.vectorize(lambda x, m, s: requant_py(x, m, s, zp), otypes=[np.int64])
+        return f(a, bb, b2).astype(np.int32)
+    raise AssertionError(op)
+
+
+def _alu_data(cfg, op, rng):
+    """Rows: [0, R) source A, [R, 2R) destination (initial), [2R, 4R) source B pairs."""
+    bo = cfg.block_out
+    a = rand_int32(rng, (R, bo))
+    a[0, :4] = [(1 << 31) - 1, -(1 << 31), 0, -1]
+    d0 = rand_int32(rng, (R, bo))
+    b = rand_int32(rng, (2 * R, bo))
+    if op == AluOp.SHR:
+        b = rng.integers(-40, 70, (2 * R, bo)).astype(np.int32)
+        b[0, :4] = [0, 1, -1, 33]
+    if op == AluOp.CLIP:
+        lo = rng.integers(-(1 << 20), 0, (R, bo))
+        b[0::2] = lo
+        b[1::2] = lo + rng.integers(0, 1 << 21, (R, bo))
+    if op == AluOp.REQUANT:
+        b[0::2] = rng.integers(1 << 30, 1 << 31, (R, bo))
+        b[1::2] = rng.integers(0, 63, (R, bo))
+        a = rand_int32(rng, (R, bo), -(1 << 16), 1 << 16)
+        a[0, :2] = [(1 << 31) - 1, -(1 << 31)]
+    if op == AluOp.MUL or op == AluOp.MAC:
+        b[0, 0] = (1 << 31) - 1                                   # a * b wraps
+    return a, d0, b
+
+
+TENSOR_OPS = list(AluOp)
+IMM_OPS = [op for op in AluOp if op != AluOp.REQUANT]
+
+
+@pytest.mark.parametrize("op", TENSOR_OPS, ids=lambda o: o.name)
+def test_alu_tensor_form(any_cfg, op):
+    cfg = any_cfg
+    rng = np.random.default_rng(100 + int(op))
+    a, d0, b = _alu_data(cfg, op, rng)
+    data = np.concatenate([a, d0, b])
+    paired = op in (AluOp.CLIP, AluOp.REQUANT)
+    # paired ops read rows b and b + 1 per step: step the B rows by 2
+    call = dict(op=op, dst_base=R, a_base=0, b_base=2 * R, loops=[(R, 1, 1, 2 if paired else 1)],
+                imm=-5 if op == AluOp.REQUANT else 0)
+    prog, inputs = _alu_program(cfg, data, [call], 4 * R)
+    res = run(cfg, prog, inputs)
+    bb = b[0::2] if paired else b[:R]
+    b2 = b[1::2] if paired else None
+    want = data.copy()
+    want[R:2 * R] = _expected_alu(op, a.astype(I64), bb.astype(I64),
+                                  None if b2 is None else b2.astype(I64), d0.astype(I64), -5)
+    np.testing.assert_array_equal(res.outputs["out"], want)
+
+
+@pytest.mark.parametrize("op", IMM_OPS, ids=lambda o: o.name)
+@pytest.mark.parametrize("imm_kind", ["small", "extreme"])
+def test_alu_immediate_form(any_cfg, op, imm_kind):
+    cfg = any_cfg
+    rng = np.random.default_rng(200 + int(op))
+    a, d0, _ = _alu_data(cfg, op, rng)
+    data = np.concatenate([a, d0])
+    if op == AluOp.CLIP:
+        lo, hi = (-1000, 2500) if imm_kind == "small" else (-32768, 32767)
+        imm = pack_clip_imm(lo, hi)
+        bb, b2 = lo, hi
+    elif op == AluOp.SHR:
+        imm = 5 if imm_kind == "small" else -3
+        bb, b2 = imm, None
+    else:
+        imm = 1234567 if imm_kind == "small" else -(1 << 31)
+        bb, b2 = imm, None
+    call = dict(op=op, dst_base=R, a_base=0, loops=[(2, 3, 3, 0), (3, 1, 1, 0)], imm=imm,
+                use_imm=True)
+    prog, inputs = _alu_program(cfg, data, [call], 2 * R)
+    res = run(cfg, prog, inputs)
+    want = data.copy()
+    want[R:] = _expected_alu(op, a.astype(I64), np.int64(bb), b2, d0.astype(I64), imm)
+    np.testing.assert_array_equal(res.outputs["out"], want)
+
+
+def test_alu_clip_immediate_packing():
+    assert pack_clip_imm(0, 6) == 6 << 16
+    assert pack_clip_imm(-128, 127) == (127 << 16) | 0xFF80
+    assert pack_clip_imm(-1, -1) == -1
+    with pytest.raises(ValueError):
+        pack_clip_imm(0, 40000)
+
+
+def test_alu_max_pool_reduction(any_cfg):
+    """dst[p] = max over k of src[p*k + j]: MOV -inf, then MAX with dst stride 0 on the
+    inner level (a reduction level stepped in loop order)."""
+    cfg = any_cfg
+    bo = cfg.block_out
+    rng = np.random.default_rng(11)
+    p, k = 4, 3
+    src = rand_int32(rng, (p * k, bo))
+    data = np.concatenate([src, np.zeros((p, bo), np.int32)])
+    dst = p * k
+    calls = [dict(op=AluOp.MOV, dst_base=dst, loops=[(p, 1, 0, 0)], imm=-(1 << 31), use_imm=True),
+             dict(op=AluOp.MAX, dst_base=dst, a_base=dst, b_base=0,
+                  loops=[(p, 1, 1, k), (k, 0, 0, 1)])]
+    prog, inputs = _alu_program(cfg, data, calls, p * k + p)
+    res = run(cfg, prog, inputs)
+    want = src.reshape(p, k, bo).max(axis=1)
+    np.testing.assert_array_equal(res.outputs["out"][dst:], want)
+    np.testing.assert_array_equal(res.outputs["out"][:dst], src)
+
+
+def test_alu_sum_and_mac_reductions(any_cfg):
+    cfg = any_cfg
+    bo = cfg.block_out
+    rng = np.random.default_rng(12)
+    p, k = 3, 5
+    src = rand_int32(rng, (p * k, bo))
+    vec = rand_int32(rng, (k, bo), -1000, 1000)
+    data = np.concatenate([src, vec, np.zeros((2 * p, bo), np.int32)])
+    s0, m0 = p * k + k, p * k + k + p
+    calls = [
+        # sums (wrapping): dst = dst + src over the inner level
+        dict(op=AluOp.MOV, dst_base=s0, loops=[(p, 1, 0, 0)], imm=0, use_imm=True),
+        dict(op=AluOp.ADD, dst_base=s0, a_base=s0, b_base=0, loops=[(p, 1, 1, k), (k, 0, 0, 1)]),
+        # dot products: dst += src[p, j] * vec[j]
+        dict(op=AluOp.MOV, dst_base=m0, loops=[(p, 1, 0, 0)], imm=7, use_imm=True),
+        dict(op=AluOp.MAC, dst_base=m0, a_base=0, b_base=p * k,
+             loops=[(p, 1, k, 0), (k, 0, 1, 1)]),
+    ]
+    prog, inputs = _alu_program(cfg, data, calls, data.shape[0])
+    res = run(cfg, prog, inputs)
+    s64 = src.astype(object).reshape(p, k, bo)
+    np.testing.assert_array_equal(res.outputs["out"][s0:s0 + p], wrap32_np(s64.sum(axis=1)))
+    mac = 7 + (s64 * vec.astype(object)[None]).sum(axis=1)
+    np.testing.assert_array_equal(res.outputs["out"][m0:m0 + p], wrap32_np(mac))
+
+
+def test_alu_aliasing_runs_in_loop_order(any_cfg):
+    """Reads of rows written by earlier points of the same instruction see the new values."""
+    cfg = any_cfg
+    bo = cfg.block_out
+    rng = np.random.default_rng(13)
+    n = 8
+    src = rand_int32(rng, (n, bo), -1000, 1000)
+    data = np.concatenate([src, src, src])
+    calls = [
+        # prefix sum in place: row i = row i-1 + row i (a reads the previous destination)
+        dict(op=AluOp.ADD, dst_base=1, a_base=0, b_base=1, loops=[(n - 1, 1, 1, 1)]),
+        # smear forward: row i+1 = row i, in loop order -> every row becomes the first one
+        dict(op=AluOp.MOV, dst_base=n + 1, b_base=n, loops=[(n - 1, 1, 0, 1)]),
+        # shift backward: row i = row i+1 (reads rows not yet written)
+        dict(op=AluOp.MOV, dst_base=2 * n, b_base=2 * n + 1, loops=[(n - 1, 1, 0, 1)]),
+    ]
+    prog, inputs = _alu_program(cfg, data, calls, 3 * n)
+    res = run(cfg, prog, inputs)
+    out = res.outputs["out"]
+    np.testing.assert_array_equal(out[:n], np.cumsum(src.astype(I64), axis=0))
+    np.testing.assert_array_equal(out[n:2 * n], np.repeat(src[:1], n, axis=0))
+    np.testing.assert_array_equal(out[2 * n:3 * n], np.concatenate([src[1:], src[-1:]]))
+
+
+def test_alu_aliasing_with_reduction_level(default_cfg):
+    """Point order matters with a reduction level inside a parallel one and a source that
+    reads another point's destination."""
+    cfg = default_cfg
+    rng = np.random.default_rng(14)
+    data = rand_int32(rng, (12, cfg.block_out), -50, 50)
+    calls = [dict(op=AluOp.ADD, dst_base=2, a_base=1, b_base=0, loops=[(3, 1, 1, 0), (2, 0, 0, 3)])]
+    prog, inputs = _alu_program(cfg, data, calls, 12)
+    run_and_check(cfg, prog, inputs)
+
+
+def test_requant_pipeline_matches_hand_computed(default_cfg):
+    """A concrete REQUANT: rounding half up, zero point, saturation to int8."""
+    cfg = default_cfg
+    bo = cfg.block_out
+    data = np.zeros((3, bo), np.int32)
+    data[0, :6] = [3, -3, 5, -5, 1000, -1000]
+    data[1, :] = 1                                     # mult
+    data[2, :] = 1                                     # shift: x / 2
+    call = dict(op=AluOp.REQUANT, dst_base=0, a_base=0, b_base=1, loops=[(1, 0, 0, 0)], imm=10)
+    prog, inputs = _alu_program(cfg, data, [call], 1)
+    res = run(cfg, prog, inputs)
+    # 3/2=1.5->2, -1.5->-1, 2.5->3, -2.5->-2, 500, -500; then +10 and saturate
+    assert list(res.outputs["out"][0, :6]) == [12, 9, 13, 8, 127, -128]
+
+
+# ----------------------------------------------------------------------------- properties
+
+def _nest(draw, levels, names, max_ext, max_stride):
+    loops = []
+    for _ in range(levels):
+        e = draw(st.integers(1, max_ext))
+        loops.append((e,) + tuple(draw(st.integers(0, max_stride)) for _ in names))
+    return loops
+
+
+def _span(loops, k):
+    return sum((lp[0] - 1) * lp[k] for lp in loops)
+
+
+CFGS = {n: load_config(n) for n in ("default", "edge")}
+ROWS = 32
+
+
+@settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(data=st.data(), cfg_name=st.sampled_from(sorted(CFGS)), reset=st.booleans(),
+       seed=st.integers(0, 2**32 - 1), extreme=st.booleans())
+def test_property_gemm_tile_matches_loop_reference(data, cfg_name, reset, seed, extreme):
+    cfg = CFGS[cfg_name]
+    bi, bo = cfg.block_in, cfg.block_out
+    loops = _nest(data.draw, 4, "aiw", 3, 3)
+    spans = [_span(loops, k) for k in (1, 2, 3)]
+    assume(max(spans) < ROWS)
+    bases = [data.draw(st.integers(0, ROWS - 1 - s)) for s in spans]
+    rng = np.random.default_rng(seed)
+    if extreme:   # largest magnitudes: exercises the exact-sum and wrap-around paths
+        x = np.full((ROWS, bi), -128, np.int8)
+        wt = np.full((ROWS, bo, bi), -128, np.int8)
+        acc0 = np.full((ROWS, bo), (1 << 31) - 1, np.int32)
+    else:
+        x, wt, acc0 = rand_int8(rng, (ROWS, bi)), rand_int8(rng, (ROWS, bo, bi)), rand_int32(
+            rng, (ROWS, bo))
+    prog, inputs = _gemm_program(cfg, x, wt, acc0, [(*bases, loops, reset)], ROWS)
+    run_and_check(cfg, prog, inputs)
+
+
+ALU_ROWS = 48
+PARAM0 = 32   # REQUANT parameter pairs live in rows [32, 48)
+
+
+@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(data=st.data(), cfg_name=st.sampled_from(sorted(CFGS)), op=st.sampled_from(list(AluOp)),
+       seed=st.integers(0, 2**32 - 1))
+def test_property_alu_tile_matches_loop_reference(data, cfg_name, op, seed):
+    cfg = CFGS[cfg_name]
+    bo = cfg.block_out
+    use_imm = False if op == AluOp.REQUANT else data.draw(st.booleans(), label="use_imm")
+    loops = _nest(data.draw, 3, "dab", 3, 2)
+    rng = np.random.default_rng(seed)
+    acc = rand_int32(rng, (ALU_ROWS, bo))
+    if data.draw(st.booleans(), label="small values"):
+        acc = rand_int32(rng, (ALU_ROWS, bo), -300, 300)
+    if op == AluOp.REQUANT:
+        # B steps over (mult, shift) pairs; destination and A stay below the parameters
+        loops = [(e, d, a, 2 * (b % 2)) for e, d, a, b in loops]
+        acc[PARAM0::2] = rng.integers(-(1 << 31), 1 << 31, (8, bo))
+        acc[PARAM0 + 1::2] = rng.integers(0, 63, (8, bo))
+        limit_da = PARAM0
+    else:
+        limit_da = ALU_ROWS
+        if op == AluOp.SHR:
+            acc[::3] = rng.integers(-70, 70, acc[::3].shape)       # plausible shift amounts
+    sd, sa, sb = (_span(loops, k) for k in (1, 2, 3))
+    paired = 1 if op in (AluOp.CLIP, AluOp.REQUANT) else 0
+    if op == AluOp.REQUANT:
+        assume(sd < PARAM0 and sa < PARAM0 and sb <= ALU_ROWS - PARAM0 - 2)
+    else:
+        assume(sd < ALU_ROWS and sa < ALU_ROWS and sb + paired < ALU_ROWS)
+    dst = data.draw(st.integers(0, limit_da - 1 - sd), label="dst")
+    a = data.draw(st.integers(0, limit_da - 1 - sa), label="a")
+    if op == AluOp.REQUANT:
+        b = PARAM0 + 2 * data.draw(st.integers(0, (ALU_ROWS - PARAM0 - 2 - sb) // 2), label="b")
+    else:
+        b = data.draw(st.integers(0, ALU_ROWS - 1 - sb - paired), label="b")
+    imm = data.draw(st.one_of(st.integers(-(1 << 31), (1 << 31) - 1), st.integers(-70, 70)),
+                    label="imm")
+    if op == AluOp.REQUANT:
+        imm = data.draw(st.integers(-128, 127), label="zp")
+    call = dict(op=op, dst_base=dst, a_base=a, b_base=b, loops=loops, imm=imm, use_imm=use_imm)
+    prog, inputs = _alu_program(cfg, acc, [call], ALU_ROWS)
+    run_and_check(cfg, prog, inputs)
+
+
+def test_reference_helper_agrees_on_a_known_program(default_cfg):
+    """Guard the guard: the step-by-step reference itself reproduces a numpy matmul."""
+    cfg = default_cfg
+    bi, bo = cfg.block_in, cfg.block_out
+    rng = np.random.default_rng(15)
+    x = rand_int8(rng, (3, bi))
+    wt = rand_int8(rng, (1, bo, bi))
+    acc0 = np.zeros((3, bo), np.int32)
+    prog, inputs = _gemm_program(cfg, x, wt, acc0, [(0, 0, 0, [(3, 1, 1, 0)], True)], 3)
+    ref = reference_outputs(cfg, prog, inputs)["out"]
+    np.testing.assert_array_equal(ref, (x.astype(I64) @ wt[0].astype(I64).T).astype(np.int32))
+
+
+@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(data=st.data(), cfg_name=st.sampled_from(sorted(CFGS)), buffer=st.sampled_from(list(Buffer)),
+       seed=st.integers(0, 2**32 - 1))
+def test_property_load_store_windows_match_loop_reference(data, cfg_name, buffer, seed):
+    """Random 2-D DMA windows (row strides below, equal to and above the row length, even 0),
+    padding and pad values for every buffer, read back and stored through strided STOREs."""
+    cfg = CFGS[cfg_name]
+    bi, bo = cfg.block_in, cfg.block_out
+    draw = data.draw
+    n_src = 48
+    ys, xs = draw(st.integers(1, 4), label="y"), draw(st.integers(1, 4), label="x")
+    stride = draw(st.integers(0, 6), label="stride") if ys > 1 else xs
+    assume((ys - 1) * stride + xs <= n_src)
+    first = draw(st.integers(0, n_src - (ys - 1) * stride - xs), label="first")
+    pad = tuple(draw(st.integers(0, 2)) for _ in range(4))
+    pad_value = draw(st.integers(-128, 127), label="pad_value")
+    h, w = pad[0] + ys + pad[1], pad[2] + xs + pad[3]
+    rows = h * w
+    sram0 = draw(st.integers(0, 8), label="sram_base")
+    rng = np.random.default_rng(seed)
+    shapes = {Buffer.INP: ((n_src, bi), "int8"), Buffer.WGT: ((n_src, bo, bi), "int8"),
+              Buffer.ACC: ((n_src, bo), "int32"), Buffer.ACC8: ((n_src, bo), "int8")}
+    shape, dtype = shapes[buffer]
+    src = (rand_int32(rng, shape) if dtype == "int32" else rand_int8(rng, shape))
+    b = ProgramBuilder(cfg, "dma")
+    rs = b.region("src", "input", shape, dtype)
+    reye = b.region("eye", "const", (bi, bi), data=np.eye(bi, dtype=np.int8))
+    rid = b.region("id", "const", (1, bo, bi), data=identity_tile(cfg)[None])
+    b.load(buffer, sram0, b.addr(rs, buffer) + first, ys, xs, stride, pad=pad, pad_value=pad_value)
+    if buffer == Buffer.INP:
+        b.load(Buffer.WGT, 0, b.addr(rid, Buffer.WGT), 1, 1)
+        b.gemm(0, sram0, 0, [(rows, 1, 1, 0)], reset=True)
+        acc_base, acc_rows = 0, rows
+    elif buffer == Buffer.WGT:
+        b.load(Buffer.INP, 0, b.addr(reye, Buffer.INP), 1, bi)
+        b.gemm(0, 0, sram0, [(rows, bi, 0, 1), (bi, 1, 1, 0)], reset=True)
+        acc_base, acc_rows = 0, rows * bi
+    else:
+        acc_base, acc_rows = sram0, rows
+    out = b.region("out", "output", (acc_rows, bo), "int32")
+    b.store(Buffer.ACC, acc_base, b.addr(out, Buffer.ACC), 1, acc_rows)
+    # and once more as int8 through a strided window: acc_rows = y2 rows of x2
+    x2 = draw(st.sampled_from([d for d in range(1, acc_rows + 1) if acc_rows % d == 0]), label="x2")
+    y2 = acc_rows // x2
+    gap = draw(st.integers(0, 3), label="gap")
+    out8 = b.region("out8", "output", (y2, x2 + gap, bo), "int8")
+    b.store(Buffer.ACC8, acc_base, b.addr(out8, Buffer.ACC8), y2, x2, x2 + gap)
+    prog = build_sequential(b)
+    run_and_check(cfg, prog, {"src": src})
