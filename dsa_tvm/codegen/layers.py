@@ -1,0 +1,201 @@
+"""Integer layer descriptions: the contract between the graph passes and the DSA codegen.
+
+The graph passes (``relay_passes``) turn each offloaded Relax region of a
+quantized (QDQ) model into a :class:`Region` of these layers, with every real
+scale already folded into integer parameters. The codegen turns a Region into
+one DSA program; :mod:`dsa_tvm.codegen.reference` runs the same Region on the
+CPU with the same integer semantics (``dsa_tvm.isa.semantics``), so the two
+agree bit for bit.
+
+Conventions
+-----------
+* Tensors are int8 with an affine quantization ``real = scale * (q - zero_point)``.
+  Shapes are the logical shapes of the Relax graph: NCHW for images, (M, K) or
+  (B, M, K) for matrices.
+* Weights are int8 and symmetric (zero point 0), per output channel.
+* Every layer ends in a :class:`Requant`: ``y = clamp(rshift_round(acc * m[c], s[c]) + zp,
+  lo, hi)`` with ``m``, ``s`` per output channel (length 1 = per tensor) and
+  ``[lo, hi]`` within [-128, 127] (activations such as ReLU/ReLU6 are folded in).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import numpy as np
+
+
+@dataclass(frozen=True)
+class QTensor:
+    name: str
+    shape: tuple[int, ...]
+    scale: float
+    zero_point: int
+
+
+@dataclass(frozen=True)
+class Requant:
+    """Accumulator -> int8: ``clamp(rshift_round(acc * multiplier, shift) + zero_point, lo, hi)``."""
+
+    multiplier: np.ndarray  # int32 [C] or [1]
+    shift: np.ndarray       # int32 [C] or [1], in semantics.REQUANT_SHIFT_RANGE
+    zero_point: int
+    clip: tuple[int, int] = (-128, 127)
+
+    def per_channel(self, channels: int) -> tuple[np.ndarray, np.ndarray]:
+        """Multiplier and shift broadcast to ``channels`` entries."""
+        m = np.broadcast_to(np.asarray(self.multiplier, np.int32), (channels,))
+        s = np.broadcast_to(np.asarray(self.shift, np.int32), (channels,))
+        return m, s
+
+
+@dataclass(frozen=True)
+class Conv2d:
+    """acc[o] = bias[o] + sum over taps of (x - x.zero_point) * w[o]  (pads count as x.zero_point)."""
+
+    name: str
+    input: QTensor           # NCHW
+    output: QTensor          # NCHW
+    weight: np.ndarray       # int8 [O, I // groups, KH, KW]
+    bias: np.ndarray         # int32 [O] (zeros when the model has none)
+    strides: tuple[int, int]
+    padding: tuple[int, int, int, int]  # top, left, bottom, right
+    dilation: tuple[int, int]
+    groups: int
+    requant: Requant
+
+    @property
+    def depthwise(self) -> bool:
+        return self.groups > 1 and self.groups == self.input.shape[1] == self.weight.shape[0]
+
+    @property
+    def macs(self) -> int:
+        o, ipg, kh, kw = self.weight.shape
+        n, _, oh, ow = self.output.shape
+        return n * o * oh * ow * ipg * kh * kw
+
+
+@dataclass(frozen=True)
+class Dense:
+    """acc[m, n] = bias[n] + sum_k (x[m, k] - x.zero_point) * w[n, k]; leading dims are rows."""
+
+    name: str
+    input: QTensor           # (..., K)
+    output: QTensor          # (..., N)
+    weight: np.ndarray       # int8 [N, K]
+    bias: np.ndarray         # int32 [N]
+    requant: Requant
+
+    @property
+    def macs(self) -> int:
+        rows = int(np.prod(self.input.shape[:-1]))
+        return rows * self.weight.shape[0] * self.weight.shape[1]
+
+
+@dataclass(frozen=True)
+class BatchMatmul:
+    """acc[b, m, n] = sum_k (a[b, m, k] - a.zero_point) * (b[b, k, n] - b.zero_point).
+
+    Both operands are activations (attention: Q @ K^T, P @ V)."""
+
+    name: str
+    a: QTensor               # (B, M, K)
+    b: QTensor               # (B, K, N)
+    output: QTensor          # (B, M, N)
+    requant: Requant
+
+    @property
+    def macs(self) -> int:
+        bsz, m, k = self.a.shape
+        return bsz * m * k * self.b.shape[-1]
+
+
+@dataclass(frozen=True)
+class Pool2d:
+    """max: y = requant(max over the window of (x - zp_in)), pads never win;
+    avg: y = requant(sum over the window of (x - zp_in)) with 1/count folded into the
+    multiplier (count_include_pad, or no padding, so the count is constant)."""
+
+    name: str
+    kind: str                # "max" | "avg"
+    input: QTensor           # NCHW
+    output: QTensor          # NCHW
+    kernel: tuple[int, int]
+    strides: tuple[int, int]
+    padding: tuple[int, int, int, int]
+    requant: Requant
+
+    @property
+    def macs(self) -> int:
+        return 0
+
+
+@dataclass(frozen=True)
+class GlobalAvgPool:
+    """y[n, c] = requant(sum over H, W of (x - zp_in)), 1/(H*W) folded into the multiplier."""
+
+    name: str
+    input: QTensor           # NCHW
+    output: QTensor          # (N, C, 1, 1) or (N, C)
+    requant: Requant
+
+    @property
+    def macs(self) -> int:
+        return 0
+
+
+@dataclass(frozen=True)
+class Add:
+    """acc = (a - a.zp) * a_mult + (b - b.zp) * b_mult (int32); y = requant(acc).
+
+    The two rescale factors share the requant's shift: with ``requant.multiplier = [1]``
+    and ``shift = [n]``, ``a_mult ~ a.scale / y.scale * 2**n``."""
+
+    name: str
+    a: QTensor
+    b: QTensor               # same shape as a
+    output: QTensor
+    a_mult: int
+    b_mult: int
+    requant: Requant
+
+    @property
+    def macs(self) -> int:
+        return 0
+
+
+@dataclass(frozen=True)
+class Rescale:
+    """y = requant(x - x.zp): a change of scale and/or a clip (standalone ReLU, QDQ chains)."""
+
+    name: str
+    input: QTensor
+    output: QTensor
+    requant: Requant
+
+    @property
+    def macs(self) -> int:
+        return 0
+
+
+Layer = Conv2d | Dense | BatchMatmul | Pool2d | GlobalAvgPool | Add | Rescale
+
+
+@dataclass
+class Region:
+    """A connected group of layers offloaded together, in topological order."""
+
+    name: str
+    inputs: list[QTensor]
+    outputs: list[QTensor]
+    layers: list[Layer] = field(default_factory=list)
+
+    @property
+    def macs(self) -> int:
+        return sum(ly.macs for ly in self.layers)
+
+
+def layer_inputs(layer: Layer) -> list[QTensor]:
+    if isinstance(layer, (BatchMatmul, Add)):
+        return [layer.a, layer.b]
+    return [layer.input]
