@@ -19,6 +19,9 @@ Tiling. The output is cut into tiles of ``tile_oh`` x ``tile_ow`` pixels x ``til
 output blocks (one accumulator tile each); the reduction may be cut into chunks of
 ``tile_icb`` input blocks when one output block's weights (or one input row) would
 not fit a scratchpad slot. One *step* is one (accumulator tile, input chunk) pair.
+:func:`default_tiling` ranks every fitting tile shape with an analytic cycle estimate,
+runs the best few on the simulator's timing model and, among those within half a
+percent of the fewest cycles, takes the one quickest to simulate.
 
 Scratchpad layouts of one tile (each scratchpad has ``nbuf`` = 2 slots when double
 buffering, else 1)::

@@ -5,9 +5,9 @@ from __future__ import annotations
 from collections import Counter
 from typing import TYPE_CHECKING
 
+from ..isa.footprint import Footprint
 from ..isa.instructions import Alu, Buffer, Gemm, Instruction, Load, Opcode, Store
 from .timing import Schedule, dma_bytes
-from .validate import Footprint
 
 if TYPE_CHECKING:
     from ..hw.config import HardwareConfig

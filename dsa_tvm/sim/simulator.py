@@ -15,6 +15,7 @@ from typing import Any
 import numpy as np
 
 from ..hw.config import HardwareConfig, load_config
+from ..isa.footprint import Footprint
 from ..isa.instructions import Engine, Instruction
 from ..isa.program import Program
 from .counters import collect_counters, format_counters
@@ -22,7 +23,7 @@ from .errors import HazardError, SimulationError
 from .functional import Machine
 from .timing import Schedule, schedule
 from .trace import trace_events, write_trace
-from .validate import Footprint, validate_program
+from .validate import validate_program
 
 
 @dataclass

@@ -7,12 +7,11 @@ loops are rejected up front with the instruction index and the reason.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from ..isa.encoding import EncodeError, check_fields
+from ..isa.footprint import Footprint, footprint
 from ..isa.instructions import (
-    PAIRED_B_OPS,
     TENSOR_ONLY_OPS,
     Alu,
     Buffer,
@@ -28,44 +27,6 @@ from .errors import SimulationError
 if TYPE_CHECKING:
     from ..hw.config import HardwareConfig
     from ..isa.program import Program
-
-SRAM = ("inp", "wgt", "acc")
-_BUF_SRAM = {Buffer.INP: "inp", Buffer.WGT: "wgt", Buffer.ACC: "acc", Buffer.ACC8: "acc"}
-
-
-@dataclass(frozen=True)
-class Footprint:
-    """Scratchpad rows an instruction reads and writes: (scratchpad, first, last) ranges."""
-
-    reads: tuple[tuple[str, int, int], ...] = ()
-    writes: tuple[tuple[str, int, int], ...] = ()
-
-
-def _span(base: int, loops, attr: str) -> tuple[int, int]:
-    hi = base + sum((lp.extent - 1) * getattr(lp, attr) for lp in loops)
-    return base, hi
-
-
-def footprint(ins: Instruction) -> Footprint:
-    if isinstance(ins, Load):
-        return Footprint(writes=((_BUF_SRAM[ins.buffer], ins.sram_base,
-                                  ins.sram_base + ins.rows_written - 1),))
-    if isinstance(ins, Store):
-        return Footprint(reads=(("acc", ins.sram_base,
-                                 ins.sram_base + ins.y_size * ins.x_size - 1),))
-    if isinstance(ins, Gemm):
-        return Footprint(reads=(("inp", *_span(ins.inp_base, ins.loops, "inp")),
-                                ("wgt", *_span(ins.wgt_base, ins.loops, "wgt"))),
-                         writes=(("acc", *_span(ins.acc_base, ins.loops, "acc")),))
-    if isinstance(ins, Alu):
-        reads = [("acc", *_span(ins.a_base, ins.loops, "a"))]
-        if not ins.use_imm:
-            lo, hi = _span(ins.b_base, ins.loops, "b")
-            reads.append(("acc", lo, hi + (1 if ins.op in PAIRED_B_OPS else 0)))
-        return Footprint(reads=tuple(reads), writes=(("acc", *_span(ins.dst_base, ins.loops,
-                                                                    "dst")),))
-    return Footprint()
-
 
 def _check_tokens(i: int, ins: Instruction) -> None:
     d = ins.deps
