@@ -98,9 +98,26 @@ def rshift_round_py(x: int, s: int) -> int:
     return x << (-s)
 
 
-def requant_py(a: int, mult: int, shift: int, zp: int) -> int:
+def requant_py(a: int, mult: int, shift: int, zp: int, lo: int = -128, hi: int = 127) -> int:
     y = rshift_round_py(int(a) * int(mult), shift) + int(zp)
-    return max(-128, min(127, y))
+    return min(max(y, lo), hi)
+
+
+def output_stage_py(a: int, bias: int, mult: int, shift: int, zp: int = 0, lo: int = -128,
+                    hi: int = 127) -> int:
+    """The fused REQUANT: clamp(rshift_round(wrap32(a + bias) * mult, shift) + zp, lo, hi)."""
+    return requant_py(wrap32(int(a) + int(bias)), mult, shift, zp, lo, hi)
+
+
+def requant_imm_fields(imm: int) -> tuple[int, int, int]:
+    """(zp, lo, hi) of a REQUANT immediate: signed bytes 0, 1, 2 (byte 3 must be zero)."""
+    assert 0 <= imm < (1 << 24), hex(imm)
+
+    def byte(k):
+        v = (imm >> (8 * k)) & 0xFF
+        return v - 256 if v >= 128 else v
+
+    return byte(0), byte(1), byte(2)
 
 
 def clip_imm_halves(imm: int) -> tuple[int, int]:
@@ -109,8 +126,14 @@ def clip_imm_halves(imm: int) -> tuple[int, int]:
     return (lo - 0x10000 if lo >= 0x8000 else lo), (hi - 0x10000 if hi >= 0x8000 else hi)
 
 
-def alu_lane(op: AluOp, d: int, a: int, b: int, b2: int | None, zp: int) -> int:
-    """One int32 lane of one ALU step (documented semantics, Python integers)."""
+#: parameter rows the tensor form reads from row b on (documented in AluOp)
+PARAM_ROWS = {AluOp.CLIP: 2, AluOp.REQUANT: 3}
+
+
+def alu_lane(op: AluOp, d: int, a: int, b: int, b2: int | None, b3: int | None,
+             imm: int) -> int:
+    """One int32 lane of one ALU step (documented semantics, Python integers): ``b``,
+    ``b2``, ``b3`` are the lane's parameter rows b, b + 1, b + 2 (or the immediate)."""
     if op == AluOp.MOV:
         return wrap32(b)
     if op == AluOp.ADD:
@@ -130,9 +153,9 @@ def alu_lane(op: AluOp, d: int, a: int, b: int, b2: int | None, zp: int) -> int:
     if op == AluOp.CLIP:
         return min(max(a, b), b2)
     if op == AluOp.REQUANT:
-        if not 0 <= b2 <= 62:
+        if not 0 <= b3 <= 62:
             raise ValueError("REQUANT shift out of range")
-        return requant_py(a, b, b2, zp)
+        return output_stage_py(a, b, b2, b3, *requant_imm_fields(imm))
     raise AssertionError(op)
 
 
@@ -252,19 +275,20 @@ class RefMachine:
             drow = [int(v) for v in self.acc[d]]
             arow = [int(v) for v in self.acc[a]]
             bo = self.cfg.block_out
+            none = [None] * bo
             if ins.use_imm:
                 if ins.op == AluOp.CLIP:
                     lo, hi = clip_imm_halves(ins.imm)
-                    brow, b2row = [lo] * bo, [hi] * bo
+                    brow, b2row, b3row = [lo] * bo, [hi] * bo, none
                 else:
-                    brow, b2row = [ins.imm] * bo, [None] * bo
+                    brow, b2row, b3row = [ins.imm] * bo, none, none
             else:
                 b = _row(ins.b_base, loops, p, "b")
-                brow = [int(v) for v in self.acc[b]]
-                b2row = ([int(v) for v in self.acc[b + 1]]
-                         if ins.op in (AluOp.CLIP, AluOp.REQUANT) else [None] * bo)
-            self.acc[d] = [alu_lane(ins.op, drow[k], arow[k], brow[k], b2row[k], ins.imm)
-                           for k in range(bo)]
+                rows = [[int(v) for v in self.acc[b + k]]
+                        for k in range(PARAM_ROWS.get(ins.op, 1))]
+                brow, b2row, b3row = (rows + [none, none])[:3]
+            self.acc[d] = [alu_lane(ins.op, drow[k], arow[k], brow[k], b2row[k], b3row[k],
+                                    ins.imm) for k in range(bo)]
 
     def outputs(self) -> dict[str, np.ndarray]:
         out = {}

@@ -273,17 +273,17 @@ def test_zero_extent(default_cfg, case):
 def test_requant_shift_out_of_range(default_cfg, shift):
     cfg = default_cfg
     bo = cfg.block_out
-    params = np.zeros((3, bo), np.int32)
-    params[1] = 1 << 30
-    params[2] = 5
-    params[2, bo - 1] = shift                    # one bad lane
+    params = np.zeros((4, bo), np.int32)             # a, then bias, mult, shift
+    params[2] = 1 << 30
+    params[3] = 5
+    params[3, bo - 1] = shift                        # one bad lane
     b = ProgramBuilder(cfg)
     rp = b.region("p", "input", params.shape, "int32")
-    b.load(Buffer.ACC, 0, b.addr(rp, Buffer.ACC), 1, 3)
+    b.load(Buffer.ACC, 0, b.addr(rp, Buffer.ACC), 1, 4)
     b.sync(Engine.COMPUTE)
     b.alu(AluOp.REQUANT, 0, 0, 1, [(1, 0, 0, 0)])
     _raises(cfg, b.build(), SimulationError, 2, "REQUANT shift", str(shift), "0..62",
-            inputs={"p": params})
+            "row 3", inputs={"p": params})
 
 
 def test_requant_immediate_form_rejected(default_cfg):
@@ -291,6 +291,26 @@ def test_requant_immediate_form_rejected(default_cfg):
     b = ProgramBuilder(cfg)
     b.emit(Alu(AluOp.REQUANT, 0, 0, 0, use_imm=True, imm=3))
     _raises(cfg, b.build(), SimulationError, 0, "REQUANT", "immediate form is not allowed")
+
+
+@pytest.mark.parametrize("imm", [1 << 24, 0x7F7F807F, -1, -(1 << 31)])
+def test_requant_immediate_reserved_bits(default_cfg, imm):
+    """Bits 24-31 of the REQUANT immediate must be zero: caught before anything runs, also
+    for programs that went through the encoder (the word itself is well formed)."""
+    cfg = default_cfg
+    b = ProgramBuilder(cfg)
+    b.sync(Engine.COMPUTE)
+    b.alu(AluOp.REQUANT, 0, 0, 4, [(2, 1, 1, 0)], imm=imm)
+    prog = b.build()
+    msg = _raises(cfg, prog, SimulationError, 1, "REQUANT immediate", "bits 24-31")
+    assert f"{imm & 0xFFFFFFFF:#010x}" in msg
+    decoded = Program.from_bytes(prog.to_bytes(cfg), cfg)       # encodes and decodes fine
+    _raises(cfg, decoded, SimulationError, 1, "REQUANT immediate", "bits 24-31")
+    # the same with bits 24-31 clear runs
+    b = ProgramBuilder(cfg)
+    b.sync(Engine.COMPUTE)
+    b.alu(AluOp.REQUANT, 0, 0, 4, [(2, 1, 1, 0)], imm=imm & 0xFFFFFF)
+    run(cfg, b.build())
 
 
 # ----------------------------------------------------------------------------- races
@@ -388,6 +408,57 @@ def test_out_of_range_fields_of_in_memory_program(default_cfg, case):
         b.load(Buffer.INP, -2, b.addr(r, Buffer.INP), 1, 4)
     else:                               # today: OverflowError from numpy
         b.load(Buffer.INP, 0, b.addr(r, Buffer.INP), 1, 4, pad=(1, 0, 0, 0), pad_value=300)
+    prog = b.build()
+    assert not prog.fields_checked(cfg)          # the builder found the bad field
     with pytest.raises(SimulationError) as ei:
-        run(cfg, b.build())
+        run(cfg, prog)
     assert ei.value.index == 1
+    # constructed directly (never through the builder): checked all the same
+    direct = Program("direct", cfg.fingerprint, cfg.instruction_bits, list(prog.instructions),
+                     list(prog.regions))
+    with pytest.raises(SimulationError) as ei:
+        run(cfg, direct)
+    assert ei.value.index == 1
+
+
+def _mov(dst):
+    return Alu(AluOp.MOV, dst, 0, 0, use_imm=True, imm=7)
+
+
+def test_field_checks_are_skipped_only_while_vouched_for(default_cfg, monkeypatch):
+    """Builder-made, decoded and encoded programs skip the per-run field checks; replacing
+    or changing an instruction afterwards brings them back."""
+    import dsa_tvm.sim.validate as validate
+
+    cfg = default_cfg
+    calls = []
+    real = validate.check_fields
+    monkeypatch.setattr(validate, "check_fields", lambda ins, c, i=0: calls.append(i) or real(
+        ins, c, i))
+    b, r = _b(cfg)
+    b.emit(_mov(3))
+    prog = b.build()
+    assert prog.fields_checked(cfg) and not prog.fields_checked(load_config("edge"))
+    run(cfg, prog)
+    assert calls == []                                            # checked once, at build
+    decoded = Program.from_bytes(prog.to_bytes(cfg), cfg)
+    assert decoded.fields_checked(cfg)
+    run(cfg, decoded)
+    assert calls == []
+    # an in-place change of the list: checked again, and the bad field is found
+    prog.instructions[0] = Alu(AluOp.ADD, 3, 3, 0, use_imm=True, imm=1 << 31)   # 33-bit imm
+    assert not prog.fields_checked(cfg)
+    with pytest.raises(SimulationError, match="field 'imm'"):
+        run(cfg, prog)
+    assert calls == [0]
+    # a fresh list (as conftest.sequential makes) of good instructions: checked once, then
+    # vouched for by that successful validation
+    calls.clear()
+    prog.instructions = [_mov(5), Finish()]
+    run(cfg, prog)
+    assert calls == [0, 1]
+    run(cfg, prog)
+    assert calls == [0, 1]
+    # an object Program never built, encoded or validated starts unchecked
+    fresh = Program("fresh", cfg.fingerprint, cfg.instruction_bits, [_mov(1), Finish()])
+    assert not fresh.fields_checked(cfg)

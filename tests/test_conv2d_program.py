@@ -14,8 +14,9 @@ from hypothesis import HealthCheck, assume, given, settings
 from hypothesis import strategies as st
 
 from dsa_tvm.hw.config import load_config
+from dsa_tvm.isa.instructions import Alu, AluOp
 from dsa_tvm.isa.program import Program
-from dsa_tvm.isa.semantics import quantize_multiplier, requantize
+from dsa_tvm.isa.semantics import quantize_multiplier, requantize, split_requant_imm
 from dsa_tvm.programs.conv2d import (
     Conv2dTiling,
     conv2d_program,
@@ -33,32 +34,51 @@ from dsa_tvm.sim.simulator import Simulator
 PRESETS = ("edge", "default", "large")
 
 
+def _cdiv(a, b):
+    return -(-a // b)
+
+
 def _case(cfg, h, w, cin, cout, k, stride, pad, *, seed=0, input_zp=0, output_zp=0,
           use_bias=False, relu=False, requant=True, double_buffer=True, tiling=None,
-          kw=None):
+          kw=None, clip=None):
     """Build, encode, decode, simulate and compare one conv; returns the SimResult."""
     kh, kw = k, (k if kw is None else kw)
     rng = np.random.default_rng(seed)
     x = rng.integers(-128, 128, (h, w, cin), dtype=np.int8)
     wt = rng.integers(-128, 128, (cout, kh, kw, cin), dtype=np.int8)
     ms = [quantize_multiplier(float(s)) for s in rng.uniform(1e-4, 1e-2, cout)]
-    qp = pack_qparams([m for m, _ in ms], [s for _, s in ms], cfg)
     bias = rng.integers(-30000, 30000, cout).astype(np.int32)
+    qp = pack_qparams([m for m, _ in ms], [s for _, s in ms], cfg,
+                      bias=bias if use_bias else None)
     prog = conv2d_program(cfg, h, w, cin, cout, kh, kw, stride, pad,
                           double_buffer=double_buffer, tiling=tiling, requant=requant,
-                          use_bias=use_bias, relu=relu, input_zp=input_zp, output_zp=output_zp)
+                          use_bias=use_bias, relu=relu, input_zp=input_zp, output_zp=output_zp,
+                          clip=clip)
     prog = Program.from_bytes(prog.to_bytes(cfg), cfg)  # every field encodes
     inputs = {"x": pack_input(x, cfg), "w": pack_conv_weights(wt, cfg)}
     if requant:
         inputs["qp"] = qp
-    if use_bias:
+    elif use_bias:
         inputs["bias"] = pack_bias(bias, cfg)
     res = Simulator(cfg).run(prog, inputs)
     want = reference_conv2d(x, wt, qp if requant else None, stride, pad,
-                            bias if use_bias else None, input_zp, output_zp, relu)
+                            bias if use_bias and not requant else None, input_zp, output_zp,
+                            relu, clip)
     got = unpack_output(res.outputs["out"], cout)
     assert got.shape == want.shape
     np.testing.assert_array_equal(got, want)
+    alus = [ins for ins in prog.instructions if isinstance(ins, Alu)]
+    m = prog.meta
+    ocb = -(-cout // cfg.block_out)
+    tiles = _cdiv(m["oh"], m["tile_oh"]) * _cdiv(m["ow"], m["tile_ow"]) * _cdiv(ocb,
+                                                                                m["tile_ocb"])
+    if requant:   # one fused output stage per tile, nothing else on the vector unit
+        assert len(alus) == tiles and all(ins.op == AluOp.REQUANT for ins in alus)
+        zp, lo, hi = split_requant_imm(alus[0].imm)
+        assert zp == output_zp and hi == (127 if clip is None else clip[1])
+        assert lo == max(output_zp if relu else -128, -128 if clip is None else clip[0])
+    else:
+        assert {ins.op for ins in alus} <= {AluOp.ADD, AluOp.MAX}
     return res
 
 
@@ -91,13 +111,38 @@ def test_reference_matches_direct_loop(stride, pad, k, zp):
     wt = rng.integers(-128, 128, (6, k, k, 5), dtype=np.int8)
     bias = rng.integers(-1000, 1000, 6).astype(np.int32)
     mult, shift = np.full(6, 1 << 30), np.arange(6) + 10
-    qp = pack_qparams(mult, shift, cfg)
+    qp = pack_qparams(mult, shift, cfg, bias=bias)
     acc = _naive_conv(x, wt, stride, pad, zp) + bias
     want = requantize(acc, mult, shift, 7)
-    got = reference_conv2d(x, wt, qp, stride, pad, bias, zp, 7)
+    got = reference_conv2d(x, wt, qp, stride, pad, None, zp, 7)
     np.testing.assert_array_equal(got, want)
+    # ReLU: lo = the output zero point; ReLU6-style clip: a tighter hi as well
+    np.testing.assert_array_equal(reference_conv2d(x, wt, qp, stride, pad, None, zp, 7, True),
+                                  np.maximum(want, 7))
+    np.testing.assert_array_equal(
+        reference_conv2d(x, wt, qp, stride, pad, None, zp, 7, True, (-128, 30)),
+        np.clip(want, 7, 30))
     np.testing.assert_array_equal(reference_conv2d(x, wt, None, stride, pad, None, zp),
                                   _naive_conv(x, wt, stride, pad, zp))
+    np.testing.assert_array_equal(reference_conv2d(x, wt, None, stride, pad, bias, zp, relu=True),
+                                  np.maximum(_naive_conv(x, wt, stride, pad, zp) + bias, 0))
+    with pytest.raises(ValueError, match="row 0 of the table"):
+        reference_conv2d(x, wt, qp, stride, pad, bias, zp, 7)
+
+
+def test_pack_qparams_layout_by_hand():
+    cfg = load_config("edge")                        # block_out 8
+    qp = pack_qparams([10, 11, 12], [1, 2, 3], cfg, bias=[-1, -2, -3])
+    assert qp.shape == (1, 3, 8) and qp.dtype == np.int32
+    assert qp[0, 0].tolist() == [-1, -2, -3, 0, 0, 0, 0, 0]     # bias row
+    assert qp[0, 1].tolist() == [10, 11, 12, 0, 0, 0, 0, 0]     # mult row
+    assert qp[0, 2].tolist() == [1, 2, 3, 0, 0, 0, 0, 0]        # shift row
+    assert pack_qparams(np.arange(9), np.arange(9), cfg).shape == (2, 3, 8)
+    assert not pack_qparams([1], [1], cfg)[:, 0].any()          # no bias: zero row
+    with pytest.raises(ValueError):
+        pack_qparams([1, 2], [1], cfg)
+    with pytest.raises(ValueError):
+        pack_qparams([1, 2], [1, 2], cfg, bias=[1])
 
 
 # ----------------------------------------------------------------------------- programs
@@ -110,6 +155,11 @@ def test_reference_matches_direct_loop(stride, pad, k, zp):
     ("3x3_s2", (10, 9, 24, 17, 3, 2, 1), dict(input_zp=3, use_bias=True)),
     ("int32_out", (6, 6, 10, 12, 3, 1, 1), dict(requant=False, use_bias=True, relu=True)),
     ("single_buffer", (8, 8, 20, 20, 3, 1, 1), dict(double_buffer=False, input_zp=-1)),
+    ("relu6", (7, 6, 12, 18, 3, 1, 1), dict(input_zp=2, output_zp=-6, use_bias=True, relu=True,
+                                            clip=(-128, 6))),
+    ("int32_bias_only", (5, 5, 9, 10, 1, 1, 0), dict(requant=False, use_bias=True)),
+    # edge: 50 output blocks of REQUANT groups do not stay resident; reloaded per tile
+    ("many_out_channels", (3, 4, 8, 400, 1, 1, 0), dict(use_bias=True, relu=True, output_zp=2)),
     ("1x1_pad_only_border", (5, 6, 8, 8, 1, 1, 2), dict(input_zp=9, use_bias=True)),
 ])
 def test_conv_matches_reference(cfg, name, shape, opts):
@@ -151,15 +201,26 @@ def test_constant_weights_parameters_and_bias():
     rng = np.random.default_rng(5)
     x = rng.integers(-128, 128, (6, 7, 19), dtype=np.int8)
     wt = rng.integers(-128, 128, (21, 3, 3, 19), dtype=np.int8)
-    qp = pack_qparams(np.full(21, 1 << 30), np.arange(21) % 5 + 12, cfg)
     bias = rng.integers(-5000, 5000, 21).astype(np.int32)
+    qp = pack_qparams(np.full(21, 1 << 30), np.arange(21) % 5 + 12, cfg, bias=bias)
     prog = conv2d_program(cfg, 6, 7, 19, 21, 3, 3, 1, 1, input_zp=-2, output_zp=1,
-                          weights=wt, qparams=qp, bias=bias)
+                          weights=wt, qparams=qp)
     prog = Program.from_bytes(prog.to_bytes(cfg), cfg)
     assert [r.name for r in prog.regions_of("input")] == ["x"]
+    assert prog.region("qp").shape == (2, 3, 16)
     res = Simulator(cfg).run(prog, {"x": pack_input(x, cfg)})
     np.testing.assert_array_equal(unpack_output(res.outputs["out"], 21),
-                                  reference_conv2d(x, wt, qp, 1, 1, bias, -2, 1))
+                                  reference_conv2d(x, wt, qp, 1, 1, None, -2, 1))
+    # int32 output: the bias is its own constant region, added by ALU ADD
+    prog = conv2d_program(cfg, 6, 7, 19, 21, 3, 3, 1, 1, input_zp=-2, requant=False,
+                          weights=wt, bias=bias)
+    res = Simulator(cfg).run(prog, {"x": pack_input(x, cfg)})
+    np.testing.assert_array_equal(unpack_output(res.outputs["out"], 21),
+                                  reference_conv2d(x, wt, None, 1, 1, bias, -2))
+    with pytest.raises(ValueError, match="row 0 of the qparams table"):
+        conv2d_program(cfg, 6, 7, 19, 21, 3, 3, 1, 1, weights=wt, qparams=qp, bias=bias)
+    with pytest.raises(ValueError, match=r"qparams must be \[2, 3, 16\]"):
+        conv2d_program(cfg, 6, 7, 19, 21, 3, 3, 1, 1, qparams=qp[:, :2])
 
 
 def test_tiling_that_does_not_fit_is_refused():

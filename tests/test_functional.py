@@ -15,15 +15,17 @@ from hypothesis import strategies as st
 
 from dsa_tvm.hw.config import load_config
 from dsa_tvm.isa.builder import ProgramBuilder
-from dsa_tvm.isa.instructions import AluOp, Buffer
-from dsa_tvm.isa.semantics import pack_clip_imm
+from dsa_tvm.isa.instructions import AluOp, Buffer, Gemm, Load
+from dsa_tvm.isa.semantics import pack_clip_imm, pack_requant_imm
 
 from .conftest import (
+    PARAM_ROWS,
     build_sequential,
+    output_stage_py,
     rand_int8,
     rand_int32,
     reference_outputs,
-    requant_py,
+    requant_imm_fields,
     rshift_round_py,
     run,
     run_and_check,
@@ -314,7 +316,8 @@ def test_gemm_long_reduction_exact_and_wrapping(default_cfg):
 
 
 def test_gemm_long_random_reduction_exact(default_cfg):
-    """Random operands over 300 reduction steps (float64 path) stay bit-exact."""
+    """Random operands over 300 reduction steps (float32 chunks of at most 1024 products,
+    the last one padded, summed in int32) stay bit-exact."""
     cfg = default_cfg
     bi, bo = cfg.block_in, cfg.block_out
     rng = np.random.default_rng(10)
@@ -326,6 +329,98 @@ def test_gemm_long_random_reduction_exact(default_cfg):
     res = run(cfg, prog, inputs)
     tot = acc0.astype(I64)[0] + np.einsum("kob,kb->o", wt.astype(I64), x.astype(I64))
     np.testing.assert_array_equal(res.outputs["out"], wrap32_np(tot[None]))
+
+
+@pytest.mark.parametrize("steps", [63, 64, 65, 129, 200])
+def test_gemm_reduction_chunk_boundaries_extreme_values(default_cfg, steps):
+    """Reductions just below, at and above a 1024-product chunk (64 blocks of 16), all
+    products at +-2**14: every chunk sum sits at the edge of float32's exact range."""
+    cfg = default_cfg
+    bi, bo = cfg.block_in, cfg.block_out
+    x = np.full((steps, bi), -128, np.int8)
+    x[1::2] = 127                                             # alternate the sign per step
+    wt = np.full((steps, bo, bi), -128, np.int8)
+    wt[:, 1] = 127
+    acc0 = np.zeros((2, bo), np.int32)
+    acc0[1] = (1 << 31) - 7
+    # row 0: reset and reduce; row 1: accumulate onto a value near 2**31 (wraps)
+    gemms = [(0, 0, 0, [(steps, 0, 1, 1)], True), (1, 0, 0, [(steps, 0, 1, 1)], False)]
+    prog, inputs = _gemm_program(cfg, x, wt, acc0, gemms, 2)
+    res = run(cfg, prog, inputs)
+    per = np.einsum("kob,kb->o", wt.astype(object), x.astype(object))
+    want = np.stack([per, per + ((1 << 31) - 7)])
+    np.testing.assert_array_equal(res.outputs["out"], wrap32_np(want))
+
+
+def test_gemm_batched_nest_with_padded_reduction_chunks(default_cfg):
+    """A batch level (every operand moves), an M level and a 67-step reduction: two
+    float32 chunks of 34 blocks, the last padded by one, per batch; against the
+    step-by-step reference."""
+    cfg = default_cfg
+    rng = np.random.default_rng(18)
+    k = 67
+    x = rand_int8(rng, (4 * k, cfg.block_in))
+    wt = rand_int8(rng, (2 * k, cfg.block_out, cfg.block_in))
+    acc0 = rand_int32(rng, (4, cfg.block_out))
+    gemm = (0, 0, 0, [(2, 2, 2 * k, k), (2, 1, k, 0), (k, 0, 1, 1)], False)
+    prog, inputs = _gemm_program(cfg, x, wt, acc0, [gemm], 4)
+    run_and_check(cfg, prog, inputs)
+
+
+def test_weight_cache_dropped_only_for_overwritten_tiles(default_cfg):
+    """Prepared weight matrices are reused until a WGT load overwrites one of their tiles;
+    loads elsewhere keep them, a partial overwrite drops them (and the next GEMM sees the
+    new weights)."""
+    from dsa_tvm.sim.functional import Machine
+
+    cfg = default_cfg
+    bi, bo = cfg.block_in, cfg.block_out
+    rng = np.random.default_rng(17)
+    x = rand_int8(rng, (4, bi))
+    w_all = rand_int8(rng, (12, bo, bi))
+    b = ProgramBuilder(cfg, "wcache")
+    rx = b.region("x", "input", x.shape)
+    rw = b.region("w", "input", w_all.shape)
+    out = b.region("out", "output", (12, bo), "int32")
+    wa, xa = b.addr(rw, Buffer.WGT), b.addr(rx, Buffer.INP)
+    b.load(Buffer.INP, 0, xa, 1, 4)
+    b.load(Buffer.WGT, 0, wa, 1, 4)                          # tiles 0..3 = w0..w3
+    b.load(Buffer.WGT, 10, wa + 4, 1, 2)                     # tiles 10..11 = w4, w5
+    nest_a = [(4, 0, 1, 1)]                                  # sum_k w[k] @ x[k]
+    nest_b = [(2, 1, 0, 1), (4, 0, 1, 0)]                    # 2 rows: (w4, w5) @ sum_k x[k]
+    b.gemm(0, 0, 0, nest_a, reset=True)
+    b.gemm(4, 0, 10, nest_b, reset=True)
+    b.load(Buffer.WGT, 20, wa + 6, 1, 2)                     # elsewhere: both survive
+    b.gemm(1, 0, 0, nest_a, reset=True)
+    b.load(Buffer.WGT, 3, wa + 8, 1, 1)                      # overwrites tile 3 only
+    b.gemm(2, 0, 0, nest_a, reset=True)                      # must see w8 in place of w3
+    b.gemm(6, 0, 10, nest_b, reset=True)
+    b.store(Buffer.ACC, 0, b.addr(out, Buffer.ACC), 1, 12)
+    prog = build_sequential(b)
+    res, _ = run_and_check(cfg, prog, {"x": x, "w": w_all})
+    x64, w64 = x.astype(I64), w_all.astype(I64)
+    first = sum(w64[k] @ x64[k] for k in range(4))
+    second = sum(w64[k] @ x64[k] for k in range(3)) + w64[8] @ x64[3]
+    got = res.outputs["out"]
+    np.testing.assert_array_equal(got[0], first)
+    np.testing.assert_array_equal(got[1], first)
+    np.testing.assert_array_equal(got[2], second)
+    np.testing.assert_array_equal(got[6], w64[4] @ x64.sum(0))
+
+    # the cache itself: which prepared matrices each load keeps
+    m = Machine(cfg, prog)
+    m.dram[rw.offset:rw.offset + rw.nbytes] = w_all.view(np.uint8).reshape(-1)
+    loads = [i for i in prog.instructions if isinstance(i, Load) and i.buffer == Buffer.WGT]
+    gemms = [i for i in prog.instructions if isinstance(i, Gemm)]
+    for ld in loads[:2]:
+        m.execute(0, ld)
+    m.execute(0, gemms[0])
+    m.execute(0, gemms[1])
+    assert len(m._wcache) == 2
+    m.execute(0, loads[2])                                   # tiles 20..21
+    assert len(m._wcache) == 2
+    m.execute(0, loads[3])                                   # tile 3: gemm_a's range
+    assert [k[0] for k in m._wcache] == [10]
 
 
 # ----------------------------------------------------------------------------- ALU
@@ -344,13 +439,13 @@ def _alu_program(cfg, data, alu_calls, out_rows, name="alu"):
     return build_sequential(b), {"d": data}
 
 
-def _expected_alu(op, a, bb, b2, d, zp):
+def _expected_alu(op, a, bb, b2, b3, d, imm):
     """Vectorized numpy form of every ALU op, on Python integers (object arrays)."""
 
     def obj(v):
         return None if v is None else np.asarray(v, dtype=np.int64).astype(object)
 
-    a, bb, b2, d = obj(a), obj(bb), obj(b2), obj(d)
+    a, bb, b2, b3, d = obj(a), obj(bb), obj(b2), obj(b3), obj(d)
     if op == AluOp.MOV:
         return wrap32_np(np.broadcast_to(bb, a.shape))
     if op == AluOp.ADD:
@@ -371,28 +466,34 @@ def _expected_alu(op, a, bb, b2, d, zp):
     if op == AluOp.CLIP:
         return np.minimum(np.maximum(a, bb), b2).astype(np.int32)
     if op == AluOp.REQUANT:
-        f = np.vectorize(lambda x, m, s: requant_py(x, m, s, zp), otypes=[np.int64])
-        return f(a, bb, b2).astype(np.int32)
+        zp, lo, hi = requant_imm_fields(imm)
+        f = np.vectorize(lambda x, c, m, s: output_stage_py(x, c, m, s, zp, lo, hi),
+                         otypes=[np.int64])
+        return f(a, bb, b2, b3).astype(np.int32)
     raise AssertionError(op)
 
 
 def _alu_data(cfg, op, rng):
-    """Rows: [0, R) source A, [R, 2R) destination (initial), [2R, 4R) source B pairs."""
+    """Rows: [0, R) source A, [R, 2R) destination (initial), [2R, 5R) source B: R groups
+    of up to three parameter rows (CLIP: lo, hi; REQUANT: bias, mult, shift)."""
     bo = cfg.block_out
     a = rand_int32(rng, (R, bo))
     a[0, :4] = [(1 << 31) - 1, -(1 << 31), 0, -1]
     d0 = rand_int32(rng, (R, bo))
-    b = rand_int32(rng, (2 * R, bo))
+    b = rand_int32(rng, (3 * R, bo))
     if op == AluOp.SHR:
-        b = rng.integers(-40, 70, (2 * R, bo)).astype(np.int32)
+        b = rng.integers(-40, 70, (3 * R, bo)).astype(np.int32)
         b[0, :4] = [0, 1, -1, 33]
     if op == AluOp.CLIP:
         lo = rng.integers(-(1 << 20), 0, (R, bo))
-        b[0::2] = lo
-        b[1::2] = lo + rng.integers(0, 1 << 21, (R, bo))
+        b[0:2 * R:2] = lo
+        b[1:2 * R:2] = lo + rng.integers(0, 1 << 21, (R, bo))
     if op == AluOp.REQUANT:
-        b[0::2] = rng.integers(1 << 30, 1 << 31, (R, bo))
-        b[1::2] = rng.integers(0, 63, (R, bo))
+        b[0::3] = rng.integers(-(1 << 20), 1 << 20, (R, bo))      # bias
+        b[0, 0] = (1 << 31) - 1                                   # a + bias wraps
+        b[1::3] = rng.integers(1 << 30, 1 << 31, (R, bo))         # mult
+        b[2::3] = rng.integers(0, 63, (R, bo))                    # shift
+        b[2, :3] = [0, 31, 62]
         a = rand_int32(rng, (R, bo), -(1 << 16), 1 << 16)
         a[0, :2] = [(1 << 31) - 1, -(1 << 31)]
     if op == AluOp.MUL or op == AluOp.MAC:
@@ -410,18 +511,23 @@ def test_alu_tensor_form(any_cfg, op):
     rng = np.random.default_rng(100 + int(op))
     a, d0, b = _alu_data(cfg, op, rng)
     data = np.concatenate([a, d0, b])
-    paired = op in (AluOp.CLIP, AluOp.REQUANT)
-    # paired ops read rows b and b + 1 per step: step the B rows by 2
-    call = dict(op=op, dst_base=R, a_base=0, b_base=2 * R, loops=[(R, 1, 1, 2 if paired else 1)],
-                imm=-5 if op == AluOp.REQUANT else 0)
-    prog, inputs = _alu_program(cfg, data, [call], 4 * R)
+    rows = PARAM_ROWS.get(op, 1)
+    # CLIP reads rows b, b + 1 and REQUANT b, b + 1, b + 2 per step: step B by the group
+    imm = pack_requant_imm(-5, -100, 90) if op == AluOp.REQUANT else 0
+    call = dict(op=op, dst_base=R, a_base=0, b_base=2 * R, loops=[(R, 1, 1, rows)], imm=imm)
+    prog, inputs = _alu_program(cfg, data, [call], 5 * R)
     res = run(cfg, prog, inputs)
-    bb = b[0::2] if paired else b[:R]
-    b2 = b[1::2] if paired else None
+    groups = b[:rows * R].reshape(R, rows, -1).astype(I64)
+    bb = groups[:, 0]
+    b2 = groups[:, 1] if rows > 1 else None
+    b3 = groups[:, 2] if rows > 2 else None
     want = data.copy()
-    want[R:2 * R] = _expected_alu(op, a.astype(I64), bb.astype(I64),
-                                  None if b2 is None else b2.astype(I64), d0.astype(I64), -5)
+    want[R:2 * R] = _expected_alu(op, a.astype(I64), bb, b2, b3, d0.astype(I64), imm)
     np.testing.assert_array_equal(res.outputs["out"], want)
+    if op == AluOp.REQUANT:                       # the clamp of the immediate took effect
+        got = res.outputs["out"][R:2 * R]
+        assert got.min() >= -100 and got.max() <= 90
+        assert (got == -100).any() and (got == 90).any()
 
 
 @pytest.mark.parametrize("op", IMM_OPS, ids=lambda o: o.name)
@@ -446,7 +552,7 @@ def test_alu_immediate_form(any_cfg, op, imm_kind):
     prog, inputs = _alu_program(cfg, data, [call], 2 * R)
     res = run(cfg, prog, inputs)
     want = data.copy()
-    want[R:] = _expected_alu(op, a.astype(I64), np.int64(bb), b2, d0.astype(I64), imm)
+    want[R:] = _expected_alu(op, a.astype(I64), np.int64(bb), b2, None, d0.astype(I64), imm)
     np.testing.assert_array_equal(res.outputs["out"], want)
 
 
@@ -540,18 +646,79 @@ def test_alu_aliasing_with_reduction_level(default_cfg):
 
 
 def test_requant_pipeline_matches_hand_computed(default_cfg):
-    """A concrete REQUANT: rounding half up, zero point, saturation to int8."""
+    """A concrete REQUANT: bias add, rounding half up, zero point, saturation to int8."""
     cfg = default_cfg
     bo = cfg.block_out
-    data = np.zeros((3, bo), np.int32)
-    data[0, :6] = [3, -3, 5, -5, 1000, -1000]
-    data[1, :] = 1                                     # mult
-    data[2, :] = 1                                     # shift: x / 2
-    call = dict(op=AluOp.REQUANT, dst_base=0, a_base=0, b_base=1, loops=[(1, 0, 0, 0)], imm=10)
+    data = np.zeros((4, bo), np.int32)
+    data[0, :7] = [3, -3, 5, -5, 1000, -1000, (1 << 31) - 1]
+    data[1, :] = 0                                     # bias
+    data[1, 6] = 1                                     # lane 6: (2**31 - 1) + 1 wraps
+    data[2, :] = 1                                     # mult
+    data[3, :] = 1                                     # shift: x / 2
+    call = dict(op=AluOp.REQUANT, dst_base=0, a_base=0, b_base=1, loops=[(1, 0, 0, 0)],
+                imm=pack_requant_imm(10))
     prog, inputs = _alu_program(cfg, data, [call], 1)
     res = run(cfg, prog, inputs)
-    # 3/2=1.5->2, -1.5->-1, 2.5->3, -2.5->-2, 500, -500; then +10 and saturate
-    assert list(res.outputs["out"][0, :6]) == [12, 9, 13, 8, 127, -128]
+    # 3/2=1.5->2, -1.5->-1, 2.5->3, -2.5->-2, 500, -500, -2**30; then +10 and saturate
+    assert list(res.outputs["out"][0, :7]) == [12, 9, 13, 8, 127, -128, -128]
+
+
+def test_requant_fused_bias_relu_hand_computed(default_cfg):
+    """Bias, per-lane multiplier and shift, zero point and a ReLU6-style clamp in one pass."""
+    cfg = default_cfg
+    bo = cfg.block_out
+    data = np.zeros((5, bo), np.int32)
+    data[0, :6] = [100, 100, -100, 7, 7, 1000]         # accumulators
+    data[1, :6] = [20, -300, 50, 0, 1, 0]              # bias
+    data[2, :6] = [1, 1, 3, 1 << 30, 1 << 30, 1]       # mult
+    data[3, :6] = [2, 2, 1, 31, 31, 0]                 # shift
+    data[3, 6:] = 62                                   # padding lanes: anything in range
+    # zp -3, ReLU (lo = zp), hi = zp + 12
+    call = dict(op=AluOp.REQUANT, dst_base=4, a_base=0, b_base=1, loops=[(1, 0, 0, 0)],
+                imm=pack_requant_imm(-3, -3, 9))
+    prog, inputs = _alu_program(cfg, data, [call], 5)
+    res = run(cfg, prog, inputs)
+    # 120/4 = 30 -> 27 -> 9 (hi); -200/4 = -50 -> -53 -> -3 (ReLU); -50*3/2 = -75 -> -3;
+    # 7 * 2**30 / 2**31 = 3.5 -> 4 -> 1; 8/2 = 4 -> 1; 1000 -> 997 -> 9
+    assert list(res.outputs["out"][4, :6]) == [9, -3, -3, 1, 1, 9]
+    assert list(res.outputs["out"][4, 6:]) == [-3] * (bo - 6)     # 0 -> zp, within [lo, hi]
+    np.testing.assert_array_equal(res.outputs["out"][:4], data[:4])
+
+
+# ----------------------------------------------------------------------------- broadcast LOAD
+
+def test_load_stride_zero_broadcasts_one_row(any_cfg):
+    """x_stride = 0 is legal: every row reads the same source row (a bias row copied to
+    many accumulator rows; a zero-point row filling input rows), with padding around."""
+    cfg = any_cfg
+    bi, bo = cfg.block_in, cfg.block_out
+    rng = np.random.default_rng(16)
+    bias = rand_int32(rng, (2, bo))
+    zp_row = np.full((1, bi), -7, np.int8)
+    zp_row[0, 0] = 5
+    b = ProgramBuilder(cfg, "broadcast")
+    rb = b.region("bias", "input", bias.shape, "int32")
+    rz = b.region("zp", "const", zp_row.shape, data=zp_row)
+    rid = b.region("id", "const", (1, bo, bi), data=identity_tile(cfg)[None])
+    out = b.region("out", "output", (12, bo), "int32")
+    out_inp = b.region("out_inp", "output", (6, bo), "int32")
+    # ACC: 6 copies of the second bias row; then the 2-row window (row 0, row 1) twice,
+    # followed by one padding row of 2 elements of 9
+    b.load(Buffer.ACC, 0, b.addr(rb, Buffer.ACC) + 1, 6, 1, 0)
+    b.load(Buffer.ACC, 6, b.addr(rb, Buffer.ACC), 2, 2, 0, pad=(0, 1, 0, 0), pad_value=9)
+    # INP: 4 copies of the zero-point row between 1 padding row above and 1 below
+    b.load(Buffer.INP, 0, b.addr(rz, Buffer.INP), 4, 1, 0, pad=(1, 1, 0, 0), pad_value=1)
+    b.load(Buffer.WGT, 0, b.addr(rid, Buffer.WGT), 1, 1)
+    b.gemm(20, 0, 0, [(6, 1, 1, 0)], reset=True)
+    b.store(Buffer.ACC, 0, b.addr(out, Buffer.ACC), 1, 12)
+    b.store(Buffer.ACC, 20, b.addr(out_inp, Buffer.ACC), 1, 6)
+    prog = build_sequential(b)
+    res = run(cfg, prog, {"bias": bias})
+    want = np.concatenate([np.repeat(bias[1:], 6, axis=0), bias, bias, np.full((2, bo), 9)])
+    np.testing.assert_array_equal(res.outputs["out"], want.astype(np.int32))
+    want_inp = np.concatenate([np.ones((1, bi)), np.repeat(zp_row, 4, axis=0), np.ones((1, bi))])
+    np.testing.assert_array_equal(res.outputs["out_inp"], want_inp.astype(np.int32))
+    run_and_check(cfg, prog, {"bias": bias})            # and the step-by-step reference
 
 
 # ----------------------------------------------------------------------------- properties
@@ -595,7 +762,7 @@ def test_property_gemm_tile_matches_loop_reference(data, cfg_name, reset, seed, 
 
 
 ALU_ROWS = 48
-PARAM0 = 32   # REQUANT parameter pairs live in rows [32, 48)
+PARAM0 = 30   # REQUANT parameter groups (bias, mult, shift) live in rows [30, 48)
 
 
 @settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
@@ -611,31 +778,33 @@ def test_property_alu_tile_matches_loop_reference(data, cfg_name, op, seed):
     if data.draw(st.booleans(), label="small values"):
         acc = rand_int32(rng, (ALU_ROWS, bo), -300, 300)
     if op == AluOp.REQUANT:
-        # B steps over (mult, shift) pairs; destination and A stay below the parameters
-        loops = [(e, d, a, 2 * (b % 2)) for e, d, a, b in loops]
-        acc[PARAM0::2] = rng.integers(-(1 << 31), 1 << 31, (8, bo))
-        acc[PARAM0 + 1::2] = rng.integers(0, 63, (8, bo))
+        # B steps over (bias, mult, shift) groups; destination and A stay below them
+        loops = [(e, d, a, 3 * (b % 2)) for e, d, a, b in loops]
+        ngroups = (ALU_ROWS - PARAM0) // 3
+        acc[PARAM0 + 1::3] = rng.integers(-(1 << 31), 1 << 31, (ngroups, bo))
+        acc[PARAM0 + 2::3] = rng.integers(0, 63, (ngroups, bo))
         limit_da = PARAM0
     else:
         limit_da = ALU_ROWS
         if op == AluOp.SHR:
             acc[::3] = rng.integers(-70, 70, acc[::3].shape)       # plausible shift amounts
     sd, sa, sb = (_span(loops, k) for k in (1, 2, 3))
-    paired = 1 if op in (AluOp.CLIP, AluOp.REQUANT) else 0
+    extra = PARAM_ROWS.get(op, 1) - 1
     if op == AluOp.REQUANT:
-        assume(sd < PARAM0 and sa < PARAM0 and sb <= ALU_ROWS - PARAM0 - 2)
+        assume(sd < PARAM0 and sa < PARAM0 and sb <= ALU_ROWS - PARAM0 - 3)
     else:
-        assume(sd < ALU_ROWS and sa < ALU_ROWS and sb + paired < ALU_ROWS)
+        assume(sd < ALU_ROWS and sa < ALU_ROWS and sb + extra < ALU_ROWS)
     dst = data.draw(st.integers(0, limit_da - 1 - sd), label="dst")
     a = data.draw(st.integers(0, limit_da - 1 - sa), label="a")
     if op == AluOp.REQUANT:
-        b = PARAM0 + 2 * data.draw(st.integers(0, (ALU_ROWS - PARAM0 - 2 - sb) // 2), label="b")
+        b = PARAM0 + 3 * data.draw(st.integers(0, (ALU_ROWS - PARAM0 - 3 - sb) // 3), label="b")
     else:
-        b = data.draw(st.integers(0, ALU_ROWS - 1 - sb - paired), label="b")
+        b = data.draw(st.integers(0, ALU_ROWS - 1 - sb - extra), label="b")
     imm = data.draw(st.one_of(st.integers(-(1 << 31), (1 << 31) - 1), st.integers(-70, 70)),
                     label="imm")
     if op == AluOp.REQUANT:
-        imm = data.draw(st.integers(-128, 127), label="zp")
+        zp, b1, b2 = (data.draw(st.integers(-128, 127), label=k) for k in ("zp", "b1", "b2"))
+        imm = pack_requant_imm(zp, min(b1, b2), max(b1, b2))
     call = dict(op=op, dst_base=dst, a_base=a, b_base=b, loops=loops, imm=imm, use_imm=use_imm)
     prog, inputs = _alu_program(cfg, acc, [call], ALU_ROWS)
     run_and_check(cfg, prog, inputs)

@@ -311,3 +311,23 @@ def test_stream_not_whole_words():
     raw = encode_program_words([Finish()], cfg) + b"\0" * 3
     with pytest.raises(DecodeError, match="not a whole number"):
         decode_program_words(raw, cfg)
+
+
+# ----------------------------------------------------------------------------- disassembler
+
+def test_disassembler_shows_the_output_stage_and_broadcasts():
+    from dsa_tvm.isa.disasm import disassemble_one
+    from dsa_tvm.isa.semantics import pack_clip_imm, pack_requant_imm
+
+    rq = Alu(AluOp.REQUANT, 0, 0, 100, (AluLoop(10, 2, 2, 0), AluLoop(2, 1, 1, 3)),
+             imm=pack_requant_imm(-3, -3, 9))
+    text = disassemble_one(rq)
+    assert text.startswith("ALU    REQUANT acc[0] <- acc[0] + bias acc[100], mult acc[101], "
+                           "shift acc[102], zp -3, clamp [-3, 9]")
+    assert "10:dst2,a2,b0 x 2:dst1,a1,b3" in text
+    bad = disassemble_one(Alu(AluOp.REQUANT, 0, 0, 4, imm=-1))
+    assert "imm 0xffffffff (invalid: bits 24-31 set)" in bad
+    clip = disassemble_one(Alu(AluOp.CLIP, 1, 1, use_imm=True, imm=pack_clip_imm(0, 6)))
+    assert "#[0, 6]" in clip
+    bcast = disassemble_one(Load(Buffer.ACC, 8, 40, 6, 1, 0))
+    assert bcast == "LOAD   ACC  sram[8] <- dram[40] 6x1 stride 0"

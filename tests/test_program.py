@@ -16,7 +16,7 @@ from dsa_tvm.isa.builder import ProgramBuilder
 from dsa_tvm.isa.encoding import DecodeError, encode_instruction
 from dsa_tvm.isa.instructions import AluOp, Buffer, Engine, Finish, Sync
 from dsa_tvm.isa.program import MAGIC, VERSION, Program, ProgramError
-from dsa_tvm.programs.matmul import matmul_program
+from dsa_tvm.programs.matmul import matmul_program, reference_matmul
 
 from .conftest import PRESETS, rand_int8, run
 
@@ -91,16 +91,19 @@ def test_round_trip_matmul_program_with_constants_runs_identically():
     cfg = CFGS["edge"]
     rng = np.random.default_rng(1)
     w = rand_int8(rng, (10, 20))
-    qp = np.zeros((2, 2, cfg.block_out), np.int32)
-    qp[:, 0] = 1 << 30
-    qp[:, 1] = 36
+    qp = np.zeros((2, 3, cfg.block_out), np.int32)
+    qp[:, 0] = rng.integers(-5000, 5000, (2, cfg.block_out))   # bias
+    qp[:, 1] = 1 << 30                                         # mult
+    qp[:, 2] = 36                                              # shift
     p = matmul_program(cfg, 9, 10, 20, w=w, qparams=qp)
+    assert p.fields_checked(cfg)                               # checked once, by the builder
     data = p.to_bytes(cfg)
     q = Program.from_bytes(data, cfg)
     assert_same_program(p, q)
     x = rand_int8(rng, (9, 24))
     r1, r2 = run(cfg, p, {"x": x}), run(cfg, data, {"x": x})     # run() also takes bytes
     np.testing.assert_array_equal(r1.outputs["out"], r2.outputs["out"])
+    np.testing.assert_array_equal(r1.outputs["out"], reference_matmul(x, w, qp, cfg))
     assert r1.cycles == r2.cycles and r1.counters == r2.counters
 
 

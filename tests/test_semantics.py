@@ -12,7 +12,7 @@ from hypothesis import strategies as st
 from dsa_tvm.isa import semantics as sem
 from dsa_tvm.isa.instructions import AluOp
 
-from .conftest import requant_py, rshift_round_py, wrap32
+from .conftest import output_stage_py, requant_imm_fields, requant_py, rshift_round_py, wrap32
 
 INT32 = st.integers(-(1 << 31), (1 << 31) - 1)
 
@@ -110,6 +110,83 @@ def test_requantize_matches_python(acc, mult, shift, zp):
         acc, mult, shift, zp)
 
 
+def test_requantize_clamp_bounds_hand_values():
+    acc = np.array([3, -3, 5, -5, 1000, -1000, 0, 255])
+    # ReLU at zero point 0: lo = 0
+    assert sem.requantize(acc, 1, 1, 0, 0, 127).tolist() == [2, 0, 3, 0, 127, 0, 0, 127]
+    # ReLU6 with scale 1/2: lo = zp = -5, hi = zp + 6 / 0.5 = 7
+    assert sem.requantize(acc, 1, 1, -5, -5, 7).tolist() == [-3, -5, -2, -5, 7, -5, -5, 7]
+    # a clamp tighter than int8 on both sides, after the zero point is added
+    assert sem.requantize(np.array([40, -40, 10]), 1, 2, 100, 90, 105).tolist() == [105, 90, 103]
+
+
+def test_output_stage_hand_values():
+    acc = np.array([[10, -10, 0, (1 << 31) - 1]])
+    bias = np.array([5, 5, -7, 1])                    # the last lane wraps to -2**31
+    mult = np.array([1, 3, 1, 1])
+    shift = np.array([1, 2, 0, 31])
+    got = sem.output_stage(acc, bias, mult, shift, 4, -128, 127)
+    # 15/2 = 7.5 -> 8 (+4 = 12); -5*3/4 = -3.75 -> -4 (+4 = 0); -7 + 4 = -3;
+    # (-2**31) / 2**31 = -1 (+4 = 3)
+    assert got.dtype == np.int32
+    assert got.tolist() == [[12, 0, -3, 3]]
+    # ReLU (lo = zp) and ReLU6-style hi in the same pass
+    assert sem.output_stage(np.array([100, -100, 4]), 0, 1, 0, -3, -3, 20).tolist() == [
+        20, -3, 1]
+
+
+@settings(max_examples=300, deadline=None)
+@given(INT32, INT32, INT32, st.integers(0, 62), st.integers(-128, 127), st.integers(-128, 127),
+       st.integers(-128, 127))
+def test_output_stage_matches_python(acc, bias, mult, shift, zp, b1, b2):
+    lo, hi = min(b1, b2), max(b1, b2)
+    got = int(sem.output_stage(np.array([acc]), bias, mult, shift, zp, lo, hi)[0])
+    assert got == output_stage_py(acc, bias, mult, shift, zp, lo, hi)
+    assert lo <= got <= hi
+
+
+# ----------------------------------------------------------------------------- REQUANT immediate
+
+@pytest.mark.parametrize("zp,lo,hi,want", [
+    (0, -128, 127, 0x7F8000),
+    (0, 0, 127, 0x7F0000),
+    (-1, -1, -1, 0xFFFFFF),
+    (5, -3, 6, 0x06FD05),
+    (-128, -128, -128, 0x808080),
+])
+def test_requant_imm_hand_values(zp, lo, hi, want):
+    assert sem.pack_requant_imm(zp, lo, hi) == want
+    assert sem.split_requant_imm(want) == (zp, lo, hi)
+    assert requant_imm_fields(want) == (zp, lo, hi)
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.integers(-128, 127), st.integers(-128, 127), st.integers(-128, 127))
+def test_requant_imm_round_trip(zp, b1, b2):
+    lo, hi = min(b1, b2), max(b1, b2)
+    imm = sem.pack_requant_imm(zp, lo, hi)
+    assert 0 <= imm < (1 << 24)                      # bits 24-31 zero; fits the signed field
+    assert sem.split_requant_imm(imm) == (zp, lo, hi)
+
+
+@pytest.mark.parametrize("args,msg", [
+    ((128, -128, 127), "zero point must be int8"),
+    ((-129, -128, 127), "zero point must be int8"),
+    ((0, -129, 127), "lo must be int8"),
+    ((0, 0, 128), "hi must be int8"),
+    ((0, 10, 9), "lo 10 > hi 9"),
+])
+def test_pack_requant_imm_range_checks(args, msg):
+    with pytest.raises(ValueError, match=msg):
+        sem.pack_requant_imm(*args)
+
+
+@pytest.mark.parametrize("imm", [1 << 24, 0x7F000000, -1, -(1 << 31), 0x12345678])
+def test_split_requant_imm_rejects_reserved_bits(imm):
+    with pytest.raises(ValueError, match="bits 24-31"):
+        sem.split_requant_imm(imm)
+
+
 # ----------------------------------------------------------------------------- quantize_multiplier
 
 @pytest.mark.parametrize("scale,want", [
@@ -192,6 +269,38 @@ def test_alu_apply_hand_values():
     assert ap(AluOp.MAX) == [10, 3, (1 << 31) - 1]
     assert ap(AluOp.SHR) == [1, -1, 1 << 30]            # 1.25 -> 1, -1.25 -> -1, half up
     assert ap(AluOp.CLIP, b2=np.array([5, 5, 5])) == [5, 3, 5]
-    assert ap(AluOp.REQUANT, b2=np.array([1, 1, 0]), zero_point=2) == [17, -13, 127]
+    # REQUANT: bias = b, mult = b2, shift = b3, zp / lo / hi from the immediate
+    imm = sem.pack_requant_imm(2, -128, 127)
+    # 13/2 = 6.5 -> 7, -7/2 = -3.5 -> -3, (2**31 - 1) + 1 wraps to -2**31: / 2**31 = -1
+    # (without the wrap it would be +1); each + 2
+    assert ap(AluOp.REQUANT, b2=np.array([1, 1, 1]), b3=np.array([1, 1, 31]),
+              imm=imm) == [9, -1, 1]
+    assert ap(AluOp.REQUANT, b2=np.array([3, 3, 3]), b3=np.array([0, 0, 0]),
+              imm=sem.pack_requant_imm(2, 2, 30)) == [30, 2, 2]   # fused ReLU + upper clamp
     with pytest.raises(ValueError):
         sem.alu_apply(15, d, a, b)
+    with pytest.raises(ValueError, match="bits 24-31"):
+        ap(AluOp.REQUANT, b2=b, b3=b, imm=1 << 24)
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.sampled_from([op for op in AluOp if op not in (AluOp.REQUANT,)]),
+       st.lists(st.tuples(INT32, INT32, INT32, INT32), min_size=1, max_size=8))
+def test_alu_apply_int32_operands_match_int64(op, rows):
+    """The simulator's fast path (int32 operands, wrapping in int32) gives the same results
+    as the int64 path and as Python integers."""
+    d, a, b, b2 = (np.array(c, dtype=np.int64) for c in zip(*rows))
+    if op == AluOp.SHR:
+        b = b % 140 - 70
+    if op == AluOp.CLIP:
+        b, b2 = np.minimum(b, b2), np.maximum(b, b2)
+    wide = sem.alu_apply(op, d, a, b, b2)
+    narrow = sem.alu_apply(op, d.astype(np.int32), a.astype(np.int32), b.astype(np.int32),
+                           b2.astype(np.int32))
+    assert narrow.dtype == np.int32 and wide.dtype == np.int32
+    assert narrow.tolist() == wide.tolist()
+    if op in (AluOp.ADD, AluOp.MUL, AluOp.MAC):
+        want = {AluOp.ADD: lambda x, y, z: y + z, AluOp.MUL: lambda x, y, z: y * z,
+                AluOp.MAC: lambda x, y, z: x + y * z}[op]
+        assert narrow.tolist() == [wrap32(want(int(x), int(y), int(z)))
+                                   for x, y, z in zip(d, a, b)]

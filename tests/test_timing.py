@@ -10,11 +10,12 @@ import pytest
 
 from dsa_tvm.hw.config import load_config
 from dsa_tvm.isa.builder import ProgramBuilder
-from dsa_tvm.isa.instructions import AluOp, Buffer, Engine, Gemm, Load
+from dsa_tvm.isa.instructions import AluOp, Buffer, Engine, Gemm, Load, Store
 from dsa_tvm.isa.semantics import quantize_multiplier
 from dsa_tvm.programs.matmul import (
     MatmulTiling,
     matmul_program,
+    pack_qparams,
     pack_weights,
     pad_cols,
     reference_matmul,
@@ -179,16 +180,113 @@ def test_dma_transfers_share_the_dram_channel():
     assert res.counters["dram_utilization"] == pytest.approx(24 / 125)
 
 
-def test_dma_on_one_engine_waits_for_completion():
+def test_dma_on_one_engine_pipelines_the_latency():
+    """A DMA engine is free again when its transfer leaves the DRAM channel: two
+    back-to-back loads take bus1 + bus2 + latency, not (bus1 + latency) + (bus2 + latency)."""
     cfg = load_config("edge")        # 4 B/cycle, latency 60
     b, r = _builder(cfg)
-    b.load(Buffer.INP, 0, b.addr(r, Buffer.INP), 1, 8)     # 64 B: 16 + 60
-    b.load(Buffer.WGT, 0, b.addr(r, Buffer.WGT), 1, 2)     # 128 B: 32 + 60, after the first
+    b.load(Buffer.INP, 0, b.addr(r, Buffer.INP), 1, 8)     # 64 B: bus 0..16, done 76
+    b.load(Buffer.WGT, 0, b.addr(r, Buffer.WGT), 1, 2)     # 128 B: bus 16..48, done 108
     b.finish()
     res = run(cfg, b.build(), timing_only=True)
-    assert res.schedule.start.tolist()[:2] == [0, 76]
-    assert res.schedule.end.tolist()[:2] == [76, 76 + 92]
-    assert res.counters["load.busy_cycles"] == 76 + 92
+    s = res.schedule
+    assert s.start.tolist()[:2] == [0, 16]
+    assert s.end.tolist()[:2] == [76, 16 + 32 + 60]
+    assert s.release.tolist()[:2] == [16, 48]               # engine free at bus end
+    assert s.bus == [(0, 0, 16), (1, 16, 48)]
+    assert res.cycles == 16 + 32 + 60
+    assert res.counters["load.busy_cycles"] == 16 + 32      # occupied: transferring
+    assert res.counters["load.active_cycles"] == 108        # something in flight: 0..108
+    assert res.counters["load.dram_wait_cycles"] == 0
+
+
+def test_eight_one_row_loads_pay_the_latency_once():
+    """8 one-row INP loads on the default preset: 8 x 1 bus cycle + 100 latency = 108
+    cycles (808 when every load held its engine until completion)."""
+    cfg = load_config("default")     # 16 B/cycle: one 16-byte row per cycle, latency 100
+    b, r = _builder(cfg)
+    for k in range(8):
+        b.load(Buffer.INP, k, b.addr(r, Buffer.INP) + k, 1, 1, push_next=k == 7)
+    b.gemm(0, 0, 0, [(8, 1, 1, 0)], pop_prev=True)          # needs all 8 rows
+    b.finish()
+    res = run(cfg, b.build(), timing_only=True)
+    s = res.schedule
+    assert s.start.tolist()[:8] == list(range(8))           # dispatched and issued 1/cycle
+    assert s.end.tolist()[:8] == [k + 1 + 100 for k in range(8)]
+    assert s.bus == [(k, k, k + 1) for k in range(8)]
+    assert (s.start[8], s.end[8]) == (108, 108 + 8 + 32)    # the last load's token at 108
+    assert res.cycles == 108 + 40 + 1
+    assert res.counters["load.busy_cycles"] == 8
+    assert res.counters["load.active_cycles"] == 108
+
+
+def test_completions_on_one_dma_engine_stay_in_order():
+    """A long transfer then a short one: the short one leaves the channel later, so it
+    also completes later; tokens come out in program order."""
+    cfg = load_config("default")
+    b, r = _builder(cfg)
+    b.load(Buffer.WGT, 0, b.addr(r, Buffer.WGT), 1, 4, push_next=True)   # 1 KiB: bus 0..64
+    b.load(Buffer.INP, 0, b.addr(r, Buffer.INP), 1, 1, push_next=True)   # bus 64..65
+    b.sync(Engine.COMPUTE, pop_prev=True)
+    b.sync(Engine.COMPUTE, pop_prev=True)
+    b.finish()
+    res = run(cfg, b.build(), timing_only=True)
+    s = res.schedule
+    assert s.end.tolist()[:2] == [164, 165]
+    assert (s.start[2], s.start[3]) == (164, 165)
+    assert res.cycles == 167
+
+
+def test_sync_behind_transfers_in_flight_retires_with_them():
+    """Instructions retire in program order: a SYNC issued on the load engine while a load
+    is in flight frees the engine after its cycle but pushes its token only when the load
+    has completed, so the token still covers everything before it on that engine."""
+    cfg = load_config("edge")        # 4 B/cycle, latency 60
+    b, r = _builder(cfg)
+    b.load(Buffer.INP, 0, b.addr(r, Buffer.INP), 1, 8)             # bus 0..16, done 76
+    b.sync(Engine.LOAD, push_next=True)                            # 16..17, retires at 76
+    b.load(Buffer.INP, 8, b.addr(r, Buffer.INP) + 8, 1, 1)         # bus 17..19, done 79
+    b.gemm(0, 0, 0, [(8, 1, 1, 0)], pop_prev=True)                 # reads the first load
+    b.finish()
+    res = run(cfg, b.build(), timing_only=True)                    # hazard checker on
+    s = res.schedule
+    assert s.start.tolist()[:4] == [0, 16, 17, 76]
+    assert s.release.tolist()[:3] == [16, 17, 19]
+    assert s.end.tolist()[:4] == [76, 76, 79, 76 + 8 + 16]
+    assert res.counters["load.busy_cycles"] == 16 + 1 + 2
+
+
+def test_accumulator_loads_hold_the_compute_engine():
+    """ACC loads run on the compute engine, whose next instruction may read the loaded
+    rows (no token in between): they hold it until they complete."""
+    cfg = load_config("default")
+    b, r = _builder(cfg)
+    b.load(Buffer.ACC, 0, b.addr(r, Buffer.ACC), 1, 4)      # 256 B: bus 0..16, done 116
+    b.load(Buffer.ACC8, 4, b.addr(r, Buffer.ACC8), 1, 4)    # 64 B: starts 116, bus ..120
+    b.alu(AluOp.ADD, 0, 0, 4, [(4, 1, 1, 1)])               # reads both: 116 + 104 .. + 8
+    b.finish()
+    res = run(cfg, b.build(), timing_only=True)
+    s = res.schedule
+    assert s.start.tolist() == [0, 116, 220, 228]
+    assert s.end.tolist() == [116, 220, 228, 229]
+    assert s.release.tolist() == s.end.tolist()
+    assert res.counters["compute.busy_cycles"] == 229
+    assert res.counters["compute.active_cycles"] == 229
+
+
+def test_store_engine_pipelines_too():
+    cfg = load_config("default")
+    b, r = _builder(cfg)
+    b.sync(Engine.COMPUTE, push_next=True)
+    b.store(Buffer.ACC, 0, b.addr(r, Buffer.ACC), 1, 2, pop_prev=True)        # bus 1..9
+    b.store(Buffer.ACC8, 2, b.addr(r, Buffer.ACC8) + 8, 1, 2, push_prev=True)  # bus 9..11
+    b.finish(pop_next=True)
+    res = run(cfg, b.build(), timing_only=True)
+    s = res.schedule
+    assert s.start.tolist() == [0, 1, 9, 111]
+    assert s.end.tolist() == [1, 109, 111, 112]
+    assert res.counters["store.busy_cycles"] == 8 + 2
+    assert res.counters["store.active_cycles"] == 110
 
 
 def test_store_and_load_engines_contend_for_dram():
@@ -235,10 +333,9 @@ def _matmul_case(cfg, m=40, n=None, k=None, seed=0, tiling=None, double_buffer=T
     rng = np.random.default_rng(seed)
     x = rand_int8(rng, (m, k))
     w = rand_int8(rng, (n, k))
-    nb = -(-n // cfg.block_out)
-    qp = np.zeros((nb, 2, cfg.block_out), np.int32)
-    for j in range(nb * cfg.block_out):
-        qp[j // cfg.block_out, :, j % cfg.block_out] = quantize_multiplier(rng.uniform(1e-4, 1e-2))
+    ms = [quantize_multiplier(rng.uniform(1e-4, 1e-2)) for _ in range(n)]
+    qp = pack_qparams([mult for mult, _ in ms], [shift for _, shift in ms], cfg,
+                      bias=rng.integers(-(1 << 16), 1 << 16, n))
     prog = matmul_program(cfg, m, n, k, double_buffer=double_buffer, tiling=tiling)
     xp = pad_cols(x, cfg.block_in)
     inputs = {"x": xp, "w": pack_weights(w, cfg), "qp": qp}
@@ -280,13 +377,31 @@ def test_schedule_invariants():
     ins = prog.instructions
     assert (s.start >= s.dispatch).all() and (s.end > s.start).all()
     assert res.cycles == s.end.max()
+    assert ((s.release >= s.start) & (s.release <= s.end)).all()
     for e in Engine:                       # each engine runs its instructions in order
         idx = [i for i, x in enumerate(ins) if x.engine == e]
-        starts = s.start[idx]
-        ends = s.end[idx]
+        starts, ends, rel = s.start[idx], s.end[idx], s.release[idx]
         assert (np.diff(starts) >= 0).all()
-        assert (starts[1:] >= ends[:-1]).all()
-        assert res.counters[f"{e.name.lower()}.busy_cycles"] == int((ends - starts).sum())
+        assert (np.diff(ends) >= 0).all()                 # and completes them in order
+        assert (starts[1:] >= rel[:-1]).all()             # next start: engine free again
+        assert res.counters[f"{e.name.lower()}.busy_cycles"] == int((rel - starts).sum())
+        covered = np.zeros(res.cycles, bool)
+        for a, z in zip(starts, ends):
+            covered[a:z] = True
+        assert res.counters[f"{e.name.lower()}.active_cycles"] == int(covered.sum())
+        prev_end = 0
+        for i in idx:                                     # pipelined: DMA on load/store
+            dma = isinstance(ins[i], (Load, Store))
+            if e == Engine.COMPUTE:
+                assert s.release[i] == s.end[i]
+            elif dma:
+                bus_end = next(z for j, _, z in s.bus if j == i)
+                assert s.release[i] == bus_end
+                assert s.end[i] == max(bus_end + cfg.latency_cycles, prev_end)
+            else:                                         # SYNC: one cycle, retires in order
+                assert s.release[i] == s.start[i] + 1
+                assert s.end[i] == max(s.start[i] + 1, prev_end)
+            prev_end = s.end[i]
     bus = sorted(s.bus, key=lambda x: x[1])  # the channel carries one transfer at a time
     for (_, _, e1), (_, s2, _) in zip(bus, bus[1:]):
         assert s2 >= e1

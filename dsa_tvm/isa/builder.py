@@ -12,6 +12,7 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
+from .encoding import EncodeError, check_fields
 from .instructions import (
     Alu,
     AluLoop,
@@ -119,7 +120,18 @@ class ProgramBuilder:
         return self.emit(Finish(deps(**dep)))
 
     def build(self) -> Program:
+        """The program (a FINISH is appended when missing). Every instruction's fields are
+        range-checked here, once: a program whose fields all fit is marked so that the
+        simulator does not check them again on every run. One that does not fit is
+        returned unmarked; running it reports the first bad field, naming the instruction."""
         if not self.instructions or not isinstance(self.instructions[-1], Finish):
             self.finish()
-        return Program(self.name, self.cfg.fingerprint, self.cfg.instruction_bits,
+        prog = Program(self.name, self.cfg.fingerprint, self.cfg.instruction_bits,
                        list(self.instructions), list(self.regions), dict(self.meta))
+        try:
+            for i, ins in enumerate(prog.instructions):
+                check_fields(ins, self.cfg, i)
+        except EncodeError:
+            return prog
+        prog.mark_fields_checked(self.cfg)
+        return prog

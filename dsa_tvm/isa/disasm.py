@@ -5,7 +5,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 from .instructions import Alu, AluOp, Deps, Finish, Gemm, Instruction, Load, Store, Sync
-from .semantics import split_clip_imm
+from .semantics import split_clip_imm, split_requant_imm
 
 if TYPE_CHECKING:
     from ..hw.config import HardwareConfig
@@ -42,7 +42,14 @@ def disassemble_one(ins: Instruction) -> str:
                 f"wgt[{ins.wgt_base}]  loops {_loops(ins.loops, ('acc', 'inp', 'wgt'))}")
     elif isinstance(ins, Alu):
         if ins.op == AluOp.REQUANT:
-            src = f"acc[{ins.a_base}], params acc[{ins.b_base}], zp {ins.imm}"
+            b = ins.b_base
+            try:
+                zp, lo, hi = split_requant_imm(ins.imm)
+                stage = f"zp {zp}, clamp [{lo}, {hi}]"
+            except ValueError:
+                stage = f"imm {ins.imm & 0xFFFFFFFF:#010x} (invalid: bits 24-31 set)"
+            src = (f"acc[{ins.a_base}] + bias acc[{b}], mult acc[{b + 1}], "
+                   f"shift acc[{b + 2}], {stage}")
         elif ins.use_imm:
             imm = ins.imm
             if ins.op == AluOp.CLIP:

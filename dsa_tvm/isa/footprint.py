@@ -9,7 +9,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-from .instructions import PAIRED_B_OPS, Alu, Buffer, Gemm, Instruction, Load, Store
+from .instructions import Alu, Buffer, Gemm, Instruction, Load, Store, b_rows
 
 if TYPE_CHECKING:
     from ..hw.config import HardwareConfig
@@ -26,11 +26,6 @@ class Footprint:
 
     reads: tuple[Range, ...] = ()
     writes: tuple[Range, ...] = ()
-
-
-def _span(base: int, loops, attr: str) -> tuple[int, int]:
-    hi = base + sum((lp.extent - 1) * getattr(lp, attr) for lp in loops)
-    return base, hi
 
 
 def dram_span(ins: Load | Store, cfg: "HardwareConfig") -> tuple[int, int]:
@@ -52,16 +47,28 @@ def footprint(ins: Instruction, cfg: "HardwareConfig | None" = None) -> Footprin
         return Footprint(reads=(("acc", ins.sram_base,
                                  ins.sram_base + ins.y_size * ins.x_size - 1),), writes=dram)
     if isinstance(ins, Gemm):
-        return Footprint(reads=(("inp", *_span(ins.inp_base, ins.loops, "inp")),
-                                ("wgt", *_span(ins.wgt_base, ins.loops, "wgt"))),
-                         writes=(("acc", *_span(ins.acc_base, ins.loops, "acc")),))
+        acc, inp, wgt = ins.acc_base, ins.inp_base, ins.wgt_base
+        for lp in ins.loops:
+            if lp.extent > 1:
+                e = lp.extent - 1
+                acc += e * lp.acc
+                inp += e * lp.inp
+                wgt += e * lp.wgt
+        return Footprint(reads=(("inp", ins.inp_base, inp), ("wgt", ins.wgt_base, wgt)),
+                         writes=(("acc", ins.acc_base, acc),))
     if isinstance(ins, Alu):
-        reads = [("acc", *_span(ins.a_base, ins.loops, "a"))]
-        if not ins.use_imm:
-            lo, hi = _span(ins.b_base, ins.loops, "b")
-            reads.append(("acc", lo, hi + (1 if ins.op in PAIRED_B_OPS else 0)))
-        return Footprint(reads=tuple(reads), writes=(("acc", *_span(ins.dst_base, ins.loops,
-                                                                    "dst")),))
+        dst, a, b = ins.dst_base, ins.a_base, ins.b_base
+        for lp in ins.loops:
+            if lp.extent > 1:
+                e = lp.extent - 1
+                dst += e * lp.dst
+                a += e * lp.a
+                b += e * lp.b
+        if ins.use_imm:
+            reads: tuple[Range, ...] = (("acc", ins.a_base, a),)
+        else:  # CLIP and REQUANT read parameter rows b + 1 (and b + 2) too
+            reads = (("acc", ins.a_base, a), ("acc", ins.b_base, b + b_rows(ins.op) - 1))
+        return Footprint(reads=reads, writes=(("acc", ins.dst_base, dst),))
     return Footprint()
 
 

@@ -102,7 +102,8 @@ _DMA_COMMON = (
     FieldDef("y_size", _fixed(DRAM_SIZE_BITS), "rows of the 2-D transfer",
              width_rule=str(DRAM_SIZE_BITS)),
     FieldDef("x_size", _fixed(DRAM_SIZE_BITS), "elements per row", width_rule=str(DRAM_SIZE_BITS)),
-    FieldDef("x_stride", _fixed(DRAM_SIZE_BITS), "DRAM elements between row starts",
+    FieldDef("x_stride", _fixed(DRAM_SIZE_BITS),
+             "DRAM elements between row starts (0: every row reads the same source row)",
              width_rule=str(DRAM_SIZE_BITS)),
 )
 
@@ -154,7 +155,9 @@ def _alu_fields() -> tuple[FieldDef, ...]:
                         width_rule="acc address bits"),
                FieldDef(f"b_stride{k}", _acc, f"source-B stride of level {k}",
                         width_rule="acc address bits")]
-    fs.append(FieldDef("imm", _fixed(IMM_BITS), "immediate (int32)", signed=True,
+    fs.append(FieldDef("imm", _fixed(IMM_BITS),
+                       "immediate (int32); CLIP: lo/hi int16 halves; REQUANT: zp, lo, hi in "
+                       "bytes 0-2 (int8 each), byte 3 zero", signed=True,
                        width_rule=str(IMM_BITS)))
     return tuple(fs)
 

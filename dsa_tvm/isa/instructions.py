@@ -49,7 +49,11 @@ class Engine(enum.IntEnum):
 
 
 class AluOp(enum.IntEnum):
-    """Vector operations; ``a`` is source A, ``b`` source B or the immediate."""
+    """Vector operations; ``a`` is source A, ``b`` source B or the immediate.
+
+    The comment beside each member is its definition in the ISA reference
+    (continuation lines start with ``#``). Integer semantics: ``isa.semantics``.
+    """
 
     MOV = 0      # dst = b
     ADD = 1      # dst = a + b            (int32 wrap-around)
@@ -59,16 +63,27 @@ class AluOp(enum.IntEnum):
     MIN = 5      # dst = min(a, b)
     MAX = 6      # dst = max(a, b)
     SHR = 7      # dst = a >> b, rounding half up; a negative b shifts left (wraps)
-    CLIP = 8     # dst = clamp(a, lo, hi); imm: lo = low 16 bits, hi = high 16 bits (signed);
-    #              tensor form: lo from row b, hi from row b + 1
-    REQUANT = 9  # dst = sat_int8(rshift_round(a * mult, shift) + zp); mult = row b,
-    #              shift = row b + 1 (per lane: per output channel), zp = imm
+    CLIP = 8     # dst = clamp(a, lo, hi) = min(max(a, lo), hi). Immediate form: lo = low
+    #              16 bits, hi = high 16 bits of imm (each signed). Tensor form: lo = row b,
+    #              hi = row b + 1.
+    REQUANT = 9  # the fused output stage: dst = clamp(rshift_round(wrap32(a + bias) * mult,
+    #              shift) + zp, lo, hi), product exact in 64 bits, rounding half up. Per lane
+    #              (per output channel): bias = row b, mult = row b + 1, shift = row b + 2
+    #              (0..62). imm: zp = bits 0-7, lo = bits 8-15, hi = bits 16-23 (each signed
+    #              int8), bits 24-31 zero. Tensor form only. One pass does bias add,
+    #              requantize and a ReLU (lo = zp) or ReLU6 clamp.
 
 
-#: ALU ops whose tensor form reads two consecutive parameter rows starting at b.
-PAIRED_B_OPS = frozenset({AluOp.CLIP, AluOp.REQUANT})
+#: Consecutive parameter rows the tensor form of an ALU op reads from row b on
+#: (every op not listed reads one).
+B_PARAM_ROWS: dict[AluOp, int] = {AluOp.CLIP: 2, AluOp.REQUANT: 3}
 #: ALU ops that must use the tensor form (their parameters are per lane).
 TENSOR_ONLY_OPS = frozenset({AluOp.REQUANT})
+
+
+def b_rows(op: AluOp) -> int:
+    """Rows the tensor form of ``op`` reads per loop point (b, b + 1, ...)."""
+    return B_PARAM_ROWS.get(op, 1)
 
 
 @dataclass(frozen=True)
@@ -122,7 +137,12 @@ def _pad_loops(loops, levels: int, unit):
 class Load:
     """DRAM -> scratchpad. Writes (pad_top + y_size + pad_bottom) x (pad_left + x_size +
     pad_right) elements contiguously from ``sram_base``; padding is ``pad_value``.
-    DRAM addresses, sizes and strides count elements of the buffer's type."""
+    DRAM addresses, sizes and strides count elements of the buffer's type.
+
+    ``x_stride`` is the distance between the DRAM starts of consecutive rows. It may be
+    smaller than ``x_size`` (rows overlap) and it may be 0: every row then reads the
+    same source row, a broadcast, e.g. one bias row copied to many accumulator rows or
+    one zero-point row filling many input rows."""
 
     buffer: Buffer
     sram_base: int

@@ -14,6 +14,7 @@ Byte layout (little-endian)::
 from __future__ import annotations
 
 import json
+import operator
 import struct
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
@@ -80,6 +81,22 @@ class Program:
     def regions_of(self, kind: str) -> list[Region]:
         return [r for r in self.regions if r.kind == kind]
 
+    # --- field checks already done
+    def mark_fields_checked(self, cfg: "HardwareConfig") -> None:
+        """Record that every instruction's fields fit the formats of ``cfg`` (the program was
+        decoded from words, encoded, or checked by the builder). Validation then skips the
+        encoder's field checks for as long as the program holds the very same (immutable)
+        instruction objects; any change to the list makes it check again."""
+        self._fields_checked = (cfg.fingerprint, tuple(self.instructions))
+
+    def fields_checked(self, cfg: "HardwareConfig") -> bool:
+        """True if :meth:`mark_fields_checked` vouches for the current instructions."""
+        mark = getattr(self, "_fields_checked", None)
+        if mark is None or mark[0] != cfg.fingerprint:
+            return False
+        ins = self.instructions
+        return len(ins) == len(mark[1]) and all(map(operator.is_, ins, mark[1]))
+
     def check_config(self, cfg: "HardwareConfig") -> None:
         if self.fingerprint != cfg.fingerprint:
             raise ProgramError(
@@ -98,6 +115,7 @@ class Program:
                  struct.pack("<I", len(header)), header,
                  encode_program_words(self.instructions, cfg)]
         parts += [r.data for r in self.regions if r.data is not None]
+        self.mark_fields_checked(cfg)  # every field was just range-checked by the encoder
         return b"".join(parts)
 
     @classmethod
@@ -138,6 +156,7 @@ class Program:
         if pos + nwords > len(data):
             raise ProgramError("truncated DSA program: instruction words missing")
         prog.instructions = decode_program_words(bytes(view[pos:pos + nwords]), cfg)
+        prog.mark_fields_checked(cfg)  # decoded from words: every field is in range
         pos += nwords
         for r, data_flag in zip(regions, has_data):
             if data_flag:

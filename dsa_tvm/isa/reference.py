@@ -28,16 +28,27 @@ Semantics (see `dsa_tvm/isa/instructions.py` and `dsa_tvm/isa/semantics.py`):
 
 - **LOAD** copies `y_size` rows of `x_size` elements from DRAM (row starts
   `x_stride` elements apart) into the scratchpad, contiguously from `sram_base`,
-  surrounded by `pad_*` elements of value `pad_value`. INP/WGT loads run on the
-  load engine; ACC/ACC8 loads on the compute engine.
+  surrounded by `pad_*` elements of value `pad_value`. `x_stride` may be smaller
+  than `x_size` (overlapping rows) or 0: every row then reads the same source
+  row, a broadcast (one bias row copied to many accumulator rows, one
+  zero-point row filling many input rows). INP/WGT loads run on the load
+  engine; ACC/ACC8 loads on the compute engine.
 - **STORE** copies `y_size * x_size` accumulator rows to DRAM; ACC8 keeps the
-  low byte of each lane (values are saturated by REQUANT first).
+  low byte of each lane (values are clamped to int8 by REQUANT first).
 - **GEMM** runs a 4-level loop nest (level 0 outermost). At every point,
   `acc[a] += inp[i] @ wgt[w].T` with `a/i/w = base + sum(index_k * stride_k)`:
   one `block_in`-element input row times one `block_out x block_in` weight tile
   per cycle. `reset` zeroes the touched accumulator rows first. Sums wrap at 32 bits.
 - **ALU** runs a 3-level loop nest over accumulator rows, in loop order:
-  `dst = op(a, b)`, with `b` an accumulator row or the 32-bit immediate.
+  `dst = op(a, b)`, with `b` an accumulator row or the 32-bit immediate. CLIP's
+  tensor form reads two parameter rows (b, b + 1), REQUANT's three (b, b + 1,
+  b + 2); the b strides step over whole parameter groups.
+- **REQUANT** is the whole output stage in one pass:
+  `dst = clamp(rshift_round(wrap32(a + bias) * mult, shift) + zp, lo, hi)`
+  with per-lane `bias`, `mult`, `shift` (0..62) from rows b, b + 1, b + 2 and
+  the immediate packing `zp` (bits 0-7), `lo` (bits 8-15) and `hi` (bits 16-23),
+  each a signed int8; bits 24-31 must be zero. The product is exact (64 bits)
+  and `rshift_round` rounds half up. ReLU is `lo = zp`; ReLU6 also lowers `hi`.
 - **SYNC** does nothing but pop/push tokens on its engine; **FINISH** ends the program.
 
 Dependency tokens: `pop_prev`/`pop_next` wait for and take a token from the
@@ -75,15 +86,21 @@ def isa_markdown(configs: list[HardwareConfig]) -> str:
 
 
 def _alu_docs() -> dict[AluOp, str]:
-    """The comment beside each AluOp member, read from its source."""
+    """The comment beside each AluOp member, with its continuation lines (comment-only
+    lines that follow it), read from the source."""
     import inspect
 
     src = inspect.getsource(AluOp).splitlines()
     out = {}
     for op in AluOp:
-        for line in src:
+        for j, line in enumerate(src):
             if line.strip().startswith(f"{op.name} =") and "#" in line:
-                out[op] = line
+                parts = [line.split("#", 1)[1].strip()]
+                for more in src[j + 1:]:
+                    if not more.strip().startswith("#"):
+                        break
+                    parts.append(more.strip()[1:].strip())
+                out[op] = "# " + " ".join(parts)
     return out
 
 

@@ -45,16 +45,49 @@ def rshift_round(x: np.ndarray, shift: np.ndarray | int) -> np.ndarray:
 
 
 def requantize(acc: np.ndarray, mult: np.ndarray | int, shift: np.ndarray | int,
-               zero_point: int) -> np.ndarray:
-    """int8 result of ``sat8(rshift_round(acc * mult, shift) + zero_point)``.
+               zero_point: int = 0, lo: int = INT8_MIN, hi: int = INT8_MAX) -> np.ndarray:
+    """int8 core of the output stage: ``clamp(rshift_round(acc * mult, shift) + zero_point,
+    lo, hi)``.
 
-    ``acc`` int32 accumulators, ``mult`` int32 fixed-point multipliers and
-    ``shift`` right shifts in REQUANT_SHIFT_RANGE (per lane, broadcastable):
-    the real scale is ``mult * 2**-shift``. Returns int32 values in [-128, 127].
+    ``acc`` int32 accumulators, ``mult`` int32 fixed-point multipliers and ``shift``
+    right shifts in REQUANT_SHIFT_RANGE (per lane, broadcastable): the real scale is
+    ``mult * 2**-shift``. ``lo``/``hi`` are int8 bounds (the defaults saturate to int8;
+    ``lo = zero_point`` is ReLU, ``hi = zero_point + round(6 / scale)`` ReLU6). The
+    product is exact in int64. Returns int32 values in [lo, hi].
     """
-    prod = np.asarray(acc, dtype=np.int64) * np.asarray(mult, dtype=np.int64)
-    y = rshift_round(prod, shift) + np.int64(zero_point)
-    return saturate(y, INT8_MIN, INT8_MAX).astype(np.int32)
+    y = np.asarray(np.multiply(acc, mult, dtype=np.int64))  # exact: int32 x int32 fits int64
+    s = np.asarray(shift)
+    if s.dtype not in (np.int32, np.int64):
+        s = s.astype(np.int64)
+    # one reduction: negative shifts are huge when viewed as unsigned
+    if s.size and s.view(np.uint32 if s.dtype == np.int32 else np.uint64).max() > 62:
+        y = rshift_round(y, s)
+    else:  # rshift_round for shifts in 0..62, in place: + 2**(s-1) (0 for s = 0), >> s
+        y = y + (np.left_shift(np.int64(1), s) >> 1)  # (may broadcast y to s's shape)
+        y >>= s
+    y += np.int64(zero_point)
+    np.maximum(y, np.int64(lo), out=y)
+    np.minimum(y, np.int64(hi), out=y)
+    return y.astype(np.int32)
+
+
+def output_stage(acc: np.ndarray, bias: np.ndarray | int, mult: np.ndarray | int,
+                 shift: np.ndarray | int, zero_point: int = 0, lo: int = INT8_MIN,
+                 hi: int = INT8_MAX) -> np.ndarray:
+    """The fused output stage (ALU REQUANT): bias add, requantize, zero point, clamp.
+
+    ``clamp(rshift_round(wrap32(acc + bias) * mult, shift) + zero_point, lo, hi)``:
+    the bias is added to the int32 accumulator with int32 wrap-around, then
+    :func:`requantize` does the rest. Every argument but the immediates is per lane
+    (broadcastable). Returns int32 values in [lo, hi].
+    """
+    acc, bias = np.asarray(acc), np.asarray(bias)
+    with np.errstate(over="ignore"):
+        if acc.dtype == np.int32 and bias.dtype == np.int32:
+            biased = acc + bias  # numpy's int32 add wraps
+        else:
+            biased = wrap_int32(acc.astype(np.int64) + bias.astype(np.int64))
+    return requantize(biased, mult, shift, zero_point, lo, hi)
 
 
 def quantize_multiplier(scale: float) -> tuple[int, int]:
@@ -79,19 +112,32 @@ def quantize_multiplier(scale: float) -> tuple[int, int]:
     return mult, shift
 
 
-def alu_apply(op: int, dst: np.ndarray, a: np.ndarray, b: np.ndarray,
-              b2: np.ndarray | None = None, zero_point: int = 0) -> np.ndarray:
-    """One vector ALU operation on int64 operand arrays; returns int32 results.
+_AluOp = None
 
-    ``op`` is an ``AluOp`` value; ``b2`` is the second parameter row of CLIP and
-    REQUANT (hi, shift). ``b`` is the immediate (broadcast) in immediate form;
-    ``zero_point`` is REQUANT's immediate.
+
+def alu_apply(op: int, dst: np.ndarray, a: np.ndarray, b: np.ndarray,
+              b2: np.ndarray | None = None, b3: np.ndarray | None = None,
+              imm: int = 0) -> np.ndarray:
+    """One vector ALU operation on integer operand arrays; returns int32 results.
+
+    ``b``, ``b2``, ``b3`` are the parameter rows b, b + 1, b + 2 of the tensor form
+    (CLIP reads two: lo, hi; REQUANT three: bias, mult, shift); in the immediate
+    form ``b`` is the immediate (and CLIP's ``b``/``b2`` its two halves). ``imm`` is
+    the raw immediate, which REQUANT splits into zero point and clamp bounds
+    (:func:`split_requant_imm`).
+
+    Operands may be int32 or int64. The int32 wrap-around of ADD, SUB, MUL and MAC is
+    numpy's own int32 arithmetic when every operand is int32 (the simulator's fast
+    path); int64 operands are wrapped at the end. SHR and REQUANT compute in int64.
     """
-    from .instructions import AluOp  # local: keep this module importable on its own
+    global _AluOp
+    if _AluOp is None:  # imported late: keep this module importable on its own
+        from .instructions import AluOp as _AluOp
+    AluOp = _AluOp
 
     with np.errstate(over="ignore"):
         if op == AluOp.MOV:
-            r = np.broadcast_to(b, a.shape)
+            r = np.broadcast_to(b, np.shape(a))
         elif op == AluOp.ADD:
             r = a + b
         elif op == AluOp.SUB:
@@ -109,17 +155,21 @@ def alu_apply(op: int, dst: np.ndarray, a: np.ndarray, b: np.ndarray,
         elif op == AluOp.CLIP:
             r = np.minimum(np.maximum(a, b), b2)
         elif op == AluOp.REQUANT:
-            return requantize(a, b, b2, zero_point)
+            zp, lo, hi = split_requant_imm(imm)
+            return output_stage(a, b, b2, b3, zp, lo, hi)
         else:
             raise ValueError(f"unknown ALU op {op}")
-    return wrap_int32(r)
+    r = np.asarray(r)
+    return r if r.dtype == np.int32 else wrap_int32(r)
+
+
+def _signed(v: int, bits: int) -> int:
+    return v - (1 << bits) if v >> (bits - 1) else v
 
 
 def split_clip_imm(imm: int) -> tuple[int, int]:
     """(lo, hi) of a CLIP immediate: low and high 16 bits, each signed."""
-    lo = imm & 0xFFFF
-    hi = (imm >> 16) & 0xFFFF
-    return (lo - 0x10000 if lo & 0x8000 else lo), (hi - 0x10000 if hi & 0x8000 else hi)
+    return _signed(imm & 0xFFFF, 16), _signed((imm >> 16) & 0xFFFF, 16)
 
 
 def pack_clip_imm(lo: int, hi: int) -> int:
@@ -129,3 +179,28 @@ def pack_clip_imm(lo: int, hi: int) -> int:
             raise ValueError(f"CLIP immediate bounds must be int16, got {v}")
     word = (lo & 0xFFFF) | ((hi & 0xFFFF) << 16)
     return word - (1 << 32) if word & (1 << 31) else word
+
+
+#: REQUANT immediate bits that must be zero (bits 24-31).
+REQUANT_IMM_RESERVED = 0xFF << 24
+
+
+def pack_requant_imm(zero_point: int = 0, lo: int = INT8_MIN, hi: int = INT8_MAX) -> int:
+    """The REQUANT immediate: ``zero_point`` in bits 0-7, ``lo`` in bits 8-15, ``hi`` in
+    bits 16-23, each a signed int8; bits 24-31 zero. ``lo <= hi`` is required
+    (ReLU: ``lo = zero_point``; no activation: ``-128, 127``)."""
+    for name, v in (("zero point", zero_point), ("lo", lo), ("hi", hi)):
+        if not INT8_MIN <= int(v) <= INT8_MAX:
+            raise ValueError(f"REQUANT {name} must be int8 (-128..127), got {v}")
+    if lo > hi:
+        raise ValueError(f"REQUANT clamp bounds are empty: lo {lo} > hi {hi}")
+    return (int(zero_point) & 0xFF) | ((int(lo) & 0xFF) << 8) | ((int(hi) & 0xFF) << 16)
+
+
+def split_requant_imm(imm: int) -> tuple[int, int, int]:
+    """(zero_point, lo, hi) of a REQUANT immediate; ValueError if bits 24-31 are set."""
+    imm = int(imm)
+    if imm & ~0xFFFFFF:
+        raise ValueError(f"REQUANT immediate {imm:#x} has bits 24-31 set; they must be zero "
+                         f"(zero point, lo, hi occupy bits 0-23)")
+    return _signed(imm & 0xFF, 8), _signed((imm >> 8) & 0xFF, 8), _signed((imm >> 16) & 0xFF, 8)

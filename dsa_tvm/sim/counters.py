@@ -2,12 +2,11 @@
 
 from __future__ import annotations
 
-from collections import Counter
 from typing import TYPE_CHECKING
 
 from ..isa.footprint import Footprint
-from ..isa.instructions import Alu, Buffer, Gemm, Instruction, Load, Opcode, Store
-from .timing import Schedule, dma_bytes
+from ..isa.instructions import Alu, AluOp, Buffer, Gemm, Instruction, Load, Opcode, Store, b_rows
+from .timing import Schedule
 
 if TYPE_CHECKING:
     from ..hw.config import HardwareConfig
@@ -17,14 +16,27 @@ COUNTER_DOCS: dict[str, tuple[str, str]] = {
     "cycles": ("cycles", "from the first dispatch to the last completion"),
     "time_us": ("us", "cycles at the configured clock"),
     "instructions": ("", "instructions executed"),
-    "macs": ("MACs", "int8 multiply-accumulates issued to the array"),
-    "mac_utilization": ("", "macs / (cycles x peak MACs per cycle)"),
+    "macs": ("MACs", "array MAC slots issued: GEMM steps x peak MACs per step (padding "
+                     "lanes count; useful MACs follow from the layer shapes)"),
+    "mac_utilization": ("", "array MAC slots issued / peak (padding lanes count): "
+                            "macs / (cycles x peak MACs per cycle)"),
     "alu_lane_ops": ("ops", "int32 vector-lane operations"),
     "dram_read_bytes": ("bytes", "DRAM bytes read by all loads"),
     "dram_write_bytes": ("bytes", "DRAM bytes written by all stores"),
     "dram_busy_cycles": ("cycles", "cycles the DRAM channel was transferring"),
     "dram_utilization": ("", "dram_busy_cycles / cycles"),
     "fetch_stall_cycles": ("cycles", "cycles dispatch waited for a full instruction queue"),
+}
+
+#: per-engine counters ("<engine>.<name>", engine = load, compute, store) -> (unit, meaning)
+ENGINE_COUNTER_DOCS: dict[str, tuple[str, str]] = {
+    "busy_cycles": ("cycles", "cycles the engine was occupied and could not start its next "
+                              "instruction (load/store: channel wait + transfer; the DRAM "
+                              "latency of outstanding transfers is not counted)"),
+    "active_cycles": ("cycles", "cycles with at least one of the engine's instructions "
+                                "between start and completion (DRAM latency included)"),
+    "token_wait_cycles": ("cycles", "cycles the engine's next instruction waited for tokens"),
+    "dram_wait_cycles": ("cycles", "cycles the engine's transfers waited for the DRAM channel"),
 }
 
 
@@ -35,25 +47,36 @@ def collect_counters(instrs: list[Instruction], sched: Schedule, footprints: lis
     c["cycles"] = cycles
     c["time_us"] = cycles / cfg.mhz
     c["instructions"] = len(instrs)
-    kinds = Counter(ins.opcode for ins in instrs)
+    # one pass over the program: instruction kinds, array steps, ALU rows, DRAM bytes
+    kinds = dict.fromkeys(Opcode, 0)
+    gemm_steps = alu_steps = 0
+    rd = {b: 0 for b in ("inp", "wgt", "acc")}
+    wr = {"acc32": 0, "acc8": 0}
+    unit_of = {b: cfg.element_bytes(b) for b in Buffer}
+    rd_of = {Buffer.INP: "inp", Buffer.WGT: "wgt", Buffer.ACC: "acc", Buffer.ACC8: "acc"}
+    for ins in instrs:
+        kinds[ins.opcode] += 1
+        if isinstance(ins, Gemm):
+            gemm_steps += ins.steps
+        elif isinstance(ins, Alu):
+            alu_steps += ins.steps
+        elif isinstance(ins, Load):
+            rd[rd_of[ins.buffer]] += ins.y_size * ins.x_size * unit_of[ins.buffer]
+        elif isinstance(ins, Store):
+            wr["acc8" if ins.buffer == Buffer.ACC8 else "acc32"] += (
+                ins.y_size * ins.x_size * unit_of[ins.buffer])
     for op in Opcode:
-        c[f"instr.{op.name.lower()}"] = kinds.get(op, 0)
-    macs = sum(ins.steps for ins in instrs if isinstance(ins, Gemm)) * cfg.peak_macs_per_cycle
+        c[f"instr.{op.name.lower()}"] = kinds[op]
+    macs = gemm_steps * cfg.peak_macs_per_cycle
     c["macs"] = macs
     c["mac_utilization"] = macs / (cycles * cfg.peak_macs_per_cycle) if cycles else 0.0
-    c["alu_lane_ops"] = sum(ins.steps for ins in instrs if isinstance(ins, Alu)) * cfg.block_out
+    c["alu_lane_ops"] = alu_steps * cfg.block_out
     for eng in ("load", "compute", "store"):
         c[f"{eng}.busy_cycles"] = sched.busy[eng]
+        c[f"{eng}.active_cycles"] = sched.active[eng]
         c[f"{eng}.token_wait_cycles"] = sched.token_wait[eng]
         c[f"{eng}.dram_wait_cycles"] = sched.dram_wait[eng]
     c["fetch_stall_cycles"] = sched.fetch_stall
-    rd = {b: 0 for b in ("inp", "wgt", "acc")}
-    wr = {"acc32": 0, "acc8": 0}
-    for ins in instrs:
-        if isinstance(ins, Load):
-            rd[("inp", "wgt", "acc", "acc")[ins.buffer]] += dma_bytes(ins, cfg)
-        elif isinstance(ins, Store):
-            wr["acc8" if ins.buffer == Buffer.ACC8 else "acc32"] += dma_bytes(ins, cfg)
     for b, v in rd.items():
         c[f"dram_read_bytes.{b}"] = v
     for b, v in wr.items():
@@ -66,7 +89,8 @@ def collect_counters(instrs: list[Instruction], sched: Schedule, footprints: lis
     peak = {b: -1 for b in unit}
     for fp in footprints:
         for sram, _lo, hi in fp.reads + fp.writes:
-            peak[sram] = max(peak[sram], hi)
+            if hi > peak[sram]:
+                peak[sram] = hi
     for b in unit:
         c[f"sram_peak_bytes.{b}"] = (peak[b] + 1) * unit[b]
     if cfg.energy_modelled:
@@ -81,13 +105,16 @@ def collect_counters(instrs: list[Instruction], sched: Schedule, footprints: lis
 
 def _sram_bytes(instrs: list[Instruction], cfg: "HardwareConfig") -> int:
     """Scratchpad bytes read and written (GEMM reads one input row and one weight tile and
-    updates one accumulator row per step; ALU reads 1-3 rows and writes one)."""
+    updates one accumulator row per step; ALU reads row a, its b rows (none with the
+    immediate, two for CLIP, three for REQUANT) and, for MAC, the destination, and writes
+    one row)."""
     total = 0
     for ins in instrs:
         if isinstance(ins, Gemm):
             total += ins.steps * (cfg.inp_row_bytes + cfg.wgt_tile_bytes + 2 * cfg.acc_row_bytes)
         elif isinstance(ins, Alu):
-            total += ins.steps * cfg.acc_row_bytes * (2 if ins.use_imm else 3)
+            rows = 2 + (0 if ins.use_imm else b_rows(ins.op)) + (ins.op == AluOp.MAC)
+            total += ins.steps * cfg.acc_row_bytes * rows
         elif isinstance(ins, Load):
             total += ins.rows_written * cfg.element_bytes(ins.buffer)
         elif isinstance(ins, Store):
@@ -105,6 +132,6 @@ def format_counters(c: dict[str, float], title: str = "DSA counters") -> str:
             val = f"{v:,.4f}" if k.endswith("utilization") else f"{v:,.3f}"
         else:
             val = f"{int(v):,}"
-        doc = COUNTER_DOCS.get(k)
+        doc = COUNTER_DOCS.get(k) or ENGINE_COUNTER_DOCS.get(k.split(".", 1)[-1])
         lines.append(f"{k:<{width}}  {val:>16}" + (f"  {doc[0]}" if doc and doc[0] else ""))
     return "\n".join(lines)

@@ -13,9 +13,11 @@ from functools import lru_cache
 
 import numpy as np
 
-from ..isa.instructions import PAIRED_B_OPS, AluLoop, AluOp, GemmLoop
+from ..isa.instructions import AluLoop, AluOp, GemmLoop, b_rows
 
-_EXACT_F32 = 1 << 24  # float32 sums of int8 products are exact up to here
+#: int8 x int8 products summed exactly in float32: every partial sum of at most this many
+#: products of magnitude <= 128 * 128 = 2**14 is an integer of magnitude <= 2**24
+EXACT_F32_PRODUCTS = (1 << 24) // (128 * 128)
 
 
 def nest_offsets(loops, attr: str) -> np.ndarray:
@@ -42,19 +44,28 @@ def _as_slice(rel: np.ndarray) -> int | None:
 @dataclass(frozen=True)
 class GemmPlan:
     """Levels regrouped as B (all operands move), M (weight fixed), N (input fixed),
-    K (accumulator fixed: the reduction), so a nest is one batched matrix product."""
+    K (accumulator fixed: the reduction), so a nest is one batched matrix product.
+
+    The reduction is cut into ``nchunk`` chunks of ``chunk`` input blocks (at most
+    EXACT_F32_PRODUCTS products per output each), so each chunk's float32 sums are
+    exact integers; the chunk results are added in int32 (wrapping, like the
+    accumulator). When ``nk`` does not split evenly the last chunk is padded: the
+    padding repeats a real input row and meets zero weight rows."""
 
     nb: int
     nm: int
     nn: int
     nk: int
-    inp: np.ndarray        # (nb, nm, nk) offsets
-    wgt: np.ndarray        # (nb, nn, nk)
+    nchunk: int
+    chunk: int
+    inp: np.ndarray        # (nb, nchunk, nm, chunk) input row offsets (padding: a real row)
+    wgt: np.ndarray        # (nb, nn, nk) weight tile offsets
     acc: np.ndarray        # (nb * nm * nn,)
-    inp_run: int | None    # contiguous run length, if the offsets are 0..n-1
+    inp_run: int | None    # contiguous run length, if the offsets are 0..n-1 (one chunk)
     acc_run: int | None
     acc_injective: bool
-    dtype: type
+    wgt_lo: int            # smallest and largest weight tile offset read
+    wgt_hi: int
 
 
 @lru_cache(maxsize=4096)
@@ -80,11 +91,18 @@ def gemm_plan(loops: tuple[GemmLoop, ...], block_in: int) -> GemmPlan:
     inp = nest_offsets(order, "inp")[(full,) * cm + (0,) * (cn - cm)].reshape(nb, nm, nk)
     wgt = nest_offsets(order, "wgt")[(full,) * cb + (0,) * (cm - cb)].reshape(nb, nn, nk)
     acc = nest_offsets(order, "acc")[(Ellipsis,) + (0,) * (len(order) - cn)].reshape(-1)
-    dtype = np.float32 if nk * block_in * 128 * 128 <= _EXACT_F32 else np.float64
+    max_blocks = max(1, EXACT_F32_PRODUCTS // block_in)
+    nchunk = -(-nk // max_blocks)
+    chunk = -(-nk // nchunk)
+    inp_run = _as_slice(inp) if nchunk == 1 else None
+    if nchunk * chunk > nk:
+        inp = np.concatenate([inp, np.repeat(inp[:, :, :1], nchunk * chunk - nk, axis=2)],
+                             axis=2)
+    inp = np.ascontiguousarray(inp.reshape(nb, nm, nchunk, chunk).transpose(0, 2, 1, 3))
     for a in (inp, wgt, acc):
         a.setflags(write=False)
-    return GemmPlan(nb, nm, nn, nk, inp, wgt, acc, _as_slice(inp), _as_slice(acc),
-                    len(np.unique(acc)) == len(acc), dtype)
+    return GemmPlan(nb, nm, nn, nk, nchunk, chunk, inp, wgt, acc, inp_run, _as_slice(acc),
+                    len(np.unique(acc)) == len(acc), int(wgt.min()), int(wgt.max()))
 
 
 @dataclass(frozen=True)
@@ -92,13 +110,37 @@ class AluPlan:
     """Index offsets regrouped as (reduction steps, vector): levels that revisit a
     destination row are stepped in loop order, the others run as one vector op.
     ``vectorized`` is False when an iteration reads a row another iteration writes;
-    then the instruction runs point by point, in loop order."""
+    then the instruction runs point by point, in loop order. ``*_run`` says that
+    every step's offsets of that operand are a contiguous run (``x[r, 0] + 0..n-1``),
+    so the rows are a slice."""
 
     dst: np.ndarray   # (steps, n) offsets from dst_base
     a: np.ndarray     # from dst_base as well (a_base - dst_base folded in)
     b: np.ndarray | None
     vectorized: bool
     in_place: bool    # a is dst at every point
+    dst_run: bool
+    a_run: bool
+    b_run: bool
+    b_period: int | None  # every step's b offsets repeat with this period (< n), if any
+
+
+def _period(x: np.ndarray | None) -> int | None:
+    """Smallest p < n dividing n with x[r] = tile(x[r, :p]) for every step r, else None
+    (then the p parameter rows of a step broadcast over its n points)."""
+    if x is None:
+        return None
+    n = x.shape[1]
+    for p in range(1, n // 2 + 1):
+        if n % p == 0 and (x.reshape(x.shape[0], n // p, p) == x[:, None, :p]).all():
+            return p
+    return None
+
+
+def _runs(x: np.ndarray | None) -> bool:
+    if x is None:
+        return False
+    return bool((x == x[:, :1] + np.arange(x.shape[1], dtype=np.int64)).all())
 
 
 @lru_cache(maxsize=4096)
@@ -118,7 +160,12 @@ def alu_plan(loops: tuple[AluLoop, ...], a_off: int, b_off: int | None, op: AluO
     b2 = None if b is None else regroup(b)
     vec = _alu_vectorizable(op, d.reshape(-1), a.reshape(-1),
                             None if b is None else b.reshape(-1), d2[0])
-    return AluPlan(d2, a2, b2, vec, bool(np.array_equal(a2, d2)))
+    for x in (d2, a2, b2):
+        if x is not None:
+            x.setflags(write=False)
+    b_run = _runs(b2)
+    return AluPlan(d2, a2, b2, vec, bool(np.array_equal(a2, d2)), _runs(d2), _runs(a2),
+                   b_run, None if b_run else _period(b2))
 
 
 def _alu_vectorizable(op: AluOp, d, a, b, d_step) -> bool:
@@ -127,9 +174,7 @@ def _alu_vectorizable(op: AluOp, d, a, b, d_step) -> bool:
     written = np.unique(d)
     reads = [] if op == AluOp.MOV else [a]
     if b is not None:
-        reads.append(b)
-        if op in PAIRED_B_OPS:
-            reads.append(b + 1)
+        reads += [b + k for k in range(b_rows(op))]
     for r in reads:
         hit = np.isin(r, written)
         if hit.any() and not np.array_equal(r[hit], d[hit]):

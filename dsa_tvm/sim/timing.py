@@ -4,9 +4,23 @@ Event-driven and deterministic. The fetch unit dispatches instructions in
 program order into the queue of their engine (stalling while that queue is
 full). Each engine runs its queue in order; an instruction starts when the
 engine is free and the tokens it pops have been pushed. Tokens are pushed when
-the producing instruction completes. DMA transfers share one DRAM channel in
-start order: a transfer occupies it for ``ceil(bytes / bandwidth)`` cycles and
-completes ``latency`` cycles after that (the latency overlaps other transfers).
+the producing instruction completes.
+
+DMA transfers share one DRAM channel in start order: a transfer occupies it for
+``ceil(bytes / bandwidth)`` cycles (starting when both the engine and the
+channel are free) and completes ``latency`` cycles after it leaves the channel.
+The load and store engines are DMA engines with outstanding requests: each is
+free for its next instruction as soon as its transfer has left the channel
+(bus end), so back-to-back transfers on one engine pay the latency once, not
+once each (two loads: bus1 + bus2 + latency). The instruction completes, pushes
+its tokens and ends its trace slice at bus end + latency. Instructions retire in
+program order on every engine: one completes no earlier than the one before it
+on its engine, so a token still means "everything before me on my engine is
+done" (a SYNC issued behind transfers in flight takes its one cycle, frees the
+engine, and completes, pushing its tokens, when they do). ACC/ACC8 loads run on
+the compute engine, whose next instructions may read the rows being loaded and
+have no token to wait with: they hold the compute engine until they complete,
+as any compute instruction.
 
 Costs, all from the config:
 
@@ -14,6 +28,16 @@ Costs, all from the config:
 * GEMM: one cycle per loop point + fill/drain of the array (block_in + block_out)
 * ALU: loop points x ceil(block_out / lanes) + ALU pipeline latency
 * SYNC, FINISH: one cycle
+
+Per instruction the schedule records ``start``, ``end`` (completion) and
+``release`` (when its engine could start the next instruction: ``end``, except
+bus end for pipelined DMA and start + 1 for a SYNC waiting to retire behind
+them). An engine's ``busy`` cycles are the sum of
+``release - start`` over its instructions: the cycles it was occupied and could
+not start anything else (for DMA engines: waiting for the channel and
+transferring; the latency tail overlaps later work and is not counted).
+``active`` cycles are the cycles with at least one of its instructions between
+start and completion (latency included).
 """
 
 from __future__ import annotations
@@ -59,11 +83,13 @@ class Schedule:
     """When every instruction ran, and what each engine spent its cycles on."""
 
     start: np.ndarray
-    end: np.ndarray
+    end: np.ndarray        # completion: tokens pushed, trace slice ends
     engine: np.ndarray
     dispatch: np.ndarray
     cycles: int
+    release: np.ndarray | None = None  # engine free for its next instruction
     busy: dict[str, int] = field(default_factory=dict)
+    active: dict[str, int] = field(default_factory=dict)
     token_wait: dict[str, int] = field(default_factory=dict)
     dram_wait: dict[str, int] = field(default_factory=dict)
     fetch_stall: int = 0
@@ -90,6 +116,7 @@ def schedule(instrs: list[Instruction], cfg: "HardwareConfig",
     """Simulate the timing; ``on_start(i, ins, start, end)`` runs in start-time order."""
     n = len(instrs)
     eng = [int(ins.engine) for ins in instrs]
+    pipelined = (True, False, True)  # DMA engines keep transfers outstanding; compute blocks
     toks = [_token_plan(ins) for ins in instrs]
     bw = cfg.bandwidth_bytes_per_cycle
     # DMA: bus cycles (>= 0, completes `lat` after the bus); others: -duration
@@ -99,11 +126,15 @@ def schedule(instrs: list[Instruction], cfg: "HardwareConfig",
     lat, disp_cycles = cfg.latency_cycles, cfg.dispatch_cycles
     start = [0] * n
     end = [0] * n
+    release = [0] * n
     dispatch = [0] * n
     queues: tuple[deque, ...] = (deque(), deque(), deque())
     free_at = [0, 0, 0]
     tokens: tuple[deque, ...] = (deque(), deque(), deque(), deque())
     busy = [0, 0, 0]
+    active = [0, 0, 0]
+    active_to = [0, 0, 0]  # end of the union of [start, end) intervals counted so far
+    last_end = [0, 0, 0]   # completion of the engine's latest instruction
     token_wait = [0, 0, 0]
     dram_wait = [0, 0, 0]
     bus_free = dram_busy = 0
@@ -165,11 +196,18 @@ def schedule(instrs: list[Instruction], cfg: "HardwareConfig",
             dram_busy += c
             bus.append((i, bus_start, bus_free))
             t1 = bus_free + lat
+            rel = bus_free if pipelined[e] else t1
         else:
-            t1 = t0 - c
-        start[i], end[i] = t0, t1
-        busy[e] += t1 - t0
-        free_at[e] = t1
+            t1 = rel = t0 - c
+        if t1 < last_end[e]:  # retire in program order (a SYNC behind transfers in flight)
+            t1 = last_end[e]
+        last_end[e] = t1
+        start[i], end[i], release[i] = t0, t1, rel
+        busy[e] += rel - t0
+        if t1 > active_to[e]:
+            active[e] += t1 - (t0 if t0 > active_to[e] else active_to[e])
+            active_to[e] = t1
+        free_at[e] = rel
         started[e].append(t0)
         for f in pushes:
             tokens[f].append(t1)
@@ -179,8 +217,10 @@ def schedule(instrs: list[Instruction], cfg: "HardwareConfig",
     names = [e.name.lower() for e in ENGINES]
     return Schedule(np.array(start, dtype=np.int64), np.array(end, dtype=np.int64),
                     np.array(eng, dtype=np.int64), np.array(dispatch, dtype=np.int64),
-                    max(end) if n else 0, dict(zip(names, busy)), dict(zip(names, token_wait)),
-                    dict(zip(names, dram_wait)), fetch_stall, dram_busy, bus)
+                    max(end) if n else 0, np.array(release, dtype=np.int64),
+                    dict(zip(names, busy)), dict(zip(names, active)),
+                    dict(zip(names, token_wait)), dict(zip(names, dram_wait)), fetch_stall,
+                    dram_busy, bus)
 
 
 def _deadlock(instrs, queues, tokens, fetch_idx, eng, depth, toks) -> DeadlockError:

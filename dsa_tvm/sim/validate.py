@@ -1,8 +1,11 @@
 """Static checks of a program against a config, before anything runs.
 
 Every address a loop nest or DMA transfer can reach is known from its fields,
-so out-of-range scratchpad or DRAM accesses, illegal token flags and empty
-loops are rejected up front with the instruction index and the reason.
+so out-of-range scratchpad or DRAM accesses, illegal token flags, empty loops
+and malformed immediates are rejected up front with the instruction index and
+the reason. The encoder's field-width checks run only for programs that do not
+already vouch for them (see ``Program.mark_fields_checked``: decoded, encoded
+and builder-made programs do).
 """
 
 from __future__ import annotations
@@ -14,6 +17,7 @@ from ..isa.footprint import Footprint, footprint
 from ..isa.instructions import (
     TENSOR_ONLY_OPS,
     Alu,
+    AluOp,
     Buffer,
     Engine,
     Finish,
@@ -22,6 +26,7 @@ from ..isa.instructions import (
     Load,
     Store,
 )
+from ..isa.semantics import REQUANT_IMM_RESERVED
 from .errors import SimulationError
 
 if TYPE_CHECKING:
@@ -61,15 +66,19 @@ def validate_program(program: "Program", cfg: "HardwareConfig") -> list[Footprin
     if not ins_list or not isinstance(ins_list[-1], Finish):
         raise SimulationError(len(ins_list) - 1 if ins_list else None,
                               "program does not end with FINISH")
+    check = not program.fields_checked(cfg)
     fps = []
     bounds = [(r.offset, r.offset + r.nbytes, r.kind, r.name) for r in program.regions]
     depths = {"inp": cfg.inp_depth, "wgt": cfg.wgt_depth, "acc": cfg.acc_depth}
+    last = len(ins_list) - 1
     for i, ins in enumerate(ins_list):
-        name = ins.opcode.name
-        _check_tokens(i, ins)
-        if isinstance(ins, Finish) and i != len(ins_list) - 1:
+        d = ins.deps
+        if d.pop_prev or d.push_prev or d.pop_next or d.push_next:
+            _check_tokens(i, ins)
+        if isinstance(ins, Finish) and i != last:
             raise SimulationError(i, "FINISH before the end of the program")
         if isinstance(ins, (Load, Store)):
+            name = ins.opcode.name
             if ins.y_size < 1 or ins.x_size < 1:
                 raise SimulationError(i, f"{name} moves nothing (y_size={ins.y_size}, "
                                          f"x_size={ins.x_size}); both must be >= 1")
@@ -80,26 +89,34 @@ def validate_program(program: "Program", cfg: "HardwareConfig") -> list[Footprin
         if isinstance(ins, (Gemm, Alu)):
             for k, lp in enumerate(ins.loops):
                 if lp.extent < 1:
-                    raise SimulationError(i, f"{name} loop level {k} has extent {lp.extent}; "
-                                             f"extents must be >= 1")
+                    raise SimulationError(i, f"{ins.opcode.name} loop level {k} has extent "
+                                             f"{lp.extent}; extents must be >= 1")
         if isinstance(ins, Alu):
             if ins.use_imm and ins.op in TENSOR_ONLY_OPS:
                 raise SimulationError(i, f"ALU {ins.op.name} reads per-lane parameters from the "
                                          f"accumulator; the immediate form is not allowed")
+            if ins.op == AluOp.REQUANT and ins.imm & REQUANT_IMM_RESERVED:
+                raise SimulationError(i, f"ALU REQUANT immediate {ins.imm & 0xFFFFFFFF:#010x} has "
+                                         f"bits 24-31 set; they must be zero (zero point, lo and "
+                                         f"hi occupy bits 0-23)")
         fp = footprint(ins)
-        for kind, ranges in (("reads", fp.reads), ("writes", fp.writes)):
+        for what, ranges in (("reads", fp.reads), ("writes", fp.writes)):
             for sram, lo, hi in ranges:
                 depth = depths[sram]
-                if lo < 0:
-                    raise SimulationError(i, f"{name} {kind} {sram.upper()} rows {lo}..{hi}: "
-                                             f"negative scratchpad row")
-                if hi >= depth:
-                    raise SimulationError(i, f"{name} {kind} {sram.upper()} rows {lo}..{hi}, "
+                if lo < 0 or hi >= depth:
+                    name = ins.opcode.name
+                    if lo < 0:
+                        raise SimulationError(i, f"{name} {what} {sram.upper()} rows "
+                                                 f"{lo}..{hi}: negative scratchpad row")
+                    raise SimulationError(i, f"{name} {what} {sram.upper()} rows {lo}..{hi}, "
                                              f"past the end of the {depth}-row {sram.upper()} "
                                              f"scratchpad (scratchpad overflow)")
-        try:  # programs built in memory were never encoded: apply the encoder's field checks
-            check_fields(ins, cfg, i)
-        except EncodeError as e:
-            raise SimulationError(i, str(e).split(": ", 1)[-1]) from None
+        if check:  # never encoded nor checked: apply the encoder's field checks
+            try:
+                check_fields(ins, cfg, i)
+            except EncodeError as e:
+                raise SimulationError(i, str(e).split(": ", 1)[-1]) from None
         fps.append(fp)
+    if check:
+        program.mark_fields_checked(cfg)
     return fps
