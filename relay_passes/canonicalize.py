@@ -1,0 +1,198 @@
+"""Graph clean-ups that make imported QDQ graphs matchable, without losing int8 weights.
+
+* ``dedup_dequantize``: ONNX QDQ graphs share one DequantizeLinear between all
+  consumers of a tensor (a residual input feeds a conv and an add). Each
+  pattern owns the dequantize of its inputs, so every consumer gets its own copy.
+* ``int8_data_movement``: Flatten/Reshape/Transpose between QDQ pairs with the same
+  parameters run on the int8 tensor instead of dequantize -> op -> quantize.
+* ``canonicalize_clip``: TVM's ONNX importer turns Clip (opset >= 11) into
+  ``call_tir(maximum/minimum)`` against ``where(isnan(c), -inf, c)`` bounds;
+  constant bounds become one ``R.clip`` (``R.nn.relu`` for [0, inf)) that the
+  patterns and the LLVM build both understand.
+
+FoldConstant is not used: it would fold ``dequantize(int8 weight)`` into a float
+constant and the DSA needs the integers.
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import tvm
+from tvm import relax
+from tvm.ir import Op
+from tvm.ir.expr import GenericConst
+from tvm.relax.expr_functor import PyExprMutator, mutator
+
+
+def _var2val(func: relax.Function) -> dict[relax.Var, relax.Expr]:
+    return dict(relax.analysis.get_var2val(func).items())
+
+
+def _use_counts(func: relax.Function) -> dict[relax.Var, int]:
+    counts: dict[relax.Var, int] = {}
+
+    def visit(e: relax.Expr) -> None:
+        if isinstance(e, relax.Var):
+            counts[e] = counts.get(e, 0) + 1
+
+    relax.analysis.post_order_visit(func.body, visit)
+    return counts
+
+
+def _is_op(e: relax.Expr, name: str) -> bool:
+    return isinstance(e, relax.Call) and isinstance(e.op, Op) and e.op.name == name
+
+
+@mutator
+class _DedupDequantize(PyExprMutator):
+    def __init__(self, mod: tvm.IRModule, shared: dict[relax.Var, relax.Call]):
+        super().__init__(mod)
+        self.shared = shared
+        self.copies: dict[relax.Var, int] = {}
+
+    def visit_call_(self, call: relax.Call) -> relax.Expr:  # noqa: N802 (TVM visitor name)
+        new = super().visit_call_(call)
+        if not any(isinstance(a, relax.Var) and a in self.shared for a in call.args):
+            return new
+        args = []
+        for a in call.args:
+            if isinstance(a, relax.Var) and a in self.shared:
+                dq = self.shared[a]
+                self.copies[a] = self.copies.get(a, 0) + 1
+                args.append(self.builder_.emit(relax.op.dequantize(
+                    self.visit_expr(dq.args[0]), dq.args[1], dq.args[2], int(dq.attrs.axis),
+                    str(dq.attrs.out_dtype)), name_hint=f"{a.name}_{self.copies[a]}"))
+            else:
+                args.append(self.visit_expr(a))
+        return relax.Call(new.op, args, new.attrs, new.ty_args, new.span)
+
+
+def dedup_dequantize(mod: tvm.IRModule) -> tvm.IRModule:
+    """Give every consumer of a shared ``dequantize`` its own copy."""
+    for gv, func in list(mod.functions.items()):
+        if not isinstance(func, relax.Function):
+            continue
+        counts = _use_counts(func)
+        shared = {v: val for v, val in _var2val(func).items()
+                  if _is_op(val, "relax.dequantize") and counts.get(v, 0) > 1}
+        if shared:
+            new = _DedupDequantize(mod, shared).visit_expr(func)
+            mod[gv] = relax.analysis.remove_all_unused(new)
+    return mod
+
+
+def _scalar_const(e: relax.Expr, var2val: dict) -> float | None:
+    """The value of a scalar float constant, seen through the importer's NaN guard."""
+    while isinstance(e, relax.Var) and e in var2val:
+        e = var2val[e]
+    if isinstance(e, GenericConst) and e.value.numpy().size == 1:
+        return float(e.value.numpy().reshape(-1)[0])
+    if _is_op(e, "relax.where"):  # where(isnan(c), +-inf, c)
+        c = _scalar_const(e.args[2], var2val)
+        return c if c is not None and not math.isnan(c) else None
+    return None
+
+
+def _minmax(e: relax.Expr, mod: tvm.IRModule, var2val: dict) -> tuple[str, relax.Expr, float] | None:
+    """('max'|'min', x, bound) for ``call_tir(maximum|minimum, (x, scalar const))``."""
+    while isinstance(e, relax.Var) and e in var2val:
+        e = var2val[e]
+    if not _is_op(e, "relax.call_tir"):
+        return None
+    gv, args = e.args[0], e.args[1]
+    name = gv.name_hint if isinstance(gv, tvm.ir.GlobalVar) else ""
+    kind = "max" if name.startswith("maximum") else "min" if name.startswith("minimum") else None
+    if kind is None or not isinstance(args, relax.Tuple) or len(args.fields) != 2:
+        return None
+    x, b = args.fields
+    bound = _scalar_const(b, var2val)
+    if bound is None or tuple(x.ty.shape) != tuple(e.ty.shape) or str(x.ty.dtype) != "float32":
+        return None
+    return kind, x, bound
+
+
+@mutator
+class _Clip(PyExprMutator):
+    def __init__(self, mod: tvm.IRModule, var2val: dict):
+        super().__init__(mod)
+        self.mod, self.var2val = mod, var2val
+
+    def visit_call_(self, call: relax.Call) -> relax.Expr:  # noqa: N802
+        mm = _minmax(call, self.mod, self.var2val)
+        if mm is None:
+            return super().visit_call_(call)
+        kind, x, bound = mm
+        lo, hi = (bound, math.inf) if kind == "max" else (-math.inf, bound)
+        inner = _minmax(x, self.mod, self.var2val) if kind == "min" else None
+        if inner is not None and inner[0] == "max":
+            x, lo = inner[1], inner[2]
+        x = self.visit_expr(x)
+        if lo == 0.0 and hi == math.inf:
+            return relax.op.nn.relu(x)
+        return relax.op.clip(x, float(np.float32(lo)), float(np.float32(hi)))
+
+
+def canonicalize_clip(mod: tvm.IRModule) -> tvm.IRModule:
+    """Rewrite the importer's Clip (``call_tir`` max/min) into ``R.clip`` / ``R.nn.relu``."""
+    for gv, func in list(mod.functions.items()):
+        if isinstance(func, relax.Function):
+            new = _Clip(mod, _var2val(func)).visit_expr(func)
+            mod[gv] = relax.analysis.remove_all_unused(new)
+    return mod
+
+
+_MOVES = ("relax.reshape", "relax.permute_dims")
+
+
+def _same_qparams(a: relax.Call, b: relax.Call) -> bool:
+    try:
+        return all(np.array_equal(_const(x), _const(y)) for x, y in zip(a.args[1:], b.args[1:])) \
+            and _const(a.args[1]).size == 1 and str(a.attrs.out_dtype) == str(b.args[0].ty.dtype)
+    except TypeError:
+        return False
+
+
+def _const(e: relax.Expr) -> np.ndarray:
+    if not isinstance(e, GenericConst):
+        raise TypeError("not a constant")
+    return e.value.numpy()
+
+
+@mutator
+class _Moves(PyExprMutator):
+    def __init__(self, mod: tvm.IRModule, var2val: dict):
+        super().__init__(mod)
+        self.var2val = var2val
+
+    def _val(self, e: relax.Expr) -> relax.Expr:
+        return self.var2val.get(e, e) if isinstance(e, relax.Var) else e
+
+    def visit_call_(self, call: relax.Call) -> relax.Expr:  # noqa: N802
+        if _is_op(call, "relax.quantize"):
+            mv = self._val(call.args[0])
+            if isinstance(mv, relax.Call) and isinstance(mv.op, Op) and mv.op.name in _MOVES:
+                dq = self._val(mv.args[0])
+                if _is_op(dq, "relax.dequantize") and _same_qparams(call, dq):
+                    x = self.visit_expr(dq.args[0])
+                    return relax.Call(mv.op, [x, *mv.args[1:]], mv.attrs)
+        return super().visit_call_(call)
+
+
+def int8_data_movement(mod: tvm.IRModule) -> tvm.IRModule:
+    """``quantize(reshape|permute_dims(dequantize(x)))`` with unchanged parameters -> the op on int8.
+
+    Exact (dequantize then quantize with the same scale and zero point is the
+    identity on int8), and the CPU then moves bytes instead of doing float math."""
+    for gv, func in list(mod.functions.items()):
+        if isinstance(func, relax.Function):
+            new = _Moves(mod, _var2val(func)).visit_expr(func)
+            mod[gv] = relax.analysis.remove_all_unused(new)
+    return mod
+
+
+def prepare(mod: tvm.IRModule) -> tvm.IRModule:
+    """The clean-ups, in order, on a copy of ``mod``."""
+    mod = tvm.IRModule(dict(mod.functions.items()), attrs=mod.attrs)
+    return dedup_dequantize(int8_data_movement(canonicalize_clip(mod)))

@@ -1,0 +1,188 @@
+"""Turn one merged DSA region function into a :class:`~dsa_tvm.codegen.layers.Region`.
+
+Each composite call inside the region is read back with ``patterns.describe``
+and every real scale is folded into integer parameters here, once, with
+``semantics.quantize_multiplier``; the codegen and the CPU reference then only
+ever see integers. Quantization follows ``real = scale * (q - zero_point)``:
+
+* conv / dense: ``M[c] = s_in * s_w[c] / s_out``; the int32 bias is used as is
+  when its scale is ``s_in * s_w[c]`` (what quantizers emit), else rescaled to it.
+* batch matmul: ``M = s_a * s_b / s_out``.
+* pools: ``M = s_in / s_out``, divided by the window count (avg) or H*W (global).
+* add: ``a_mult = round(s_a / s_y * 2**n)``, ``b_mult`` likewise, REQUANT ``(1, n)``.
+* ReLU / Clip: ``q(clip(v, lo, hi)) = clip(q(v), q(lo), q(hi))`` because
+  quantization is monotone, so they become the REQUANT clip bounds.
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+from tvm import relax
+
+from dsa_tvm.codegen.layers import (
+    Add,
+    BatchMatmul,
+    Conv2d,
+    Dense,
+    GlobalAvgPool,
+    Layer,
+    Pool2d,
+    QTensor,
+    Region,
+    Requant,
+    Rescale,
+)
+from dsa_tvm.isa import semantics as sem
+
+from .patterns import Match, QParams, describe
+from .supported import ADD_MULT_BITS, rescale_factors
+
+
+class LoweringError(ValueError):
+    """A region function that does not have the shape partition_for_dsa produces."""
+
+
+def _requant(factors: np.ndarray, m: Match) -> Requant:
+    pairs = [sem.quantize_multiplier(float(f)) for f in np.asarray(factors, np.float64).reshape(-1)]
+    mult = np.array([p[0] for p in pairs], np.int32)
+    shift = np.array([p[1] for p in pairs], np.int32)
+    return Requant(mult, shift, int(m.out.zero_point[0]), clip_bounds(m))
+
+
+def _q(v: float, scale: float, zp: int) -> int:
+    if math.isinf(v):
+        return sem.INT8_MAX if v > 0 else sem.INT8_MIN
+    return int(np.clip(np.round(np.float32(v) / np.float32(scale)) + zp, sem.INT8_MIN, sem.INT8_MAX))
+
+
+def clip_bounds(m: Match) -> tuple[int, int]:
+    """The fused activation as int8 bounds in the output's integer domain."""
+    if m.act is None:
+        return (sem.INT8_MIN, sem.INT8_MAX)
+    _, lo, hi = m.act
+    s, zp = float(m.out.scale[0]), int(m.out.zero_point[0])
+    return (_q(lo, s, zp), _q(hi, s, zp))
+
+
+def _bias(m: Match, channels: int) -> np.ndarray:
+    if m.bias is None:
+        return np.zeros(channels, np.int32)
+    b = m.bias.value.astype(np.int64).reshape(-1)
+    want = float(m.inputs[0].qp.scale[0]) * np.broadcast_to(
+        m.weight.qp.scale.astype(np.float64), (channels,))
+    have = np.broadcast_to(m.bias.qp.scale.astype(np.float64), (channels,))
+    if np.allclose(have, want, rtol=1e-6, atol=0):
+        return b.astype(np.int32)
+    scaled = np.round(b * have / want)
+    return np.clip(scaled, sem.INT32_MIN, sem.INT32_MAX).astype(np.int32)
+
+
+def _add_params(m: Match) -> tuple[int, int, int]:
+    ra, rb = (float(f) for f in rescale_factors(m))
+    n = ADD_MULT_BITS - 1 - math.floor(math.log2(max(ra, rb)))
+    n = min(max(n, 0), sem.REQUANT_SHIFT_RANGE[1])
+    return int(round(ra * 2 ** n)), int(round(rb * 2 ** n)), n
+
+
+def layer_from_match(m: Match, name: str, inputs: list[QTensor], output: QTensor) -> Layer:
+    """The integer layer description of one matched pattern."""
+    k = m.kind
+    if k == "conv2d":
+        a = m.op.attrs
+        w = m.weight.value.astype(np.int8)
+        pads = tuple(int(p) for p in a.padding)
+        return Conv2d(name, inputs[0], output, w, _bias(m, w.shape[0]),
+                      tuple(int(s) for s in a.strides), pads,  # relax order: top, left, bottom, right
+                      tuple(int(d) for d in a.dilation), int(a.groups),
+                      _requant(rescale_factors(m), m))
+    if k == "dense":
+        w = m.weight.value.astype(np.int8)
+        w = w if m.weight_transposed else np.ascontiguousarray(w.T)
+        return Dense(name, inputs[0], output, w, _bias(m, w.shape[0]), _requant(rescale_factors(m), m))
+    if k == "batch_matmul":
+        return BatchMatmul(name, inputs[0], inputs[1], output, _requant(rescale_factors(m), m))
+    if k in ("max_pool2d", "avg_pool2d"):
+        a = m.op.attrs
+        return Pool2d(name, k[:3], inputs[0], output, tuple(int(v) for v in a.pool_size),
+                      tuple(int(v) for v in a.strides), tuple(int(v) for v in a.padding),
+                      _requant(rescale_factors(m), m))
+    if k == "global_avg_pool":
+        return GlobalAvgPool(name, inputs[0], output, _requant(rescale_factors(m), m))
+    if k == "add":
+        am, bm, n = _add_params(m)
+        rq = Requant(np.array([1], np.int32), np.array([n], np.int32), int(m.out.zero_point[0]),
+                     clip_bounds(m))
+        return Add(name, inputs[0], inputs[1], output, am, bm, rq)
+    if k in ("relu", "clip", "rescale"):
+        return Rescale(name, inputs[0], output, _requant(rescale_factors(m), m))
+    raise LoweringError(f"no layer for pattern kind '{k}'")
+
+
+def _qt(name: str, shape: tuple[int, ...], qp: QParams) -> QTensor:
+    return QTensor(name, tuple(int(d) for d in shape), float(qp.scale[0]), int(qp.zero_point[0]))
+
+
+def _bindings(body: relax.Expr) -> list[relax.Binding]:
+    if not isinstance(body, relax.SeqExpr):
+        return []
+    return [b for blk in body.blocks for b in blk.bindings]
+
+
+def region_from_function(func: relax.Function, name: str) -> Region:
+    """The Region of a merged ``Codegen="dsa"`` function (layers in topological order)."""
+    names: dict[relax.Var, str] = {}
+    used: set[str] = set()
+
+    def tname(v: relax.Var) -> str:
+        if v not in names:
+            base = n = v.name
+            i = 1
+            while n in used:
+                n, i = f"{base}_{i}", i + 1
+            names[v] = n
+            used.add(n)
+        return names[v]
+
+    for p in func.params:
+        tname(p)
+    local_funcs: dict[relax.Var, relax.Function] = {}
+    tensors: dict[str, QTensor] = {}
+    inputs: dict[str, QTensor] = {}
+    layers: list[Layer] = []
+    for b in _bindings(func.body):
+        val = b.value
+        if isinstance(val, relax.Function):
+            local_funcs[b.var] = val
+            continue
+        if not (isinstance(val, relax.Call) and val.op in local_funcs):
+            raise LoweringError(f"region {name}: unexpected binding {b.var.name} (not a composite call)")
+        comp = local_funcs[val.op]
+        kind = str(comp.attrs["Composite"]).split(".", 1)[1]
+        var2val = {cb.var: cb.value for cb in _bindings(comp.body)}
+        m = describe(kind, comp.body.body, var2val)
+        arg_of = {p: a for p, a in zip(comp.params, val.args)}
+        ins = []
+        for op in m.inputs:
+            src = arg_of.get(op.expr)
+            if not isinstance(src, relax.Var):
+                raise LoweringError(f"region {name}: input of {b.var.name} is not a region tensor")
+            qt = _qt(tname(src), op.shape, op.qp)
+            if src in func.params:
+                inputs.setdefault(qt.name, qt)
+            ins.append(qt)
+        out = _qt(tname(b.var), m.out_shape, m.out)
+        tensors[out.name] = out
+        layers.append(layer_from_match(m, f"{name}.{len(layers)}:{m.kind}", ins, out))
+    ret = func.body.body if isinstance(func.body, relax.SeqExpr) else func.body
+    rets = list(ret.fields) if isinstance(ret, relax.Tuple) else [ret]
+    outs = []
+    for r in rets:
+        if not isinstance(r, relax.Var) or tname(r) not in tensors:
+            raise LoweringError(f"region {name}: output is not produced by a layer")
+        outs.append(tensors[tname(r)])
+    missing = [p.name for p in func.params if tname(p) not in inputs]
+    if missing:
+        raise LoweringError(f"region {name}: parameters {missing} are not used by any layer")
+    return Region(name, [inputs[tname(p)] for p in func.params], outs, layers)

@@ -1,0 +1,246 @@
+"""Partition a QDQ Relax module into DSA regions and say why everything else stays on the CPU.
+
+``partition_for_dsa(mod, cfg)`` = canonicalize (``canonicalize.prepare``) ->
+``FuseOpsByPattern`` with the DSA pattern table and check functions ->
+``MergeCompositeFunctions`` (consecutive DSA layers become one region, codegen
+``"dsa"``). The report is computed from the same table and predicates: for
+every quantize in the graph it replays the pattern order FuseOpsByPattern uses,
+so each op left on the CPU carries the constraint that kept it there.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+import numpy as np
+import tvm
+from tvm import relax
+from tvm.ir import Op
+from tvm.relax.transform import FusionPattern, PatternCheckContext
+
+from dsa_tvm.codegen.layers import Region
+from dsa_tvm.hw.config import HardwareConfig, load_config
+
+from .canonicalize import prepare
+from .patterns import NotAMatch, PatternSpec, describe, pattern_specs
+from .supported import check
+
+CODEGEN = "dsa"
+
+
+def _make_check(spec: PatternSpec, cfg: HardwareConfig):
+    def _check(ctx: PatternCheckContext) -> bool:
+        bindings = dict(ctx.matched_bindings.items())
+        try:
+            m = describe(spec.kind, ctx.annotated_expr["root"], bindings)
+        except NotAMatch:
+            return False
+        return check(m, cfg)[0]
+
+    return _check
+
+
+def fusion_patterns(cfg: HardwareConfig) -> list[FusionPattern]:
+    """The pattern table as FuseOpsByPattern entries, checks bound to ``cfg``."""
+    return [FusionPattern(s.name, s.pattern, {"root": s.pattern}, _make_check(s, cfg))
+            for s in pattern_specs()]
+
+
+# ----------------------------------------------------------------------------- report
+
+
+@dataclass
+class CpuOp:
+    var: str
+    op: str
+    reason: str
+    macs: int = 0     # multiply-accumulates of a conv2d / matmul left on the CPU
+
+
+@dataclass
+class RegionInfo:
+    name: str
+    layers: list[str]
+    macs: int
+    error: str = ""  # lowering to layer descriptions failed (the region then stays on the CPU)
+
+
+@dataclass
+class PartitionReport:
+    config: str
+    regions: list[RegionInfo] = field(default_factory=list)
+    cpu_ops: list[CpuOp] = field(default_factory=list)
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+    def to_json(self) -> str:
+        return json.dumps(self.to_dict(), indent=2)
+
+    def __str__(self) -> str:
+        lines = [f"DSA partition for '{self.config}': {len(self.regions)} region(s), "
+                 f"{len(self.cpu_ops)} op(s) on the CPU"]
+        for r in self.regions:
+            lines.append(f"  region {r.name}: {len(r.layers)} layer(s), {r.macs} MACs"
+                         + (f"  [lowering failed: {r.error}]" if r.error else ""))
+            lines += [f"    {ly}" for ly in r.layers]
+        for c in self.cpu_ops:
+            lines.append(f"  CPU {c.var} = {c.op}: {c.reason}")
+        return "\n".join(lines)
+
+
+def _op_name(call: relax.Call) -> str:
+    if isinstance(call.op, Op):
+        if call.op.name == "relax.call_tir":
+            return f"call_tir({call.args[0].name_hint})"
+        return call.op.name
+    return getattr(call.op, "name_hint", str(call.op))
+
+
+def pattern_decisions(mod: tvm.IRModule, cfg: HardwareConfig) -> dict[str, str]:
+    """var name -> why the DSA does not take it, for every binding of a failed pattern match."""
+    func = mod["main"]
+    var2val = dict(relax.analysis.get_var2val(func).items())
+    bound = {id(v): k for k, v in var2val.items()}
+    specs = pattern_specs()
+    reasons: dict[str, str] = {}
+    for var, val in var2val.items():
+        if not (isinstance(val, relax.Call) and isinstance(val.op, Op)
+                and val.op.name == "relax.quantize"):
+            continue
+        first_fail = None
+        for s in specs:
+            if not s.pattern.match(val, var2val):
+                continue
+            try:
+                m = describe(s.kind, val, var2val)
+            except NotAMatch:
+                continue
+            ok, why = check(m, cfg)
+            if ok:
+                first_fail = None
+                break
+            if first_fail is None:
+                first_fail = (s, m, why)
+        if first_fail is None:
+            continue
+        s, m, why = first_fail
+        anchor = bound.get(id(m.op))
+        aname = anchor.name if anchor is not None else var.name
+        for c in m.calls:
+            v = bound.get(id(c))
+            if v is None:
+                continue
+            if v is anchor:
+                reasons[v.name] = f"{s.name} ({s.variant}) not supported: {why}"
+            else:
+                reasons[v.name] = f"part of {s.name} {aname}, not supported: {why}"
+    return reasons
+
+
+def _cpu_ops(mod: tvm.IRModule, reasons: dict[str, str]) -> list[CpuOp]:
+    out = []
+    for var, val in relax.analysis.get_var2val(mod["main"]).items():
+        if not isinstance(val, relax.Call):
+            continue
+        if isinstance(val.op, tvm.ir.GlobalVar):
+            f = mod[val.op]
+            if f.attrs is not None and "Codegen" in f.attrs:
+                continue
+        name = _op_name(val)
+        why = reasons.get(var.name)
+        if why is None:
+            if name == "relax.quantize" and str(val.args[0].ty.dtype).startswith("float"):
+                why = "no DSA pattern for op relax.quantize of a float tensor (graph input or CPU op)"
+            elif name == "relax.dequantize" and isinstance(val.args[0], relax.Var) and \
+                    var.name not in reasons:
+                why = "no DSA pattern for op relax.dequantize (graph output or feeds a CPU op)"
+            else:
+                why = f"no DSA pattern for op {name}"
+        out.append(CpuOp(var.name, name, why, _op_macs(val)))
+    return out
+
+
+def _shape(e: relax.Expr) -> list[int] | None:
+    try:
+        return [int(d) for d in e.ty.shape]
+    except (AttributeError, TypeError, ValueError):
+        return None
+
+
+def _op_macs(call: relax.Call) -> int:
+    """MACs of a conv2d or matmul call (0 for other ops or unknown shapes)."""
+    if not isinstance(call.op, Op):
+        return 0
+    out = _shape(call)
+    if call.op.name == "relax.nn.conv2d":
+        w = _shape(call.args[1])
+        if out and w:
+            return int(np.prod(out)) * int(np.prod(w[1:]))
+    if call.op.name == "relax.matmul":
+        a = _shape(call.args[0])
+        if out and a:
+            return int(np.prod(out)) * a[-1]
+    return 0
+
+
+def region_functions(mod: tvm.IRModule) -> list[tuple[tvm.ir.GlobalVar, relax.Function]]:
+    """The DSA region functions of a partitioned module, in call order of ``main``."""
+    order = []
+    for val in relax.analysis.get_var2val(mod["main"]).values():
+        if isinstance(val, relax.Call) and isinstance(val.op, tvm.ir.GlobalVar):
+            f = mod[val.op]
+            if f.attrs is not None and f.attrs.get("Codegen") == CODEGEN:
+                order.append((val.op, f))
+    return order
+
+
+def partition_only(mod: tvm.IRModule, cfg: HardwareConfig, prepared: bool = False) -> tvm.IRModule:
+    """Canonicalize (unless ``prepared``), fuse the DSA patterns, merge them into regions.
+
+    ``annotate_codegen`` stays False: MergeCompositeFunctions only merges bare
+    composites (with True every layer would become its own region)."""
+    if not prepared:
+        mod = prepare(mod)
+    mod = relax.transform.FuseOpsByPattern(fusion_patterns(cfg), bind_constants=True,
+                                           annotate_codegen=False)(mod)
+    return relax.transform.MergeCompositeFunctions()(mod)
+
+
+def partition_for_dsa(mod: tvm.IRModule, cfg: HardwareConfig | str | None = None
+                      ) -> tuple[tvm.IRModule, PartitionReport]:
+    """Partitioned module (regions are functions with ``Codegen="dsa"``) and its report."""
+    from .lower import region_from_function
+
+    cfg = load_config(cfg)
+    mod = prepare(mod)
+    reasons = pattern_decisions(mod, cfg)
+    part = partition_only(mod, cfg, prepared=True)
+    report = PartitionReport(cfg.name)
+    for i, (_gv, f) in enumerate(region_functions(part)):
+        name = f"dsa_region{i}"  # the name offload_regions gives the same region
+        try:
+            region: Region = region_from_function(f, name)
+            report.regions.append(RegionInfo(name, [describe_layer(ly) for ly in region.layers],
+                                             region.macs))
+        except Exception as e:  # reported, and offload keeps it on the CPU
+            report.regions.append(RegionInfo(name, [], 0, f"{type(e).__name__}: {e}"))
+    report.cpu_ops = _cpu_ops(part, reasons)
+    return part, report
+
+
+def describe_layer(ly) -> str:
+    """One line per layer for the report: kind, name, shapes."""
+    ins = [t.shape for t in (getattr(ly, "a", None), getattr(ly, "b", None),
+                             getattr(ly, "input", None)) if t is not None]
+    extra = ""
+    if hasattr(ly, "weight"):
+        extra = f" w{tuple(ly.weight.shape)}"
+    if hasattr(ly, "groups") and ly.groups > 1:
+        extra += f" groups={ly.groups}"
+    if hasattr(ly, "kind"):
+        extra += f" {ly.kind}"
+    ins_s = " + ".join(str(tuple(s)) for s in ins)
+    return f"{type(ly).__name__} {ly.name}: {ins_s}{extra} -> {tuple(ly.output.shape)}"
