@@ -4,16 +4,21 @@ The device layer (hardware descriptions, instruction set, simulator) imports
 no TVM; the compiler layers above it do.
 """
 
+from .api import compile, last_compile_report, last_run_report, setup  # noqa: A004
 from .hw.config import ConfigError, HardwareConfig, load_config, preset_names
 from .isa.builder import ProgramBuilder
 from .isa.disasm import disassemble
 from .isa.program import Program
 from .sim.errors import DeadlockError, HazardError, SimulationError
 from .sim.simulator import SimResult, Simulator
+from .target import target
+
+setup()
 
 __version__ = "0.1.0"
 
 __all__ = [
     "ConfigError", "DeadlockError", "HardwareConfig", "HazardError", "Program", "ProgramBuilder",
-    "SimResult", "SimulationError", "Simulator", "disassemble", "load_config", "preset_names",
+    "SimResult", "SimulationError", "Simulator", "compile", "disassemble", "last_compile_report",
+    "last_run_report", "load_config", "preset_names", "setup", "target",
 ]

@@ -47,6 +47,30 @@ def cmd_demo(args: argparse.Namespace) -> int:
     return 0 if exact else 1
 
 
+def cmd_run_model(args: argparse.Namespace) -> int:
+    """Compile a model for the DSA, run it on the simulator, print the reports."""
+    from .flow import output_step, run_model
+
+    res = run_model(args.model, args.hw, seed=args.seed)
+    print(res.compile_report)
+    print()
+    print(res.run_report)
+    agree = res.agreement(output_step(args.model))
+    print(f"\nagainst onnxruntime (same QDQ graph): max |diff| {agree['max_abs_diff']:.4g}"
+          + (f" = {agree['max_steps']:.2f} quantization steps, "
+             f"{agree['fraction_differing']:.2%} of outputs differ" if "max_steps" in agree
+             else "") + f", cosine {agree['cosine']:.6f}")
+    t = res.timings
+    print(f"import {t['import_s']:.2f} s, compile {t['compile_s']:.2f} s, "
+          f"run (simulated) {t['run_s']:.2f} s")
+    if args.trace:
+        print(f"trace: {res.run_report.write_trace(args.trace)} (open in https://ui.perfetto.dev)")
+    if args.json:
+        Path(args.json).write_text(res.run_report.to_json())
+        print(f"report: {args.json}")
+    return 0 if agree.get("max_steps", 0.0) <= 1.0 + 1e-6 else 1
+
+
 def cmd_hw(args: argparse.Namespace) -> int:
     names = [args.preset] if args.preset else preset_names()
     for name in names:
@@ -96,6 +120,14 @@ def build_parser() -> argparse.ArgumentParser:
     d.add_argument("--trace", help="write a Perfetto/Chrome trace JSON here")
     d.add_argument("--save", help="write the program container here")
     d.set_defaults(fn=cmd_demo)
+    m = sub.add_parser("run", help="compile a model (ONNX file or bundled name) for the DSA, "
+                                   "run it on the simulator and print the per-layer report")
+    m.add_argument("model", nargs="?", default="small_cnn")
+    m.add_argument("--seed", type=int, default=0)
+    m.add_argument("--trace", help="write the whole model's Perfetto trace here")
+    m.add_argument("--json", help="write the run report as JSON here")
+    _hw_arg(m)
+    m.set_defaults(fn=cmd_run_model)
     h = sub.add_parser("hw", help="show hardware presets or one description")
     h.add_argument("preset", nargs="?")
     h.set_defaults(fn=cmd_hw)
@@ -104,7 +136,7 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--words", action="store_true", help="show the encoded words too")
     _hw_arg(s)
     s.set_defaults(fn=cmd_disasm)
-    r = sub.add_parser("run", help="run a program container on the simulator")
+    r = sub.add_parser("sim", help="run a program container on the simulator")
     r.add_argument("program")
     r.add_argument("--inputs", help=".npz of input arrays by region name (default zeros)")
     r.add_argument("--outputs", help="write the outputs to this .npz")
@@ -120,7 +152,7 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else list(argv)
     if not argv or (argv[0].startswith("-") and argv[0] not in ("-h", "--help")):
-        argv = ["demo", *argv]  # the main job: the demo, on the default preset unless --hw
+        argv = ["run", *argv]  # the main job: the bundled model, default preset unless --hw
     args = build_parser().parse_args(argv)
     try:
         return args.fn(args)

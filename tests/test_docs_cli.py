@@ -30,10 +30,10 @@ def test_isa_reference_lists_every_field_with_its_width():
                f"{fmt.total_bits(cfg)} |" in text
 
 
-def test_main_job_runs_the_demo_bit_exact(capsys, tmp_path):
+def test_device_demo_runs_bit_exact(capsys, tmp_path):
     trace = tmp_path / "t.json"
     prog = tmp_path / "demo.dsa"
-    assert main(["--trace", str(trace), "--save", str(prog)]) == 0
+    assert main(["demo", "--trace", str(trace), "--save", str(prog)]) == 0
     out = capsys.readouterr().out
     assert "bit-exact against the numpy reference: yes" in out
     assert "cycles" in out and "dram_read_bytes" in out
@@ -42,7 +42,7 @@ def test_main_job_runs_the_demo_bit_exact(capsys, tmp_path):
     # the saved container disassembles and runs again, timing only
     assert main(["disasm", str(prog)]) == 0
     assert "GEMM" in capsys.readouterr().out
-    assert main(["run", str(prog), "--timing-only"]) == 0
+    assert main(["sim", str(prog), "--timing-only"]) == 0
 
 
 @pytest.mark.parametrize("preset", ["edge", "large"])
@@ -53,21 +53,21 @@ def test_demo_on_other_presets(capsys, preset):
 
 def test_run_writes_outputs(tmp_path, capsys):
     prog = tmp_path / "demo.dsa"
-    main(["--save", str(prog)])
+    main(["demo", "--save", str(prog)])
     from dsa_tvm.demo import demo_program
 
     _, inputs, ref = demo_program(load_config("default"))
     np.savez(tmp_path / "in.npz", **inputs)
-    assert main(["run", str(prog), "--inputs", str(tmp_path / "in.npz"),
+    assert main(["sim", str(prog), "--inputs", str(tmp_path / "in.npz"),
                  "--outputs", str(tmp_path / "out.npz")]) == 0
     assert np.array_equal(np.load(tmp_path / "out.npz")["out"], ref)
 
 
 def test_cli_errors_are_clear(capsys, tmp_path):
     prog = tmp_path / "demo.dsa"
-    main(["--save", str(prog)])
+    main(["demo", "--save", str(prog)])
     capsys.readouterr()
-    assert main(["run", str(prog), "--hw", "edge"]) == 2
+    assert main(["sim", str(prog), "--hw", "edge"]) == 2
     assert "built for another hardware config" in capsys.readouterr().err
     assert main(["demo", "--hw", "nosuchpart"]) == 2
     assert "unknown hardware preset 'nosuchpart'" in capsys.readouterr().err

@@ -108,6 +108,14 @@ FIELDS: tuple[FieldSpec, ...] = (
          "Width of every instruction word. Each format's fields, sized from the scratchpad "
          "depths above, must fit in it.", "multiple of 64, 64..1024",
          lambda v: v % 64 == 0 and 64 <= v <= 1024, 256),
+    # --- the host CPU the DSA is attached to (for the offload cost model)
+    _float("host", "cpu_gmacs", "GMAC/s",
+           "int8 multiply-accumulates per second the host CPU sustains on layers the DSA "
+           "could take; a region is offloaded only when the DSA is estimated faster.",
+           "> 0", lambda v: v > 0, 20.0),
+    _float("host", "launch_overhead_us", "us",
+           "Host time to start one DSA region (pack inputs, launch, unpack outputs).",
+           ">= 0", lambda v: v >= 0, 20.0),
     # --- energy (optional; 0 means not modelled)
     _float("energy", "mac_pj", "pJ", "Energy of one int8 MAC.", ">= 0", lambda v: v >= 0, 0.0),
     _float("energy", "alu_lane_op_pj", "pJ", "Energy of one int32 vector-lane operation.", ">= 0",

@@ -1,0 +1,99 @@
+"""The whole flow on one model: import, compile for the DSA, run, compare, report.
+
+Used by the command line (``dsa-tvm``, ``dsa-tvm run MODEL``) and the tutorials.
+``MODEL`` is an ONNX file (FP32 or QDQ int8) or the name of a bundled model.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from .hw.config import HardwareConfig, load_config
+
+
+@dataclass
+class FlowResult:
+    model: str
+    hardware: HardwareConfig
+    outputs: list[np.ndarray]
+    reference: list[np.ndarray]
+    compile_report: Any
+    run_report: Any
+    timings: dict[str, float] = field(default_factory=dict)
+
+    def agreement(self, step: float | None) -> dict[str, float]:
+        """How the DSA outputs compare with onnxruntime on the same QDQ graph."""
+        got, ref = self.outputs[0].astype(np.float64), self.reference[0].astype(np.float64)
+        out = {"max_abs_diff": float(np.abs(got - ref).max())}
+        if step:
+            steps = np.abs(got - ref) / step
+            out["max_steps"] = float(steps.max())
+            out["fraction_differing"] = float((steps > 0.5).mean())
+        denom = np.linalg.norm(got) * np.linalg.norm(ref)
+        out["cosine"] = float((got.ravel() @ ref.ravel()) / denom) if denom else 1.0
+        return out
+
+
+def load_model(model: str | Path):
+    """(onnx.ModelProto, display name): a file path, or a bundled model name (quantized)."""
+    import onnx
+
+    p = Path(str(model))
+    if p.suffix == ".onnx" or p.exists():
+        return onnx.load(str(p)), p.name
+    from .models.zoo import get_model, list_models
+
+    if str(model) not in list_models():
+        raise FileNotFoundError(f"no ONNX file '{model}' and no bundled model of that name "
+                                f"(bundled: {', '.join(list_models())})")
+    return get_model(str(model), quantized=True), str(model)
+
+
+def run_model(model: str | Path, hw: "str | Path | HardwareConfig | None" = None,
+              seed: int = 0, verbose: bool = True) -> FlowResult:
+    """Compile ``model`` for ``hw``, run one input on the simulator, compare with ORT."""
+    import tvm
+    from tvm import relax
+    from tvm.relax.frontend.onnx import from_onnx
+
+    from . import api
+    from .models.quantize import calibration_data, run_onnxruntime
+    from .runtime import take_launches
+    from .target import target
+
+    cfg = load_config(hw)
+    onnx_model, name = load_model(model)
+    say = print if verbose else (lambda *a, **k: None)
+    t = {}
+    t0 = time.perf_counter()
+    mod = from_onnx(onnx_model, keep_params_in_input=False)
+    t["import_s"] = time.perf_counter() - t0
+    say(f"compiling {name} for {cfg.summary()}")
+    t0 = time.perf_counter()
+    ex = tvm.compile(mod, target=target(cfg))
+    t["compile_s"] = time.perf_counter() - t0
+    crep = api.last_compile_report()
+    vm = relax.VirtualMachine(ex, tvm.cpu())
+    feed = calibration_data(onnx_model, n=1, seed=seed + 99)[0]
+    (in_name, x), = feed.items()
+    take_launches()
+    t0 = time.perf_counter()
+    out = vm["main"](tvm.runtime.tensor(x))
+    t["run_s"] = time.perf_counter() - t0
+    outs = [out.numpy()] if hasattr(out, "numpy") else [o.numpy() for o in out]
+    ref = run_onnxruntime(onnx_model, {in_name: x}, optimize=False)
+    rrep = api.last_run_report()
+    return FlowResult(name, cfg, outs, ref, crep, rrep, t)
+
+
+def output_step(model: str | Path) -> float | None:
+    from .models.quantize import output_quant_steps
+
+    onnx_model, _ = load_model(model)
+    steps = [v for v in output_quant_steps(onnx_model).values() if v]
+    return steps[0] if steps else None

@@ -1,0 +1,72 @@
+"""Tensor layouts between the Relax graph (NCHW, row-major matrices) and the DSA.
+
+The DSA keeps activations channel-blocked: ``[N][H][W][CB][block]`` int8, with
+channels padded up to whole blocks, so one scratchpad row is one pixel's block
+of channels. A matrix ``(..., K)`` is an image of ``prod(...)`` rows, one pixel
+wide. The runtime packs inputs and unpacks outputs with these functions; the
+compiler packs constants with them.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+
+def ceil_div(a: int, b: int) -> int:
+    return -(-a // b)
+
+
+def image_dims(shape: tuple[int, ...]) -> tuple[int, int, int, int]:
+    """(N, C, H, W) of a logical activation: NCHW, or a matrix (..., K) as N=1, H=rows, W=1."""
+    if len(shape) == 4:
+        n, c, h, w = shape
+        return n, c, h, w
+    rows = int(np.prod(shape[:-1])) if len(shape) > 1 else 1
+    return 1, shape[-1], rows, 1
+
+
+def blocked_shape(shape: tuple[int, ...], block: int) -> tuple[int, int, int, int, int]:
+    n, c, h, w = image_dims(shape)
+    return n, h, w, ceil_div(c, block), block
+
+
+def pack_activation(x: np.ndarray, block: int) -> np.ndarray:
+    """Logical NCHW or (..., K) int8 -> [N][H][W][CB][block], zero-padded channels."""
+    n, c, h, w = image_dims(x.shape)
+    img = x.reshape(n, c, h, w) if x.ndim == 4 else x.reshape(1, h, c).transpose(0, 2, 1)[
+        ..., None]
+    cb = ceil_div(c, block)
+    out = np.zeros((n, h, w, cb * block), dtype=x.dtype)
+    out[..., :c] = img.transpose(0, 2, 3, 1)
+    return out.reshape(n, h, w, cb, block)
+
+
+def unpack_activation(y: np.ndarray, shape: tuple[int, ...]) -> np.ndarray:
+    """[N][H][W][CB][block] -> the logical shape (drops padded channels)."""
+    n, c, h, w = image_dims(shape)
+    flat = y.reshape(n, h, w, -1)[..., :c]
+    if len(shape) == 4:
+        return np.ascontiguousarray(flat.transpose(0, 3, 1, 2))
+    return np.ascontiguousarray(flat.reshape(h, c)).reshape(shape)
+
+
+def pack_conv_weights(w: np.ndarray, block_in: int, block_out: int) -> np.ndarray:
+    """int8 [O, I, KH, KW] -> [OB][KH][KW][IB][block_out][block_in] tiles, zero padded."""
+    o, i, kh, kw = w.shape
+    ob, ib = ceil_div(o, block_out), ceil_div(i, block_in)
+    p = np.zeros((ob * block_out, ib * block_in, kh, kw), dtype=np.int8)
+    p[:o, :i] = w
+    return np.ascontiguousarray(
+        p.reshape(ob, block_out, ib, block_in, kh, kw).transpose(0, 4, 5, 2, 1, 3))
+
+
+def pack_output_stage(bias: np.ndarray, mult: np.ndarray, shift: np.ndarray,
+                      block_out: int) -> np.ndarray:
+    """Per-channel (bias, multiplier, shift) -> the [OB][3][block_out] REQUANT table.
+
+    Padded channels get multiplier 0 (their outputs are the zero point, never read)."""
+    o = len(bias)
+    ob = ceil_div(o, block_out)
+    t = np.zeros((ob * block_out, 3), dtype=np.int32)
+    t[:o, 0], t[:o, 1], t[:o, 2] = bias, mult, shift
+    return np.ascontiguousarray(t.reshape(ob, block_out, 3).transpose(0, 2, 1))

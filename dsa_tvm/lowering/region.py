@@ -1,0 +1,140 @@
+"""Compile a Region (integer layers) into one DSA program.
+
+Every tensor of the region gets a DRAM region in the DSA's blocked layout:
+the region's inputs and outputs (the runtime packs and unpacks them), its
+intermediates (scratch), and each layer's constants (weights, output-stage
+table). Each layer becomes TIR (``tir_schedules.compute`` for the MAC array,
+``tir_schedules.compute_vector`` for the vector unit), is scheduled (default
+knobs, or tuned ones) and walked into instructions; the dependency tokens of
+the whole program are derived at the end. What each layer kind needs is in
+:mod:`.kinds`; :func:`lowering_supports` answers from the same recipes, so the
+partitioner keeps on the CPU exactly the layers this module cannot lower.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+from ..codegen.layers import Conv2d, Dense, Layer, QTensor, Region
+from ..codegen.walker import TirWalker
+from ..hw.config import HardwareConfig
+from ..isa.builder import ProgramBuilder
+from ..isa.program import Program
+from ..isa.sync import insert_dependencies
+from .kinds import UnsupportedLayer, recipe
+from .layouts import blocked_shape
+
+__all__ = ["CompiledRegion", "LayerPlan", "UnsupportedLayer", "compile_region", "conv_shape",
+           "lowering_supports"]
+
+
+@dataclass
+class LayerPlan:
+    """What the codegen decided for one layer: its TIR shape and schedule knobs."""
+
+    layer: Layer
+    shape: object
+    knobs: object
+    seconds: float = 0.0
+
+
+@dataclass
+class CompiledRegion:
+    program: Program
+    plans: list[LayerPlan] = field(default_factory=list)
+
+
+def conv_shape(layer: Conv2d | Dense, cfg: HardwareConfig):
+    """The blocked TIR shape of a conv (groups = 1) or dense layer."""
+    return recipe(layer, cfg, consts=False).shape
+
+
+def lowering_supports(layer: Layer, cfg: HardwareConfig) -> str | None:
+    """None if :func:`compile_region` can lower ``layer`` for ``cfg``, else why not.
+
+    Cheap (no TIR is built): the layer's recipe, and at least one schedule whose
+    tiles fit the scratchpads."""
+    try:
+        r = recipe(layer, cfg, consts=False)
+    except UnsupportedLayer as e:
+        return str(e)
+    if not r.candidates(cfg, r.shape):
+        try:
+            r.default_knobs(cfg, r.shape)
+        except ValueError as e:
+            return str(e)
+        return "no schedule fits the scratchpads"
+    return None
+
+
+KnobChooser = Callable[[HardwareConfig, object], object]
+
+
+def compile_region(region: Region, cfg: HardwareConfig,
+                   choose_knobs: KnobChooser | None = None) -> CompiledRegion:
+    """One program for the whole region; ``choose_knobs(cfg, shape)`` overrides the
+    default schedule of a layer (the tuner's database plugs in here; returning None
+    keeps the default)."""
+    from tir_schedules.schedule import lower_for_walker
+
+    block = cfg.block_in
+    b = ProgramBuilder(cfg, region.name)
+    tensors: dict[str, object] = {}
+
+    def dram(t: QTensor, kind: str):
+        if t.name not in tensors:
+            tensors[t.name] = b.region(t.name, kind, blocked_shape(t.shape, block), "int8")
+        return tensors[t.name]
+
+    for t in region.inputs:
+        dram(t, "input")
+    for t in region.outputs:
+        dram(t, "output")
+    plans, layers_meta = [], []
+    for layer in region.layers:
+        t0 = time.perf_counter()
+        r = recipe(layer, cfg)
+        knobs = choose_knobs(cfg, r.shape) if choose_knobs else None
+        if knobs is None:
+            try:
+                knobs = r.default_knobs(cfg, r.shape)
+            except ValueError as e:
+                raise UnsupportedLayer(f"{layer.name}: {e}") from None
+        func = lower_for_walker(r.schedule(r.build(r.shape), cfg, r.shape, knobs))
+        regions = {}
+        for name, data in r.consts.items():
+            regions[name] = b.region(f"{layer.name}.{name}", "const", data.shape,
+                                     data.dtype.name, data=data)
+        for name, t in r.inputs.items():
+            regions[name] = dram(t, "scratch")
+        regions["y"] = dram(layer.output, "scratch")
+        first = len(b.instructions)
+        TirWalker(cfg, b, regions).run(func)
+        layers_meta.append({"name": layer.name, "op": type(layer).__name__, "first": first,
+                            "last": len(b.instructions) - 1, "macs": layer.macs,
+                            "knobs": dict(knobs.__dict__)})
+        plans.append(LayerPlan(layer, r.shape, knobs, time.perf_counter() - t0))
+    b.finish()
+    b.instructions = insert_dependencies(b.instructions, cfg)
+    prog = b.build()
+    _renumber_layers(prog, layers_meta)
+    prog.meta.update(
+        kind="region", layers=layers_meta, hardware=cfg.as_dict(),
+        io={t.name: {"shape": list(t.shape), "scale": t.scale, "zero_point": t.zero_point}
+            for t in region.inputs + region.outputs},
+        inputs=[t.name for t in region.inputs], outputs=[t.name for t in region.outputs])
+    return CompiledRegion(prog, plans)
+
+
+def _renumber_layers(prog: Program, layers_meta: list[dict]) -> None:
+    """Map layer instruction ranges onto the program after relay SYNCs were inserted
+    (a SYNC just before a layer's first instruction belongs to that layer)."""
+    from ..isa.instructions import Sync
+
+    mapping = [i for i, ins in enumerate(prog.instructions) if not isinstance(ins, Sync)]
+    for ly in layers_meta:
+        ly["first"], ly["last"] = mapping[ly["first"]], mapping[ly["last"]]
+        while ly["first"] > 0 and isinstance(prog.instructions[ly["first"] - 1], Sync):
+            ly["first"] -= 1

@@ -1,0 +1,137 @@
+"""The DSA compile pipeline: partition, compile regions, decide DSA vs CPU, offload.
+
+``tvm.compile(mod, target="dsa")`` reaches :func:`offload_for_dsa` through the
+wrapped ``"default"`` Relax pipeline (see :mod:`dsa_tvm.target`). Every region
+the partitioner forms is compiled to a DSA program; a region goes to the DSA
+only when it compiles and its simulated time beats the CPU estimate (both
+numbers are kept in the compile report), otherwise it is inlined back and
+LLVM builds it. Nothing unsupported ever breaks a compile.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+from .hw.config import HardwareConfig
+
+
+@dataclass
+class RegionDecision:
+    name: str
+    layers: list[str]
+    macs: int
+    target: str                  # "dsa" | "cpu"
+    reason: str
+    dsa_cycles: int | None = None
+    dsa_us: float | None = None
+    cpu_us: float | None = None
+    compile_s: float = 0.0
+    region: Any = field(default=None, repr=False)   # the codegen.layers.Region
+
+
+@dataclass
+class CompileReport:
+    """What the compiler decided, op by op and region by region."""
+
+    hardware: str
+    mhz: float = 1.0
+    partition: Any = None                        # relay_passes.PartitionReport
+    regions: list[RegionDecision] = field(default_factory=list)
+    seconds: float = 0.0
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"hardware": self.hardware, "seconds": self.seconds,
+                "regions": [{k: v for k, v in r.__dict__.items() if k != "region"}
+                            for r in self.regions],
+                "partition": self.partition.to_dict() if self.partition is not None else None}
+
+    def __str__(self) -> str:
+        lines = [f"DSA compile for '{self.hardware}' in {self.seconds:.2f} s"]
+        for r in self.regions:
+            nums = ""
+            if r.dsa_us is not None and r.cpu_us is not None:
+                nums = f"  DSA {r.dsa_us:.1f} us ({r.dsa_cycles:,} cycles) vs CPU ~{r.cpu_us:.1f} us"
+            lines.append(f"  {r.name}: {r.target.upper()} ({len(r.layers)} layers, "
+                         f"{r.macs:,} MACs){nums} - {r.reason}")
+        if self.partition is not None:
+            lines.append(str(self.partition))
+        return "\n".join(lines)
+
+
+_last_report: list[CompileReport] = []
+
+
+def last_compile_report() -> CompileReport | None:
+    return _last_report[-1] if _last_report else None
+
+
+def cpu_estimate_us(macs: int, cfg: HardwareConfig) -> float:
+    """What the host would take for the region's arithmetic (its int8 MAC rate)."""
+    return macs / (cfg.cpu_gmacs * 1e3) + cfg.launch_overhead_us
+
+
+def offload_for_dsa(mod, cfg: HardwareConfig):
+    """Partition ``mod`` for ``cfg``, compile each region, offload the ones worth it."""
+    from relay_passes import OffloadResult, offload_regions, partition_for_dsa
+
+    from .lowering.region import UnsupportedLayer, compile_region
+    from .sim.simulator import Simulator
+
+    t0 = time.perf_counter()
+    report = CompileReport(cfg.name, cfg.mhz)
+    part, report.partition = partition_for_dsa(mod, cfg)
+    sim = Simulator(cfg)
+
+    def compile_one(region) -> bytes | None:
+        d = RegionDecision(region.name, [ly.name for ly in region.layers], region.macs, "cpu", "",
+                           region=region)
+        report.regions.append(d)
+        t1 = time.perf_counter()
+        try:
+            prog = compile_region(region, cfg).program
+        except UnsupportedLayer as e:
+            d.reason = f"codegen: {e}"
+            return None
+        finally:
+            d.compile_s = time.perf_counter() - t1
+        d.dsa_cycles = sim.run(prog, timing_only=True, check_hazards=False).cycles
+        d.dsa_us = d.dsa_cycles / cfg.mhz
+        d.cpu_us = cpu_estimate_us(region.macs, cfg)
+        if d.dsa_us + cfg.launch_overhead_us > d.cpu_us:
+            d.reason = "the CPU is estimated faster"
+            return None
+        d.target, d.reason = "dsa", "all layers supported, faster than the CPU"
+        return prog.to_bytes(cfg)
+
+    result = OffloadResult()
+    out = offload_regions(part, compile_one, result=result)
+    for d in report.regions:
+        if d.target == "cpu" and not d.reason:
+            d.reason = result.kept.get(d.name, "kept on the CPU")
+    report.seconds = time.perf_counter() - t0
+    _last_report.append(report)
+    return out
+
+
+def dsa_aware_default_pipeline(orig):
+    """Wrap a ``PIPELINE_MAP`` entry: offload first when the target is a DSA target."""
+    import tvm
+
+    from .target import config_of, is_dsa
+
+    def factory(**kwargs):
+        base = orig(**kwargs)
+
+        @tvm.transform.module_pass(opt_level=0, name="DSAOffloadThenDefault")
+        def _pipeline(mod, _ctx):
+            tgt = tvm.target.Target.current(allow_none=True)
+            if is_dsa(tgt):
+                mod = offload_for_dsa(mod, config_of(tgt))
+            return base(mod)
+
+        return _pipeline
+
+    factory.__wrapped__ = orig
+    return factory

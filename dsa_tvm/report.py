@@ -1,0 +1,133 @@
+"""Per-layer report of a model run: what ran where, how long, how well.
+
+Built from the launches the runtime recorded (each region's program and its
+simulated schedule) and the compile report (what stayed on the CPU and why).
+Printable as a table, exportable as JSON and as one Perfetto trace of the
+whole model (regions laid end to end).
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+from .isa.instructions import Load, Store
+from .sim.timing import dma_bytes
+
+
+@dataclass
+class LayerRow:
+    name: str
+    op: str
+    target: str              # "DSA" or "CPU"
+    why: str
+    macs: int
+    cycles: int = 0
+    utilization: float = 0.0
+    dram_read: int = 0
+    dram_written: int = 0
+    region: str = ""
+
+
+@dataclass
+class RunReport:
+    hardware: str
+    mhz: float
+    rows: list[LayerRow] = field(default_factory=list)
+    total_cycles: int = 0
+    regions: int = 0
+    trace_events: list[dict[str, Any]] = field(default_factory=list, repr=False)
+
+    @property
+    def latency_us(self) -> float:
+        return self.total_cycles / self.mhz
+
+    @property
+    def dsa_mac_share(self) -> float:
+        total = sum(r.macs for r in self.rows)
+        return sum(r.macs for r in self.rows if r.target == "DSA") / total if total else 0.0
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"hardware": self.hardware, "mhz": self.mhz, "total_cycles": self.total_cycles,
+                "latency_us": self.latency_us, "dsa_mac_share": self.dsa_mac_share,
+                "regions": self.regions, "layers": [asdict(r) for r in self.rows]}
+
+    def to_json(self) -> str:
+        return json.dumps(self.to_dict(), indent=2)
+
+    def write_trace(self, path: str | Path) -> Path:
+        path = Path(path)
+        path.write_text(json.dumps({"traceEvents": self.trace_events, "displayTimeUnit": "ns"}))
+        return path
+
+    def __str__(self) -> str:
+        head = (f"{'layer':<28} {'op':<14} {'on':<4} {'MACs':>12} {'cycles':>10} {'util':>6} "
+                f"{'DRAM rd':>10} {'DRAM wr':>10}  why")
+        lines = [f"DSA run report ('{self.hardware}', {self.mhz:g} MHz)", head, "-" * len(head)]
+        for r in self.rows:
+            cyc = f"{r.cycles:,}" if r.target == "DSA" else "-"
+            util = f"{r.utilization:.2f}" if r.target == "DSA" else "-"
+            lines.append(f"{r.name[:28]:<28} {r.op[:14]:<14} {r.target:<4} {r.macs:>12,} "
+                         f"{cyc:>10} {util:>6} {r.dram_read:>10,} {r.dram_written:>10,}  {r.why}")
+        lines.append("-" * len(head))
+        lines.append(f"total: {self.total_cycles:,} DSA cycles = {self.latency_us:,.1f} us at "
+                     f"{self.mhz:g} MHz over {self.regions} region launch(es); "
+                     f"{self.dsa_mac_share:.1%} of MACs on the DSA")
+        return "\n".join(lines)
+
+
+def _layer_rows(launch, peak: int) -> list[LayerRow]:
+    prog, res = launch.program, launch.result
+    start, end = res.schedule.start, res.schedule.end
+    rows = []
+    for ly in prog.meta.get("layers", []):
+        lo, hi = ly["first"], ly["last"] + 1
+        cycles = int(end[lo:hi].max() - start[lo:hi].min()) if hi > lo else 0
+        rd = wr = 0
+        for ins in prog.instructions[lo:hi]:
+            if isinstance(ins, Load):
+                rd += dma_bytes(ins, res.config)
+            elif isinstance(ins, Store):
+                wr += dma_bytes(ins, res.config)
+        util = ly["macs"] / (cycles * peak) if cycles else 0.0
+        rows.append(LayerRow(ly["name"], ly["op"], "DSA", "offloaded", int(ly["macs"]), cycles,
+                             util, rd, wr, prog.name))
+    return rows
+
+
+def build_report(launches: list, compile_report=None) -> RunReport:
+    """A RunReport from recorded launches (``runtime.take_launches()``)."""
+    if launches:
+        cfg = launches[0].result.config
+        hw, mhz, peak = cfg.name, cfg.mhz, cfg.peak_macs_per_cycle
+    else:
+        hw = compile_report.hardware if compile_report else "?"
+        mhz, peak = (compile_report.mhz if compile_report else 1.0), 1
+    rep = RunReport(hw, mhz)
+    offset = 0
+    for launch in launches:
+        rep.rows += _layer_rows(launch, peak)
+        rep.total_cycles += launch.result.cycles
+        for ev in launch.result.trace():
+            ev = dict(ev)
+            if ev.get("ph") == "X":
+                ev["ts"] = ev["ts"] + offset / mhz
+                ev.setdefault("args", {})["region"] = launch.program.name
+            elif offset:
+                continue  # track names once
+            rep.trace_events.append(ev)
+        offset += launch.result.cycles
+    rep.regions = len(launches)
+    if compile_report is not None:
+        for d in compile_report.regions:
+            if d.target == "cpu" and d.region is not None:
+                rep.rows += [LayerRow(ly.name, type(ly).__name__, "CPU", d.reason, int(ly.macs))
+                             for ly in d.region.layers]
+        part = compile_report.partition
+        for op in getattr(part, "cpu_ops", []):
+            if op.macs or op.op in ("relax.nn.conv2d", "relax.matmul"):
+                rep.rows.append(LayerRow(op.var, op.op.replace("relax.", ""), "CPU", op.reason,
+                                         int(op.macs)))
+    return rep

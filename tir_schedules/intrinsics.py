@@ -1,0 +1,291 @@
+"""DSA tensor intrinsics for ``sch.tensorize``: one MAC-array step, one requantize row,
+and one accumulator row of a vector op (element-wise, a reduction step, the residual add).
+
+Each is registered once per array shape (and per immediate: the requantize zero
+point and clip range, an ALU immediate). The implementations leave extern calls
+with element offsets that the TIR walker turns into GEMM / ALU instructions.
+"""
+
+from __future__ import annotations
+
+from functools import cache
+
+import tvm
+from tvm.script import tirx as T
+
+from dsa_tvm.codegen.names import (
+    CALL_GEMM,
+    CALL_REQUANT,
+    SCALAR_REQUANT,
+    SCOPE_ACC,
+    SCOPE_INP,
+    SCOPE_WGT,
+)
+
+try:
+    from dsa_tvm.isa.semantics import pack_requant_imm
+except ImportError:  # TEMP until the fused REQUANT lands
+    def pack_requant_imm(zp: int, lo: int, hi: int) -> int:
+        return (zp & 0xFF) | ((lo & 0xFF) << 8) | ((hi & 0xFF) << 16)
+
+
+@cache
+def gemm_intrin(block_in: int, block_out: int) -> str:
+    """``acc[o] += inp[i] * wgt[o, i]`` over one block_out x block_in tile: one array step."""
+    bi, bo = block_in, block_out
+    name = f"dsa.gemm_{bo}x{bi}"
+
+    @T.prim_func(s_tir=True)
+    def desc(a: T.handle, w: T.handle, c: T.handle):
+        A = T.match_buffer(a, (bi,), "int8", offset_factor=1, scope=SCOPE_INP)
+        W = T.match_buffer(w, (bo, bi), "int8", offset_factor=1, scope=SCOPE_WGT)
+        C = T.match_buffer(c, (bo,), "int32", offset_factor=1, scope=SCOPE_ACC)
+        with T.sblock("root"):
+            T.reads(C[0:bo], A[0:bi], W[0:bo, 0:bi])
+            T.writes(C[0:bo])
+            for o, i in T.grid(bo, bi):
+                with T.sblock("update"):
+                    vo, vi = T.axis.remap("SR", [o, i])
+                    C[vo] = C[vo] + T.Cast("int32", A[vi]) * T.Cast("int32", W[vo, vi])
+
+    @T.prim_func(s_tir=True)
+    def impl(a: T.handle, w: T.handle, c: T.handle):
+        A = T.match_buffer(a, (bi,), "int8", offset_factor=1, scope=SCOPE_INP)
+        W = T.match_buffer(w, (bo, bi), "int8", offset_factor=1, scope=SCOPE_WGT)
+        C = T.match_buffer(c, (bo,), "int32", offset_factor=1, scope=SCOPE_ACC)
+        with T.sblock("root"):
+            T.reads(C[0:bo], A[0:bi], W[0:bo, 0:bi])
+            T.writes(C[0:bo])
+            T.evaluate(T.call_extern("int32", CALL_GEMM, C.data, C.elem_offset, A.data,
+                                     A.elem_offset, W.data, W.elem_offset))
+
+    tvm.s_tir.TensorIntrin.register(name, desc, impl, override=True)
+    return name
+
+
+@cache
+def requant_intrin(block_out: int, zero_point: int, lo: int, hi: int,
+                   src_dtype: str = "int32") -> str:
+    """One accumulator row through the output stage (bias, scale, zero point, clamp).
+
+    ``src_dtype`` int8: the source row was loaded from int8 DRAM (ACC8, widened on
+    load), as when a layer requantizes its input directly (Rescale)."""
+    bo = block_out
+    imm = pack_requant_imm(zero_point, lo, hi)
+    name = f"dsa.requant_{bo}_{zero_point}_{lo}_{hi}_{src_dtype}"
+
+    def src(x):
+        return x if src_dtype == "int32" else T.Cast("int32", x)
+
+    @T.prim_func(s_tir=True)
+    def desc(s: T.handle, p: T.handle, d: T.handle):
+        S = T.match_buffer(s, (bo,), src_dtype, offset_factor=1, scope=SCOPE_ACC)
+        P = T.match_buffer(p, (3, bo), "int32", offset_factor=1, scope=SCOPE_ACC)
+        D = T.match_buffer(d, (bo,), "int32", offset_factor=1, scope=SCOPE_ACC)
+        with T.sblock("root"):
+            T.reads(S[0:bo], P[0:3, 0:bo])
+            T.writes(D[0:bo])
+            for o in T.serial(bo):
+                with T.sblock("requant"):
+                    vo = T.axis.remap("S", [o])
+                    D[vo] = T.call_pure_extern("int32", SCALAR_REQUANT, src(S[vo]), P[0, vo],
+                                               P[1, vo], P[2, vo], zero_point, lo, hi)
+
+    @T.prim_func(s_tir=True)
+    def impl(s: T.handle, p: T.handle, d: T.handle):
+        S = T.match_buffer(s, (bo,), src_dtype, offset_factor=1, scope=SCOPE_ACC)
+        P = T.match_buffer(p, (3, bo), "int32", offset_factor=1, scope=SCOPE_ACC)
+        D = T.match_buffer(d, (bo,), "int32", offset_factor=1, scope=SCOPE_ACC)
+        with T.sblock("root"):
+            T.reads(S[0:bo], P[0:3, 0:bo])
+            T.writes(D[0:bo])
+            T.evaluate(T.call_extern("int32", CALL_REQUANT, D.data, D.elem_offset, S.data,
+                                     S.elem_offset, P.data, P.elem_offset, imm))
+
+    tvm.s_tir.TensorIntrin.register(name, desc, impl, override=True)
+    return name
+
+
+_ALU_EXPR = {
+    # op: (expression of (d, a, b) for the scalar body of an element-wise row)
+    "add": lambda d, a, b: a + b,
+    "sub": lambda d, a, b: a - b,
+    "mul": lambda d, a, b: a * b,
+    "mac": lambda d, a, b: d + a * b,
+    "min": lambda d, a, b: T.min(a, b),
+    "max": lambda d, a, b: T.max(a, b),
+}
+
+
+def _widen(x, dtype: str):
+    """An operand as the int32 lane value the ALU sees (int8 tiles were widened on load)."""
+    return x if dtype == "int32" else T.Cast("int32", x)
+
+
+def _alu_call(op: str, d, a, b, imm: int = 0, use_imm: int = 0):
+    from dsa_tvm.codegen.names import CALL_ALU
+    from dsa_tvm.isa.instructions import AluOp
+
+    return T.call_extern("int32", CALL_ALU, int(AluOp[op.upper()]), d.data, d.elem_offset,
+                         a.data, a.elem_offset, b.data, b.elem_offset, imm, use_imm)
+
+
+@cache
+def alu_intrin(op: str, block_out: int, a_dtype: str = "int32", b_dtype: str = "int32",
+               imm: int | None = None) -> str:
+    """One accumulator row of a vector op: ``d[o] = f(d[o], a[o], b[o] or imm)``.
+
+    ``op`` is one of add, sub, mul, mac, min, max; operands in the accumulator
+    scratchpad are int32 lanes (``a_dtype``/``b_dtype`` int8 when they were loaded
+    from int8 DRAM, widened on load). ``imm`` selects the immediate form. Only mac
+    reads ``d``: the description's read set says so, or a stage that never reads its
+    output would not match the other ops."""
+    bo = block_out
+    expr = _ALU_EXPR[op]
+    reads_dst = op == "mac"
+    name = f"dsa.alu_{op}_{bo}_{a_dtype}_{b_dtype}_{'t' if imm is None else f'i{imm}'}"
+
+    if imm is None:
+        @T.prim_func(s_tir=True)
+        def desc(a: T.handle, b: T.handle, d: T.handle):
+            A = T.match_buffer(a, (bo,), a_dtype, offset_factor=1, scope=SCOPE_ACC)
+            B = T.match_buffer(b, (bo,), b_dtype, offset_factor=1, scope=SCOPE_ACC)
+            D = T.match_buffer(d, (bo,), "int32", offset_factor=1, scope=SCOPE_ACC)
+            with T.sblock("root"):
+                if reads_dst:
+                    T.reads(D[0:bo], A[0:bo], B[0:bo])
+                else:
+                    T.reads(A[0:bo], B[0:bo])
+                T.writes(D[0:bo])
+                for o in T.serial(bo):
+                    with T.sblock("alu"):
+                        vo = T.axis.remap("S", [o])
+                        D[vo] = expr(D[vo], _widen(A[vo], a_dtype), _widen(B[vo], b_dtype))
+
+        @T.prim_func(s_tir=True)
+        def impl(a: T.handle, b: T.handle, d: T.handle):
+            A = T.match_buffer(a, (bo,), a_dtype, offset_factor=1, scope=SCOPE_ACC)
+            B = T.match_buffer(b, (bo,), b_dtype, offset_factor=1, scope=SCOPE_ACC)
+            D = T.match_buffer(d, (bo,), "int32", offset_factor=1, scope=SCOPE_ACC)
+            with T.sblock("root"):
+                T.reads(D[0:bo], A[0:bo], B[0:bo])
+                T.writes(D[0:bo])
+                T.evaluate(_alu_call(op, D, A, B))
+    else:
+        @T.prim_func(s_tir=True)
+        def desc(a: T.handle, d: T.handle):
+            A = T.match_buffer(a, (bo,), a_dtype, offset_factor=1, scope=SCOPE_ACC)
+            D = T.match_buffer(d, (bo,), "int32", offset_factor=1, scope=SCOPE_ACC)
+            with T.sblock("root"):
+                if reads_dst:
+                    T.reads(D[0:bo], A[0:bo])
+                else:
+                    T.reads(A[0:bo])
+                T.writes(D[0:bo])
+                for o in T.serial(bo):
+                    with T.sblock("alu"):
+                        vo = T.axis.remap("S", [o])
+                        D[vo] = expr(D[vo], _widen(A[vo], a_dtype), T.int32(imm))
+
+        @T.prim_func(s_tir=True)
+        def impl(a: T.handle, d: T.handle):
+            A = T.match_buffer(a, (bo,), a_dtype, offset_factor=1, scope=SCOPE_ACC)
+            D = T.match_buffer(d, (bo,), "int32", offset_factor=1, scope=SCOPE_ACC)
+            with T.sblock("root"):
+                T.reads(D[0:bo], A[0:bo])
+                T.writes(D[0:bo])
+                T.evaluate(_alu_call(op, D, A, A, imm, 1))
+
+    tvm.s_tir.TensorIntrin.register(name, desc, impl, override=True)
+    return name
+
+
+_ACC_EXPR = {
+    "add": lambda d, a: d + a,
+    "max": lambda d, a: T.max(d, a),
+    "min": lambda d, a: T.min(d, a),
+}
+
+
+@cache
+def acc_intrin(op: str, block_out: int, a_dtype: str = "int32") -> str:
+    """One reduction step into an accumulator row: ``d[o] = d[o] + a[o]`` (or max/min).
+
+    This is the update block of a sum or max reduction (pools, global average
+    pool): the ALU op reads the destination as its source A and the tile as B; the
+    reduction loops around it become ALU levels with destination stride 0."""
+    bo = block_out
+    expr = _ACC_EXPR[op]
+    name = f"dsa.acc_{op}_{bo}_{a_dtype}"
+
+    @T.prim_func(s_tir=True)
+    def desc(a: T.handle, d: T.handle):
+        A = T.match_buffer(a, (bo,), a_dtype, offset_factor=1, scope=SCOPE_ACC)
+        D = T.match_buffer(d, (bo,), "int32", offset_factor=1, scope=SCOPE_ACC)
+        with T.sblock("root"):
+            T.reads(D[0:bo], A[0:bo])
+            T.writes(D[0:bo])
+            for o in T.serial(bo):
+                with T.sblock("acc"):
+                    vo = T.axis.remap("S", [o])
+                    D[vo] = expr(D[vo], _widen(A[vo], a_dtype))
+
+    @T.prim_func(s_tir=True)
+    def impl(a: T.handle, d: T.handle):
+        A = T.match_buffer(a, (bo,), a_dtype, offset_factor=1, scope=SCOPE_ACC)
+        D = T.match_buffer(d, (bo,), "int32", offset_factor=1, scope=SCOPE_ACC)
+        with T.sblock("root"):
+            T.reads(D[0:bo], A[0:bo])
+            T.writes(D[0:bo])
+            T.evaluate(_alu_call(op, D, D, A))
+
+    tvm.s_tir.TensorIntrin.register(name, desc, impl, override=True)
+    return name
+
+
+#: scalar body of the residual-add stage, ``a * a_mult + b * b_mult`` (int32 wrap-around):
+#: an opaque call, so TVM's simplifier cannot reorder the sum away from the intrinsic's
+#: description (it sorts the operands of a plain ``+``)
+SCALAR_AXPBY = "dsa.axpby_scalar"
+
+
+@cache
+def axpby_intrin(block_out: int, a_mult: int, b_mult: int, a_dtype: str = "int8",
+                 b_dtype: str = "int8") -> str:
+    """``d[o] = a[o] * a_mult + b[o] * b_mult`` as two vector ops into ``d``: MUL then MAC
+    (immediate forms).
+
+    A single TIR stage cannot update its output in place, and a reduction whose
+    init reads a tensor loses that read in ``decompose_reduction``; one intrinsic
+    whose implementation is two calls keeps the residual add at two ALU passes.
+    The walker runs the calls one after the other over the stage's loop nest."""
+    bo = block_out
+    name = f"dsa.axpby_{bo}_{a_mult}_{b_mult}_{a_dtype}_{b_dtype}"
+
+    @T.prim_func(s_tir=True)
+    def desc(a: T.handle, b: T.handle, d: T.handle):
+        A = T.match_buffer(a, (bo,), a_dtype, offset_factor=1, scope=SCOPE_ACC)
+        B = T.match_buffer(b, (bo,), b_dtype, offset_factor=1, scope=SCOPE_ACC)
+        D = T.match_buffer(d, (bo,), "int32", offset_factor=1, scope=SCOPE_ACC)
+        with T.sblock("root"):
+            T.reads(A[0:bo], B[0:bo])
+            T.writes(D[0:bo])
+            for o in T.serial(bo):
+                with T.sblock("axpby"):
+                    vo = T.axis.remap("S", [o])
+                    D[vo] = T.call_pure_extern("int32", SCALAR_AXPBY, _widen(A[vo], a_dtype),
+                                               _widen(B[vo], b_dtype), a_mult, b_mult)
+
+    @T.prim_func(s_tir=True)
+    def impl(a: T.handle, b: T.handle, d: T.handle):
+        A = T.match_buffer(a, (bo,), a_dtype, offset_factor=1, scope=SCOPE_ACC)
+        B = T.match_buffer(b, (bo,), b_dtype, offset_factor=1, scope=SCOPE_ACC)
+        D = T.match_buffer(d, (bo,), "int32", offset_factor=1, scope=SCOPE_ACC)
+        with T.sblock("root"):
+            T.reads(A[0:bo], B[0:bo])
+            T.writes(D[0:bo])
+            T.evaluate(_alu_call("mul", D, A, A, a_mult, 1))
+            T.evaluate(_alu_call("mac", D, B, B, b_mult, 1))
+
+    tvm.s_tir.TensorIntrin.register(name, desc, impl, override=True)
+    return name
