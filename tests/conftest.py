@@ -12,11 +12,13 @@ from __future__ import annotations
 
 import dataclasses
 import itertools
+import os
 import signal
 from collections.abc import Iterable
 
 import numpy as np
 import pytest
+from hypothesis import settings
 
 from dsa_tvm.hw.config import load_config, preset_names
 from dsa_tvm.isa.builder import ProgramBuilder
@@ -35,6 +37,12 @@ from dsa_tvm.isa.instructions import (
 )
 from dsa_tvm.isa.program import Program
 from dsa_tvm.sim.simulator import Simulator
+
+# CI runs the same examples every time (a failure there is reproducible, never luck);
+# locally each run explores new ones.
+settings.register_profile("ci", derandomize=True, deadline=None)
+if os.environ.get("CI"):
+    settings.load_profile("ci")
 
 PRESETS = ("default", "edge", "large")
 
