@@ -29,13 +29,34 @@ except ImportError:  # TEMP until the fused REQUANT lands
         return (zp & 0xFF) | ((lo & 0xFF) << 8) | ((hi & 0xFF) << 16)
 
 
+class _Script:
+    """``T.prim_func(s_tir=True)`` for the intrinsics, parsed the same way without the
+    two ``inspect.stack()`` walks the stock decorator makes (one when applied, one when
+    the parser evaluates the decorator): most of an intrinsic's registration time.
+    Only for functions whose annotations name module globals (``T.handle``)."""
+
+    @staticmethod
+    def prim_func(s_tir: bool = False):
+        def wrapper(func):
+            from tvm.script.parser._core import parse, utils
+
+            extra_vars = utils.inspect_function_capture(func)
+            utils.resolve_closure_vars(func, extra_vars, [])
+            f = parse(func, extra_vars, check_well_formed=True)
+            f.__name__ = func.__name__
+            return f
+
+        wrapper.dispatch_token = "tirx"
+        return wrapper
+
+
 @cache
 def gemm_intrin(block_in: int, block_out: int) -> str:
     """``acc[o] += inp[i] * wgt[o, i]`` over one block_out x block_in tile: one array step."""
     bi, bo = block_in, block_out
     name = f"dsa.gemm_{bo}x{bi}"
 
-    @T.prim_func(s_tir=True)
+    @_Script.prim_func(s_tir=True)
     def desc(a: T.handle, w: T.handle, c: T.handle):
         A = T.match_buffer(a, (bi,), "int8", offset_factor=1, scope=SCOPE_INP)
         W = T.match_buffer(w, (bo, bi), "int8", offset_factor=1, scope=SCOPE_WGT)
@@ -48,7 +69,7 @@ def gemm_intrin(block_in: int, block_out: int) -> str:
                     vo, vi = T.axis.remap("SR", [o, i])
                     C[vo] = C[vo] + T.Cast("int32", A[vi]) * T.Cast("int32", W[vo, vi])
 
-    @T.prim_func(s_tir=True)
+    @_Script.prim_func(s_tir=True)
     def impl(a: T.handle, w: T.handle, c: T.handle):
         A = T.match_buffer(a, (bi,), "int8", offset_factor=1, scope=SCOPE_INP)
         W = T.match_buffer(w, (bo, bi), "int8", offset_factor=1, scope=SCOPE_WGT)
@@ -77,7 +98,7 @@ def requant_intrin(block_out: int, zero_point: int, lo: int, hi: int,
     def src(x):
         return x if src_dtype == "int32" else T.Cast("int32", x)
 
-    @T.prim_func(s_tir=True)
+    @_Script.prim_func(s_tir=True)
     def desc(s: T.handle, p: T.handle, d: T.handle):
         S = T.match_buffer(s, (bo,), src_dtype, offset_factor=1, scope=SCOPE_ACC)
         P = T.match_buffer(p, (3, bo), "int32", offset_factor=1, scope=SCOPE_ACC)
@@ -91,7 +112,7 @@ def requant_intrin(block_out: int, zero_point: int, lo: int, hi: int,
                     D[vo] = T.call_pure_extern("int32", SCALAR_REQUANT, src(S[vo]), P[0, vo],
                                                P[1, vo], P[2, vo], zero_point, lo, hi)
 
-    @T.prim_func(s_tir=True)
+    @_Script.prim_func(s_tir=True)
     def impl(s: T.handle, p: T.handle, d: T.handle):
         S = T.match_buffer(s, (bo,), src_dtype, offset_factor=1, scope=SCOPE_ACC)
         P = T.match_buffer(p, (3, bo), "int32", offset_factor=1, scope=SCOPE_ACC)
@@ -146,7 +167,7 @@ def alu_intrin(op: str, block_out: int, a_dtype: str = "int32", b_dtype: str = "
     name = f"dsa.alu_{op}_{bo}_{a_dtype}_{b_dtype}_{'t' if imm is None else f'i{imm}'}"
 
     if imm is None:
-        @T.prim_func(s_tir=True)
+        @_Script.prim_func(s_tir=True)
         def desc(a: T.handle, b: T.handle, d: T.handle):
             A = T.match_buffer(a, (bo,), a_dtype, offset_factor=1, scope=SCOPE_ACC)
             B = T.match_buffer(b, (bo,), b_dtype, offset_factor=1, scope=SCOPE_ACC)
@@ -162,7 +183,7 @@ def alu_intrin(op: str, block_out: int, a_dtype: str = "int32", b_dtype: str = "
                         vo = T.axis.remap("S", [o])
                         D[vo] = expr(D[vo], _widen(A[vo], a_dtype), _widen(B[vo], b_dtype))
 
-        @T.prim_func(s_tir=True)
+        @_Script.prim_func(s_tir=True)
         def impl(a: T.handle, b: T.handle, d: T.handle):
             A = T.match_buffer(a, (bo,), a_dtype, offset_factor=1, scope=SCOPE_ACC)
             B = T.match_buffer(b, (bo,), b_dtype, offset_factor=1, scope=SCOPE_ACC)
@@ -172,7 +193,7 @@ def alu_intrin(op: str, block_out: int, a_dtype: str = "int32", b_dtype: str = "
                 T.writes(D[0:bo])
                 T.evaluate(_alu_call(op, D, A, B))
     else:
-        @T.prim_func(s_tir=True)
+        @_Script.prim_func(s_tir=True)
         def desc(a: T.handle, d: T.handle):
             A = T.match_buffer(a, (bo,), a_dtype, offset_factor=1, scope=SCOPE_ACC)
             D = T.match_buffer(d, (bo,), "int32", offset_factor=1, scope=SCOPE_ACC)
@@ -187,7 +208,7 @@ def alu_intrin(op: str, block_out: int, a_dtype: str = "int32", b_dtype: str = "
                         vo = T.axis.remap("S", [o])
                         D[vo] = expr(D[vo], _widen(A[vo], a_dtype), T.int32(imm))
 
-        @T.prim_func(s_tir=True)
+        @_Script.prim_func(s_tir=True)
         def impl(a: T.handle, d: T.handle):
             A = T.match_buffer(a, (bo,), a_dtype, offset_factor=1, scope=SCOPE_ACC)
             D = T.match_buffer(d, (bo,), "int32", offset_factor=1, scope=SCOPE_ACC)
@@ -218,7 +239,7 @@ def acc_intrin(op: str, block_out: int, a_dtype: str = "int32") -> str:
     expr = _ACC_EXPR[op]
     name = f"dsa.acc_{op}_{bo}_{a_dtype}"
 
-    @T.prim_func(s_tir=True)
+    @_Script.prim_func(s_tir=True)
     def desc(a: T.handle, d: T.handle):
         A = T.match_buffer(a, (bo,), a_dtype, offset_factor=1, scope=SCOPE_ACC)
         D = T.match_buffer(d, (bo,), "int32", offset_factor=1, scope=SCOPE_ACC)
@@ -230,7 +251,7 @@ def acc_intrin(op: str, block_out: int, a_dtype: str = "int32") -> str:
                     vo = T.axis.remap("S", [o])
                     D[vo] = expr(D[vo], _widen(A[vo], a_dtype))
 
-    @T.prim_func(s_tir=True)
+    @_Script.prim_func(s_tir=True)
     def impl(a: T.handle, d: T.handle):
         A = T.match_buffer(a, (bo,), a_dtype, offset_factor=1, scope=SCOPE_ACC)
         D = T.match_buffer(d, (bo,), "int32", offset_factor=1, scope=SCOPE_ACC)
@@ -262,7 +283,7 @@ def axpby_intrin(block_out: int, a_mult: int, b_mult: int, a_dtype: str = "int8"
     bo = block_out
     name = f"dsa.axpby_{bo}_{a_mult}_{b_mult}_{a_dtype}_{b_dtype}"
 
-    @T.prim_func(s_tir=True)
+    @_Script.prim_func(s_tir=True)
     def desc(a: T.handle, b: T.handle, d: T.handle):
         A = T.match_buffer(a, (bo,), a_dtype, offset_factor=1, scope=SCOPE_ACC)
         B = T.match_buffer(b, (bo,), b_dtype, offset_factor=1, scope=SCOPE_ACC)
@@ -276,7 +297,7 @@ def axpby_intrin(block_out: int, a_mult: int, b_mult: int, a_dtype: str = "int8"
                     D[vo] = T.call_pure_extern("int32", SCALAR_AXPBY, _widen(A[vo], a_dtype),
                                                _widen(B[vo], b_dtype), a_mult, b_mult)
 
-    @T.prim_func(s_tir=True)
+    @_Script.prim_func(s_tir=True)
     def impl(a: T.handle, b: T.handle, d: T.handle):
         A = T.match_buffer(a, (bo,), a_dtype, offset_factor=1, scope=SCOPE_ACC)
         B = T.match_buffer(b, (bo,), b_dtype, offset_factor=1, scope=SCOPE_ACC)

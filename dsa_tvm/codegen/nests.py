@@ -27,6 +27,8 @@ def touched(base: int, levels: list[tuple[int, int]]) -> np.ndarray:
     """Sorted rows a loop nest touches through one operand."""
     rows = np.array([base], dtype=np.int64)
     for ext, stride in levels:
+        if ext == 1 or stride == 0:  # revisits the same rows: adds nothing to the set
+            continue
         rows = (rows[:, None] + np.arange(ext, dtype=np.int64)[None, :] * stride).reshape(-1)
     return np.unique(rows)
 

@@ -52,27 +52,96 @@ _BINARY = {
 
 def evaluate(e: Any, env: Env) -> Any:
     """Value of ``e`` with loop variables bound by name in ``env`` (ints or arrays)."""
+    return compiled(e)(env)
+
+
+#: expression handle -> (expression, its evaluator); the expression is kept alive so
+#: its handle cannot be reused by another object while the entry exists
+_COMPILED: dict[int, tuple[Any, Callable[[Env], Any]]] = {}
+_MAX_COMPILED = 200_000
+
+
+def compiled(e: Any) -> Callable[[Env], Any]:
+    """``env -> value of e``: the expression turned into Python closures once (walking
+    the TIR objects on every evaluation is what made index arithmetic slow)."""
+    key = e.__chandle__()
+    hit = _COMPILED.get(key)
+    if hit is not None:
+        return hit[1]
+    fn, linear = _compile(e)
+    fn.linear = linear
+    if len(_COMPILED) >= _MAX_COMPILED:
+        _COMPILED.clear()
+    _COMPILED[key] = (e, fn)
+    return fn
+
+
+def _linear(e: Any) -> bool:
+    """Whether ``compiled(e)`` is linear (sums and constant multiples of variables)."""
+    return getattr(compiled(e), "linear", False)
+
+
+def _constant(e: Any) -> bool:
+    return type(e).__name__ == "IntImm"
+
+
+def _compile(e: Any) -> tuple[Callable[[Env], Any], bool]:
+    """The evaluator of ``e`` and whether it is linear in its variables: then values at
+    single points determine it everywhere (see :func:`affine`)."""
     kind = type(e).__name__
     if kind == "IntImm":
-        return int(e.value)
+        value = int(e.value)
+        return (lambda env: value), True
     if kind == "Var":
-        try:
-            return env[e.name]
-        except KeyError:
-            raise ExprError(f"unbound variable '{e.name}' in index expression") from None
+        name = e.name
+
+        def var(env: Env) -> Any:
+            try:
+                return env[name]
+            except KeyError:
+                raise ExprError(f"unbound variable '{name}' in index expression") from None
+
+        return var, True
     if kind in _BINARY:
-        return _BINARY[kind](evaluate(e.a, env), evaluate(e.b, env))
+        op, fa, fb = _BINARY[kind], compiled(e.a), compiled(e.b)
+        linear = (kind in ("Add", "Sub") and _linear(e.a) and _linear(e.b)) or \
+            (kind == "Mul" and ((_constant(e.a) and _linear(e.b)) or
+                                (_constant(e.b) and _linear(e.a))))
+        return (lambda env: op(fa(env), fb(env))), linear
     if kind == "Not":
-        return np.logical_not(evaluate(e.a, env))
+        fa = compiled(e.a)
+        return (lambda env: np.logical_not(fa(env))), False
     if kind == "Cast":
-        return evaluate(e.value, env)
+        inner = compiled(e.value)
+        return (lambda env: inner(env)), _linear(e.value)
     if kind == "Select":
-        return np.where(evaluate(e.condition, env), evaluate(e.true_value, env),
-                        evaluate(e.false_value, env))
+        fc, ft, ff = compiled(e.condition), compiled(e.true_value), compiled(e.false_value)
+        return (lambda env: np.where(fc(env), ft(env), ff(env))), False
     if kind == "Call" and e.op.name.endswith("if_then_else"):
-        c, t, f = e.args
-        return np.where(evaluate(c, env), evaluate(t, env), evaluate(f, env))
-    raise ExprError(f"cannot evaluate {kind} in an index expression: {e}")
+        fc, ft, ff = (compiled(a) for a in e.args)
+        return (lambda env: np.where(fc(env), ft(env), ff(env))), False
+
+    def unsupported(env: Env) -> Any:
+        raise ExprError(f"cannot evaluate {kind} in an index expression: {e}")
+
+    return unsupported, False
+
+
+_ARANGE: dict[tuple[int, int, int], np.ndarray] = {}
+
+
+def _axis(n: int, k: int, ext: int) -> np.ndarray:
+    """``arange(ext)`` shaped to broadcast along axis ``k`` of ``n`` (shared, read-only)."""
+    a = _ARANGE.get((n, k, ext))
+    if a is None:
+        shape = [1] * n
+        shape[k] = ext
+        a = np.arange(ext, dtype=np.int64).reshape(shape)
+        a.flags.writeable = False
+        if len(_ARANGE) > 4096:
+            _ARANGE.clear()
+        _ARANGE[(n, k, ext)] = a
+    return a
 
 
 def grid_env(env: Env, loops: list[tuple[str, int]]) -> Env:
@@ -80,9 +149,7 @@ def grid_env(env: Env, loops: list[tuple[str, int]]) -> Env:
     out = dict(env)
     n = len(loops)
     for k, (name, ext) in enumerate(loops):
-        shape = [1] * n
-        shape[k] = ext
-        out[name] = np.arange(ext, dtype=np.int64).reshape(shape)
+        out[name] = _axis(n, k, ext)
     return out
 
 
@@ -90,24 +157,33 @@ def affine(fn: Callable[[Env], Any], env: Env,
            loops: list[tuple[str, int]]) -> tuple[int, list[int]]:
     """(value at the first point, stride per loop) of ``fn(env)`` (an expression's value),
     which must be affine in the loop variables; raises ExprError when it is not."""
-    at0 = {**env, **{name: 0 for name, _ in loops}}
-    base = int(fn(at0))
+    dims = [ext for _, ext in loops]
+    if getattr(fn, "linear", False) or 0 in dims:
+        # linear: affine everywhere, so the first point and one step along each loop
+        # are all there is to know; an empty nest has no grid to read them from
+        at0 = {**env, **{name: 0 for name, _ in loops}}
+        base = int(fn(at0))
+        return base, [int(fn({**at0, name: 1})) - base if ext > 1 else 0
+                      for name, ext in loops]
+    full = np.broadcast_to(fn(grid_env(env, loops)), dims)
+    # the value at the first point and one step along each loop, read off the grid
+    # (the same element-wise arithmetic as evaluating those points one by one)
+    origin = (0,) * len(loops)
+    base = int(full[origin])
     strides = []
-    for name, ext in loops:
-        strides.append(int(fn({**at0, name: 1})) - base if ext > 1 else 0)
-    full = np.broadcast_to(fn(grid_env(env, loops)), [ext for _, ext in loops])
-    want = np.full([ext for _, ext in loops], base, dtype=np.int64)
-    for k, (_, ext) in enumerate(loops):
-        shape = [1] * len(loops)
-        shape[k] = ext
-        want = want + strides[k] * np.arange(ext, dtype=np.int64).reshape(shape)
+    for k, ext in enumerate(dims):
+        strides.append(int(full[origin[:k] + (1,) + origin[k + 1:]]) - base if ext > 1 else 0)
+    want = np.full(dims, base, dtype=np.int64)
+    for k, ext in enumerate(dims):
+        if strides[k]:
+            want = want + strides[k] * _axis(len(dims), k, ext)
     if not np.array_equal(full, want):
         raise ExprError(f"index expression is not affine in {[n for n, _ in loops]}")
     return base, strides
 
 
 def expr_fn(e: Any) -> Callable[[Env], Any]:
-    return lambda env: evaluate(e, env)
+    return compiled(e)
 
 
 def flat_offset(indices: list[Any], shape: list[int]) -> Callable[[Env], Any]:
@@ -119,7 +195,38 @@ def flat_offset(indices: list[Any], shape: list[int]) -> Callable[[Env], Any]:
         acc *= d
     strides.reverse()
 
-    def value(env: Env) -> Any:
-        return sum(evaluate(ix, env) * st for ix, st in zip(indices, strides))
+    fns = [compiled(ix) for ix in indices]
 
+    def value(env: Env) -> Any:
+        return sum(f(env) * st for f, st in zip(fns, strides))
+
+    value.linear = all(getattr(f, "linear", False) for f in fns)
     return value
+
+
+#: (tag, node handle) -> (node, what was derived from it): the walker visits the same
+#: scheduled TIR once per tile, and reading TIR objects through the FFI dominated that
+_NODE_CACHE: dict[tuple[str, int], tuple[Any, Any]] = {}
+
+
+def node_cached(tag: str, node: Any, make: Callable[[Any], Any]) -> Any:
+    """``make(node)``, computed once per TIR node (the node is kept alive with it)."""
+    key = (tag, node.__chandle__())
+    hit = _NODE_CACHE.get(key)
+    if hit is None:
+        if len(_NODE_CACHE) > 200_000:
+            _NODE_CACHE.clear()
+        hit = _NODE_CACHE[key] = (node, make(node))
+    return hit[1]
+
+
+def store_offset(st: Any) -> Callable[[Env], Any]:
+    """Element offset of a BufferStore's destination (cached per node)."""
+    return node_cached("store", st, lambda n: flat_offset(
+        list(n.indices), [int(d) for d in n.buffer.shape]))
+
+
+def load_offset(ld: Any) -> Callable[[Env], Any]:
+    """Element offset of a TensorLoad's source (cached per node)."""
+    return node_cached("load", ld, lambda n: flat_offset(
+        list(n.indices), [int(d) for d in n.source.shape]))

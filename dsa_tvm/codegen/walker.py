@@ -45,7 +45,7 @@ from .nests import (
     peel,
     touched,
 )
-from .texpr import Env, ExprError, affine, evaluate, flat_offset
+from .texpr import Env, ExprError, affine, compiled, evaluate, load_offset, node_cached, store_offset
 
 if TYPE_CHECKING:
     from ..hw.config import HardwareConfig
@@ -101,14 +101,14 @@ class TirWalker:
             for s in node.seq:
                 self._walk(s, env, dbuf)
         elif kind == "For":
-            leaf, loops = self._stage(node)
+            leaf, loops, var, lo_fn, ext_fn, body, ann = _for_info(node)
             if leaf is not None:
                 self._emit(leaf, loops, env)
                 return
-            db = dbuf or ANN_DOUBLE_BUFFER in node.annotations
-            lo = int(evaluate(node.min, env))
-            for v in range(lo, lo + int(evaluate(node.extent, env))):
-                self._walk(node.body, {**env, node.loop_var.name: v}, db)
+            db = dbuf or ann
+            lo = int(lo_fn(env))
+            for v in range(lo, lo + int(ext_fn(env))):
+                self._walk(body, {**env, var: v}, db)
         elif kind in ("BufferStore", "Evaluate"):
             self._emit(node, [], env)
         else:
@@ -170,9 +170,9 @@ class TirWalker:
     def _emit(self, leaf: Any, loops: list, env: Env) -> None:
         lp = []
         for name, lo, ext in loops:
-            if int(evaluate(lo, env)) != 0:
+            if int(compiled(lo)(env)) != 0:
                 raise CodegenError(f"loop '{name}' does not start at 0")
-            lp.append((name, int(evaluate(ext, env))))
+            lp.append((name, int(compiled(ext)(env))))
         try:
             if _cls(leaf) == "SeqStmt":
                 return self._alu_sequence([ev.value for ev in leaf.seq], lp, env)
@@ -208,9 +208,9 @@ class TirWalker:
 
     def _gemm(self, call: Any, lp, env: Env) -> None:
         a = call.args
-        acc, ab, as_ = self._rows(_data(a[1]), _fn(a[2]), env, lp)
-        _, ib, is_ = self._rows(_data(a[3]), _fn(a[4]), env, lp)
-        _, wb, ws = self._rows(_data(a[5]), _fn(a[6]), env, lp)
+        acc, ab, as_ = self._rows(_data(a[1]), compiled(a[2]), env, lp)
+        _, ib, is_ = self._rows(_data(a[3]), compiled(a[4]), env, lp)
+        _, wb, ws = self._rows(_data(a[5]), compiled(a[6]), env, lp)
         levels = [(ext, s1, s2, s3) for (_, ext), s1, s2, s3 in zip(lp, as_, is_, ws)]
         for bases, nest in peel(levels, (ab, ib, wb), GEMM_LEVELS):
             rows = touched(bases[0], [(e, s[0]) for e, *s in nest])
@@ -219,10 +219,10 @@ class TirWalker:
 
     def _requant(self, call: Any, lp, env: Env) -> None:
         a = call.args
-        _, db, ds = self._rows(_data(a[1]), _fn(a[2]), env, lp)
+        _, db, ds = self._rows(_data(a[1]), compiled(a[2]), env, lp)
         src = _data(a[3])
-        _, sb, ss = self._rows(src, _fn(a[4]), env, lp)
-        _, pb, ps = self._rows(_data(a[5]), _fn(a[6]), env, lp)
+        _, sb, ss = self._rows(src, compiled(a[4]), env, lp)
+        _, pb, ps = self._rows(_data(a[5]), compiled(a[6]), env, lp)
         self._flush_reset(src)
         self._flush_reset(_data(a[1]))
         imm = int(a[7].value)
@@ -237,7 +237,7 @@ class TirWalker:
         ops = {}
         for key, k in (("dst", 2), ("a", 4)) + ((("b", 6),) if not int(a[9].value) else ()):
             name = _data(a[k])
-            _, base, strides = self._rows(name, _fn(a[k + 1]), env, lp)
+            _, base, strides = self._rows(name, compiled(a[k + 1]), env, lp)
             ops[key] = (name, base, strides)
         return ops
 
@@ -328,7 +328,7 @@ class TirWalker:
         reset flag, anything else becomes an ALU MOV when the tile is first read."""
         nest = _drop_lane_loop(st, lp, self.row_elems["acc"])
         lane_env = {**env, lp[-1][0]: 0}
-        _, base, strides = self._rows(st.buffer.name, _store_fn(st), lane_env, nest)
+        _, base, strides = self._rows(st.buffer.name, store_offset(st), lane_env, nest)
         rows = touched(base, [(ext, s) for (_, ext), s in zip(nest, strides)])
         name = st.buffer.name
         if name in self.pending_reset and self.init_value.get(name) != value:
@@ -342,8 +342,9 @@ class TirWalker:
         if pend is not None and self.init_value.get(name, 0) != 0:
             self._flush_reset(name)
             return False
-        if pend is None or not np.isin(rows, pend).all():
-            if pend is not None and np.isin(rows, pend).any():
+        inside = None if pend is None else np.isin(rows, pend)
+        if inside is None or not inside.all():
+            if inside is not None and inside.any():
                 self._flush_reset(name)
             return False
         rest = np.setdiff1d(pend, rows)
@@ -378,8 +379,8 @@ class TirWalker:
         region = self._region(src.name)
         t = self._tile(st.buffer.name)
         unit = self.row_elems[t.sram]
-        sram_fn = _store_fn(st)
-        dram_fn = flat_offset(list(value.indices), [int(d) for d in src.shape])
+        sram_fn = store_offset(st)
+        dram_fn = load_offset(value)
         rows_lp, dst_b, dst_s, src_b, src_s = self._vector_split(
             st.buffer.name, lp, env, sram_fn, dram_fn, unit)
         pads = [(0, 0)] * len(rows_lp)
@@ -420,8 +421,8 @@ class TirWalker:
         src = value.source
         region = self._region(st.buffer.name)
         unit = self.row_elems["acc"]
-        sram_fn = flat_offset(list(value.indices), [int(d) for d in src.shape])
-        dram_fn = _store_fn(st)
+        sram_fn = load_offset(value)
+        dram_fn = store_offset(st)
         rows_lp, src_b, src_s, dst_b, dst_s = self._vector_split(
             src.name, lp, env, sram_fn, dram_fn, unit)
         t = self._tile(src.name)
@@ -483,12 +484,11 @@ def _data(arg: Any) -> str:
     raise CodegenError(f"intrinsic argument {arg} is not a buffer")
 
 
-def _fn(e: Any):
-    return lambda env: evaluate(e, env)
-
-
-def _store_fn(st: Any):
-    return flat_offset(list(st.indices), [int(d) for d in st.buffer.shape])
+def _for_info(node: Any):
+    """A For's stage (leaf, loops), loop variable, min, extent, body, double buffering."""
+    return node_cached("for", node, lambda n: (
+        *TirWalker._stage(n), n.loop_var.name, compiled(n.min), compiled(n.extent), n.body,
+        ANN_DOUBLE_BUFFER in n.annotations))
 
 
 def _drop_lane_loop(st: Any, lp, lanes: int):

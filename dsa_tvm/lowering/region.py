@@ -102,7 +102,7 @@ def compile_region(region: Region, cfg: HardwareConfig,
                 knobs = r.default_knobs(cfg, r.shape)
             except ValueError as e:
                 raise UnsupportedLayer(f"{layer.name}: {e}") from None
-        func = lower_for_walker(r.schedule(r.build(r.shape), cfg, r.shape, knobs))
+        func = _lowered(r, cfg, knobs, lower_for_walker)
         regions = {}
         for name, data in r.consts.items():
             regions[name] = b.region(f"{layer.name}.{name}", "const", data.shape,
@@ -126,6 +126,28 @@ def compile_region(region: Region, cfg: HardwareConfig,
             for t in region.inputs + region.outputs},
         inputs=[t.name for t in region.inputs], outputs=[t.name for t in region.outputs])
     return CompiledRegion(prog, plans)
+
+
+#: (compute, schedule, shape, knobs, hardware) -> the scheduled and lowered PrimFunc.
+#: Networks repeat layer shapes (ResNet stages); scheduling is deterministic and the
+#: walker only reads the PrimFunc, so identical layers share one.
+_LOWERED: dict[tuple, object] = {}
+_MAX_LOWERED = 512
+
+
+def _lowered(r, cfg: HardwareConfig, knobs, lower_for_walker):
+    try:
+        key = (r.build, r.schedule, r.shape, knobs, cfg.fingerprint)
+        hit = _LOWERED.get(key)
+    except TypeError:  # unhashable knobs (a tuner's own type): no caching
+        key, hit = None, None
+    if hit is None:
+        hit = lower_for_walker(r.schedule(r.build(r.shape), cfg, r.shape, knobs))
+        if key is not None:
+            if len(_LOWERED) >= _MAX_LOWERED:
+                _LOWERED.clear()
+            _LOWERED[key] = hit
+    return hit
 
 
 def _renumber_layers(prog: Program, layers_meta: list[dict]) -> None:
