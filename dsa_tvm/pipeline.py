@@ -52,7 +52,8 @@ class CompileReport:
         for r in self.regions:
             nums = ""
             if r.dsa_us is not None and r.cpu_us is not None:
-                nums = f"  DSA {r.dsa_us:.1f} us ({r.dsa_cycles:,} cycles) vs CPU ~{r.cpu_us:.1f} us"
+                nums = (f"  DSA {r.dsa_us:.1f} us ({r.dsa_cycles:,} cycles + launch) vs CPU "
+                        f"~{r.cpu_us:.1f} us")
             lines.append(f"  {r.name}: {r.target.upper()} ({len(r.layers)} layers, "
                          f"{r.macs:,} MACs){nums} - {r.reason}")
         if self.partition is not None:
@@ -67,9 +68,30 @@ def last_compile_report() -> CompileReport | None:
     return _last_report[-1] if _last_report else None
 
 
-def cpu_estimate_us(macs: int, cfg: HardwareConfig) -> float:
-    """What the host would take for the region's arithmetic (its int8 MAC rate)."""
-    return macs / (cfg.cpu_gmacs * 1e3) + cfg.launch_overhead_us
+def region_ops(region) -> int:
+    """Arithmetic of a region in MAC equivalents: MACs for the array layers, one operation
+    per input element read for the vector layers (window taps, both addends, ...)."""
+    import numpy as np
+
+    from .codegen.layers import layer_inputs
+
+    total = 0
+    for ly in region.layers:
+        if ly.macs:
+            total += ly.macs
+            continue
+        out = int(np.prod(ly.output.shape))
+        kernel = getattr(ly, "kernel", None)
+        if kernel is not None:
+            total += out * kernel[0] * kernel[1]
+        else:
+            total += max(out, sum(int(np.prod(t.shape)) for t in layer_inputs(ly)))
+    return total
+
+
+def cpu_estimate_us(ops: int, cfg: HardwareConfig) -> float:
+    """What the host would take for ``ops`` MAC-equivalents at its int8 rate."""
+    return ops / (cfg.cpu_gmacs * 1e3)
 
 
 def offload_for_dsa(mod, cfg: HardwareConfig):
@@ -97,9 +119,9 @@ def offload_for_dsa(mod, cfg: HardwareConfig):
         finally:
             d.compile_s = time.perf_counter() - t1
         d.dsa_cycles = sim.run(prog, timing_only=True, check_hazards=False).cycles
-        d.dsa_us = d.dsa_cycles / cfg.mhz
-        d.cpu_us = cpu_estimate_us(region.macs, cfg)
-        if d.dsa_us + cfg.launch_overhead_us > d.cpu_us:
+        d.dsa_us = d.dsa_cycles / cfg.mhz + cfg.launch_overhead_us
+        d.cpu_us = cpu_estimate_us(region_ops(region), cfg)
+        if d.dsa_us > d.cpu_us:
             d.reason = "the CPU is estimated faster"
             return None
         d.target, d.reason = "dsa", "all layers supported, faster than the CPU"

@@ -191,7 +191,7 @@ def test_cost_model_keeps_a_tiny_region_on_the_cpu():
     for d in rep.regions:
         if d.dsa_us is not None:
             assert d.reason == "the CPU is estimated faster"
-            assert d.dsa_us + cfg.launch_overhead_us > d.cpu_us
+            assert d.dsa_us > d.cpu_us  # the DSA time includes the launch overhead
     slow = [d for d in rep.regions if d.reason == "the CPU is estimated faster"]
     assert slow and all(d.dsa_us is not None and d.cpu_us is not None for d in slow), str(rep)
     assert "the CPU is estimated faster" in str(rep)

@@ -19,6 +19,16 @@ from tvm import te, tirx
 from dsa_tvm.codegen.names import SCALAR_REQUANT
 
 
+def window_out_hw(s) -> tuple[int, int]:
+    """Output height and width of a sliding window (conv or pool) over ``s.h x s.w``
+    with ``s.kh x s.kw``, ``s.strides``, ``s.padding`` (t, l, b, r) and ``s.dilation``."""
+    pt, pl, pb, pr = s.padding
+    (sh, sw), (dh, dw) = s.strides, s.dilation
+    oh = (s.h + pt + pb - dh * (s.kh - 1) - 1) // sh + 1
+    ow = (s.w + pl + pr - dw * (s.kw - 1) - 1) // sw + 1
+    return oh, ow
+
+
 @dataclass(frozen=True)
 class ConvShape:
     """One image-batch conv2d (groups = 1) in blocked form."""
@@ -44,11 +54,7 @@ class ConvShape:
 
     @property
     def out_hw(self) -> tuple[int, int]:
-        pt, pl, pb, pr = self.padding
-        (sh, sw), (dh, dw) = self.strides, self.dilation
-        oh = (self.h + pt + pb - dh * (self.kh - 1) - 1) // sh + 1
-        ow = (self.w + pl + pr - dw * (self.kw - 1) - 1) // sw + 1
-        return oh, ow
+        return window_out_hw(self)
 
 
 def conv2d(s: ConvShape) -> tirx.PrimFunc:

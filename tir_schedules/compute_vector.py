@@ -27,6 +27,7 @@ from tvm import te, tirx
 
 from dsa_tvm.codegen.names import SCALAR_REQUANT
 
+from .compute import window_out_hw
 from .intrinsics import SCALAR_AXPBY
 
 WINDOW_KINDS = ("dw", "max", "avg")
@@ -53,11 +54,7 @@ class WindowShape:
 
     @property
     def out_hw(self) -> tuple[int, int]:
-        pt, pl, pb, pr = self.padding
-        (sh, sw), (dh, dw) = self.strides, self.dilation
-        oh = (self.h + pt + pb - dh * (self.kh - 1) - 1) // sh + 1
-        ow = (self.w + pl + pr - dw * (self.kw - 1) - 1) // sw + 1
-        return oh, ow
+        return window_out_hw(self)
 
 
 @dataclass(frozen=True)
