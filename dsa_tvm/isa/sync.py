@@ -33,9 +33,55 @@ if TYPE_CHECKING:
 _L, _C, _S = Engine.LOAD, Engine.COMPUTE, Engine.STORE
 
 
+class _History:
+    """One engine's instructions in program order, in blocks that carry the union of
+    their footprints, so a search for the newest conflicting instruction skips whole
+    blocks that cannot conflict (the answer is the same as a plain backward scan)."""
+
+    BLOCK = 32
+
+    def __init__(self) -> None:
+        self.idx: list[int] = []
+        self.agg: list[tuple[dict[str, list[int]], dict[str, list[int]]]] = []
+
+    def add(self, i: int, fp: Footprint) -> None:
+        if len(self.idx) % self.BLOCK == 0:
+            self.agg.append(({}, {}))
+        self.idx.append(i)
+        for part, ranges in zip(self.agg[-1], (fp.reads, fp.writes)):
+            for space, lo, hi in ranges:
+                cur = part.get(space)
+                if cur is None:
+                    part[space] = [lo, hi]
+                else:
+                    cur[0], cur[1] = min(cur[0], lo), max(cur[1], hi)
+
+    def last(self) -> int | None:
+        return self.idx[-1] if self.idx else None
+
+    def newest_conflict(self, fp: Footprint, floor: int, fps: list[Footprint]) -> int | None:
+        for b in range(len(self.agg) - 1, -1, -1):
+            start = b * self.BLOCK
+            end = min(start + self.BLOCK, len(self.idx))
+            if self.idx[end - 1] <= floor:
+                return None
+            reads, writes = self.agg[b]
+            agg = Footprint(tuple((s, r[0], r[1]) for s, r in reads.items()),
+                            tuple((s, r[0], r[1]) for s, r in writes.items()))
+            if not conflicts(agg, fp):
+                continue
+            for k in range(end - 1, start - 1, -1):
+                j = self.idx[k]
+                if j <= floor:
+                    return None
+                if conflicts(fps[j], fp):
+                    return j
+        return None
+
+
 def _find_deps(instrs: list[Instruction], fps: list[Footprint]) -> list[dict[Engine, int]]:
     """For each instruction, the latest conflicting earlier instruction per other engine."""
-    recent: dict[Engine, list[int]] = {_L: [], _C: [], _S: []}
+    recent = {_L: _History(), _C: _History(), _S: _History()}
     # the newest instruction of engine X that engine Y already waits for (transitively
     # through program order on Y): anything older on X needs no new dependency
     covered: dict[tuple[Engine, Engine], int] = {}
@@ -48,18 +94,16 @@ def _find_deps(instrs: list[Instruction], fps: list[Footprint]) -> list[dict[Eng
                 continue
             floor = covered.get((me, other), -1)
             if isinstance(ins, Finish):  # the end waits for everything
-                if recent[other] and recent[other][-1] > floor:
-                    deps[other] = recent[other][-1]
+                last = recent[other].last()
+                if last is not None and last > floor:
+                    deps[other] = last
                 continue
-            for j in reversed(recent[other]):
-                if j <= floor:
-                    break
-                if conflicts(fps[j], fps[i]):
-                    deps[other] = j
-                    break
+            j = recent[other].newest_conflict(fps[i], floor, fps)
+            if j is not None:
+                deps[other] = j
         for other, j in deps.items():
             covered[(me, other)] = max(covered.get((me, other), -1), j)
-        recent[me].append(i)
+        recent[me].add(i, fps[i])
         out.append(deps)
     return out
 
