@@ -17,7 +17,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-from ..codegen.layers import Conv2d, Dense, Layer, QTensor, Region
+from ..codegen.layers import Layer, QTensor, Region
 from ..codegen.walker import TirWalker
 from ..hw.config import HardwareConfig
 from ..isa.builder import ProgramBuilder
@@ -26,7 +26,7 @@ from ..isa.sync import insert_dependencies
 from .kinds import UnsupportedLayer, recipe
 from .layouts import blocked_shape
 
-__all__ = ["CompiledRegion", "LayerPlan", "UnsupportedLayer", "compile_region", "conv_shape",
+__all__ = ["CompiledRegion", "LayerPlan", "UnsupportedLayer", "compile_region",
            "lowering_supports"]
 
 
@@ -44,11 +44,6 @@ class LayerPlan:
 class CompiledRegion:
     program: Program
     plans: list[LayerPlan] = field(default_factory=list)
-
-
-def conv_shape(layer: Conv2d | Dense, cfg: HardwareConfig):
-    """The blocked TIR shape of a conv (groups = 1) or dense layer."""
-    return recipe(layer, cfg, consts=False).shape
 
 
 def lowering_supports(layer: Layer, cfg: HardwareConfig) -> str | None:
