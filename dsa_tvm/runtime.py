@@ -18,7 +18,7 @@ import numpy as np
 
 from .hw.config import HardwareConfig, config_from_dict
 from .isa.program import Program
-from .lowering.layouts import pack_activation, unpack_activation
+from .lowering.layouts import pack_input, unpack_activation
 from .sim.simulator import SimResult, Simulator
 
 LAUNCH = "dsa.launch"
@@ -81,7 +81,7 @@ def launch(*args: Any) -> None:
         if x.shape != want or x.dtype != np.int8:
             raise RuntimeError(f"dsa.launch of '{prog.name}': input '{name}' must be "
                                f"int8{list(want)}, got {x.dtype}{list(x.shape)}")
-        feeds[name] = pack_activation(x, block)
+        feeds[name] = pack_input(x, prog.meta["io"][name], block)
     res = sim.run(prog, feeds)
     for name, t in zip(names_out, args[1 + len(names_in):]):
         y = unpack_activation(res.outputs[name], tuple(prog.meta["io"][name]["shape"]))

@@ -29,7 +29,7 @@ from dsa_tvm.hw.config import HardwareConfig, load_config  # noqa: E402
 from dsa_tvm.isa import semantics as sem  # noqa: E402
 from dsa_tvm.lowering import kinds  # noqa: E402
 from dsa_tvm.lowering.kinds import recipe  # noqa: E402
-from dsa_tvm.lowering.layouts import pack_activation, unpack_activation  # noqa: E402
+from dsa_tvm.lowering.layouts import pack_input, unpack_activation  # noqa: E402
 from dsa_tvm.lowering.region import compile_region, lowering_supports  # noqa: E402
 from dsa_tvm.sim.simulator import Simulator  # noqa: E402
 
@@ -120,7 +120,8 @@ def check(reg: L.Region, cfg: HardwareConfig, rng: np.random.Generator, choose_k
     xs = {t.name: rng.integers(-128, 128, t.shape, dtype=np.int8) for t in reg.inputs}
     want = run_region(reg, xs)
     prog = compile_region(reg, cfg, choose_knobs).program
-    res = Simulator(cfg).run(prog, {k: pack_activation(v, cfg.block_in) for k, v in xs.items()})
+    res = Simulator(cfg).run(prog, {k: pack_input(v, prog.meta["io"][k], cfg.block_in)
+                                    for k, v in xs.items()})
     for t in reg.outputs:
         got = unpack_activation(res.outputs[t.name], t.shape)
         bad = np.argwhere(got != want[t.name])

@@ -23,6 +23,7 @@ from ..hw.config import HardwareConfig
 from ..isa.builder import ProgramBuilder
 from ..isa.program import Program
 from ..isa.sync import insert_dependencies
+from .fold_input import fold_region_inputs
 from .kinds import UnsupportedLayer, recipe
 from .layouts import blocked_shape
 
@@ -75,6 +76,11 @@ def compile_region(region: Region, cfg: HardwareConfig,
     from tir_schedules.schedule import lower_for_walker
 
     block = cfg.block_in
+    io = {t.name: {"shape": list(t.shape), "scale": t.scale, "zero_point": t.zero_point}
+          for t in region.inputs + region.outputs}
+    region, folded = fold_region_inputs(region, cfg)
+    for name, spec in folded.items():
+        io[name]["im2col"] = spec
     b = ProgramBuilder(cfg, region.name)
     tensors: dict[str, object] = {}
 
@@ -117,8 +123,7 @@ def compile_region(region: Region, cfg: HardwareConfig,
     _renumber_layers(prog, layers_meta)
     prog.meta.update(
         kind="region", layers=layers_meta, hardware=cfg.as_dict(),
-        io={t.name: {"shape": list(t.shape), "scale": t.scale, "zero_point": t.zero_point}
-            for t in region.inputs + region.outputs},
+        io=io,
         inputs=[t.name for t in region.inputs], outputs=[t.name for t in region.outputs])
     return CompiledRegion(prog, plans)
 
