@@ -89,15 +89,17 @@ def vector_fits(cfg: HardwareConfig, s: VectorShape, k: VectorKnobs) -> str | No
 # ----------------------------------------------------------------------------- cost model
 def _cycles(cfg: HardwareConfig, tiles: int, loads: list[tuple[int, int]], alu_rows: int,
             alu_instrs: int, store_bytes: int, db: bool, once: float = 0.0) -> float:
-    """Rough cycles: ACC loads hold the compute engine for transfer + latency; ALU rows
-    cost ``alu_cycles_per_row``; stores overlap the next tile when double-buffered;
-    loads and stores share one DRAM channel."""
+    """Rough cycles: the tile's loads (load engine, prefetched, pipelined: one latency per
+    tile), its ALU rows (``alu_cycles_per_row``) and its store overlap across tiles when
+    double-buffered and follow one another when not; one DRAM channel carries all."""
     bw, lat = cfg.bandwidth_bytes_per_cycle, cfg.latency_cycles
-    load = sum(math.ceil(b / bw) + lat * n for b, n in loads)
+    load = sum(math.ceil(b / bw) for b, _ in loads) + lat
     alu = alu_rows * cfg.alu_cycles_per_row + alu_instrs * cfg.alu_latency_cycles
     store = math.ceil(store_bytes / bw) + lat
-    compute = tiles * (load + alu) + once
-    total = compute + store if db else compute + tiles * store
+    if db:
+        total = tiles * max(load, alu, store) + min(load, alu) + store + once
+    else:
+        total = tiles * (load + alu + store) + once
     bus = tiles * (sum(b for b, _ in loads) + store_bytes) / bw
     return max(total, bus)
 
