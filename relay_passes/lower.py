@@ -24,6 +24,7 @@ from tvm import relax
 from dsa_tvm.codegen.layers import (
     Add,
     BatchMatmul,
+    BiasAdd,
     Conv2d,
     Dense,
     GlobalAvgPool,
@@ -37,7 +38,7 @@ from dsa_tvm.codegen.layers import (
 from dsa_tvm.isa import semantics as sem
 
 from .patterns import Match, QParams, describe
-from .supported import ADD_MULT_BITS, rescale_factors
+from .supported import ADD_MULT_BITS, channel_addend, rescale_factors
 
 
 class LoweringError(ValueError):
@@ -114,6 +115,10 @@ def layer_from_match(m: Match, name: str, inputs: list[QTensor], output: QTensor
         am, bm, n = _add_params(m)
         rq = Requant(np.array([1], np.int32), np.array([n], np.int32), int(m.out.zero_point[0]),
                      clip_bounds(m))
+        if m.addend is not None:
+            c = channel_addend(m.addend.value, tuple(m.out_shape)).astype(np.int64)
+            bias = (c - int(m.addend.qp.zero_point[0])) * bm
+            return BiasAdd(name, inputs[0], output, am, bias.astype(np.int32), rq)
         return Add(name, inputs[0], inputs[1], output, am, bm, rq)
     if k in ("relu", "clip", "rescale"):
         return Rescale(name, inputs[0], output, _requant(rescale_factors(m), m))

@@ -141,6 +141,7 @@ class Match:
     weight: Operand | None = None
     weight_transposed: bool = False  # dense: weight arrives as permute_dims([N, K]) (else [K, N])
     bias: Operand | None = None
+    addend: Operand | None = None   # add: a constant second operand (then ``inputs`` is one)
     act: tuple[str, float, float] | None = None  # (relu|clip, lo, hi) in real units
     calls: list[relax.Call] = field(default_factory=list)  # every call of the match
 
@@ -262,7 +263,13 @@ def describe(kind: str, root: relax.Expr,
         m = Match(kind, op, [r.operand(op.args[0]), r.operand(op.args[1])], out, out_shape, q)
     elif kind == "add":
         op = r.need(body, "relax.add")
-        m = Match(kind, op, [r.operand(op.args[0]), r.operand(op.args[1])], out, out_shape, q)
+        ops = [r.operand(op.args[0]), r.operand(op.args[1])]
+        consts = [o for o in ops if o.value is not None]
+        if len(consts) == 1:  # activation + constant (a bias the exporter kept apart)
+            m = Match(kind, op, [o for o in ops if o.value is None], out, out_shape, q,
+                      addend=consts[0])
+        else:
+            m = Match(kind, op, ops, out, out_shape, q)
     elif kind in ("max_pool2d", "avg_pool2d", "global_avg_pool", "relu", "clip"):
         opname = {"max_pool2d": "relax.nn.max_pool2d", "avg_pool2d": "relax.nn.avg_pool2d",
                   "global_avg_pool": "relax.mean", "relu": "relax.nn.relu",

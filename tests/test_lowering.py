@@ -105,6 +105,18 @@ def add(rng, a: L.QTensor, b: L.QTensor, name: str = "add") -> L.Add:
                  int(round(rb * 2 ** shift)), rq)
 
 
+def bias_add(rng, x: L.QTensor, name: str = "bias_add") -> L.BiasAdd:
+    """A per-channel constant addend at the shared shift, as ``relay_passes.lower`` builds it."""
+    c = x.shape[1] if len(x.shape) == 4 else x.shape[-1]
+    ra, rb = rng.uniform(0.2, 2, 2)
+    shift = 20 - math.floor(math.log2(max(ra, rb)))
+    rq = L.Requant(np.array([1], np.int32), np.array([shift], np.int32),
+                   int(rng.integers(-128, 128)), (-128, 127))
+    bias = rng.integers(-255, 256, c) * int(round(rb * 2 ** shift))
+    return L.BiasAdd(name, x, qt(rng, f"{name}_y", x.shape), int(round(ra * 2 ** shift)),
+                     bias.astype(np.int32), rq)
+
+
 def rescale(rng, x: L.QTensor, name: str = "rescale") -> L.Rescale:
     c = x.shape[1] if len(x.shape) == 4 else x.shape[-1]
     return L.Rescale(name, x, qt(rng, f"{name}_y", x.shape), requant(rng, c, 1.0))
@@ -226,6 +238,7 @@ def test_add_and_rescale(preset, data):
     rs = rescale(rng, ly.output)
     check(region([a, b], [ly, rs], [ly.output, rs.output]), cfg, rng)
     check(region([a], [add(rng, a, a)]), cfg, rng)  # both operands one tensor
+    check(region([a], [bias_add(rng, a)]), cfg, rng)
 
 
 # ----------------------------------------------------------------------------- any schedule
@@ -235,7 +248,8 @@ def _vector_regions(rng, cfg: HardwareConfig) -> list[L.Region]:
     return [region([x], [conv(rng, x, 0, 3, 1, 1, depthwise=True)]),
             region([x], [pool(rng, x, "max", 3, 2, 1)]),
             region([x], [gap(rng, x, True)]),
-            region([x], [rescale(rng, x)])]
+            region([x], [rescale(rng, x)]),
+            region([x], [bias_add(rng, x)])]
 
 
 @pytest.mark.parametrize("preset", PRESETS)

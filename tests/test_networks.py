@@ -167,6 +167,9 @@ def test_encoder_dense_on_dsa_rest_on_cpu_with_reasons(encoder_default):
     ops = [type(ly).__name__ for d in rep.regions if d.target == "dsa" for ly in d.region.layers]
     # q, k, v, out, ffn.up, ffn.down: 16 tokens x (4 * 64 * 64 + 2 * 64 * 128)
     assert ops.count("Dense") == 6, str(rep)
+    # the projection biases onnxruntime leaves as separate Adds, and GELU's "+ 1"
+    assert ops.count("BiasAdd") == 7, str(rep)
+    assert not [op for op in rep.partition.cpu_ops if op.op == "relax.add"], str(rep)
     assert dsa >= 16 * (4 * 64 * 64 + 2 * 64 * 128)
     cpu = rep.partition.cpu_ops
     reasons = " | ".join(f"{op.op}: {op.reason}" for op in cpu)

@@ -128,7 +128,7 @@ def estimate_vector_cycles(cfg: HardwareConfig, s: VectorShape, k: VectorKnobs) 
                        0, k.double_buffer, once)
     rows = k.tile_p * k.tile_cb
     tiles = (s.p // k.tile_p) * (s.cb // k.tile_cb)
-    n_in, passes = (1, 1) if s.kind == "rescale" else (2, 3)
+    n_in, passes = {"rescale": (1, 1), "scale": (1, 2), "add": (2, 3)}[s.kind]
     once = (s.cb // k.tile_cb) * (12 * k.tile_cb * b / cfg.bandwidth_bytes_per_cycle
                                   + cfg.latency_cycles)
     return _cycles(cfg, tiles, [(rows * b, 1)] * n_in, passes * rows, passes, rows * b,
@@ -254,7 +254,7 @@ def schedule_eltwise(func: tirx.PrimFunc, cfg: HardwareConfig, s: EltwiseShape,
     table is loaded once per channel tile."""
     _check(cfg, s, k)
     sch = s_tir.Schedule(func)
-    first = sch.get_sblock("acc" if s.kind == "add" else "requant")
+    first = sch.get_sblock("requant" if s.kind == "rescale" else "acc")
     inputs = [sch.cache_read(first, i, SCOPE_ACC) for i in range(2 if s.kind == "add" else 1)]
     p, cb, c = sch.get_loops(first)
     p_o, p_i = sch.split(p, [None, k.tile_p])
@@ -262,9 +262,10 @@ def schedule_eltwise(func: tirx.PrimFunc, cfg: HardwareConfig, s: EltwiseShape,
     sch.reorder(cb_o, p_o, p_i, cb_i, c)
     for blk in inputs:
         sch.compute_at(blk, p_o)
-    if s.kind == "add":
+    if s.kind in ("add", "scale"):
         sch.set_scope(first, 0, SCOPE_ACC)
-        sch.tensorize(c, axpby_intrin(s.block, s.a_mult, s.b_mult))
+        sch.tensorize(c, axpby_intrin(s.block, s.a_mult, s.b_mult) if s.kind == "add"
+                      else alu_intrin("mul", s.block, "int8", imm=s.a_mult))
         _output(sch, s, "int32", cb_o, p_o)
     else:
         _output(sch, s, "int8", cb_o, p_o, placed=True)

@@ -165,6 +165,26 @@ class Add:
 
 
 @dataclass(frozen=True)
+class BiasAdd:
+    """acc = (x - x.zp) * x_mult + bias[c] (int32); y = requant(acc): an Add whose second
+    operand is a per-channel constant (a matmul bias the exporter left as its own Add).
+
+    ``bias`` already holds ``(b - b.zp) * b_mult`` per channel (channels: axis 1 of NCHW,
+    the last axis otherwise), at the requant's shift like :class:`Add`'s factors."""
+
+    name: str
+    input: QTensor
+    output: QTensor
+    x_mult: int
+    bias: np.ndarray         # int32 [C]
+    requant: Requant
+
+    @property
+    def macs(self) -> int:
+        return 0
+
+
+@dataclass(frozen=True)
 class Rescale:
     """y = requant(x - x.zp): a change of scale and/or a clip (standalone ReLU, QDQ chains)."""
 
@@ -178,7 +198,7 @@ class Rescale:
         return 0
 
 
-Layer = Conv2d | Dense | BatchMatmul | Pool2d | GlobalAvgPool | Add | Rescale
+Layer = Conv2d | Dense | BatchMatmul | Pool2d | GlobalAvgPool | Add | BiasAdd | Rescale
 
 
 @dataclass

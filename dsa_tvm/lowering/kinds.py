@@ -27,6 +27,7 @@ import numpy as np
 from ..codegen.layers import (
     Add,
     BatchMatmul,
+    BiasAdd,
     Conv2d,
     Dense,
     GlobalAvgPool,
@@ -227,7 +228,8 @@ def _pixels(t: QTensor) -> tuple[int, int]:
     return n * h * w, c
 
 
-def _eltwise_recipe(layer: Add | Rescale, cfg: HardwareConfig, consts: bool) -> Recipe:
+def _eltwise_recipe(layer: Add | BiasAdd | Rescale, cfg: HardwareConfig,
+                    consts: bool) -> Recipe:
     from tir_schedules.compute_vector import EltwiseShape, eltwise
     from tir_schedules.schedule_vector import schedule_eltwise
 
@@ -251,6 +253,17 @@ def _eltwise_recipe(layer: Add | Rescale, cfg: HardwareConfig, consts: bool) -> 
                              int(layer.a_mult), int(layer.b_mult))
         bias = -(layer.a.zero_point * layer.a_mult + layer.b.zero_point * layer.b_mult)
         inputs = {"a": layer.a, "b": layer.b}
+    elif isinstance(layer, BiasAdd):
+        if not sem.INT32_MIN <= layer.x_mult <= sem.INT32_MAX:
+            raise UnsupportedLayer(f"{layer.name}: rescale factor {layer.x_mult} exceeds the "
+                                   f"32-bit ALU immediate")
+        if np.shape(layer.bias) != (c,):
+            raise UnsupportedLayer(f"{layer.name}: bias of shape {np.shape(layer.bias)} for "
+                                   f"{c} channels")
+        shape = EltwiseShape("scale", p, ceil_div(c, block), block, rq.zero_point, rq.clip,
+                             int(layer.x_mult))
+        bias = np.asarray(layer.bias, np.int64) - layer.input.zero_point * layer.x_mult
+        inputs = {"x": layer.input}
     else:
         shape = EltwiseShape("rescale", p, ceil_div(c, block), block, rq.zero_point, rq.clip)
         bias = -layer.input.zero_point
@@ -280,7 +293,7 @@ def recipe(layer: Layer, cfg: HardwareConfig, consts: bool = True) -> Recipe:
         return _window_recipe(layer, cfg, consts)
     if isinstance(layer, GlobalAvgPool):
         return _global_recipe(layer, cfg, consts)
-    if isinstance(layer, (Add, Rescale)):
+    if isinstance(layer, (Add, BiasAdd, Rescale)):
         return _eltwise_recipe(layer, cfg, consts)
     if isinstance(layer, BatchMatmul):
         raise UnsupportedLayer(f"{layer.name}: batch matmul of two activations is not lowered "
