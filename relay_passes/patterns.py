@@ -44,6 +44,11 @@ def _q(body: DFPattern) -> DFPattern:
 
 ACTS: tuple[str | None, ...] = ("relu", "clip", None)
 
+#: codegen of layers whose operands the host packs: regions of their own
+HOST_PACKED = "dsa_hostpacked"
+#: every codegen name a DSA region function carries
+CODEGENS = ("dsa", HOST_PACKED)
+
 
 def _conv(bias: bool, act: str | None) -> DFPattern:
     conv = is_op("relax.nn.conv2d")(_dq(), _dq(is_const()))
@@ -86,7 +91,9 @@ def pattern_specs() -> list[PatternSpec]:
         for act in ACTS:
             v = "+".join(["bias"] * bias + [act] * (act is not None)) or "plain"
             out.append(PatternSpec("dsa.dense", _dense(bias, act), "dense", v))
-    out.append(PatternSpec("dsa.batch_matmul", _q(is_op("relax.matmul")(_dq(), _dq())),
+    # its own codegen name: MergeCompositeFunctions never merges it with "dsa" layers, so
+    # both operands reach it from the host, which packs them (lowering.host_pack)
+    out.append(PatternSpec(f"{HOST_PACKED}.batch_matmul", _q(is_op("relax.matmul")(_dq(), _dq())),
                            "batch_matmul", "plain"))
     out.append(PatternSpec("dsa.max_pool2d", _unary("relax.nn.max_pool2d"), "max_pool2d", "plain"))
     out.append(PatternSpec("dsa.avg_pool2d", _unary("relax.nn.avg_pool2d"), "avg_pool2d", "plain"))

@@ -265,8 +265,10 @@ def _bmm_shapes(m: Match, cfg: HardwareConfig) -> str | None:
     a, b = m.inputs
     if a.value is not None or b.value is not None:
         return "one operand is a constant (a dense layer whose weights failed the dense checks)"
-    if len(a.shape) != 3 or len(b.shape) != 3 or a.shape[0] != b.shape[0]:
-        return f"batch matmul needs (B, M, K) x (B, K, N) operands, got {a.shape} x {b.shape}"
+    if (len(a.shape) < 3 or len(b.shape) != len(a.shape) or a.shape[:-2] != b.shape[:-2]
+            or a.shape[-1] != b.shape[-2]):
+        return (f"batch matmul needs (..., M, K) x (..., K, N) operands with the same leading "
+                f"dimensions, got {a.shape} x {b.shape}")
     if _ceil(a.shape[2], cfg.block_in) > MAX_DMA or _ceil(b.shape[2], cfg.block_out) > MAX_DMA:
         return f"K or N blocks exceed the {DRAM_SIZE_BITS}-bit DMA size fields"
     return None
@@ -293,7 +295,8 @@ DENSE = COMMON + [
 ]
 
 BATCH_MATMUL = COMMON + [
-    Constraint("shapes", "two int8 activations (B, M, K) x (B, K, N), same B", _bmm_shapes),
+    Constraint("shapes", "two int8 activations (..., M, K) x (..., K, N), same leading "
+               "dimensions (no broadcast)", _bmm_shapes),
     Constraint("dtype", "float32 QDQ arithmetic", _matmul_dtype),
 ]
 

@@ -99,15 +99,14 @@ class BatchMatmul:
     Both operands are activations (attention: Q @ K^T, P @ V)."""
 
     name: str
-    a: QTensor               # (B, M, K)
+    a: QTensor               # (B, M, K): leading dimensions of the graph flattened into B
     b: QTensor               # (B, K, N)
     output: QTensor          # (B, M, N)
     requant: Requant
 
     @property
     def macs(self) -> int:
-        bsz, m, k = self.a.shape
-        return bsz * m * k * self.b.shape[-1]
+        return int(np.prod(self.a.shape, dtype=np.int64)) * self.b.shape[-1]
 
 
 @dataclass(frozen=True)

@@ -90,12 +90,3 @@ def im2col(x: np.ndarray, kernel: tuple[int, int], strides: tuple[int, int],
                                j * dw:j * dw + sw * (ow - 1) + 1:sw]
     return cols.reshape(n, kh * kw * c, oh, ow)
 
-
-def pack_input(x: np.ndarray, io: dict, block: int) -> np.ndarray:
-    """A region input in the layout its program reads: blocked, after the host im2col
-    the compiler chose for it (``io["im2col"]``, see ``lowering.fold_input``)."""
-    spec = io.get("im2col")
-    if spec:
-        x = im2col(x, tuple(spec["kernel"]), tuple(spec["strides"]), tuple(spec["padding"]),
-                   tuple(spec["dilation"]), io["zero_point"])
-    return pack_activation(x, block)
