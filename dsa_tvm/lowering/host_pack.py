@@ -19,7 +19,7 @@ from __future__ import annotations
 import numpy as np
 
 from ..isa import semantics as sem
-from .layouts import ceil_div, im2col, pack_activation, pack_output_stage
+from .layouts import im2col, pack_activation, pack_conv_weights, pack_output_stage
 
 PARAMS = "#params"
 ROWSUM = "#rowsum"
@@ -31,13 +31,12 @@ def batch_dims(shape: tuple[int, ...]) -> tuple[int, int, int]:
 
 
 def weight_tiles(b: np.ndarray, block_in: int, block_out: int) -> np.ndarray:
-    """(..., K, N) int8 -> [batch][NB][KB][block_out][block_in] tiles, zero padded."""
+    """(..., K, N) int8 -> [batch][NB][KB][block_out][block_in] tiles, zero padded: per
+    batch, the tiles of a dense layer whose weight is b transposed."""
     bt, k, n = batch_dims(b.shape)
-    kb, nb = ceil_div(k, block_in), ceil_div(n, block_out)
-    p = np.zeros((bt, kb * block_in, nb * block_out), np.int8)
-    p[:, :k, :n] = b.reshape(bt, k, n)
-    return np.ascontiguousarray(
-        p.reshape(bt, kb, block_in, nb, block_out).transpose(0, 3, 1, 4, 2))
+    mats = b.reshape(bt, k, n)
+    return np.stack([pack_conv_weights(np.ascontiguousarray(mats[t].T)[:, :, None, None],
+                                       block_in, block_out)[:, 0, 0] for t in range(bt)])
 
 
 def matmul_params(b: np.ndarray, spec: dict, block_out: int) -> np.ndarray:
