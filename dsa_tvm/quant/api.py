@@ -24,6 +24,7 @@ from .observers import METHODS
 from .onnx_graph import Graph, is_qdq, load, name_nodes, with_shapes
 from .plan import Plan, make_plan
 from .qparams import ActQuant, activation_qparams
+from .simplify import fold_constants, fold_pads
 
 
 @dataclass(frozen=True)
@@ -87,9 +88,12 @@ class QuantizedModel:
 
 
 def prepare(model: onnx.ModelProto | str | Path) -> tuple[onnx.ModelProto, list[str]]:
-    """A named, shape-inferred FP32 copy with batch norms folded into convolutions."""
+    """A named, shape-inferred FP32 copy: constants folded, zero Pads and batch norms folded
+    into convolutions."""
     m = load(model)
     name_nodes(m)
+    fold_constants(m)
+    fold_pads(m)
     folded = fold_batch_norms(m)
     return with_shapes(m), folded
 
