@@ -22,6 +22,7 @@ from .fold import fold_batch_norms
 from .insert import insert_qdq
 from .observers import METHODS
 from .onnx_graph import Graph, is_qdq, load, name_nodes, with_shapes
+from .outliers import split_candidates, split_outliers
 from .plan import Plan, make_plan
 from .qparams import ActQuant, activation_qparams
 from .simplify import fold_constants, fold_pads
@@ -35,6 +36,8 @@ class QuantOptions:
     keep_fp32: frozenset[str] = frozenset()
     quantize_adds: bool = True
     percentile: float = 99.999
+    bias_correction: bool = True
+    split_outliers: bool = True
 
 
 @dataclass
@@ -49,13 +52,15 @@ class QuantizedModel:
     qparams: dict[str, ActQuant] = field(default_factory=dict)           # group root -> int8 qparams
     folded_bn: list[str] = field(default_factory=list)
     passthrough: bool = False
+    input_means: dict[str, np.ndarray] = field(default_factory=dict)     # anchor input -> channel means
+    side_path: list[str] = field(default_factory=list)                   # FP32 outlier nodes
 
     def requantize(self, keep_fp32: Iterable[str]) -> QuantizedModel:
         """The same calibration with other layers kept in FP32 (no new calibration run)."""
         if self.passthrough:
             raise ValueError("the model arrived quantized (QDQ); there is nothing to requantize")
         opts = replace(self.options, keep_fp32=frozenset(keep_fp32))
-        return _build(self.fp32, opts, self.ranges, self.folded_bn)
+        return _build(self.fp32, opts, self.ranges, self.folded_bn, self.input_means, self.side_path)
 
     def to_relax(self):
         """The QDQ model imported into Relax (weights as constants, as the DSA patterns need)."""
@@ -82,7 +87,11 @@ class QuantizedModel:
                  f"{len(p.group_members())} scale groups"]
         if self.folded_bn:
             lines.append(f"folded {len(self.folded_bn)} batch norms into convolutions")
+        if self.side_path:
+            lines.append(f"split outlier channels off into {len(self.side_path)} FP32 side-path nodes")
         for name, why in sorted(p.kept_fp32.items()):
+            if name in self.side_path:
+                continue
             lines.append(f"  FP32: {name}: {why}")
         return "\n".join(lines)
 
@@ -115,8 +124,9 @@ def quantize_onnx(model: onnx.ModelProto | str | Path, calibration_data, method:
                   per_channel: bool = True, symmetric_activations: bool = False,
                   keep_fp32: Iterable[str] = (), num_batches: int | None = None,
                   preprocess: str | Callable[[np.ndarray], np.ndarray] = "imagenet",
-                  quantize_adds: bool = True, percentile: float = 99.999,
-                  show_progress: bool = True, verbose: bool = False) -> QuantizedModel:
+                  quantize_adds: bool = True, percentile: float = 99.999, bias_correction: bool = True,
+                  split_outliers: bool = True, show_progress: bool = True,
+                  verbose: bool = False) -> QuantizedModel:
     """Post-training int8 quantization of an FP32 ONNX model into QDQ form.
 
     ``calibration_data``: feeds, arrays, an ``.npz`` or a folder of images (see
@@ -124,41 +134,67 @@ def quantize_onnx(model: onnx.ModelProto | str | Path, calibration_data, method:
     percentile, entropy (KL) or mse. Weights: symmetric int8, per output channel unless
     ``per_channel=False``. Activations: asymmetric int8 unless ``symmetric_activations``.
     ``keep_fp32``: node names to leave in FP32. ``num_batches``: use only the first n.
+    ``bias_correction``: fold the mean output shift of rounded weights into the biases.
+    ``split_outliers``: move outlier channels of dense layers to FP32 side paths (``outliers.py``).
     """
     if method not in METHODS:
         raise ValueError(f"unknown calibration method '{method}' (choose from {', '.join(METHODS)})")
     src = load(model)
     opts = QuantOptions(method, per_channel, symmetric_activations, frozenset(keep_fp32),
-                        quantize_adds, percentile)
+                        quantize_adds, percentile, bias_correction, split_outliers)
     if is_qdq(src):
         if verbose:
             print("dsa-tvm quantize: model is already quantized (QDQ); passing it through",
                   file=sys.stderr)
         return QuantizedModel(src, src, opts, passthrough=True)
     fp32, folded = prepare(src)
+    feeds = as_feeds(calibration_data, input_shapes(fp32), preprocess, num_batches, input_dtypes(fp32))
+    side: list[str] = []
+    if split_outliers:
+        fp32, side = _split_outliers(fp32, feeds, show_progress)
     g = Graph(fp32)
-    plan = make_plan(g, opts.keep_fp32, None, quantize_adds)
+    plan = make_plan(g, opts.keep_fp32 | set(side), None, quantize_adds)
     if not plan.tensors:
         raise ValueError("nothing to quantize: the model has no Conv/Gemm/MatMul with constant weights "
                          f"(kept in FP32: {dict(plan.kept_fp32)})")
-    feeds = as_feeds(calibration_data, input_shapes(fp32), preprocess, num_batches, input_dtypes(fp32))
     extra = {"percentile": percentile} if method == "percentile" else {}
-    observers = calibrate(fp32, feeds, sorted(plan.tensors), method, show_progress, **extra)
+    mean_axes = {a.node.input[0]: 1 if a.node.op_type == "Conv" else -1 for a in plan.anchors.values()}
+    observers, chans = calibrate(fp32, feeds, sorted(plan.tensors), method, show_progress,
+                                 mean_axes if bias_correction else None, **extra)
     ranges = {t: obs.range() for t, obs in observers.items()}
-    return _build(fp32, opts, ranges, folded)
+    return _build(fp32, opts, ranges, folded, {t: c.mean() for t, c in chans.items()}, side)
+
+
+def _split_outliers(fp32: onnx.ModelProto, feeds, show_progress: bool
+                    ) -> tuple[onnx.ModelProto, list[str]]:
+    """A first calibration pass over the dense layers' inputs and outputs, then the split."""
+    g = Graph(fp32)
+    cands = split_candidates(g)
+    if not cands:
+        return fp32, []
+    axes = {}
+    for mm, add in cands:
+        axes[mm.input[0]] = -1
+        axes[(add or mm).output[0]] = -1
+    _, chans = calibrate(fp32, feeds, [], "minmax", show_progress, axes)
+    side = split_outliers(fp32, {t: c.absmax for t, c in chans.items()})
+    return (with_shapes(fp32), side) if side else (fp32, [])
 
 
 def _build(fp32: onnx.ModelProto, opts: QuantOptions, ranges: dict[str, tuple[float, float]],
-           folded: list[str]) -> QuantizedModel:
+           folded: list[str], means: dict[str, np.ndarray], side: list[str]) -> QuantizedModel:
     g = Graph(fp32)
-    plan = make_plan(g, opts.keep_fp32, set(ranges), opts.quantize_adds)
+    plan = make_plan(g, opts.keep_fp32 | set(side), set(ranges), opts.quantize_adds)
+    for name in side:
+        plan.kept_fp32[name] = "FP32 side path of split outlier channels"
     qparams: dict[str, ActQuant] = {}
     for root, members in plan.group_members().items():
         lo = min(ranges[t][0] for t in members if t in ranges)
         hi = max(ranges[t][1] for t in members if t in ranges)
         qparams[root] = activation_qparams(lo, hi, opts.symmetric_activations)
-    qmodel = insert_qdq(fp32, plan, qparams, opts.per_channel)
-    return QuantizedModel(qmodel, fp32, opts, plan, dict(ranges), qparams, list(folded))
+    qmodel = insert_qdq(fp32, plan, qparams, opts.per_channel, means if opts.bias_correction else None)
+    return QuantizedModel(qmodel, fp32, opts, plan, dict(ranges), qparams, list(folded),
+                          input_means=means, side_path=list(side))
 
 
 def _relax_has_qdq(mod) -> bool:

@@ -15,7 +15,7 @@ import numpy as np
 import onnx
 from onnx import TensorProto, helper
 
-from .observers import Observer, make_observer
+from .observers import ChannelMeanObserver, Observer, make_observer
 from .onnx_graph import Graph
 
 Feed = dict[str, np.ndarray]
@@ -72,15 +72,23 @@ def run_with_intermediates(model: onnx.ModelProto, feeds: Sequence[Feed], names:
 
 
 def calibrate(model: onnx.ModelProto, feeds: Sequence[Feed], tensors: Sequence[str],
-              method: str = "minmax", show_progress: bool = True, **observer_options
-              ) -> dict[str, Observer]:
-    """One observer per tensor in ``tensors``, updated with every calibration feed."""
+              method: str = "minmax", show_progress: bool = True,
+              channel_means: dict[str, int] | None = None, **observer_options
+              ) -> tuple[dict[str, Observer], dict[str, ChannelMeanObserver]]:
+    """One range observer per tensor in ``tensors`` and one per-channel observer per
+    ``channel_means`` entry (tensor -> channel axis), updated with every calibration feed."""
     observers = {t: make_observer(method, **observer_options) for t in tensors}
-    for vals in run_with_intermediates(model, feeds, list(tensors), desc=f"calibrating ({method})",
+    means = {t: ChannelMeanObserver(ax) for t, ax in (channel_means or {}).items()}
+    names = list(dict.fromkeys(list(tensors) + list(means)))
+    for vals in run_with_intermediates(model, feeds, names, desc=f"calibrating ({method})",
                                        show_progress=show_progress):
-        for t, obs in observers.items():
+        for t in names:
             v = vals.get(t)
             if v is None:
                 raise KeyError(f"tensor '{t}' was not computed during calibration")
-            obs.update(np.asarray(v, np.float32))
-    return observers
+            v = np.asarray(v, np.float32)
+            if t in observers:
+                observers[t].update(v)
+            if t in means:
+                means[t].update(v)
+    return observers, means

@@ -152,11 +152,19 @@ class MSEObserver(HistogramObserver):
 
 class EntropyObserver(HistogramObserver):
     """TensorRT-style KL calibration on the histogram of |x|: the threshold T whose
-    128-level quantization of the clipped distribution diverges least from it."""
+    quantization of the clipped distribution diverges least from it. ``levels`` is the
+    number of steps that cover [0, T]: 128 for a signed tensor, 255 for a non-negative
+    one (an asymmetric int8 grid spends all its steps there)."""
 
-    def __init__(self, bins: int = 4096, levels: int = 128) -> None:
+    def __init__(self, bins: int = 4096, levels: int | None = None) -> None:
         super().__init__(bins)
-        self.levels = levels
+        self.fixed_levels = levels
+
+    @property
+    def levels(self) -> int:
+        if self.fixed_levels is not None:
+            return self.fixed_levels
+        return 255 if self.lo >= 0 else 128
 
     def range(self) -> tuple[float, float]:
         super().range()
@@ -206,3 +214,28 @@ def make_observer(method: str, **options) -> Observer:
     if method == "entropy":
         return EntropyObserver(**options)
     raise ValueError(f"unknown calibration method '{method}' (choose from {', '.join(METHODS)})")
+
+
+class ChannelMeanObserver:
+    """Running mean and largest magnitude of a tensor per channel (``axis``): the mean is
+    what bias correction needs to predict the output shift of rounded weights, the
+    magnitude finds outlier channels."""
+
+    def __init__(self, axis: int) -> None:
+        self.axis = axis
+        self.total: np.ndarray | None = None
+        self.absmax: np.ndarray | None = None
+        self.count = 0
+
+    def update(self, x: np.ndarray) -> None:
+        x = np.moveaxis(np.asarray(x, np.float64), self.axis, -1)
+        flat = x.reshape(-1, x.shape[-1])
+        s, m = flat.sum(0), np.abs(flat).max(0)
+        self.total = s if self.total is None else self.total + s
+        self.absmax = m if self.absmax is None else np.maximum(self.absmax, m)
+        self.count += flat.shape[0]
+
+    def mean(self) -> np.ndarray:
+        if self.total is None or self.count == 0:
+            raise ValueError("the channel-mean observer saw no data")
+        return self.total / self.count

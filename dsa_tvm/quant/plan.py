@@ -39,16 +39,38 @@ class Anchor:
 
 
 @dataclass
+class Follower:
+    """An op without weights that runs in int8 because its inputs already are."""
+
+    node: onnx.NodeProto
+    inputs: list[str]                      # activation inputs
+    act: onnx.NodeProto | None = None      # Relu/Clip fused into a residual Add
+
+    @property
+    def name(self) -> str:
+        return self.node.name
+
+    @property
+    def output(self) -> str:
+        return (self.act or self.node).output[0]
+
+
+@dataclass
 class Plan:
     anchors: dict[str, Anchor] = field(default_factory=dict)      # node name -> anchor
-    followers: list[onnx.NodeProto] = field(default_factory=list)
+    followers: list[Follower] = field(default_factory=list)
     tensors: set[str] = field(default_factory=set)                 # activations to QDQ
     groups: dict[str, str] = field(default_factory=dict)           # tensor -> group root
     kept_fp32: dict[str, str] = field(default_factory=dict)        # node name -> why
 
     @property
-    def quantized_nodes(self) -> list[str]:
-        return list(self.anchors) + [n.name for n in self.followers]
+    def quantized_nodes(self) -> set[str]:
+        """Names of every node that consumes int8 operands (anchors, followers, fused acts)."""
+        out = set(self.anchors) | {f.name for f in self.followers}
+        out |= {a.act.name for a in self.anchors.values() if a.act} | \
+               {a.bias_add.name for a in self.anchors.values() if a.bias_add} | \
+               {f.act.name for f in self.followers if f.act}
+        return out
 
     def group_members(self) -> dict[str, list[str]]:
         out: dict[str, list[str]] = {}
@@ -127,6 +149,10 @@ def _same_shape(g: Graph, a: str, b: str) -> bool:
     return sa is not None and sa == sb and -1 not in sa
 
 
+def anchor_output(a: Anchor) -> str:
+    return ((a.act or a.bias_add) or a.node).output[0]
+
+
 def make_plan(g: Graph, keep_fp32: set[str] = frozenset(), available: set[str] | None = None,
               quantize_adds: bool = True) -> Plan:
     """Decide what to quantize. ``available``: tensors that have a calibrated range (None
@@ -134,7 +160,7 @@ def make_plan(g: Graph, keep_fp32: set[str] = frozenset(), available: set[str] |
     p = Plan()
 
     def ok(t: str) -> bool:
-        return available is None or t in available or p.root(t) in available
+        return available is None or t in available
 
     for name in keep_fp32:
         p.kept_fp32[name] = "kept in FP32 on request"
@@ -146,14 +172,13 @@ def make_plan(g: Graph, keep_fp32: set[str] = frozenset(), available: set[str] |
             if n.op_type != "MatMul" or g.is_const(n.input[1]):
                 p.kept_fp32[n.name] = a
             continue
-        out = ((a.act or a.bias_add) or n).output[0]
-        if not (ok(n.input[0]) and ok(out)):
+        if not (ok(n.input[0]) and ok(anchor_output(a))):
             p.kept_fp32[n.name] = "no calibrated range for its input or output"
             continue
         p.anchors[n.name] = a
-        p.tensors.update([n.input[0], out])
-    fused = {id(a.act) for a in p.anchors.values() if a.act} | \
-            {id(a.bias_add) for a in p.anchors.values() if a.bias_add}
+    fused = {id(x) for a in p.anchors.values() for x in (a.act, a.bias_add) if x is not None}
+    produced = {anchor_output(a) for a in p.anchors.values()}
+    int8 = produced | {a.node.input[0] for a in p.anchors.values()}
     # followers, in topological order (the ONNX node order), so chains propagate
     for n in g.model.graph.node:
         if id(n) in fused or n.name in keep_fp32 or n.name in p.anchors:
@@ -162,31 +187,46 @@ def make_plan(g: Graph, keep_fp32: set[str] = frozenset(), available: set[str] |
         if not ins:
             continue
         if n.op_type == "Add" and quantize_adds:
-            if len(ins) != 2 or not _same_shape(g, *ins) or not any(i in p.tensors for i in ins):
+            if len(ins) != 2 or not _same_shape(g, *ins) or not any(i in produced for i in ins):
                 continue
             act = _fusable_act(g, n.output[0])
-            out = (act or n).output[0]
-            if not all(ok(t) for t in ins + [out]):
-                continue
-            p.followers.append(n)
+            f = Follower(n, ins, act)
             if act is not None:
-                p.followers.append(act)
-            p.tensors.update(ins + [out])
+                fused.add(id(act))
         elif n.op_type in POOLS | ACTIVATIONS | {"Concat"} | SHAPE_OPS:
-            if not all(i in p.tensors for i in ins):
+            if not all(i in produced for i in ins):
                 continue
-            if n.op_type in SHAPE_OPS and not any(c.name in p.anchors or c.op_type in POOLS
-                                                   for c in g.consumers.get(n.output[0], [])):
-                continue  # no int8 consumer: leave the reshape on the dequantized value
             if n.op_type == "Clip" and any(i and not g.is_const(i) for i in n.input[1:]):
                 continue
-            if not ok(n.output[0]):
-                continue
-            p.followers.append(n)
-            p.tensors.add(n.output[0])
-            if n.op_type in SHARED_SCALE_OPS:
-                for i in ins:
-                    p.union(i, n.output[0])
+            f = Follower(n, ins[:1] if n.op_type in ACTIVATIONS else ins)
+        else:
+            continue
+        if not all(ok(t) for t in f.inputs + [f.output]):
+            continue
+        p.followers.append(f)
+        produced.add(f.output)
+        int8.update(f.inputs)
+    _prune_followers(g, p)
+    for a in p.anchors.values():
+        p.tensors.update([a.node.input[0], anchor_output(a)])
+    for f in p.followers:
+        p.tensors.update(f.inputs + [f.output])
+        if f.node.op_type in SHARED_SCALE_OPS:
+            for i in f.inputs:
+                p.union(i, f.output)
     for t in p.tensors:
         p.groups.setdefault(t, t)
     return p
+
+
+def _prune_followers(g: Graph, p: Plan) -> None:
+    """Drop followers whose result no int8 op reads (repeat until stable): a residual Add
+    feeding a LayerNorm, or a reshape before an FP32 op, would only add a quantization
+    step to an FP32 path."""
+    while True:
+        readers = set(p.anchors) | {f.name for f in p.followers}
+        keep = [f for f in p.followers
+                if any(c.name in readers for c in g.consumers.get(f.output, []))]
+        if len(keep) == len(p.followers):
+            return
+        p.followers = keep
