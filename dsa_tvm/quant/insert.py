@@ -112,10 +112,12 @@ def insert_qdq(model: onnx.ModelProto, plan: Plan, act_qparams: dict[str, ActQua
             new_nodes.append(helper.make_node("DequantizeLinear", [bq_name, bs_name, bz_name],
                                               [f"{base}/B_dq"], name=f"{base}/B_DequantizeLinear",
                                               axis=0))
-            holder = by_name[a.bias_add.name] if a.bias_add is not None else n
-            for k, i in enumerate(holder.input):
-                if i == a.bias and (holder is not n or k == 2):
-                    holder.input[k] = f"{base}/B_dq"
+            if a.bias_add is not None:
+                # matmul result first, bias second: the order the DSA's dense pattern matches
+                add = by_name[a.bias_add.name]
+                add.input[0], add.input[1] = n.output[0], f"{base}/B_dq"
+            else:
+                n.input[2] = f"{base}/B_dq"
     # rewire activation consumers of graph inputs, then order: weight DQs first, then each
     # node followed by the Q/DQ of its outputs
     order: list[onnx.NodeProto] = list(new_nodes)
