@@ -242,3 +242,9 @@ def test_metrics_hand_computed():
     got = np.array([[0.9, 0.8, 0.0], [0.7, 0.2, 0.1]])
     assert topk_agreement(ref, got, 1) == 0.5
     assert topk_agreement(ref, got, 2) == 1.0
+    # a tie at the top counts as the lower index, like np.argmax
+    tied = np.zeros((1, 2000))
+    tied[0, [3, 1500]] = 1.0
+    want = np.zeros((1, 2000))
+    want[0, 1500] = 1.0
+    assert topk_agreement(want, tied, 1) == 0.0 and topk_agreement(want, tied, 2) == 1.0

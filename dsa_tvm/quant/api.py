@@ -159,9 +159,18 @@ def quantize_onnx(model: onnx.ModelProto | str | Path, calibration_data, method:
                          f"(kept in FP32: {dict(plan.kept_fp32)})")
     extra = {"percentile": percentile} if method == "percentile" else {}
     mean_axes = {a.node.input[0]: 1 if a.node.op_type == "Conv" else -1 for a in plan.anchors.values()}
-    observers, chans = calibrate(fp32, feeds, sorted(plan.tensors), method, show_progress,
+    observe = sorted({plan.pre_act[t][0] if t in plan.pre_act else t for t in plan.tensors})
+    observers, chans = calibrate(fp32, feeds, observe, method, show_progress,
                                  mean_axes if bias_correction else None, **extra)
-    ranges = {t: obs.range() for t, obs in observers.items()}
+    ranges = {}
+    for t in plan.tensors:
+        if t in plan.pre_act:   # clamp the pre-activation range to the activation's bounds
+            pre, blo, bhi = plan.pre_act[t]
+            lo, hi = observers[pre].range()
+            lo, hi = max(lo, blo), min(hi, bhi)
+            ranges[t] = (lo, max(lo, hi))
+        else:
+            ranges[t] = observers[t].range()
     return _build(fp32, opts, ranges, folded, {t: c.mean() for t, c in chans.items()}, side)
 
 

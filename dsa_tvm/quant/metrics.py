@@ -27,9 +27,12 @@ def sqnr_db(ref: np.ndarray, got: np.ndarray) -> float:
 
 
 def topk_agreement(ref: np.ndarray, got: np.ndarray, k: int) -> float:
-    """Fraction of rows whose FP32 top-1 class is among the int8 top-k (k=1: same argmax)."""
+    """Fraction of rows whose FP32 top-1 class is among the int8 top-k (k=1: same argmax).
+
+    Quantized logits tie often; ties go to the lower class index, as in ``np.argmax``
+    (a stable sort), so k=1 never counts a tie as agreement by luck of the sort."""
     ref, got = np.atleast_2d(ref), np.atleast_2d(got)
     ref, got = ref.reshape(ref.shape[0], -1), got.reshape(got.shape[0], -1)
     top1 = ref.argmax(1)
-    topk = np.argsort(-got, axis=1)[:, :k]
+    topk = np.argsort(-got, axis=1, kind="stable")[:, :k]
     return float(np.mean([t in row for t, row in zip(top1, topk)]))

@@ -62,6 +62,10 @@ class Plan:
     tensors: set[str] = field(default_factory=set)                 # activations to QDQ
     groups: dict[str, str] = field(default_factory=dict)           # tensor -> group root
     kept_fp32: dict[str, str] = field(default_factory=dict)        # node name -> why
+    # quantized output of a fused Relu/Clip -> (pre-activation tensor, lower, upper bound):
+    # calibration observes the pre-activation and clamps to the bounds (a ReLU6 output's
+    # spike at 6 would otherwise mislead the histogram methods)
+    pre_act: dict[str, tuple[str, float, float]] = field(default_factory=dict)
 
     @property
     def quantized_nodes(self) -> set[str]:
@@ -216,7 +220,21 @@ def make_plan(g: Graph, keep_fp32: set[str] = frozenset(), available: set[str] |
                 p.union(i, f.output)
     for t in p.tensors:
         p.groups.setdefault(t, t)
+    for act in [a.act for a in p.anchors.values()] + [f.act for f in p.followers]:
+        if act is not None and act.output[0] in p.tensors:
+            p.pre_act[act.output[0]] = (act.input[0], *_act_bounds(g, act))
     return p
+
+
+def _act_bounds(g: Graph, act: onnx.NodeProto) -> tuple[float, float]:
+    """The output interval of a Relu or a constant-bound Clip."""
+    if act.op_type == "Relu":
+        return 0.0, float("inf")
+    lo = float(g.const(act.input[1])) if len(act.input) > 1 and act.input[1] else -float("inf")
+    hi = float(g.const(act.input[2])) if len(act.input) > 2 and act.input[2] else float("inf")
+    if not act.input[1:] or g.opset() < 11:
+        lo, hi = float(g.attr(act, "min", -3.4e38)), float(g.attr(act, "max", 3.4e38))
+    return lo, hi
 
 
 def _prune_followers(g: Graph, p: Plan) -> None:
