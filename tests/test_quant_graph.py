@@ -179,6 +179,25 @@ def test_nothing_to_quantize_is_an_error():
     with pytest.raises(ValueError, match="nothing to quantize"):
         quantize_onnx(m, _feeds((1, 4), 2), show_progress=False)
 
+def test_concat_inputs_and_output_share_one_scale():
+    """Two convs concatenated, then a conv: the concat is int8 and its operands agree on
+    one grid (the union of their ranges)."""
+    rng = np.random.default_rng(0)
+    inits = {"W1": rand(rng, 4, 3, 1, 1), "W2": rand(rng, 4, 3, 1, 1, scale=5.0), "W3": rand(rng, 2, 8, 1, 1)}
+    nodes = [node("Conv", ["x", "W1"], ["a"], name="c1"), node("Conv", ["x", "W2"], ["b"], name="c2"),
+             node("Concat", ["a", "b"], ["cat"], axis=1, name="cat"),
+             node("Conv", ["cat", "W3"], ["y"], name="c3")]
+    m = make_model(nodes, inits, {"x": (1, 3, 4, 4)}, {"y": None})
+    qm = quantize_onnx(m, _feeds((1, 3, 4, 4), 4), show_progress=False)
+    q = _inits(qm.model)
+    scales = {t: float(q[f"{t}/scale"]) for t in ("a", "b", "cat")}
+    assert len(set(scales.values())) == 1, scales
+    lo = min(qm.ranges[t][0] for t in ("a", "b", "cat"))
+    hi = max(qm.ranges[t][1] for t in ("a", "b", "cat"))
+    assert scales["a"] == pytest.approx(activation_qparams(lo, hi).scale)
+    assert "cat" in {f.name for f in qm.plan.followers}
+
+
 # ----------------------------------------------------------------------------- pass-through
 
 
