@@ -248,3 +248,19 @@ def test_metrics_hand_computed():
     want = np.zeros((1, 2000))
     want[0, 1500] = 1.0
     assert topk_agreement(want, tied, 1) == 0.0 and topk_agreement(want, tied, 2) == 1.0
+
+
+def test_channel_mean_observer_against_numpy():
+    from dsa_tvm.quant.observers import ChannelMeanObserver
+
+    rng = np.random.default_rng(0)
+    xs = [rng.normal(i, 2, (2, 5, 3, 4)).astype(np.float32) for i in range(3)]
+    obs = ChannelMeanObserver(1)
+    for x in xs:
+        obs.update(x)
+    allx = np.concatenate(xs)
+    np.testing.assert_allclose(obs.mean(), allx.mean((0, 2, 3)), rtol=1e-6)
+    np.testing.assert_allclose(obs.absmax, np.abs(allx).max((0, 2, 3)), rtol=1e-6)
+    last = ChannelMeanObserver(-1)
+    last.update(allx)
+    np.testing.assert_allclose(last.mean(), allx.mean((0, 1, 2)), rtol=1e-6)

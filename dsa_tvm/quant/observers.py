@@ -228,12 +228,14 @@ class ChannelMeanObserver:
         self.count = 0
 
     def update(self, x: np.ndarray) -> None:
-        x = np.moveaxis(np.asarray(x, np.float64), self.axis, -1)
-        flat = x.reshape(-1, x.shape[-1])
-        s, m = flat.sum(0), np.abs(flat).max(0)
+        x = np.asarray(x)
+        ax = self.axis % x.ndim
+        others = tuple(i for i in range(x.ndim) if i != ax)
+        s = x.sum(axis=others, dtype=np.float64)   # no float64 copy of the tensor itself
+        m = np.maximum(x.max(axis=others), -x.min(axis=others)).astype(np.float64)
         self.total = s if self.total is None else self.total + s
         self.absmax = m if self.absmax is None else np.maximum(self.absmax, m)
-        self.count += flat.shape[0]
+        self.count += x.size // x.shape[ax]
 
     def mean(self) -> np.ndarray:
         if self.total is None or self.count == 0:
