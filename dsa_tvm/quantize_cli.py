@@ -57,7 +57,7 @@ def _data(spec: str, model: onnx.ModelProto):
 
 def cmd_quantize(args: argparse.Namespace) -> int:
     from .quant import quantize_onnx
-    from .quant.accuracy import accuracy_report, mixed_precision
+    from .quant.accuracy import accuracy_report, mixed_precision, sensitivity
     from .quant.api import input_dtypes, input_shapes
     from .quant.data import as_feeds
 
@@ -82,14 +82,20 @@ def cmd_quantize(args: argparse.Namespace) -> int:
     notes = []
     if not args.eval:
         notes.append("evaluated on the calibration data (pass --eval for held-out data)")
+    ranking = None
+    if (args.sensitivity or args.target_cosine is not None) and not qm.passthrough:
+        # one ranking, on the fully quantized model: it drives the mixed precision too
+        ranking = sensitivity(qm, feeds, show_progress=not args.quiet)
     if args.target_cosine is not None and not qm.passthrough:
-        qm, kept, cos = mixed_precision(qm, feeds, args.target_cosine, args.max_fp32,
+        qm, kept, cos = mixed_precision(qm, feeds, args.target_cosine, args.max_fp32, ranking=ranking,
                                         show_progress=not args.quiet)
         met = "met" if cos >= args.target_cosine else "NOT met"
         notes.append(f"mixed precision: target cosine {args.target_cosine} {met} ({cos:.5f}) "
                      f"keeping {len(kept)} more layer(s) in FP32: {', '.join(kept) or '-'}")
-    rep = accuracy_report(qm, feeds, with_sensitivity=args.sensitivity and not qm.passthrough,
-                          name=src.name, show_progress=not args.quiet)
+    rep = accuracy_report(qm, feeds, name=src.name, show_progress=not args.quiet)
+    if args.sensitivity and ranking is not None:
+        rep.sensitivity = ranking
+        notes.append("sensitivity measured on the fully quantized model")
     rep.notes += notes
     qm.save(out)
     print(rep)
