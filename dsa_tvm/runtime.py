@@ -18,7 +18,8 @@ import numpy as np
 
 from .hw.config import HardwareConfig, config_from_dict
 from .isa.program import Program
-from .lowering.layouts import pack_activation, unpack_activation
+from .lowering.host_pack import pack_region_input
+from .lowering.layouts import unpack_activation
 from .sim.simulator import SimResult, Simulator
 
 LAUNCH = "dsa.launch"
@@ -76,16 +77,19 @@ def launch(*args: Any) -> None:
     feeds, logical_in, logical_out = {}, {}, {}
     for name, t in zip(names_in, args[1:1 + len(names_in)]):
         x = t.numpy()
-        logical_in[name] = x
         want = tuple(prog.meta["io"][name]["shape"])
+        if x.shape != want and x.size == int(np.prod(want)):
+            x = x.reshape(want)  # a batch matmul operand with its leading dimensions flattened
         if x.shape != want or x.dtype != np.int8:
             raise RuntimeError(f"dsa.launch of '{prog.name}': input '{name}' must be "
                                f"int8{list(want)}, got {x.dtype}{list(x.shape)}")
-        feeds[name] = pack_activation(x, block)
+        logical_in[name] = x
+        feeds.update(pack_region_input(name, x, prog.meta["io"][name], block,
+                                       sim.config.block_out))
     res = sim.run(prog, feeds)
     for name, t in zip(names_out, args[1 + len(names_in):]):
         y = unpack_activation(res.outputs[name], tuple(prog.meta["io"][name]["shape"]))
-        t.copyfrom(y)
+        t.copyfrom(y.reshape(tuple(int(d) for d in t.shape)))
         logical_out[name] = y
     _launches.append(Launch(prog, res, logical_in, logical_out))
 

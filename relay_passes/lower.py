@@ -24,6 +24,7 @@ from tvm import relax
 from dsa_tvm.codegen.layers import (
     Add,
     BatchMatmul,
+    BiasAdd,
     Conv2d,
     Dense,
     GlobalAvgPool,
@@ -33,11 +34,12 @@ from dsa_tvm.codegen.layers import (
     Region,
     Requant,
     Rescale,
+    layer_inputs,
 )
 from dsa_tvm.isa import semantics as sem
 
 from .patterns import Match, QParams, describe
-from .supported import ADD_MULT_BITS, rescale_factors
+from .supported import ADD_MULT_BITS, channel_addend, rescale_factors
 
 
 class LoweringError(ValueError):
@@ -86,6 +88,12 @@ def _add_params(m: Match) -> tuple[int, int, int]:
     return int(round(ra * 2 ** n)), int(round(rb * 2 ** n)), n
 
 
+def _batched(t: QTensor) -> QTensor:
+    """(..., R, C) as (B, R, C); the runtime reshapes the graph's tensors to match."""
+    lead = int(np.prod(t.shape[:-2], dtype=np.int64))
+    return QTensor(t.name, (lead,) + tuple(t.shape[-2:]), t.scale, t.zero_point)
+
+
 def layer_from_match(m: Match, name: str, inputs: list[QTensor], output: QTensor) -> Layer:
     """The integer layer description of one matched pattern."""
     k = m.kind
@@ -101,8 +109,9 @@ def layer_from_match(m: Match, name: str, inputs: list[QTensor], output: QTensor
         w = m.weight.value.astype(np.int8)
         w = w if m.weight_transposed else np.ascontiguousarray(w.T)
         return Dense(name, inputs[0], output, w, _bias(m, w.shape[0]), _requant(rescale_factors(m), m))
-    if k == "batch_matmul":
-        return BatchMatmul(name, inputs[0], inputs[1], output, _requant(rescale_factors(m), m))
+    if k == "batch_matmul":  # the DSA sees (B, M, K): leading dimensions flattened
+        a, b, y = (_batched(t) for t in (inputs[0], inputs[1], output))
+        return BatchMatmul(name, a, b, y, _requant(rescale_factors(m), m))
     if k in ("max_pool2d", "avg_pool2d"):
         a = m.op.attrs
         return Pool2d(name, k[:3], inputs[0], output, tuple(int(v) for v in a.pool_size),
@@ -114,6 +123,10 @@ def layer_from_match(m: Match, name: str, inputs: list[QTensor], output: QTensor
         am, bm, n = _add_params(m)
         rq = Requant(np.array([1], np.int32), np.array([n], np.int32), int(m.out.zero_point[0]),
                      clip_bounds(m))
+        if m.addend is not None:
+            c = channel_addend(m.addend.value, tuple(m.out_shape)).astype(np.int64)
+            bias = (c - int(m.addend.qp.zero_point[0])) * bm
+            return BiasAdd(name, inputs[0], output, am, bias.astype(np.int32), rq)
         return Add(name, inputs[0], inputs[1], output, am, bm, rq)
     if k in ("relu", "clip", "rescale"):
         return Rescale(name, inputs[0], output, _requant(rescale_factors(m), m))
@@ -145,8 +158,7 @@ def region_from_function(func: relax.Function, name: str) -> Region:
             used.add(n)
         return names[v]
 
-    for p in func.params:
-        tname(p)
+    params = {tname(p) for p in func.params}
     local_funcs: dict[relax.Var, relax.Function] = {}
     tensors: dict[str, QTensor] = {}
     inputs: dict[str, QTensor] = {}
@@ -168,13 +180,14 @@ def region_from_function(func: relax.Function, name: str) -> Region:
             src = arg_of.get(op.expr)
             if not isinstance(src, relax.Var):
                 raise LoweringError(f"region {name}: input of {b.var.name} is not a region tensor")
-            qt = _qt(tname(src), op.shape, op.qp)
-            if src in func.params:
-                inputs.setdefault(qt.name, qt)
-            ins.append(qt)
-        out = _qt(tname(b.var), m.out_shape, m.out)
-        tensors[out.name] = out
-        layers.append(layer_from_match(m, f"{name}.{len(layers)}:{m.kind}", ins, out))
+            ins.append(_qt(tname(src), op.shape, op.qp))
+        layer = layer_from_match(m, f"{name}.{len(layers)}:{m.kind}", ins,
+                                 _qt(tname(b.var), m.out_shape, m.out))
+        for t in layer_inputs(layer):  # the layer's own view (a batch matmul flattens)
+            if t.name in params:
+                inputs.setdefault(t.name, t)
+        tensors[layer.output.name] = layer.output
+        layers.append(layer)
     ret = func.body.body if isinstance(func.body, relax.SeqExpr) else func.body
     rets = list(ret.fields) if isinstance(ret, relax.Tuple) else [ret]
     outs = []

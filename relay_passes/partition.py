@@ -24,7 +24,7 @@ from dsa_tvm.codegen.layers import Region
 from dsa_tvm.hw.config import HardwareConfig, load_config
 
 from .canonicalize import prepare
-from .patterns import NotAMatch, PatternSpec, describe, pattern_specs
+from .patterns import CODEGENS, NotAMatch, PatternSpec, describe, pattern_specs
 from .supported import check
 
 CODEGEN = "dsa"
@@ -192,7 +192,7 @@ def region_functions(mod: tvm.IRModule) -> list[tuple[tvm.ir.GlobalVar, relax.Fu
     for val in relax.analysis.get_var2val(mod["main"]).values():
         if isinstance(val, relax.Call) and isinstance(val.op, tvm.ir.GlobalVar):
             f = mod[val.op]
-            if f.attrs is not None and f.attrs.get("Codegen") == CODEGEN:
+            if f.attrs is not None and f.attrs.get("Codegen") in CODEGENS:
                 order.append((val.op, f))
     return order
 

@@ -44,6 +44,11 @@ def _q(body: DFPattern) -> DFPattern:
 
 ACTS: tuple[str | None, ...] = ("relu", "clip", None)
 
+#: codegen of layers whose operands the host packs: regions of their own
+HOST_PACKED = "dsa_hostpacked"
+#: every codegen name a DSA region function carries
+CODEGENS = ("dsa", HOST_PACKED)
+
 
 def _conv(bias: bool, act: str | None) -> DFPattern:
     conv = is_op("relax.nn.conv2d")(_dq(), _dq(is_const()))
@@ -86,7 +91,9 @@ def pattern_specs() -> list[PatternSpec]:
         for act in ACTS:
             v = "+".join(["bias"] * bias + [act] * (act is not None)) or "plain"
             out.append(PatternSpec("dsa.dense", _dense(bias, act), "dense", v))
-    out.append(PatternSpec("dsa.batch_matmul", _q(is_op("relax.matmul")(_dq(), _dq())),
+    # its own codegen name: MergeCompositeFunctions never merges it with "dsa" layers, so
+    # both operands reach it from the host, which packs them (lowering.host_pack)
+    out.append(PatternSpec(f"{HOST_PACKED}.batch_matmul", _q(is_op("relax.matmul")(_dq(), _dq())),
                            "batch_matmul", "plain"))
     out.append(PatternSpec("dsa.max_pool2d", _unary("relax.nn.max_pool2d"), "max_pool2d", "plain"))
     out.append(PatternSpec("dsa.avg_pool2d", _unary("relax.nn.avg_pool2d"), "avg_pool2d", "plain"))
@@ -141,6 +148,7 @@ class Match:
     weight: Operand | None = None
     weight_transposed: bool = False  # dense: weight arrives as permute_dims([N, K]) (else [K, N])
     bias: Operand | None = None
+    addend: Operand | None = None   # add: a constant second operand (then ``inputs`` is one)
     act: tuple[str, float, float] | None = None  # (relu|clip, lo, hi) in real units
     calls: list[relax.Call] = field(default_factory=list)  # every call of the match
 
@@ -262,7 +270,13 @@ def describe(kind: str, root: relax.Expr,
         m = Match(kind, op, [r.operand(op.args[0]), r.operand(op.args[1])], out, out_shape, q)
     elif kind == "add":
         op = r.need(body, "relax.add")
-        m = Match(kind, op, [r.operand(op.args[0]), r.operand(op.args[1])], out, out_shape, q)
+        ops = [r.operand(op.args[0]), r.operand(op.args[1])]
+        consts = [o for o in ops if o.value is not None]
+        if len(consts) == 1:  # activation + constant (a bias the exporter kept apart)
+            m = Match(kind, op, [o for o in ops if o.value is None], out, out_shape, q,
+                      addend=consts[0])
+        else:
+            m = Match(kind, op, ops, out, out_shape, q)
     elif kind in ("max_pool2d", "avg_pool2d", "global_avg_pool", "relu", "clip"):
         opname = {"max_pool2d": "relax.nn.max_pool2d", "avg_pool2d": "relax.nn.avg_pool2d",
                   "global_avg_pool": "relax.mean", "relu": "relax.nn.relu",

@@ -86,7 +86,8 @@ def rescale_factors(m: Match) -> np.ndarray:
         h, w = m.inputs[0].shape[2:]
         return np.array([s_in / (s_out * h * w)])
     if m.kind == "add":
-        return np.array([s_in / s_out, float(m.inputs[1].qp.scale[0]) / s_out])
+        other = m.addend if m.addend is not None else m.inputs[1]
+        return np.array([s_in / s_out, float(other.qp.scale[0]) / s_out])
     return np.array([s_in / s_out])
 
 
@@ -264,8 +265,10 @@ def _bmm_shapes(m: Match, cfg: HardwareConfig) -> str | None:
     a, b = m.inputs
     if a.value is not None or b.value is not None:
         return "one operand is a constant (a dense layer whose weights failed the dense checks)"
-    if len(a.shape) != 3 or len(b.shape) != 3 or a.shape[0] != b.shape[0]:
-        return f"batch matmul needs (B, M, K) x (B, K, N) operands, got {a.shape} x {b.shape}"
+    if (len(a.shape) < 3 or len(b.shape) != len(a.shape) or a.shape[:-2] != b.shape[:-2]
+            or a.shape[-1] != b.shape[-2]):
+        return (f"batch matmul needs (..., M, K) x (..., K, N) operands with the same leading "
+                f"dimensions, got {a.shape} x {b.shape}")
     if _ceil(a.shape[2], cfg.block_in) > MAX_DMA or _ceil(b.shape[2], cfg.block_out) > MAX_DMA:
         return f"K or N blocks exceed the {DRAM_SIZE_BITS}-bit DMA size fields"
     return None
@@ -292,7 +295,8 @@ DENSE = COMMON + [
 ]
 
 BATCH_MATMUL = COMMON + [
-    Constraint("shapes", "two int8 activations (B, M, K) x (B, K, N), same B", _bmm_shapes),
+    Constraint("shapes", "two int8 activations (..., M, K) x (..., K, N), same leading "
+               "dimensions (no broadcast)", _bmm_shapes),
     Constraint("dtype", "float32 QDQ arithmetic", _matmul_dtype),
 ]
 
@@ -346,16 +350,43 @@ GLOBAL_AVG_POOL = COMMON + [
 # ----------------------------------------------------------------------------- elementwise
 
 
-def _same_shape(m: Match, cfg: HardwareConfig) -> str | None:
+def channel_addend(value: np.ndarray, out_shape: tuple[int, ...]) -> np.ndarray | None:
+    """The per-channel vector a constant broadcasts to (channels: axis 1 of an NCHW
+    output, the last axis otherwise), or None if it varies along any other axis."""
+    rank = len(out_shape)
+    if value.ndim > rank:
+        return None
+    full = value.reshape((1,) * (rank - value.ndim) + value.shape)
+    axis = 1 if rank == 4 else rank - 1
+    if any(d != 1 for i, d in enumerate(full.shape) if i != axis):
+        return None
+    if full.shape[axis] not in (1, out_shape[axis]):
+        return None
+    return np.broadcast_to(full.reshape(-1), (out_shape[axis],))
+
+
+def _add_operands(m: Match, cfg: HardwareConfig) -> str | None:
+    if m.addend is not None:
+        x, c = m.inputs[0], m.addend
+        if x.shape != tuple(m.out_shape):
+            return f"operand {x.shape} -> {m.out_shape}: the activation must not broadcast"
+        if not c.qp.per_tensor:
+            return f"constant addend has {c.qp.scale.size} scales (one scale/zero point needed)"
+        if channel_addend(c.value, tuple(m.out_shape)) is None:
+            return (f"constant addend of shape {c.shape} varies along more than the channel "
+                    f"axis of {m.out_shape}")
+        return None
     a, b = m.inputs
+    if a.value is not None and b.value is not None:
+        return "both operands are constants"
     if a.shape != b.shape or tuple(m.out_shape) != a.shape:
-        return f"operands {a.shape} + {b.shape} -> {m.out_shape}: only same-shape adds (no broadcast)"
-    if a.value is not None or b.value is not None:
-        return "one operand is a constant (only activation + activation)"
+        return (f"operands {a.shape} + {b.shape} -> {m.out_shape}: two activations must have "
+                f"the same shape (no broadcast)")
     return None
 
 
-ADD = COMMON + [Constraint("shapes", "two int8 activations of the same shape", _same_shape)]
+ADD = COMMON + [Constraint("operands", "two int8 activations of the same shape, or one and "
+                           "a per-channel (or scalar) constant", _add_operands)]
 ELEMENTWISE = list(COMMON)
 
 # ----------------------------------------------------------------------------- codegen

@@ -122,7 +122,7 @@ def instructions(draw, cfg):
         if kind == Opcode.STORE:
             return Store(*common, deps=deps)
         return Load(*common, f["pad_top"], f["pad_bottom"], f["pad_left"], f["pad_right"],
-                    f["pad_value"], deps)
+                    f["pad_value"], deps, bool(f["prefetch"]))
     if kind == Opcode.GEMM:
         loops = tuple(GemmLoop(f[f"ext{k}"], f[f"acc_stride{k}"], f[f"inp_stride{k}"],
                                f[f"wgt_stride{k}"]) for k in range(4))

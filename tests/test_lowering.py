@@ -28,8 +28,9 @@ from dsa_tvm.codegen.reference import run_region  # noqa: E402
 from dsa_tvm.hw.config import HardwareConfig, load_config  # noqa: E402
 from dsa_tvm.isa import semantics as sem  # noqa: E402
 from dsa_tvm.lowering import kinds  # noqa: E402
+from dsa_tvm.lowering.host_pack import pack_region_input  # noqa: E402
 from dsa_tvm.lowering.kinds import recipe  # noqa: E402
-from dsa_tvm.lowering.layouts import pack_activation, unpack_activation  # noqa: E402
+from dsa_tvm.lowering.layouts import unpack_activation  # noqa: E402
 from dsa_tvm.lowering.region import compile_region, lowering_supports  # noqa: E402
 from dsa_tvm.sim.simulator import Simulator  # noqa: E402
 
@@ -80,6 +81,12 @@ def dense(rng, x: L.QTensor, n_out: int, name: str = "dense") -> L.Dense:
                    requant(rng, n_out, 40 / (74 * 74 * math.sqrt(k))))
 
 
+def batch_matmul(rng, a: L.QTensor, b: L.QTensor, name: str = "bmm") -> L.BatchMatmul:
+    k = a.shape[-1]
+    return L.BatchMatmul(name, a, b, qt(rng, f"{name}_y", a.shape[:-1] + b.shape[-1:]),
+                         requant(rng, 1, 40 / (74 * 74 * math.sqrt(k)), per_channel=False))
+
+
 def pool(rng, x: L.QTensor, kind: str, k: int, stride: int, pad: int,
          name: str = "pool") -> L.Pool2d:
     n, c, h, w = x.shape
@@ -105,6 +112,18 @@ def add(rng, a: L.QTensor, b: L.QTensor, name: str = "add") -> L.Add:
                  int(round(rb * 2 ** shift)), rq)
 
 
+def bias_add(rng, x: L.QTensor, name: str = "bias_add") -> L.BiasAdd:
+    """A per-channel constant addend at the shared shift, as ``relay_passes.lower`` builds it."""
+    c = x.shape[1] if len(x.shape) == 4 else x.shape[-1]
+    ra, rb = rng.uniform(0.2, 2, 2)
+    shift = 20 - math.floor(math.log2(max(ra, rb)))
+    rq = L.Requant(np.array([1], np.int32), np.array([shift], np.int32),
+                   int(rng.integers(-128, 128)), (-128, 127))
+    bias = rng.integers(-255, 256, c) * int(round(rb * 2 ** shift))
+    return L.BiasAdd(name, x, qt(rng, f"{name}_y", x.shape), int(round(ra * 2 ** shift)),
+                     bias.astype(np.int32), rq)
+
+
 def rescale(rng, x: L.QTensor, name: str = "rescale") -> L.Rescale:
     c = x.shape[1] if len(x.shape) == 4 else x.shape[-1]
     return L.Rescale(name, x, qt(rng, f"{name}_y", x.shape), requant(rng, c, 1.0))
@@ -120,7 +139,10 @@ def check(reg: L.Region, cfg: HardwareConfig, rng: np.random.Generator, choose_k
     xs = {t.name: rng.integers(-128, 128, t.shape, dtype=np.int8) for t in reg.inputs}
     want = run_region(reg, xs)
     prog = compile_region(reg, cfg, choose_knobs).program
-    res = Simulator(cfg).run(prog, {k: pack_activation(v, cfg.block_in) for k, v in xs.items()})
+    feeds = {}
+    for k, v in xs.items():
+        feeds.update(pack_region_input(k, v, prog.meta["io"][k], cfg.block_in, cfg.block_out))
+    res = Simulator(cfg).run(prog, feeds)
     for t in reg.outputs:
         got = unpack_activation(res.outputs[t.name], t.shape)
         bad = np.argwhere(got != want[t.name])
@@ -167,6 +189,20 @@ def depthwise_engine(engine: str):
         yield
     finally:
         kinds.DEPTHWISE_ENGINE = old
+
+
+@pytest.mark.parametrize("preset", PRESETS)
+@FEW
+@given(data=st.data())
+def test_batch_matmul(preset, data):
+    """Two activations (attention): the host packs b into weight tiles and the zero-point
+    terms."""
+    cfg, draw = CFGS[preset], data.draw
+    rng = np.random.default_rng(draw(st.integers(0, 2**32 - 1)))
+    bt, m = draw(st.integers(1, 4)), draw(st.integers(1, 20))
+    k, n = channels(draw, cfg), channels(draw, cfg)
+    a, b = qt(rng, "a", (bt, m, k)), qt(rng, "b", (bt, k, n))
+    check(region([a, b], [batch_matmul(rng, a, b)]), cfg, rng)
 
 
 @pytest.mark.parametrize("preset", PRESETS)
@@ -225,6 +261,7 @@ def test_add_and_rescale(preset, data):
     rs = rescale(rng, ly.output)
     check(region([a, b], [ly, rs], [ly.output, rs.output]), cfg, rng)
     check(region([a], [add(rng, a, a)]), cfg, rng)  # both operands one tensor
+    check(region([a], [bias_add(rng, a)]), cfg, rng)
 
 
 # ----------------------------------------------------------------------------- any schedule
@@ -234,7 +271,8 @@ def _vector_regions(rng, cfg: HardwareConfig) -> list[L.Region]:
     return [region([x], [conv(rng, x, 0, 3, 1, 1, depthwise=True)]),
             region([x], [pool(rng, x, "max", 3, 2, 1)]),
             region([x], [gap(rng, x, True)]),
-            region([x], [rescale(rng, x)])]
+            region([x], [rescale(rng, x)]),
+            region([x], [bias_add(rng, x)])]
 
 
 @pytest.mark.parametrize("preset", PRESETS)
@@ -315,15 +353,36 @@ def test_lowering_supports_reasons():
     assert "grouped conv2d" in lowering_supports(grouped, cfg)
     a, b = qt(rng, "a", (2, 4, 8)), qt(rng, "b", (2, 8, 4))
     bmm = L.BatchMatmul("bmm", a, b, qt(rng, "y", (2, 4, 4)), requant(rng, 1, 1e-3))
-    assert "batch matmul" in lowering_supports(bmm, cfg)
+    assert lowering_supports(bmm, cfg) is None
+    bad = L.BatchMatmul("bmm", a, qt(rng, "b", (3, 8, 4)), bmm.output, bmm.requant)
+    assert "(B, M, K) x (B, K, N)" in lowering_supports(bad, cfg)
     big = qt(rng, "big", (1, 8, 30, 30))  # one 23x23 window: 529 rows > edge's 512
     assert "ACC" in lowering_supports(pool(rng, big, "max", 23, 1, 0), CFGS["edge"])
     assert lowering_supports(add(rng, x, qt(rng, "b", (1, 32, 4, 16))), cfg) is not None
 
 
 def test_partition_keeps_unlowerable_layers_alone(tmp_path):
-    """The partitioner asks the codegen: batch matmuls stay on the CPU with the codegen's
-    reason, and the dense layers around them are still offloaded."""
+    """A max pool whose smallest tile overflows the edge part's accumulator stays on the
+    CPU with that reason; the conv before it is still offloaded."""
+    pytest.importorskip("onnxruntime")
+    import onnx
+    from tvm.relax.frontend.onnx import from_onnx
+
+    from relay_passes.partition import partition_for_dsa
+
+    from . import qdq_models as qm
+
+    path = qm.single_op_net(tmp_path, "MaxPool", shape=(1, 8, 30, 30), kernel_shape=[23, 23])
+    mod = from_onnx(onnx.load(path), keep_params_in_input=False)
+    _, report = partition_for_dsa(mod, CFGS["edge"])
+    assert [ly.split()[0] for r in report.regions for ly in r.layers] == ["Conv2d"]
+    reasons = [c.reason for c in report.cpu_ops if c.op == "relax.nn.max_pool2d"]
+    assert len(reasons) == 1 and "accumulator" in reasons[0], reasons
+
+
+def test_batch_matmuls_get_regions_of_their_own(tmp_path):
+    """Attention: the dense layers merge into "dsa" regions; each batch matmul is a region
+    of its own (the host packs its operands), even where a dense layer produces one."""
     pytest.importorskip("onnxruntime")
     import onnx
     from tvm.relax.frontend.onnx import from_onnx
@@ -334,8 +393,7 @@ def test_partition_keeps_unlowerable_layers_alone(tmp_path):
 
     mod = from_onnx(onnx.load(qm.attention_net(tmp_path)), keep_params_in_input=False)
     _, report = partition_for_dsa(mod, CFGS["default"])
-    layers = [ly for r in report.regions for ly in r.layers]
-    assert sum(ly.startswith("Dense") for ly in layers) == 3
-    assert not any(ly.startswith("BatchMatmul") for ly in layers)
-    reasons = [c.reason for c in report.cpu_ops if c.op == "relax.matmul"]
-    assert len(reasons) == 2 and all("codegen: " in r for r in reasons)
+    kinds = [[ly.split()[0] for ly in r.layers] for r in report.regions]
+    assert sum(k.count("Dense") for k in kinds) == 3, kinds
+    assert sorted(k for k in kinds if "BatchMatmul" in k) == [["BatchMatmul"]] * 2, kinds
+    assert not [c for c in report.cpu_ops if c.op == "relax.matmul"]

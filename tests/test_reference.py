@@ -218,6 +218,25 @@ def test_add_matches_integers(seed, am, bm, shift):
     np.testing.assert_array_equal(run_layer(ly, {"a": a, "b": b}), want)
 
 
+@SETTINGS
+@given(seed=st.integers(0, 2**31), am=st.integers(-(1 << 21), 1 << 21), shift=st.integers(0, 30),
+       rank4=st.booleans())
+def test_bias_add_adds_per_channel(seed, am, shift, rank4):
+    """Channels are axis 1 of NCHW and the last axis of matrices."""
+    rng = np.random.default_rng(seed)
+    x = _i8(rng, (1, 3, 2, 2) if rank4 else (2, 4, 3))
+    c = x.shape[1] if rank4 else x.shape[-1]
+    bias = rng.integers(-(1 << 28), 1 << 28, c).astype(np.int32)
+    zx, zy = (int(v) for v in rng.integers(-128, 128, 2))
+    rq = L.Requant(np.array([1], np.int32), np.array([shift], np.int32), zy)
+    ly = L.BiasAdd("ba", _qt("x", x.shape, zx), _qt("y", x.shape, zy), am, bias, rq)
+    want = np.empty(x.shape, np.int8)
+    for idx in np.ndindex(*x.shape):
+        acc = _wrap32((int(x[idx]) - zx) * am + int(bias[idx[1] if rank4 else idx[-1]]))
+        want[idx] = _requant_py(acc, 1, shift, zy)
+    np.testing.assert_array_equal(run_layer(ly, {"x": x}), want)
+
+
 def test_rescale_is_relu_in_integer_domain():
     x = np.arange(-128, 128, dtype=np.int8).reshape(1, 1, 16, 16)
     rq = L.Requant(np.array([1 << 30], np.int32), np.array([30], np.int32), 5, (5, 127))  # x1.0

@@ -71,10 +71,11 @@ class GlobalSumShape:
 
 @dataclass(frozen=True)
 class EltwiseShape:
-    """``rescale``: y = requant(x); ``add``: y = requant(a * a_mult + b * b_mult), over
-    ``p`` pixels of ``cb`` channel blocks."""
+    """``rescale``: y = requant(x); ``add``: y = requant(a * a_mult + b * b_mult);
+    ``scale``: y = requant(x * a_mult) (a per-channel constant addend rides in the
+    output-stage bias); over ``p`` pixels of ``cb`` channel blocks."""
 
-    kind: str                           # "rescale" | "add"
+    kind: str                           # "rescale" | "add" | "scale"
     p: int
     cb: int
     block: int
@@ -160,8 +161,13 @@ def eltwise(s: EltwiseShape) -> tirx.PrimFunc:
         x = te.placeholder(shape, "int8", name="x")
         return te.create_prim_func([x, params, _output_stage(x, params, s.output_zp, s.clip,
                                                              widen=True)])
+    if s.kind == "scale":
+        x = te.placeholder(shape, "int8", name="x")
+        acc = te.compute(shape, lambda *i: x(*i).astype("int32") * tirx.IntImm("int32", s.a_mult),
+                         name="acc")
+        return te.create_prim_func([x, params, _output_stage(acc, params, s.output_zp, s.clip)])
     if s.kind != "add":
-        raise ValueError(f"eltwise kind must be 'rescale' or 'add', got {s.kind!r}")
+        raise ValueError(f"eltwise kind must be 'rescale', 'add' or 'scale', got {s.kind!r}")
     a = te.placeholder(shape, "int8", name="a")
     b = te.placeholder(shape, "int8", name="b")
     acc = te.compute(shape, lambda *i: tirx.call_pure_extern(

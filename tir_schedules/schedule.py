@@ -158,8 +158,9 @@ def schedule_conv2d(func: tirx.PrimFunc, cfg: HardwareConfig, s: ConvShape,
     sch.tensorize(o, gemm_intrin(cfg.block_in, cfg.block_out))
     sch.tensorize(sch.get_loops(rq)[-1],
                   requant_intrin(cfg.block_out, s.output_zp, s.clip[0], s.clip[1]))
-    if k.double_buffer:
-        sch.annotate(tile_loop, ANN_DOUBLE_BUFFER, 1)
+    if k.double_buffer:  # the weight tile too: the next one loads during this one's tiles
+        for loop in {tile_loop, w_at}:
+            sch.annotate(loop, ANN_DOUBLE_BUFFER, 1)
     return sch
 
 

@@ -89,15 +89,17 @@ def vector_fits(cfg: HardwareConfig, s: VectorShape, k: VectorKnobs) -> str | No
 # ----------------------------------------------------------------------------- cost model
 def _cycles(cfg: HardwareConfig, tiles: int, loads: list[tuple[int, int]], alu_rows: int,
             alu_instrs: int, store_bytes: int, db: bool, once: float = 0.0) -> float:
-    """Rough cycles: ACC loads hold the compute engine for transfer + latency; ALU rows
-    cost ``alu_cycles_per_row``; stores overlap the next tile when double-buffered;
-    loads and stores share one DRAM channel."""
+    """Rough cycles: the tile's loads (load engine, prefetched, pipelined: one latency per
+    tile), its ALU rows (``alu_cycles_per_row``) and its store overlap across tiles when
+    double-buffered and follow one another when not; one DRAM channel carries all."""
     bw, lat = cfg.bandwidth_bytes_per_cycle, cfg.latency_cycles
-    load = sum(math.ceil(b / bw) + lat * n for b, n in loads)
+    load = sum(math.ceil(b / bw) for b, _ in loads) + lat
     alu = alu_rows * cfg.alu_cycles_per_row + alu_instrs * cfg.alu_latency_cycles
     store = math.ceil(store_bytes / bw) + lat
-    compute = tiles * (load + alu) + once
-    total = compute + store if db else compute + tiles * store
+    if db:
+        total = tiles * max(load, alu, store) + min(load, alu) + store + once
+    else:
+        total = tiles * (load + alu + store) + once
     bus = tiles * (sum(b for b, _ in loads) + store_bytes) / bw
     return max(total, bus)
 
@@ -126,7 +128,7 @@ def estimate_vector_cycles(cfg: HardwareConfig, s: VectorShape, k: VectorKnobs) 
                        0, k.double_buffer, once)
     rows = k.tile_p * k.tile_cb
     tiles = (s.p // k.tile_p) * (s.cb // k.tile_cb)
-    n_in, passes = (1, 1) if s.kind == "rescale" else (2, 3)
+    n_in, passes = {"rescale": (1, 1), "scale": (1, 2), "add": (2, 3)}[s.kind]
     once = (s.cb // k.tile_cb) * (12 * k.tile_cb * b / cfg.bandwidth_bytes_per_cycle
                                   + cfg.latency_cycles)
     return _cycles(cfg, tiles, [(rows * b, 1)] * n_in, passes * rows, passes, rows * b,
@@ -252,7 +254,7 @@ def schedule_eltwise(func: tirx.PrimFunc, cfg: HardwareConfig, s: EltwiseShape,
     table is loaded once per channel tile."""
     _check(cfg, s, k)
     sch = s_tir.Schedule(func)
-    first = sch.get_sblock("acc" if s.kind == "add" else "requant")
+    first = sch.get_sblock("requant" if s.kind == "rescale" else "acc")
     inputs = [sch.cache_read(first, i, SCOPE_ACC) for i in range(2 if s.kind == "add" else 1)]
     p, cb, c = sch.get_loops(first)
     p_o, p_i = sch.split(p, [None, k.tile_p])
@@ -260,9 +262,10 @@ def schedule_eltwise(func: tirx.PrimFunc, cfg: HardwareConfig, s: EltwiseShape,
     sch.reorder(cb_o, p_o, p_i, cb_i, c)
     for blk in inputs:
         sch.compute_at(blk, p_o)
-    if s.kind == "add":
+    if s.kind in ("add", "scale"):
         sch.set_scope(first, 0, SCOPE_ACC)
-        sch.tensorize(c, axpby_intrin(s.block, s.a_mult, s.b_mult))
+        sch.tensorize(c, axpby_intrin(s.block, s.a_mult, s.b_mult) if s.kind == "add"
+                      else alu_intrin("mul", s.block, "int8", imm=s.a_mult))
         _output(sch, s, "int32", cb_o, p_o)
     else:
         _output(sch, s, "int8", cb_o, p_o, placed=True)

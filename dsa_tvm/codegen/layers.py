@@ -99,15 +99,14 @@ class BatchMatmul:
     Both operands are activations (attention: Q @ K^T, P @ V)."""
 
     name: str
-    a: QTensor               # (B, M, K)
+    a: QTensor               # (B, M, K): leading dimensions of the graph flattened into B
     b: QTensor               # (B, K, N)
     output: QTensor          # (B, M, N)
     requant: Requant
 
     @property
     def macs(self) -> int:
-        bsz, m, k = self.a.shape
-        return bsz * m * k * self.b.shape[-1]
+        return int(np.prod(self.a.shape, dtype=np.int64)) * self.b.shape[-1]
 
 
 @dataclass(frozen=True)
@@ -165,6 +164,26 @@ class Add:
 
 
 @dataclass(frozen=True)
+class BiasAdd:
+    """acc = (x - x.zp) * x_mult + bias[c] (int32); y = requant(acc): an Add whose second
+    operand is a per-channel constant (a matmul bias the exporter left as its own Add).
+
+    ``bias`` already holds ``(b - b.zp) * b_mult`` per channel (channels: axis 1 of NCHW,
+    the last axis otherwise), at the requant's shift like :class:`Add`'s factors."""
+
+    name: str
+    input: QTensor
+    output: QTensor
+    x_mult: int
+    bias: np.ndarray         # int32 [C]
+    requant: Requant
+
+    @property
+    def macs(self) -> int:
+        return 0
+
+
+@dataclass(frozen=True)
 class Rescale:
     """y = requant(x - x.zp): a change of scale and/or a clip (standalone ReLU, QDQ chains)."""
 
@@ -178,7 +197,7 @@ class Rescale:
         return 0
 
 
-Layer = Conv2d | Dense | BatchMatmul | Pool2d | GlobalAvgPool | Add | Rescale
+Layer = Conv2d | Dense | BatchMatmul | Pool2d | GlobalAvgPool | Add | BiasAdd | Rescale
 
 
 @dataclass

@@ -15,6 +15,7 @@ from ..isa import semantics as sem
 from .layers import (
     Add,
     BatchMatmul,
+    BiasAdd,
     Conv2d,
     Dense,
     GlobalAvgPool,
@@ -126,6 +127,15 @@ def _add(ly: Add, a: np.ndarray, b: np.ndarray) -> np.ndarray:
     return apply_requant(acc, ly.requant, axis=1 if acc.ndim == 4 else -1)
 
 
+def _bias_add(ly: BiasAdd, x: np.ndarray) -> np.ndarray:
+    axis = 1 if x.ndim == 4 else -1
+    shape = [1] * x.ndim
+    shape[axis] = -1
+    bias = np.asarray(ly.bias, np.int64).reshape(shape)
+    acc = sem.wrap_int32(_centered(x, ly.input) * ly.x_mult + bias)
+    return apply_requant(acc, ly.requant, axis=axis)
+
+
 def _rescale(ly: Rescale, x: np.ndarray) -> np.ndarray:
     acc = _centered(x, ly.input)
     return apply_requant(acc, ly.requant, axis=1 if acc.ndim == 4 else -1).reshape(ly.output.shape)
@@ -145,6 +155,8 @@ def run_layer(ly: Layer, env: dict[str, np.ndarray]) -> np.ndarray:
         out = _global_avg_pool(ly, env[ly.input.name])
     elif isinstance(ly, Add):
         out = _add(ly, env[ly.a.name], env[ly.b.name])
+    elif isinstance(ly, BiasAdd):
+        out = _bias_add(ly, env[ly.input.name])
     elif isinstance(ly, Rescale):
         out = _rescale(ly, env[ly.input.name])
     else:

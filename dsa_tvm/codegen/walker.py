@@ -402,7 +402,9 @@ class TirWalker:
                 levels, t.slot_base + dst_b // unit, dram0, what):
             if kind == "load":
                 y, x, stride, p = shape
-                self.b.load(buf, dst_row, src_el, y, x, stride, pad=p, pad_value=pad_value)
+                # ACC loads too go on the load engine: the derived tokens order them
+                self.b.load(buf, dst_row, src_el, y, x, stride, pad=p, pad_value=pad_value,
+                            prefetch=buf in (Buffer.ACC, Buffer.ACC8))
             elif t.sram == "acc":  # border rows the LOAD pad fields cannot hold
                 self.b.alu(AluOp.MOV, dst_row, dst_row, 0, [(shape, 1, 1, 0)], imm=pad_value,
                            use_imm=True)

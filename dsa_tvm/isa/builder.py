@@ -87,12 +87,12 @@ class ProgramBuilder:
 
     def load(self, buffer: Buffer, sram_base: int, dram_base: int, y_size: int, x_size: int,
              x_stride: int | None = None, pad=(0, 0, 0, 0), pad_value: int = 0,
-             **dep) -> int:
+             prefetch: bool = False, **dep) -> int:
         """pad = (top, bottom, left, right)."""
         t, b, lft, r = pad
         return self.emit(Load(buffer, sram_base, dram_base, y_size, x_size,
                               x_size if x_stride is None else x_stride, t, b, lft, r, pad_value,
-                              deps(**dep)))
+                              deps(**dep), prefetch))
 
     def store(self, buffer: Buffer, sram_base: int, dram_base: int, y_size: int, x_size: int,
               x_stride: int | None = None, **dep) -> int:

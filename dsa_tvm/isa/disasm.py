@@ -33,7 +33,8 @@ def disassemble_one(ins: Instruction) -> str:
         pad = f" pad(t{pads[0]} b{pads[1]} l{pads[2]} r{pads[3]})={ins.pad_value}" if any(
             pads) else ""
         text = (f"LOAD   {ins.buffer.name:<4} sram[{ins.sram_base}] <- dram[{ins.dram_base}] "
-                f"{ins.y_size}x{ins.x_size} stride {ins.x_stride}{pad}")
+                f"{ins.y_size}x{ins.x_size} stride {ins.x_stride}{pad}"
+                f"{' prefetch' if ins.prefetch else ''}")
     elif isinstance(ins, Store):
         text = (f"STORE  {ins.buffer.name:<4} sram[{ins.sram_base}] -> dram[{ins.dram_base}] "
                 f"{ins.y_size}x{ins.x_size} stride {ins.x_stride}")

@@ -67,7 +67,8 @@ def to_fields(ins: Instruction) -> dict[str, int]:
                  y_size=ins.y_size, x_size=ins.x_size, x_stride=ins.x_stride)
         if isinstance(ins, Load):
             f.update(pad_top=ins.pad_top, pad_bottom=ins.pad_bottom, pad_left=ins.pad_left,
-                     pad_right=ins.pad_right, pad_value=ins.pad_value)
+                     pad_right=ins.pad_right, pad_value=ins.pad_value,
+                     prefetch=int(ins.prefetch))
     elif isinstance(ins, Gemm):
         f.update(reset=int(ins.reset), acc_base=ins.acc_base, inp_base=ins.inp_base,
                  wgt_base=ins.wgt_base)
@@ -105,7 +106,8 @@ def from_fields(f: dict[str, int], index: int = 0) -> Instruction:
         if op == Opcode.STORE:
             return Store(**common)
         return Load(**common, pad_top=f["pad_top"], pad_bottom=f["pad_bottom"],
-                    pad_left=f["pad_left"], pad_right=f["pad_right"], pad_value=f["pad_value"])
+                    pad_left=f["pad_left"], pad_right=f["pad_right"], pad_value=f["pad_value"],
+                    prefetch=bool(f["prefetch"]))
     if op == Opcode.GEMM:
         loops = tuple(GemmLoop(f[f"ext{k}"], f[f"acc_stride{k}"], f[f"inp_stride{k}"],
                                f[f"wgt_stride{k}"]) for k in range(GEMM_LEVELS))

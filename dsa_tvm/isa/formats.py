@@ -116,6 +116,8 @@ LOAD_FORMAT = Format(Opcode.LOAD, _DMA_COMMON + (
     FieldDef("pad_right", _fixed(PAD_BITS), "padding elements after each row", width_rule=_pad_rule),
     FieldDef("pad_value", _fixed(8), "value of padding elements (int8, e.g. a zero point)",
              signed=True, width_rule="8"),
+    FieldDef("prefetch", _fixed(1), "ACC/ACC8: run on the load engine, overlapping compute "
+             "(ordered by tokens); 0: on the compute engine, in order with it", width_rule="1"),
 ), "DRAM -> scratchpad, 2-D strided, with padding")
 
 STORE_FORMAT = Format(Opcode.STORE, _DMA_COMMON,

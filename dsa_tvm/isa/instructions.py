@@ -142,7 +142,12 @@ class Load:
     ``x_stride`` is the distance between the DRAM starts of consecutive rows. It may be
     smaller than ``x_size`` (rows overlap) and it may be 0: every row then reads the
     same source row, a broadcast, e.g. one bias row copied to many accumulator rows or
-    one zero-point row filling many input rows."""
+    one zero-point row filling many input rows.
+
+    ``prefetch`` (ACC/ACC8 only) queues the load on the load engine, where it overlaps
+    compute; the program must then order it against the compute engine with tokens
+    like any INP/WGT load. Without it an ACC load runs on the compute engine, in order
+    with the instructions that read its rows (no tokens needed, no overlap)."""
 
     buffer: Buffer
     sram_base: int
@@ -156,11 +161,14 @@ class Load:
     pad_right: int = 0
     pad_value: int = 0
     deps: Deps = NO_DEPS
+    prefetch: bool = False
     opcode = Opcode.LOAD
 
     @property
     def engine(self) -> Engine:
-        return Engine.COMPUTE if self.buffer in (Buffer.ACC, Buffer.ACC8) else Engine.LOAD
+        if self.buffer in (Buffer.ACC, Buffer.ACC8) and not self.prefetch:
+            return Engine.COMPUTE
+        return Engine.LOAD
 
     @property
     def rows_written(self) -> int:

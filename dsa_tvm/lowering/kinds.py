@@ -27,6 +27,7 @@ import numpy as np
 from ..codegen.layers import (
     Add,
     BatchMatmul,
+    BiasAdd,
     Conv2d,
     Dense,
     GlobalAvgPool,
@@ -37,6 +38,7 @@ from ..codegen.layers import (
 )
 from ..hw.config import HardwareConfig
 from ..isa import semantics as sem
+from .host_pack import PARAMS, ROWSUM, batch_dims
 from .layouts import ceil_div, image_dims, pack_conv_weights, pack_output_stage
 
 
@@ -55,6 +57,7 @@ class Recipe:
     candidates: Callable            # (cfg, shape) -> list of knobs that fit
     inputs: dict[str, QTensor]      # TIR parameter -> region tensor
     consts: dict[str, np.ndarray] = field(default_factory=dict)  # TIR parameter -> data
+    host: dict[str, str] = field(default_factory=dict)  # TIR parameter -> host-packed region
 
 
 def _rq_table(layer: Layer, bias: np.ndarray, channels: int, block: int) -> np.ndarray:
@@ -227,7 +230,8 @@ def _pixels(t: QTensor) -> tuple[int, int]:
     return n * h * w, c
 
 
-def _eltwise_recipe(layer: Add | Rescale, cfg: HardwareConfig, consts: bool) -> Recipe:
+def _eltwise_recipe(layer: Add | BiasAdd | Rescale, cfg: HardwareConfig,
+                    consts: bool) -> Recipe:
     from tir_schedules.compute_vector import EltwiseShape, eltwise
     from tir_schedules.schedule_vector import schedule_eltwise
 
@@ -251,6 +255,17 @@ def _eltwise_recipe(layer: Add | Rescale, cfg: HardwareConfig, consts: bool) -> 
                              int(layer.a_mult), int(layer.b_mult))
         bias = -(layer.a.zero_point * layer.a_mult + layer.b.zero_point * layer.b_mult)
         inputs = {"a": layer.a, "b": layer.b}
+    elif isinstance(layer, BiasAdd):
+        if not sem.INT32_MIN <= layer.x_mult <= sem.INT32_MAX:
+            raise UnsupportedLayer(f"{layer.name}: rescale factor {layer.x_mult} exceeds the "
+                                   f"32-bit ALU immediate")
+        if np.shape(layer.bias) != (c,):
+            raise UnsupportedLayer(f"{layer.name}: bias of shape {np.shape(layer.bias)} for "
+                                   f"{c} channels")
+        shape = EltwiseShape("scale", p, ceil_div(c, block), block, rq.zero_point, rq.clip,
+                             int(layer.x_mult))
+        bias = np.asarray(layer.bias, np.int64) - layer.input.zero_point * layer.x_mult
+        inputs = {"x": layer.input}
     else:
         shape = EltwiseShape("rescale", p, ceil_div(c, block), block, rq.zero_point, rq.clip)
         bias = -layer.input.zero_point
@@ -259,6 +274,34 @@ def _eltwise_recipe(layer: Add | Rescale, cfg: HardwareConfig, consts: bool) -> 
     if consts:
         r.consts["params"] = _rq_table(layer, bias, c, block)
     return r
+
+
+def _matmul_recipe(layer: BatchMatmul, cfg: HardwareConfig) -> Recipe:
+    """Both operands arrive host-packed (``host_pack``): ``a`` as rows plus correction
+    rows, ``b`` as weight tiles plus the output-stage table (nothing is constant)."""
+    from tir_schedules.matmul import (
+        MatmulShape,
+        batch_matmul,
+        candidate_matmul_knobs,
+        default_matmul_knobs,
+        schedule_batch_matmul,
+    )
+
+    a, b = tuple(layer.a.shape), tuple(layer.b.shape)
+    if len(a) != 3 or len(b) != 3 or a[0] != b[0] or a[-1] != b[-2]:
+        raise UnsupportedLayer(f"{layer.name}: batch matmul needs (B, M, K) x (B, K, N) "
+                               f"operands (leading dimensions flattened), got {a} x {b}")
+    if tuple(layer.output.shape) != a[:-1] + b[-1:]:
+        raise UnsupportedLayer(f"{layer.name}: output {layer.output.shape} is not "
+                               f"{a[:-1] + b[-1:]}")
+    bt, m, k = batch_dims(a)
+    rq = layer.requant
+    shape = MatmulShape(bt, m, ceil_div(k, cfg.block_in), ceil_div(b[-1], cfg.block_out),
+                        cfg.block_in, cfg.block_out, rq.zero_point, rq.clip)
+    return Recipe(shape, batch_matmul, schedule_batch_matmul, default_matmul_knobs,
+                  candidate_matmul_knobs, {"x": layer.a},
+                  host={"w": layer.b.name, "params": layer.b.name + PARAMS,
+                        "r": layer.a.name + ROWSUM})
 
 
 def recipe(layer: Layer, cfg: HardwareConfig, consts: bool = True) -> Recipe:
@@ -280,9 +323,8 @@ def recipe(layer: Layer, cfg: HardwareConfig, consts: bool = True) -> Recipe:
         return _window_recipe(layer, cfg, consts)
     if isinstance(layer, GlobalAvgPool):
         return _global_recipe(layer, cfg, consts)
-    if isinstance(layer, (Add, Rescale)):
+    if isinstance(layer, (Add, BiasAdd, Rescale)):
         return _eltwise_recipe(layer, cfg, consts)
     if isinstance(layer, BatchMatmul):
-        raise UnsupportedLayer(f"{layer.name}: batch matmul of two activations is not lowered "
-                               f"(its second operand would need a transpose into weight tiles)")
+        return _matmul_recipe(layer, cfg)
     raise UnsupportedLayer(f"{layer.name}: no DSA lowering for {type(layer).__name__}")

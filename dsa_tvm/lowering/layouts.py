@@ -70,3 +70,23 @@ def pack_output_stage(bias: np.ndarray, mult: np.ndarray, shift: np.ndarray,
     t = np.zeros((ob * block_out, 3), dtype=np.int32)
     t[:o, 0], t[:o, 1], t[:o, 2] = bias, mult, shift
     return np.ascontiguousarray(t.reshape(ob, block_out, 3).transpose(0, 2, 1))
+
+
+def im2col(x: np.ndarray, kernel: tuple[int, int], strides: tuple[int, int],
+           padding: tuple[int, int, int, int], dilation: tuple[int, int],
+           pad_value: int) -> np.ndarray:
+    """NCHW -> (N, KH*KW*C, OH, OW): channel ``(ki * KW + kj) * C + c`` holds the input
+    pixel tap (ki, kj) of output pixel (oh, ow) reads; pads hold ``pad_value``."""
+    n, c, h, w = x.shape
+    (kh, kw), (sh, sw), (pt, pl, pb, pr), (dh, dw) = kernel, strides, padding, dilation
+    xp = np.full((n, c, h + pt + pb, w + pl + pr), pad_value, x.dtype)
+    xp[:, :, pt:pt + h, pl:pl + w] = x
+    oh = (h + pt + pb - dh * (kh - 1) - 1) // sh + 1
+    ow = (w + pl + pr - dw * (kw - 1) - 1) // sw + 1
+    cols = np.empty((n, kh, kw, c, oh, ow), x.dtype)
+    for i in range(kh):
+        for j in range(kw):
+            cols[:, i, j] = xp[:, :, i * dh:i * dh + sh * (oh - 1) + 1:sh,
+                               j * dw:j * dw + sw * (ow - 1) + 1:sw]
+    return cols.reshape(n, kh * kw * c, oh, ow)
+

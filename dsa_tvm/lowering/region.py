@@ -17,14 +17,16 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-from ..codegen.layers import Layer, QTensor, Region
+from ..codegen.layers import BatchMatmul, Layer, QTensor, Region, layer_inputs
 from ..codegen.walker import TirWalker
 from ..hw.config import HardwareConfig
 from ..isa.builder import ProgramBuilder
 from ..isa.program import Program
 from ..isa.sync import insert_dependencies
+from .fold_input import fold_region_inputs
+from .host_pack import PARAMS, ROWSUM, batch_dims
 from .kinds import UnsupportedLayer, recipe
-from .layouts import blocked_shape
+from .layouts import blocked_shape, ceil_div
 
 __all__ = ["CompiledRegion", "LayerPlan", "UnsupportedLayer", "compile_region",
            "lowering_supports"]
@@ -74,7 +76,15 @@ def compile_region(region: Region, cfg: HardwareConfig,
     keeps the default)."""
     from tir_schedules.schedule import lower_for_walker
 
+    _check_views(region)
     block = cfg.block_in
+    io = {t.name: {"shape": list(t.shape), "scale": t.scale, "zero_point": t.zero_point}
+          for t in region.inputs + region.outputs}
+    region, folded = fold_region_inputs(region, cfg)
+    for name, spec in folded.items():
+        io[name]["im2col"] = spec
+    for name, spec in _matmul_operands(region).items():
+        io[name].update(spec)
     b = ProgramBuilder(cfg, region.name)
     tensors: dict[str, object] = {}
 
@@ -83,8 +93,19 @@ def compile_region(region: Region, cfg: HardwareConfig,
             tensors[t.name] = b.region(t.name, kind, blocked_shape(t.shape, block), "int8")
         return tensors[t.name]
 
+    bi, bo = cfg.block_in, cfg.block_out
     for t in region.inputs:
-        dram(t, "input")
+        if "matmul_b" in io[t.name]:  # the host packs weight tiles and their table
+            bt, k, n = batch_dims(t.shape)
+            nb, kb = ceil_div(n, bo), ceil_div(k, bi)
+            tensors[t.name] = b.region(t.name, "input", (bt, nb, kb, bo, bi), "int8")
+            tensors[t.name + PARAMS] = b.region(t.name + PARAMS, "input", (bt, nb, 3, bo),
+                                                "int32")
+        else:
+            dram(t, "input")
+        if "matmul_a" in io[t.name]:
+            bt, m, _ = batch_dims(t.shape)
+            tensors[t.name + ROWSUM] = b.region(t.name + ROWSUM, "input", (bt * m, bo), "int32")
     for t in region.outputs:
         dram(t, "output")
     plans, layers_meta = [], []
@@ -104,6 +125,8 @@ def compile_region(region: Region, cfg: HardwareConfig,
                                      data.dtype.name, data=data)
         for name, t in r.inputs.items():
             regions[name] = dram(t, "scratch")
+        for name, region_name in r.host.items():
+            regions[name] = tensors[region_name]
         regions["y"] = dram(layer.output, "scratch")
         first = len(b.instructions)
         TirWalker(cfg, b, regions).run(func)
@@ -117,10 +140,55 @@ def compile_region(region: Region, cfg: HardwareConfig,
     _renumber_layers(prog, layers_meta)
     prog.meta.update(
         kind="region", layers=layers_meta, hardware=cfg.as_dict(),
-        io={t.name: {"shape": list(t.shape), "scale": t.scale, "zero_point": t.zero_point}
-            for t in region.inputs + region.outputs},
+        io=io,
         inputs=[t.name for t in region.inputs], outputs=[t.name for t in region.outputs])
     return CompiledRegion(prog, plans)
+
+
+def _check_views(region: Region) -> None:
+    """Every layer must see a tensor with one shape (the DRAM layout follows from it)."""
+    shapes = {t.name: t.shape for t in region.inputs + region.outputs}
+    for ly in region.layers:
+        for t in layer_inputs(ly) + [ly.output]:
+            seen = shapes.setdefault(t.name, t.shape)
+            if tuple(seen) != tuple(t.shape):
+                raise UnsupportedLayer(f"{ly.name}: tensor '{t.name}' is {tuple(t.shape)} here "
+                                       f"and {tuple(seen)} elsewhere in the region")
+
+
+def _matmul_operands(region: Region) -> dict[str, dict]:
+    """The host packing of batch-matmul operands (``host_pack``), as ``io`` entries.
+
+    The host can only pack what it hands over: an operand computed inside the region
+    makes the layer unsupported, as does a second operand other layers read too (it
+    becomes weight tiles for this one)."""
+    inputs = {t.name for t in region.inputs}
+    readers: dict[str, int] = {}
+    for ly in region.layers:
+        for t in layer_inputs(ly):
+            readers[t.name] = readers.get(t.name, 0) + 1
+    out: dict[str, dict] = {}
+    for ly in region.layers:
+        if not isinstance(ly, BatchMatmul):
+            continue
+        for t in (ly.a, ly.b):
+            if t.name not in inputs:
+                raise UnsupportedLayer(f"{ly.name}: operand '{t.name}' is computed on the DSA; "
+                                       f"batch matmul operands come from the host, which packs "
+                                       f"them")
+        if readers[ly.b.name] > 1 or ly.b.name in {t.name for t in region.outputs}:
+            raise UnsupportedLayer(f"{ly.name}: second operand '{ly.b.name}' is read by other "
+                                   f"layers too (it becomes this layer's weight tiles)")
+        prev = out.get(ly.a.name, {}).get("matmul_a")
+        if prev is not None and prev["b_zero_point"] != ly.b.zero_point:
+            raise UnsupportedLayer(f"{ly.name}: '{ly.a.name}' is the first operand of two batch "
+                                   f"matmuls with different zero points in the second")
+        mult, shift = ly.requant.per_channel(ly.b.shape[-1])
+        out.setdefault(ly.b.name, {})["matmul_b"] = {
+            "a_zero_point": ly.a.zero_point, "multiplier": mult.tolist(),
+            "shift": shift.tolist()}
+        out.setdefault(ly.a.name, {})["matmul_a"] = {"b_zero_point": ly.b.zero_point}
+    return out
 
 
 #: (compute, schedule, shape, knobs, hardware) -> the scheduled and lowered PrimFunc.

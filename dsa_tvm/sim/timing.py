@@ -20,7 +20,8 @@ done" (a SYNC issued behind transfers in flight takes its one cycle, frees the
 engine, and completes, pushing its tokens, when they do). ACC/ACC8 loads run on
 the compute engine, whose next instructions may read the rows being loaded and
 have no token to wait with: they hold the compute engine until they complete,
-as any compute instruction.
+as any compute instruction; with ``prefetch`` set they run on the load engine
+like INP/WGT loads, overlapped with compute and ordered by tokens.
 
 Costs, all from the config:
 

@@ -1,0 +1,79 @@
+"""What the host does to a region input before the DSA reads it.
+
+Most inputs are packed into the blocked activation layout. Some layers read an
+input in another form the compiler chose, recorded in the program's ``io``
+table so the runtime repeats it exactly:
+
+* ``im2col``: a few-channel conv's input as its window matrix (``fold_input``);
+* ``matmul_b``: the second operand of a batch matmul as per-batch weight tiles,
+  with the zero-point terms that depend on it in an output-stage table
+  (``<name>#params``);
+* ``matmul_a``: the first operand as activation rows plus one correction row per
+  input row (``<name>#rowsum``): ``-zp_b * sum_k a``.
+
+(see ``tir_schedules.matmul`` for the arithmetic).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from ..isa import semantics as sem
+from .layouts import ceil_div, im2col, pack_activation, pack_output_stage
+
+PARAMS = "#params"
+ROWSUM = "#rowsum"
+
+
+def batch_dims(shape: tuple[int, ...]) -> tuple[int, int, int]:
+    """(batch, rows, cols) of a matmul operand: leading dimensions flattened."""
+    return int(np.prod(shape[:-2], dtype=np.int64)), int(shape[-2]), int(shape[-1])
+
+
+def weight_tiles(b: np.ndarray, block_in: int, block_out: int) -> np.ndarray:
+    """(..., K, N) int8 -> [batch][NB][KB][block_out][block_in] tiles, zero padded."""
+    bt, k, n = batch_dims(b.shape)
+    kb, nb = ceil_div(k, block_in), ceil_div(n, block_out)
+    p = np.zeros((bt, kb * block_in, nb * block_out), np.int8)
+    p[:, :k, :n] = b.reshape(bt, k, n)
+    return np.ascontiguousarray(
+        p.reshape(bt, kb, block_in, nb, block_out).transpose(0, 3, 1, 4, 2))
+
+
+def matmul_params(b: np.ndarray, spec: dict, block_out: int) -> np.ndarray:
+    """[batch][NB][3][block_out]: bias ``-zp_a * sum_k b + K * zp_a * zp_b`` per batch and
+    column, with the layer's multiplier and shift."""
+    bt, k, n = batch_dims(b.shape)
+    za, zb = int(spec["a_zero_point"]), int(spec["zero_point"])
+    colsum = b.reshape(bt, k, n).astype(np.int64).sum(axis=1)
+    bias = sem.wrap_int32(-za * colsum + k * za * zb)
+    mult = np.asarray(spec["multiplier"], np.int32)
+    shift = np.asarray(spec["shift"], np.int32)
+    return np.stack([pack_output_stage(bias[t], mult, shift, block_out) for t in range(bt)])
+
+
+def rowsum_rows(a: np.ndarray, b_zero_point: int, block_out: int) -> np.ndarray:
+    """[batch * M][block_out] int32: ``-zp_b * sum_k a`` in every lane of the row."""
+    bt, m, k = batch_dims(a.shape)
+    r = sem.wrap_int32(-int(b_zero_point) * a.reshape(bt * m, k).astype(np.int64).sum(axis=1))
+    return np.ascontiguousarray(np.repeat(r[:, None], block_out, axis=1).astype(np.int32))
+
+
+def pack_region_input(name: str, x: np.ndarray, io: dict, block_in: int,
+                      block_out: int) -> dict[str, np.ndarray]:
+    """The DRAM regions one region input fills, by region name."""
+    if "matmul_b" in io:
+        spec = {**io["matmul_b"], "zero_point": io["zero_point"]}
+        return {name: weight_tiles(x, block_in, block_out),
+                name + PARAMS: matmul_params(x, spec, block_out)}
+    out = {}
+    if io.get("im2col"):
+        s = io["im2col"]
+        x4 = im2col(x, tuple(s["kernel"]), tuple(s["strides"]), tuple(s["padding"]),
+                    tuple(s["dilation"]), io["zero_point"])
+        out[name] = pack_activation(x4, block_in)
+    else:
+        out[name] = pack_activation(x, block_in)
+    if "matmul_a" in io:
+        out[name + ROWSUM] = rowsum_rows(x, io["matmul_a"]["b_zero_point"], block_out)
+    return out

@@ -1,0 +1,157 @@
+"""Batched matmul of two activations (attention's Q @ K^T and P @ V) on the MAC array.
+
+The array multiplies an input row by a weight tile, so the second operand must
+arrive as weight tiles. Both operands are produced on the CPU in the graphs
+this serves (reshape/transpose/softmax stay there), so the host packs them at
+the region boundary (``dsa_tvm.lowering.host_pack``): ``b`` into per-batch
+tiles ``w[bt, nb, kb, o, i]`` with the zero-point terms that depend on ``b``
+in the output-stage table, and ``a`` into ordinary activation rows plus one
+correction row per input row. The DSA then computes
+
+    acc  = sum_k a * b                       (GEMM on raw int8)
+    acc2 = acc + r[row]                      (r = -zp_b * sum_k a, every lane)
+    y    = requant(acc2 + bias[bt, n])       (bias = -zp_a * sum_k b + K * zp_a * zp_b)
+
+which is ``sum_k (a - zp_a) * (b - zp_b)`` exactly (int32 wrap-around arithmetic).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+from tvm import s_tir, te, tirx
+
+from dsa_tvm.codegen.names import ANN_DOUBLE_BUFFER, SCALAR_REQUANT, SCOPE_ACC, SCOPE_INP, SCOPE_WGT
+from dsa_tvm.hw.config import HardwareConfig
+
+from .intrinsics import alu_intrin, gemm_intrin, requant_intrin
+from .schedule import divisors
+
+
+@dataclass(frozen=True)
+class MatmulShape:
+    batch: int          # product of the leading dimensions
+    m: int              # rows of a and of the output, per batch
+    kb: int             # K in input blocks
+    nb: int             # N in output blocks
+    block_in: int
+    block_out: int
+    output_zp: int
+    clip: tuple[int, int]
+
+
+@dataclass(frozen=True)
+class MatmulKnobs:
+    tile_m: int          # rows per tile (divides M)
+    tile_nb: int         # output blocks per tile (divides NB)
+    double_buffer: bool
+
+
+def batch_matmul(s: MatmulShape) -> tirx.PrimFunc:
+    """Stages ``matmul`` (int32 GEMM), ``correct`` (+ r), ``requant``, ``y``."""
+    bi, bo = s.block_in, s.block_out
+    x = te.placeholder((s.batch, s.m, s.kb, bi), "int8", name="x")
+    w = te.placeholder((s.batch, s.nb, s.kb, bo, bi), "int8", name="w")
+    r = te.placeholder((s.batch, s.m, bo), "int32", name="r")
+    params = te.placeholder((s.batch, s.nb, 3, bo), "int32", name="params")
+    rk = te.reduce_axis((0, s.kb), "kb")
+    ri = te.reduce_axis((0, bi), "i")
+    acc = te.compute(
+        (s.batch, s.m, s.nb, bo),
+        lambda t, m, nb, o: te.sum(x[t, m, rk, ri].astype("int32")
+                                   * w[t, nb, rk, o, ri].astype("int32"), axis=[rk, ri]),
+        name="matmul")
+    acc2 = te.compute(acc.shape, lambda t, m, nb, o: acc[t, m, nb, o] + r[t, m, o],
+                      name="correct")
+    lo, hi = s.clip
+    rq = te.compute(acc.shape, lambda t, m, nb, o: tirx.call_pure_extern(
+        "int32", SCALAR_REQUANT, acc2[t, m, nb, o], params[t, nb, 0, o], params[t, nb, 1, o],
+        params[t, nb, 2, o], s.output_zp, lo, hi), name="requant")
+    out = te.compute(acc.shape, lambda *i: rq(*i).astype("int8"), name="y")
+    return te.create_prim_func([x, w, r, params, out])
+
+
+# ----------------------------------------------------------------------------- knobs
+def matmul_footprint(s: MatmulShape, k: MatmulKnobs) -> dict[str, int]:
+    nbuf = 2 if k.double_buffer else 1
+    tile = k.tile_m * k.tile_nb
+    return {"inp": nbuf * k.tile_m * s.kb,
+            "wgt": nbuf * k.tile_nb * s.kb,
+            # GEMM result, corrected sum, requantized rows, correction rows, table
+            "acc": nbuf * (3 * tile + k.tile_m + 3 * k.tile_nb)}
+
+
+def matmul_fits(cfg: HardwareConfig, s: MatmulShape, k: MatmulKnobs) -> str | None:
+    need = matmul_footprint(s, k)
+    for sram, depth in (("inp", cfg.inp_depth), ("wgt", cfg.wgt_depth), ("acc", cfg.acc_depth)):
+        if need[sram] > depth:
+            return f"{sram.upper()} tile needs {need[sram]} rows, the scratchpad has {depth}"
+    return None
+
+
+def estimate_matmul_cycles(cfg: HardwareConfig, s: MatmulShape, k: MatmulKnobs) -> float:
+    """GEMM steps and two ALU passes per output row against the DMA of the tiles."""
+    bw, lat = cfg.bandwidth_bytes_per_cycle, cfg.latency_cycles
+    tiles_m, tiles_n = s.m // k.tile_m, s.nb // k.tile_nb
+    tiles = s.batch * tiles_m * tiles_n
+    rows = k.tile_m * k.tile_nb
+    compute = tiles * (rows * s.kb + 2 * cfg.gemm_fill_drain_cycles
+                       + 2 * rows * cfg.alu_cycles_per_row + 3 * cfg.alu_latency_cycles)
+    w_bytes = k.tile_nb * s.kb * cfg.wgt_tile_bytes
+    in_bytes = k.tile_m * (s.kb * cfg.block_in + 4 * cfg.block_out)
+    out_bytes = rows * cfg.block_out
+    dma = s.batch * tiles_n * (w_bytes + tiles_m * (in_bytes + out_bytes)) / bw + tiles * lat * 0.1
+    return max(compute, dma) if k.double_buffer else compute + dma
+
+
+def candidate_matmul_knobs(cfg: HardwareConfig, s: MatmulShape) -> list[MatmulKnobs]:
+    return [k for db in (True, False) for tn in divisors(s.nb) for tm in divisors(s.m)
+            if matmul_fits(cfg, s, k := MatmulKnobs(tm, tn, db)) is None]
+
+
+def default_matmul_knobs(cfg: HardwareConfig, s: MatmulShape) -> MatmulKnobs:
+    cands = candidate_matmul_knobs(cfg, s)
+    if not cands:
+        raise ValueError(f"no tiling of this batch matmul fits '{cfg.name}': "
+                         f"{matmul_fits(cfg, s, MatmulKnobs(1, 1, False))}")
+    return min(cands, key=lambda k: (estimate_matmul_cycles(cfg, s, k),
+                                     -math.prod((k.tile_m, k.tile_nb))))
+
+
+# ----------------------------------------------------------------------------- schedule
+def schedule_batch_matmul(func: tirx.PrimFunc, cfg: HardwareConfig, s: MatmulShape,
+                          k: MatmulKnobs) -> s_tir.Schedule:
+    """Per batch: output-block tiles outermost (weight tiles and table stay resident),
+    row tiles inside; GEMM, correction add and requant tensorized."""
+    problem = matmul_fits(cfg, s, k)
+    if problem:
+        raise ValueError(f"batch matmul tiling {k} does not fit '{cfg.name}': {problem}")
+    sch = s_tir.Schedule(func)
+    mm, corr = sch.get_sblock("matmul"), sch.get_sblock("correct")
+    rq, y = sch.get_sblock("requant"), sch.get_sblock("y")
+    t, m, nb, o, kb, i = sch.get_loops(mm)
+    m_o, m_i = sch.split(m, [None, k.tile_m])
+    nb_o, nb_i = sch.split(nb, [None, k.tile_nb])
+    sch.reorder(t, nb_o, m_o, m_i, nb_i, kb, o, i)
+    for blk in (mm, corr, rq):
+        sch.set_scope(blk, 0, SCOPE_ACC)
+    x_s = sch.cache_read(mm, 0, SCOPE_INP)
+    w_s = sch.cache_read(mm, 1, SCOPE_WGT)
+    sch.compute_at(x_s, m_o)
+    sch.compute_at(w_s, nb_o)
+    for blk in (corr, rq, y):
+        sch.reverse_compute_at(blk, m_o)
+    r_s = sch.cache_read(corr, 1, SCOPE_ACC)
+    sch.compute_at(r_s, m_o)
+    p_s = sch.cache_read(rq, 1, SCOPE_ACC)
+    sch.compute_at(p_s, nb_o)
+    sch.decompose_reduction(mm, m_i)
+    sch.tensorize(o, gemm_intrin(cfg.block_in, cfg.block_out))
+    sch.tensorize(sch.get_loops(corr)[-1], alu_intrin("add", s.block_out))
+    sch.tensorize(sch.get_loops(rq)[-1],
+                  requant_intrin(s.block_out, s.output_zp, s.clip[0], s.clip[1]))
+    if k.double_buffer:
+        for loop in (m_o, nb_o):
+            sch.annotate(loop, ANN_DOUBLE_BUFFER, 1)
+    return sch
