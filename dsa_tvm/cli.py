@@ -146,6 +146,9 @@ def build_parser() -> argparse.ArgumentParser:
     r.set_defaults(fn=cmd_run)
     g = sub.add_parser("docs", help="regenerate docs/isa.md and docs/hardware.md")
     g.set_defaults(fn=cmd_docs)
+    from .quantize_cli import add_parser as add_quantize
+
+    add_quantize(sub)
     return p
 
 

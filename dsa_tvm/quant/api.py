@@ -1,0 +1,246 @@
+"""``quantize``: FP32 model + calibration data -> int8 QDQ model the DSA offloads.
+
+Steps: name layers, fold batch norms, plan (``plan.py``), calibrate the planned tensors
+(``calibrate.py`` + ``observers.py``), turn ranges into scales (shared per scale group,
+``qparams.py``), write QuantizeLinear/DequantizeLinear (``insert.py``). Models that are
+already QDQ pass through untouched.
+"""
+
+from __future__ import annotations
+
+import sys
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+
+import numpy as np
+import onnx
+
+from .calibrate import calibrate
+from .data import as_feeds
+from .fold import fold_batch_norms
+from .insert import insert_qdq
+from .observers import METHODS
+from .onnx_graph import Graph, is_qdq, load, name_nodes, with_shapes
+from .outliers import split_candidates, split_outliers
+from .plan import Plan, make_plan
+from .qparams import ActQuant, activation_qparams
+from .simplify import fold_constants, fold_pads
+
+
+@dataclass(frozen=True)
+class QuantOptions:
+    method: str = "minmax"
+    per_channel: bool = True
+    symmetric_activations: bool = False
+    keep_fp32: frozenset[str] = frozenset()
+    quantize_adds: bool = True
+    percentile: float = 99.999
+    bias_correction: bool = True
+    split_outliers: bool = True
+
+
+@dataclass
+class QuantizedModel:
+    """The QDQ model and everything needed to explain or redo it without recalibrating."""
+
+    model: onnx.ModelProto                 # QDQ int8 (or the input, when it already was QDQ)
+    fp32: onnx.ModelProto                  # the FP32 reference the QDQ model was made from (BN folded)
+    options: QuantOptions
+    plan: Plan | None = None
+    ranges: dict[str, tuple[float, float]] = field(default_factory=dict)  # tensor -> observed range
+    qparams: dict[str, ActQuant] = field(default_factory=dict)           # group root -> int8 qparams
+    folded_bn: list[str] = field(default_factory=list)
+    passthrough: bool = False
+    input_means: dict[str, np.ndarray] = field(default_factory=dict)     # anchor input -> channel means
+    side_path: list[str] = field(default_factory=list)                   # FP32 outlier nodes
+
+    def requantize(self, keep_fp32: Iterable[str]) -> QuantizedModel:
+        """The same calibration with other layers kept in FP32 (no new calibration run)."""
+        if self.passthrough:
+            raise ValueError("the model arrived quantized (QDQ); there is nothing to requantize")
+        opts = replace(self.options, keep_fp32=frozenset(keep_fp32))
+        return _build(self.fp32, opts, self.ranges, self.folded_bn, self.input_means, self.side_path)
+
+    def to_relax(self):
+        """The QDQ model imported into Relax (weights as constants, as the DSA patterns need)."""
+        from tvm.relax.frontend.onnx import from_onnx
+
+        return from_onnx(self.model, keep_params_in_input=False)
+
+    def save(self, path: str | Path) -> Path:
+        onnx.save(self.model, str(path))
+        return Path(path)
+
+    @property
+    def quantized_layers(self) -> list[str]:
+        return [] if self.plan is None else list(self.plan.anchors)
+
+    def summary(self) -> str:
+        if self.passthrough:
+            return "model is already quantized (QDQ): passed through unchanged, not re-quantized"
+        p = self.plan
+        lines = [f"quantized {len(p.anchors)} weighted layers and {len(p.followers)} other ops "
+                 f"({self.options.method}, {'per-channel' if self.options.per_channel else 'per-tensor'} "
+                 f"weights, {'symmetric' if self.options.symmetric_activations else 'asymmetric'} "
+                 f"activations); {len(p.tensors)} activation tensors in "
+                 f"{len(p.group_members())} scale groups"]
+        if self.folded_bn:
+            lines.append(f"folded {len(self.folded_bn)} batch norms into convolutions")
+        if self.side_path:
+            lines.append(f"split outlier channels off into {len(self.side_path)} FP32 side-path nodes")
+        for name, why in sorted(p.kept_fp32.items()):
+            if name in self.side_path:
+                continue
+            lines.append(f"  FP32: {name}: {why}")
+        return "\n".join(lines)
+
+
+def prepare(model: onnx.ModelProto | str | Path) -> tuple[onnx.ModelProto, list[str]]:
+    """A named, shape-inferred FP32 copy: constants folded, zero Pads and batch norms folded
+    into convolutions."""
+    m = load(model)
+    name_nodes(m)
+    fold_constants(m)
+    fold_pads(m)
+    folded = fold_batch_norms(m)
+    return with_shapes(m), folded
+
+
+def input_shapes(model: onnx.ModelProto) -> dict[str, tuple[int, ...] | None]:
+    g = Graph(model)
+    return {n: g.shape(n) for n in g.inputs}
+
+
+def input_dtypes(model: onnx.ModelProto) -> dict[str, np.dtype]:
+    out = {}
+    for vi in model.graph.input:
+        et = vi.type.tensor_type.elem_type
+        out[vi.name] = onnx.helper.tensor_dtype_to_np_dtype(et) if et else np.float32
+    return out
+
+
+def quantize_onnx(model: onnx.ModelProto | str | Path, calibration_data, method: str = "minmax",
+                  per_channel: bool = True, symmetric_activations: bool = False,
+                  keep_fp32: Iterable[str] = (), num_batches: int | None = None,
+                  preprocess: str | Callable[[np.ndarray], np.ndarray] = "imagenet",
+                  quantize_adds: bool = True, percentile: float = 99.999, bias_correction: bool = True,
+                  split_outliers: bool = True, show_progress: bool = True,
+                  verbose: bool = False) -> QuantizedModel:
+    """Post-training int8 quantization of an FP32 ONNX model into QDQ form.
+
+    ``calibration_data``: feeds, arrays, an ``.npz`` or a folder of images (see
+    :func:`dsa_tvm.quant.data.as_feeds`; images use ``preprocess``). ``method``: minmax,
+    percentile, entropy (KL) or mse. Weights: symmetric int8, per output channel unless
+    ``per_channel=False``. Activations: asymmetric int8 unless ``symmetric_activations``.
+    ``keep_fp32``: node names to leave in FP32. ``num_batches``: use only the first n.
+    ``bias_correction``: fold the mean output shift of rounded weights into the biases.
+    ``split_outliers``: move outlier channels of dense layers to FP32 side paths (``outliers.py``).
+    """
+    if method not in METHODS:
+        raise ValueError(f"unknown calibration method '{method}' (choose from {', '.join(METHODS)})")
+    src = load(model)
+    opts = QuantOptions(method, per_channel, symmetric_activations, frozenset(keep_fp32),
+                        quantize_adds, percentile, bias_correction, split_outliers)
+    if is_qdq(src):
+        if verbose:
+            print("dsa-tvm quantize: model is already quantized (QDQ); passing it through",
+                  file=sys.stderr)
+        return QuantizedModel(src, src, opts, passthrough=True)
+    fp32, folded = prepare(src)
+    feeds = as_feeds(calibration_data, input_shapes(fp32), preprocess, num_batches, input_dtypes(fp32))
+    side: list[str] = []
+    if split_outliers:
+        fp32, side = _split_outliers(fp32, feeds, show_progress)
+    g = Graph(fp32)
+    plan = make_plan(g, opts.keep_fp32 | set(side), None, quantize_adds)
+    if not plan.tensors:
+        raise ValueError("nothing to quantize: the model has no Conv/Gemm/MatMul with constant weights "
+                         f"(kept in FP32: {dict(plan.kept_fp32)})")
+    extra = {"percentile": percentile} if method == "percentile" else {}
+    mean_axes = {a.node.input[0]: 1 if a.node.op_type == "Conv" else -1 for a in plan.anchors.values()}
+    observe = sorted({plan.pre_act[t][0] if t in plan.pre_act else t for t in plan.tensors})
+    observers, chans = calibrate(fp32, feeds, observe, method, show_progress,
+                                 mean_axes if bias_correction else None, **extra)
+    ranges = {}
+    for t in plan.tensors:
+        if t in plan.pre_act:   # clamp the pre-activation range to the activation's bounds
+            pre, blo, bhi = plan.pre_act[t]
+            lo, hi = observers[pre].range()
+            lo, hi = max(lo, blo), min(hi, bhi)
+            ranges[t] = (lo, max(lo, hi))
+        else:
+            ranges[t] = observers[t].range()
+    return _build(fp32, opts, ranges, folded, {t: c.mean() for t, c in chans.items()}, side)
+
+
+def _split_outliers(fp32: onnx.ModelProto, feeds, show_progress: bool
+                    ) -> tuple[onnx.ModelProto, list[str]]:
+    """A first calibration pass over the dense layers' inputs and outputs, then the split."""
+    g = Graph(fp32)
+    cands = split_candidates(g)
+    if not cands:
+        return fp32, []
+    axes = {}
+    for mm, add in cands:
+        axes[mm.input[0]] = -1
+        axes[(add or mm).output[0]] = -1
+    _, chans = calibrate(fp32, feeds, [], "minmax", show_progress, axes)
+    side = split_outliers(fp32, {t: c.absmax for t, c in chans.items()})
+    return (with_shapes(fp32), side) if side else (fp32, [])
+
+
+def _build(fp32: onnx.ModelProto, opts: QuantOptions, ranges: dict[str, tuple[float, float]],
+           folded: list[str], means: dict[str, np.ndarray], side: list[str]) -> QuantizedModel:
+    g = Graph(fp32)
+    plan = make_plan(g, opts.keep_fp32 | set(side), set(ranges), opts.quantize_adds)
+    for name in side:
+        plan.kept_fp32[name] = "FP32 side path of split outlier channels"
+    qparams: dict[str, ActQuant] = {}
+    for root, members in plan.group_members().items():
+        lo = min(ranges[t][0] for t in members if t in ranges)
+        hi = max(ranges[t][1] for t in members if t in ranges)
+        qparams[root] = activation_qparams(lo, hi, opts.symmetric_activations)
+    qmodel = insert_qdq(fp32, plan, qparams, opts.per_channel, means if opts.bias_correction else None)
+    return QuantizedModel(qmodel, fp32, opts, plan, dict(ranges), qparams, list(folded),
+                          input_means=means, side_path=list(side))
+
+
+def _relax_has_qdq(mod) -> bool:
+    from tvm import relax
+
+    found = False
+
+    def visit(e) -> None:
+        nonlocal found
+        if isinstance(e, relax.Call) and getattr(e.op, "name", "") in ("relax.quantize",
+                                                                        "relax.dequantize"):
+            found = True
+
+    for _, func in mod.functions.items():
+        if isinstance(func, relax.Function):
+            relax.analysis.post_order_visit(func.body, visit)
+    return found
+
+
+def quantize(model, calibration_data=None, **options):
+    """``dsa_tvm.quantize``: int8 QDQ Relax module for ``tvm.compile(..., target="dsa")``.
+
+    ``model``: an FP32 ONNX model (path or ModelProto), quantized with
+    :func:`quantize_onnx` (options as there) and imported into Relax; or a Relax module
+    that is already QDQ, returned unchanged. An FP32 Relax module without its ONNX source
+    is refused: the calibration needs named intermediates (see the README).
+    """
+    import tvm
+
+    if isinstance(model, tvm.IRModule):
+        if _relax_has_qdq(model):
+            if options.get("verbose", True):
+                print("dsa_tvm.quantize: module is already quantized (QDQ); passing it through",
+                      file=sys.stderr)
+            return model
+        raise TypeError("dsa_tvm.quantize needs the FP32 ONNX model (path or onnx.ModelProto) to "
+                        "calibrate; an FP32 Relax IRModule is only accepted when it is already QDQ")
+    if calibration_data is None and not is_qdq(load(model)):
+        raise ValueError("calibration_data is required to quantize an FP32 model")
+    return quantize_onnx(model, calibration_data, **options).to_relax()

@@ -1,0 +1,170 @@
+"""Write the QDQ model: QuantizeLinear/DequantizeLinear pairs on activations, int8
+per-channel weights and int32 biases behind DequantizeLinear.
+
+This is the form onnxruntime's QDQ quantizer emits and TVM's ONNX importer turns into
+``dequantize(int8 const) -> conv2d/matmul -> add(dequantize(int32 const)) -> quantize``,
+which is what the DSA partitioner's patterns anchor on.
+
+Naming: an activation ``t`` produced by an int8 op keeps its name on the *dequantized*
+value (the producer now writes ``t/fp32``), so the FP32 and the int8 model can be
+compared tensor by tensor under the same names. An activation produced in FP32 (a graph
+input, a LayerNorm) keeps its exact value for FP32 readers; int8 readers read ``t/dq``.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import onnx
+from onnx import helper, numpy_helper
+
+from .bias_correction import conv_shift, dense_shift
+from .onnx_graph import Graph
+from .plan import Plan
+from .qparams import ActQuant, bias_qparams, quantize_bias, quantize_weight, weight_qparams
+
+
+def _add_init(model: onnx.ModelProto, name: str, value: np.ndarray) -> str:
+    model.graph.initializer.append(numpy_helper.from_array(value, name))
+    return name
+
+
+def insert_qdq(model: onnx.ModelProto, plan: Plan, act_qparams: dict[str, ActQuant],
+               per_channel: bool = True, input_means: dict[str, np.ndarray] | None = None
+               ) -> onnx.ModelProto:
+    """A new model: ``model`` with the plan's QDQ pairs. ``act_qparams`` maps group roots
+    (see :meth:`Plan.root`) to their int8 qparams. ``input_means`` (anchor input tensor ->
+    per-channel mean) turns on bias correction (``bias_correction.py``)."""
+    q = onnx.ModelProto()
+    q.CopyFrom(model)
+    g = Graph(q)
+    nodes = list(q.graph.node)
+    new_nodes: list[onnx.NodeProto] = []
+    qdq_after: dict[str, list[onnx.NodeProto]] = {}  # producer output -> its Q/DQ nodes
+
+    def qp_of(t: str) -> ActQuant:
+        root = plan.root(t)
+        if root not in act_qparams:
+            raise KeyError(f"no quantization parameters for tensor '{t}' (group '{root}')")
+        return act_qparams[root]
+
+    readers = plan.quantized_nodes
+    renamed_for: dict[str, str] = {}  # tensors produced in FP32: only int8 readers take t/dq
+    for t in sorted(plan.tensors):
+        qp = qp_of(t)
+        s = _add_init(q, f"{t}/scale", np.array(qp.scale, np.float32))
+        z = _add_init(q, f"{t}/zero_point", np.array(qp.zero_point, np.int8))
+        prod = g.producer.get(t)
+        if t in g.inputs or prod is None or prod.name not in readers:
+            # FP32 producer: FP32 readers keep the exact value, int8 readers the dequantized one
+            src, out = t, f"{t}/dq"
+            renamed_for[t] = out
+        else:
+            # int8 producer: the value only exists quantized, every reader takes it dequantized
+            src, out = f"{t}/fp32", t
+            for k, o in enumerate(prod.output):
+                if o == t:
+                    prod.output[k] = src
+        pair = [helper.make_node("QuantizeLinear", [src, s, z], [f"{t}/q"], name=f"{t}/QuantizeLinear"),
+                helper.make_node("DequantizeLinear", [f"{t}/q", s, z], [out],
+                                 name=f"{t}/DequantizeLinear")]
+        qdq_after[src] = pair
+    # weights and biases
+    by_name = {n.name: n for n in nodes}  # the plan names nodes of ``model``; edit the copy's
+    for a in plan.anchors.values():
+        n = by_name[a.node.name]
+        w = g.const(a.weight).astype(np.float32)
+        axis = a.axis if per_channel else None
+        ws = weight_qparams(w, axis)
+        wq = quantize_weight(w, ws, axis)
+        base = n.name
+        wq_name = _add_init(q, f"{base}/W_int8", wq)
+        ws_name = _add_init(q, f"{base}/W_scale", ws if axis is not None else ws.reshape(()))
+        wz_name = _add_init(q, f"{base}/W_zero_point", np.zeros(ws.shape if axis is not None else (),
+                                                                np.int8))
+        attrs = {"axis": axis} if axis is not None else {}
+        new_nodes.append(helper.make_node("DequantizeLinear", [wq_name, ws_name, wz_name],
+                                          [f"{base}/W_dq"], name=f"{base}/W_DequantizeLinear", **attrs))
+        n.input[1] = f"{base}/W_dq"
+        shift = None
+        if input_means is not None and n.input[0] in input_means:
+            dw = w - quant_dequant(wq, ws, axis)
+            if n.op_type == "Conv":
+                shift = conv_shift(dw, input_means[n.input[0]], int(g.attr(n, "group", 1)))
+            else:
+                shift = dense_shift(dw, input_means[n.input[0]], a.axis == 0)
+            if a.bias is None and n.op_type in ("Conv", "Gemm"):
+                a_bias = _add_init(q, f"{base}/B_corrected", np.zeros(shift.size, np.float32))
+                while len(n.input) < 3:
+                    n.input.append("")
+                n.input[2] = a_bias
+                g.inits[a_bias] = q.graph.initializer[-1]
+                a = _with_bias(a, a_bias)
+        if a.bias is not None:
+            b = g.const(a.bias).astype(np.float32).reshape(-1)
+            if shift is not None:
+                b = (b + shift).astype(np.float32)
+            x_scale = qp_of(n.input[0]).scale
+            bs = bias_qparams(x_scale, ws, b.size)
+            bq = quantize_bias(b, bs)
+            bq_name = _add_init(q, f"{base}/B_int32", bq)
+            bs_name = _add_init(q, f"{base}/B_scale", bs)
+            bz_name = _add_init(q, f"{base}/B_zero_point", np.zeros(b.size, np.int32))
+            new_nodes.append(helper.make_node("DequantizeLinear", [bq_name, bs_name, bz_name],
+                                              [f"{base}/B_dq"], name=f"{base}/B_DequantizeLinear",
+                                              axis=0))
+            if a.bias_add is not None:
+                # matmul result first, bias second: the order the DSA's dense pattern matches
+                add = by_name[a.bias_add.name]
+                add.input[0], add.input[1] = n.output[0], f"{base}/B_dq"
+            else:
+                n.input[2] = f"{base}/B_dq"
+    # rewire activation consumers of graph inputs, then order: weight DQs first, then each
+    # node followed by the Q/DQ of its outputs
+    order: list[onnx.NodeProto] = list(new_nodes)
+    for src, pair in qdq_after.items():
+        if src in g.inputs or src not in {o for n in nodes for o in n.output}:
+            order.extend(pair)
+    for n in nodes:
+        if n.name in readers:
+            for k, i in enumerate(n.input):
+                if i in renamed_for:
+                    n.input[k] = renamed_for[i]
+        order.append(n)
+        for o in n.output:
+            order.extend(qdq_after.get(o, []))
+    del q.graph.node[:]
+    q.graph.node.extend(order)
+    _drop_unused(q)
+    _ensure_opset(q)
+    return q
+
+
+def quant_dequant(wq: np.ndarray, scales: np.ndarray, axis: int | None) -> np.ndarray:
+    """The float weights an int8 weight tensor stands for."""
+    shape = [1] * wq.ndim
+    if axis is not None and scales.size > 1:
+        shape[axis] = scales.size
+    return wq.astype(np.float64) * scales.astype(np.float64).reshape(shape)
+
+
+def _with_bias(a, bias: str):
+    from dataclasses import replace
+
+    return replace(a, bias=bias)
+
+
+def _drop_unused(model: onnx.ModelProto) -> None:
+    used = {i for n in model.graph.node for i in n.input} | {o.name for o in model.graph.output}
+    keep = [i for i in model.graph.initializer if i.name in used]
+    del model.graph.initializer[:]
+    model.graph.initializer.extend(keep)
+    # value_info of renamed tensors would now be stale: shape inference redoes it
+    del model.graph.value_info[:]
+
+
+def _ensure_opset(model: onnx.ModelProto) -> None:
+    for o in model.opset_import:
+        if o.domain in ("", "ai.onnx") and o.version < 13:
+            raise ValueError(f"opset {o.version}: per-channel QDQ needs opset >= 13 "
+                             "(convert the model with onnx.version_converter first)")
+

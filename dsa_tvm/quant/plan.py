@@ -1,0 +1,250 @@
+"""Which nodes run in int8, which tensors get a QDQ pair, and which tensors share a scale.
+
+Anchors carry weights (Conv, Gemm, MatMul with a constant 2-D weight) and always
+quantize unless kept in FP32. Followers (Add, pooling, Concat, Relu/Clip, and
+shape-only ops between quantized tensors) quantize when their inputs already are
+quantized, so QDQ pairs never appear inside FP32-only parts of the graph. An op the
+DSA does not run is simply not in any table: it stays FP32 and never breaks anything.
+
+Scale sharing (union-find over tensor names): MaxPool, Concat and shape-only ops use
+one scale for input and output (max and reshape commute with quantization, and
+concatenated tensors must agree on one grid); residual Adds requantize each input
+to the output scale, so they need no sharing.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import onnx
+
+from .onnx_graph import Graph
+
+ACTIVATIONS = {"Relu", "Clip"}
+POOLS = {"MaxPool", "AveragePool", "GlobalAveragePool"}
+SHARED_SCALE_OPS = {"MaxPool", "Concat", "Reshape", "Flatten", "Transpose", "Squeeze", "Unsqueeze"}
+SHAPE_OPS = {"Reshape", "Flatten", "Transpose", "Squeeze", "Unsqueeze"}
+
+
+@dataclass
+class Anchor:
+    """A weighted layer: its weight (and bias) initializers and the per-channel axis."""
+
+    node: onnx.NodeProto
+    weight: str
+    axis: int
+    bias: str | None = None
+    bias_add: onnx.NodeProto | None = None  # MatMul + Add(bias) pairs
+    act: onnx.NodeProto | None = None       # a Relu/Clip fused into the output
+
+
+@dataclass
+class Follower:
+    """An op without weights that runs in int8 because its inputs already are."""
+
+    node: onnx.NodeProto
+    inputs: list[str]                      # activation inputs
+    act: onnx.NodeProto | None = None      # Relu/Clip fused into a residual Add
+
+    @property
+    def name(self) -> str:
+        return self.node.name
+
+    @property
+    def output(self) -> str:
+        return (self.act or self.node).output[0]
+
+
+@dataclass
+class Plan:
+    anchors: dict[str, Anchor] = field(default_factory=dict)      # node name -> anchor
+    followers: list[Follower] = field(default_factory=list)
+    tensors: set[str] = field(default_factory=set)                 # activations to QDQ
+    groups: dict[str, str] = field(default_factory=dict)           # tensor -> group root
+    kept_fp32: dict[str, str] = field(default_factory=dict)        # node name -> why
+    # quantized output of a fused Relu/Clip -> (pre-activation tensor, lower, upper bound):
+    # calibration observes the pre-activation and clamps to the bounds (a ReLU6 output's
+    # spike at 6 would otherwise mislead the histogram methods)
+    pre_act: dict[str, tuple[str, float, float]] = field(default_factory=dict)
+
+    @property
+    def quantized_nodes(self) -> set[str]:
+        """Names of every node that consumes int8 operands (anchors, followers, fused acts)."""
+        out = set(self.anchors) | {f.name for f in self.followers}
+        out |= {a.act.name for a in self.anchors.values() if a.act} | \
+               {a.bias_add.name for a in self.anchors.values() if a.bias_add} | \
+               {f.act.name for f in self.followers if f.act}
+        return out
+
+    def group_members(self) -> dict[str, list[str]]:
+        out: dict[str, list[str]] = {}
+        for t in sorted(self.tensors):
+            out.setdefault(self.root(t), []).append(t)
+        return out
+
+    def root(self, t: str) -> str:
+        while self.groups.get(t, t) != t:
+            t = self.groups[t]
+        return t
+
+    def union(self, a: str, b: str) -> None:
+        ra, rb = self.root(a), self.root(b)
+        if ra != rb:
+            self.groups[rb] = ra
+            self.groups.setdefault(ra, ra)
+
+
+def _single_consumer(g: Graph, t: str) -> onnx.NodeProto | None:
+    cons = g.consumers.get(t, [])
+    if len(cons) == 1 and t not in g.outputs:
+        return cons[0]
+    return None
+
+
+def _fusable_act(g: Graph, t: str) -> onnx.NodeProto | None:
+    """A Relu or a constant-bound Clip consuming ``t`` alone (folds into the requantize)."""
+    c = _single_consumer(g, t)
+    if c is None or c.op_type not in ACTIVATIONS:
+        return None
+    if c.op_type == "Clip" and any(i and not g.is_const(i) for i in c.input[1:]):
+        return None
+    return c
+
+
+def _anchor(g: Graph, n: onnx.NodeProto) -> Anchor | str:
+    """The Anchor for a weighted node, or the reason it cannot be one."""
+    if n.op_type == "Conv":
+        if not g.is_const(n.input[1]):
+            return "weights are not a constant"
+        if len(g.shape(n.input[1]) or ()) != 4:
+            return "only 2-D convolutions are quantized"
+        bias = n.input[2] if len(n.input) > 2 and n.input[2] else None
+        if bias is not None and not g.is_const(bias):
+            return "bias is not a constant"
+        a = Anchor(n, n.input[1], 0, bias)
+    elif n.op_type == "Gemm":
+        if g.attr(n, "transA", 0) or g.attr(n, "alpha", 1.0) != 1.0 or g.attr(n, "beta", 1.0) != 1.0:
+            return "Gemm with transA or alpha/beta != 1"
+        if not g.is_const(n.input[1]):
+            return "weights are not a constant"
+        bias = n.input[2] if len(n.input) > 2 and n.input[2] else None
+        if bias is not None and (not g.is_const(bias) or len(g.shape(bias) or ()) != 1):
+            return "bias is not a 1-D constant"
+        a = Anchor(n, n.input[1], 0 if g.attr(n, "transB", 0) else 1, bias)
+    elif n.op_type == "MatMul":
+        if not g.is_const(n.input[1]) or len(g.shape(n.input[1]) or ()) != 2:
+            return "second operand is not a constant 2-D weight (activation x activation stays FP32)"
+        a = Anchor(n, n.input[1], 1)
+        add = _single_consumer(g, n.output[0])
+        if add is not None and add.op_type == "Add":
+            other = add.input[1] if add.input[0] == n.output[0] else add.input[0]
+            shape = g.shape(other)
+            if g.is_const(other) and shape is not None and len(shape) == 1:
+                a.bias, a.bias_add = other, add
+    else:
+        return "not a weighted layer"
+    out = (a.bias_add or n).output[0]
+    a.act = _fusable_act(g, out)
+    return a
+
+
+def _same_shape(g: Graph, a: str, b: str) -> bool:
+    sa, sb = g.shape(a), g.shape(b)
+    return sa is not None and sa == sb and -1 not in sa
+
+
+def anchor_output(a: Anchor) -> str:
+    return ((a.act or a.bias_add) or a.node).output[0]
+
+
+def make_plan(g: Graph, keep_fp32: set[str] = frozenset(), available: set[str] | None = None,
+              quantize_adds: bool = True) -> Plan:
+    """Decide what to quantize. ``available``: tensors that have a calibrated range (None
+    while planning calibration itself); a node whose tensors lack one stays FP32."""
+    p = Plan()
+
+    def ok(t: str) -> bool:
+        return available is None or t in available
+
+    for name in keep_fp32:
+        p.kept_fp32[name] = "kept in FP32 on request"
+    for n in g.model.graph.node:
+        if n.op_type not in ("Conv", "Gemm", "MatMul") or n.name in keep_fp32:
+            continue
+        a = _anchor(g, n)
+        if isinstance(a, str):
+            if n.op_type != "MatMul" or g.is_const(n.input[1]):
+                p.kept_fp32[n.name] = a
+            continue
+        if not (ok(n.input[0]) and ok(anchor_output(a))):
+            p.kept_fp32[n.name] = "no calibrated range for its input or output"
+            continue
+        p.anchors[n.name] = a
+    fused = {id(x) for a in p.anchors.values() for x in (a.act, a.bias_add) if x is not None}
+    produced = {anchor_output(a) for a in p.anchors.values()}
+    int8 = produced | {a.node.input[0] for a in p.anchors.values()}
+    # followers, in topological order (the ONNX node order), so chains propagate
+    for n in g.model.graph.node:
+        if id(n) in fused or n.name in keep_fp32 or n.name in p.anchors:
+            continue
+        ins = [i for i in n.input if i and not g.is_const(i)]
+        if not ins:
+            continue
+        if n.op_type == "Add" and quantize_adds:
+            if len(ins) != 2 or not _same_shape(g, *ins) or not any(i in produced for i in ins):
+                continue
+            act = _fusable_act(g, n.output[0])
+            f = Follower(n, ins, act)
+            if act is not None:
+                fused.add(id(act))
+        elif n.op_type in POOLS | ACTIVATIONS | {"Concat"} | SHAPE_OPS:
+            if not all(i in produced for i in ins):
+                continue
+            if n.op_type == "Clip" and any(i and not g.is_const(i) for i in n.input[1:]):
+                continue
+            f = Follower(n, ins[:1] if n.op_type in ACTIVATIONS else ins)
+        else:
+            continue
+        if not all(ok(t) for t in f.inputs + [f.output]):
+            continue
+        p.followers.append(f)
+        produced.add(f.output)
+        int8.update(f.inputs)
+    _prune_followers(g, p)
+    for a in p.anchors.values():
+        p.tensors.update([a.node.input[0], anchor_output(a)])
+    for f in p.followers:
+        p.tensors.update(f.inputs + [f.output])
+        if f.node.op_type in SHARED_SCALE_OPS:
+            for i in f.inputs:
+                p.union(i, f.output)
+    for t in p.tensors:
+        p.groups.setdefault(t, t)
+    for act in [a.act for a in p.anchors.values()] + [f.act for f in p.followers]:
+        if act is not None and act.output[0] in p.tensors:
+            p.pre_act[act.output[0]] = (act.input[0], *_act_bounds(g, act))
+    return p
+
+
+def _act_bounds(g: Graph, act: onnx.NodeProto) -> tuple[float, float]:
+    """The output interval of a Relu or a constant-bound Clip."""
+    if act.op_type == "Relu":
+        return 0.0, float("inf")
+    lo = float(g.const(act.input[1])) if len(act.input) > 1 and act.input[1] else -float("inf")
+    hi = float(g.const(act.input[2])) if len(act.input) > 2 and act.input[2] else float("inf")
+    if not act.input[1:] or g.opset() < 11:
+        lo, hi = float(g.attr(act, "min", -3.4e38)), float(g.attr(act, "max", 3.4e38))
+    return lo, hi
+
+
+def _prune_followers(g: Graph, p: Plan) -> None:
+    """Drop followers whose result no int8 op reads (repeat until stable): a residual Add
+    feeding a LayerNorm, or a reshape before an FP32 op, would only add a quantization
+    step to an FP32 path."""
+    while True:
+        readers = set(p.anchors) | {f.name for f in p.followers}
+        keep = [f for f in p.followers
+                if any(c.name in readers for c in g.consumers.get(f.output, []))]
+        if len(keep) == len(p.followers):
+            return
+        p.followers = keep
