@@ -34,10 +34,15 @@ from .quantize_plan import Chain, Plan, make_plan
 
 
 def prepare_fp32(mod: tvm.IRModule) -> tvm.IRModule:
-    """Clip as ``R.clip``/``R.nn.relu``, constant subgraphs folded, ops normalized."""
+    """Batch norms folded into the convs before them (or decomposed into per-channel
+    constant ops the plan folds), Clip as ``R.clip``/``R.nn.relu``, constants folded."""
+    mod = relax.transform.FoldBatchnormToConv2D()(mod)
+    mod = relax.transform.DecomposeOpsForInference()(mod)
     mod = relax.transform.FoldConstant()(mod)
     mod = canonicalize_clip(mod)
-    return relax.transform.FoldConstant()(mod)
+    mod = relax.transform.FoldConstant()(mod)
+    mod = relax.transform.CanonicalizeBindings()(mod)
+    return relax.transform.DeadCodeElimination()(mod)
 
 
 def _has_qdq(mod: tvm.IRModule) -> bool:
@@ -122,6 +127,7 @@ class _InsertQDQ(PyExprMutator):
         self.points = set(plan.points)
         self.chains = {c.anchor: c for c in plan.chains}
         self.bias_of = {c.bias_var: c for c in plan.chains if c.bias_var is not None}
+        self.folded = {v for c in plan.chains for v in c.folded}
         self.w_scales: dict[relax.Var, np.ndarray] = {}
         self.params = list(mod["main"].params)
         self.inputs_done = False
@@ -138,19 +144,27 @@ class _InsertQDQ(PyExprMutator):
 
     def _weight(self, c: Chain) -> relax.Expr:
         axis = 0 if c.kind == "conv2d" else 1
-        scales = weight_qparams(c.weight, axis if self.per_channel else None)
+        w = c.weight.astype(np.float64)
+        if c.fold_scale is not None:  # a folded batch norm scales each output channel
+            shape = [1] * w.ndim
+            shape[axis] = -1
+            w = w * c.fold_scale.reshape(shape)
+        scales = weight_qparams(w, axis if self.per_channel else None)
         if scales.size == 1:
-            scales = np.repeat(scales, c.weight.shape[axis])
+            scales = np.repeat(scales, w.shape[axis])
         self.w_scales[c.anchor] = scales
-        return self.builder_.emit(_dq_const(quantize_weight(c.weight, scales, axis), scales,
+        return self.builder_.emit(_dq_const(quantize_weight(w, scales, axis), scales,
                                             "int8", axis), name_hint=f"{c.anchor.name}_w")
 
-    def _bias(self, c: Chain, other: relax.Expr) -> relax.Expr:
+    def _bias(self, c: Chain) -> relax.Expr:
+        """``dequantize(int32 bias)`` shaped to broadcast along the output channels."""
         s = bias_qparams(self.qp(c.inputs[0]).scale, self.w_scales[c.anchor], c.bias.size)
         b = self.builder_.emit(_dq_const(quantize_bias(c.bias, s), s, "int32", 0),
                                name_hint=f"{c.anchor.name}_b")
-        shape = [int(d) for d in other.ty.shape]
-        return relax.op.reshape(b, shape) if len(shape) != 1 else b
+        if c.kind == "dense":
+            return b
+        return self.builder_.emit(relax.op.reshape(b, [1, c.bias.size, 1, 1]),
+                                  name_hint=f"{c.anchor.name}_bias")
 
     def _quantize_inputs(self) -> None:
         """Graph inputs read by a chain: quantize -> dequantize before the first binding."""
@@ -164,21 +178,17 @@ class _InsertQDQ(PyExprMutator):
         if not self.inputs_done:
             self._quantize_inputs()
         v = binding.var
+        if v in self.folded:
+            return  # absorbed into the weights and bias; only the next absorbed op read it
         value = self.visit_expr(binding.value)
         if v in self.chains and self.chains[v].weight is not None:
             c = self.chains[v]
             args = list(value.args)
             args[1] = self._weight(c)
             value = relax.Call(value.op, args, value.attrs, value.ty_args, value.span)
-        elif v in self.bias_of:
+        elif v in self.bias_of:  # the chain's per-channel ops become one bias add
             c = self.bias_of[v]
-            args = list(value.args)
-            i = 1 if not isinstance(binding.value.args[1], relax.Var) or \
-                binding.value.args[1] is not c.anchor else 0
-            bias = self._bias(c, binding.value.args[i])
-            args[i] = bias if isinstance(bias, relax.Var) else self.builder_.emit(
-                bias, name_hint=f"{c.anchor.name}_bias")
-            value = relax.Call(value.op, args, value.attrs, value.ty_args, value.span)
+            value = relax.op.add(self.visit_expr(c.anchor), self._bias(c))
         if v in self.points:
             inner = self.builder_.emit(value, name_hint=f"{v.name}_f")
             value = self._qdq(inner, v)

@@ -38,8 +38,10 @@ class Chain:
     inputs: list[relax.Var]         # float activations that get int8 (quantize -> dequantize)
     output: relax.Var
     weight: np.ndarray | None = None
-    bias_var: relax.Var | None = None   # the absorbed bias add
-    bias: np.ndarray | None = None
+    bias_var: relax.Var | None = None   # the last absorbed per-channel op (becomes the bias add)
+    bias: np.ndarray | None = None      # y = anchor * fold_scale + bias, per output channel
+    fold_scale: np.ndarray | None = None
+    folded: list[relax.Var] = field(default_factory=list)  # absorbed ops before bias_var
     pre_activation: relax.Var | None = None  # the var before the absorbed ReLU/Clip
     act: tuple[float, float] | None = None    # its bounds in real units
 
@@ -119,6 +121,45 @@ def _per_channel(value: np.ndarray, out_shape: tuple[int, ...], axis: int) -> np
     return np.broadcast_to(full.reshape(-1), (out_shape[axis],)).astype(np.float64)
 
 
+AFFINE = ("relax.add", "relax.subtract", "relax.multiply", "relax.divide")
+
+
+def _absorb_affine(ch: Chain, axis: int, var2val: dict, only_user, absorbed: set) -> None:
+    """Fold the per-channel constant adds, subtracts, multiplies and divides after a conv
+    or dense layer (its bias; a batch norm as DecomposeOpsForInference leaves it) into
+    ``y = anchor * fold_scale + bias``: the weights take the scale, the bias the rest."""
+    out_c = ch.weight.shape[0] if ch.kind == "conv2d" else ch.weight.shape[1]
+    scale, offset = np.ones(out_c), np.zeros(out_c)
+    cur, chain = ch.anchor, []
+    while True:
+        nxt = only_user(cur)
+        call = var2val.get(nxt) if nxt is not None else None
+        if call is None or _op(call) not in AFFINE:
+            break
+        first = call.args[0].same_as(cur)
+        other = call.args[1] if first else call.args[0]
+        c = _const(other, var2val)
+        vec = None if c is None else _per_channel(c, _shape(call), axis)
+        op = _op(call)
+        if vec is None or vec.shape != (out_c,) or (not first and op in ("relax.subtract",
+                                                                         "relax.divide")):
+            break
+        if op == "relax.add":
+            offset = offset + vec
+        elif op == "relax.subtract":
+            offset = offset - vec
+        elif op == "relax.multiply":
+            scale, offset = scale * vec, offset * vec
+        else:
+            scale, offset = scale / vec, offset / vec
+        chain.append(nxt)
+        cur = nxt
+    if chain:
+        ch.folded, ch.bias_var, ch.output = chain[:-1], chain[-1], chain[-1]
+        ch.bias, ch.fold_scale = offset, scale
+        absorbed.update(chain)
+
+
 def make_plan(func: relax.Function, keep_fp32: frozenset[str] = frozenset()) -> Plan:
     bindings = [b for blk in func.body.blocks for b in blk.bindings]
     var2val = {b.var: b.value for b in bindings}
@@ -179,17 +220,8 @@ def make_plan(func: relax.Function, keep_fp32: frozenset[str] = frozenset()) -> 
                 plan.union(args[0], v)  # a max changes no value: one scale
         if ch is None:
             continue
-        if ch.kind in ("conv2d", "dense"):  # absorb a per-channel constant bias
-            nxt = only_user(v)
-            if nxt is not None and _op(var2val[nxt]) == "relax.add":
-                add = var2val[nxt]
-                other = add.args[1] if add.args[0].same_as(v) else add.args[0]
-                c = _const(other, var2val)
-                out_c = ch.weight.shape[0] if ch.kind == "conv2d" else ch.weight.shape[1]
-                bias = None if c is None else _per_channel(c, _shape(add), axis)
-                if bias is not None and bias.shape == (out_c,):
-                    ch.bias_var, ch.bias, ch.output = nxt, bias, nxt
-                    absorbed.add(nxt)
+        if ch.kind in ("conv2d", "dense"):
+            _absorb_affine(ch, axis, var2val, only_user, absorbed)
         if ch.kind in ("conv2d", "dense", "add"):
             activation(ch)
         plan.chains.append(ch)

@@ -160,3 +160,36 @@ def test_refuses_qdq_and_keeps_layers_in_fp32(small_cnn):
     assert first in plan.kept_fp32 and first not in [c.anchor.name for c in plan.chains]
     layers, *_ = _on_dsa(m, qmod)
     assert [type(ly).__name__ for ly in layers].count("Conv2d") == 4
+
+
+@pytest.mark.parametrize("conv_bias", [True, False])
+def test_batch_norm_folds_into_the_conv(conv_bias):
+    """conv (+ bias) -> BatchNormalization -> ReLU: one DSA conv whose int8 weights are
+    the batch-norm-scaled FP32 weights, output close to FP32."""
+    rng = np.random.default_rng(4)
+    w = rng.normal(0, 0.5, (6, 3, 3, 3)).astype(np.float32)
+    g, beta = rng.uniform(0.5, 2, 6).astype(np.float32), rng.normal(0, 0.3, 6).astype(np.float32)
+    mean, var = rng.normal(0, 0.3, 6).astype(np.float32), rng.uniform(0.5, 2, 6).astype(np.float32)
+    inits = {"W": w, "g": g, "b": beta, "m": mean, "v": var}
+    ins = ["x", "W"]
+    if conv_bias:
+        inits["B"] = rng.normal(0, 0.5, 6).astype(np.float32)
+        ins.append("B")
+    model = qm.make_model([qm.node("Conv", ins, ["c"], pads=[1, 1, 1, 1]),
+                           qm.node("BatchNormalization", ["c", "g", "b", "m", "v"], ["n"]),
+                           qm.node("Relu", ["n"], ["y"])], inits, {"x": (1, 3, 8, 8)}, {"y": None})
+    feeds = [{"x": rng.normal(0, 1, (1, 3, 8, 8)).astype(np.float32)} for _ in range(4)]
+    qmod, plan = quantize_relax(from_onnx(model, keep_params_in_input=False), feeds)
+    (c,) = plan.chains
+    folded = w * (g / np.sqrt(var + 1e-5))[:, None, None, None]
+    ws = np.abs(folded).reshape(6, -1).max(1) / 127
+    found = []
+    relax.analysis.post_order_visit(qmod["main"].body, lambda e: found.append(e.args[1].value.numpy())
+                                    if getattr(getattr(e, "op", None), "name", "") == "relax.dequantize"
+                                    and not isinstance(e.args[0], relax.Var)
+                                    and e.args[0].value.numpy().dtype == np.int8 else None)
+    np.testing.assert_allclose(found[0], ws, rtol=1e-5)
+    layers, launches, got, want = _on_dsa(model, qmod)
+    assert [type(ly).__name__ for ly in layers] == ["Conv2d"]
+    _bit_exact(launches, _regions())
+    assert _cosine(got, want) >= 0.999
