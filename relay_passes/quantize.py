@@ -18,8 +18,9 @@ import tvm
 from tvm import relax
 from tvm.relax.expr_functor import PyExprMutator, mutator
 
+from dsa_tvm.quant.bias_correction import conv_shift, dense_shift
 from dsa_tvm.quant.calibrate import progress
-from dsa_tvm.quant.observers import make_observer
+from dsa_tvm.quant.observers import ChannelMeanObserver, make_observer
 from dsa_tvm.quant.qparams import (
     ActQuant,
     activation_qparams,
@@ -76,13 +77,16 @@ def _observing_module(mod: tvm.IRModule, names: list[str]) -> tvm.IRModule:
 
 def calibrate(mod: tvm.IRModule, plan: Plan, feeds: list[dict[str, np.ndarray]],
               method: str, show_progress: bool, symmetric: bool = False,
-              **observer_options) -> dict[relax.Var, ActQuant]:
-    """Run the FP32 graph on ``feeds`` and turn each scale group's range into qparams
-    (keyed by the group's root var)."""
+              **observer_options
+              ) -> tuple[dict[relax.Var, ActQuant], dict[relax.Var, np.ndarray]]:
+    """Run the FP32 graph on ``feeds``; each scale group's qparams (keyed by the group's
+    root var) and, per conv/dense layer, its input's channel means (bias correction)."""
     groups: dict[relax.Var, list[relax.Var]] = {}
     for v in plan.points:
         groups.setdefault(plan.root(v), []).append(v)
-    watched = list(dict.fromkeys(plan.observed(v) for v in plan.points))
+    weighted = [c for c in plan.chains if c.weight is not None]
+    watched = list(dict.fromkeys([plan.observed(v) for v in plan.points]
+                                 + [c.inputs[0] for c in weighted]))
     names = [v.name for v in watched]
     if len(set(names)) != len(names):
         raise ValueError("calibration needs unique tensor names in main")
@@ -90,13 +94,20 @@ def calibrate(mod: tvm.IRModule, plan: Plan, feeds: list[dict[str, np.ndarray]],
     vm = relax.VirtualMachine(ex, tvm.cpu())
     params = [p.name for p in mod["main"].params]
     values: dict[str, object] = {n: make_observer(method, **observer_options) for n in names}
+    means = {c.anchor: ChannelMeanObserver(1 if c.kind == "conv2d" else -1) for c in weighted}
+    by_input: dict[str, list[relax.Var]] = {}
+    for c in weighted:
+        by_input.setdefault(c.inputs[0].name, []).append(c.anchor)
     for feed in progress(feeds, len(feeds), f"calibrating ({method})", show_progress):
         missing = [p for p in params if p not in feed]
         if missing:
             raise ValueError(f"calibration feed lacks inputs {missing}")
         outs = vm["main"](*[tvm.runtime.tensor(np.asarray(feed[p])) for p in params])
         for n, t in zip(names, outs):
-            values[n].update(np.asarray(t.numpy(), np.float32))
+            arr = np.asarray(t.numpy(), np.float32)
+            values[n].update(arr)
+            for anchor in by_input.get(n, ()):
+                means[anchor].update(arr)
     qps: dict[relax.Var, ActQuant] = {}
     acts = {c.output: c.act for c in plan.chains if c.act is not None}
     for root, members in groups.items():
@@ -107,7 +118,7 @@ def calibrate(mod: tvm.IRModule, plan: Plan, feeds: list[dict[str, np.ndarray]],
                 a, b = max(a, acts[v][0]), min(b, acts[v][1])
             lo, hi = min(lo, a), max(hi, b)
         qps[root] = activation_qparams(lo, hi, symmetric=symmetric)
-    return qps
+    return qps, {a: m.mean() for a, m in means.items()}
 
 
 # ----------------------------------------------------------------------------- rewrite
@@ -121,9 +132,10 @@ def _dq_const(q: np.ndarray, scale: np.ndarray, zp_dtype: str, axis: int) -> rel
 @mutator
 class _InsertQDQ(PyExprMutator):
     def __init__(self, mod: tvm.IRModule, plan: Plan, qps: dict[relax.Var, ActQuant],
-                 per_channel: bool):
+                 per_channel: bool, means: dict[relax.Var, np.ndarray] | None):
         super().__init__(mod)
-        self.plan, self.qps, self.per_channel = plan, qps, per_channel
+        self.plan, self.qps, self.per_channel, self.means = plan, qps, per_channel, means
+        self.shift: dict[relax.Var, np.ndarray] = {}
         self.points = set(plan.points)
         self.chains = {c.anchor: c for c in plan.chains}
         self.bias_of = {c.bias_var: c for c in plan.chains if c.bias_var is not None}
@@ -153,17 +165,27 @@ class _InsertQDQ(PyExprMutator):
         if scales.size == 1:
             scales = np.repeat(scales, w.shape[axis])
         self.w_scales[c.anchor] = scales
-        return self.builder_.emit(_dq_const(quantize_weight(w, scales, axis), scales,
-                                            "int8", axis), name_hint=f"{c.anchor.name}_w")
+        wq = quantize_weight(w, scales, axis)
+        if self.means is not None:  # the mean output shift the rounding causes
+            shape = [1] * w.ndim
+            shape[axis] = -1
+            dw = wq * scales.astype(np.float64).reshape(shape) - w
+            m = self.means[c.anchor]
+            self.shift[c.anchor] = (conv_shift(dw, m, c.groups) if c.kind == "conv2d"
+                                    else dense_shift(dw, m, transposed=False))
+        return self.builder_.emit(_dq_const(wq, scales, "int8", axis),
+                                  name_hint=f"{c.anchor.name}_w")
 
     def _bias(self, c: Chain) -> relax.Expr:
         """``dequantize(int32 bias)`` shaped to broadcast along the output channels."""
-        s = bias_qparams(self.qp(c.inputs[0]).scale, self.w_scales[c.anchor], c.bias.size)
-        b = self.builder_.emit(_dq_const(quantize_bias(c.bias, s), s, "int32", 0),
+        n = self.w_scales[c.anchor].size
+        bias = (np.zeros(n) if c.bias is None else c.bias) - self.shift.get(c.anchor, 0.0)
+        s = bias_qparams(self.qp(c.inputs[0]).scale, self.w_scales[c.anchor], n)
+        b = self.builder_.emit(_dq_const(quantize_bias(bias, s), s, "int32", 0),
                                name_hint=f"{c.anchor.name}_b")
         if c.kind == "dense":
             return b
-        return self.builder_.emit(relax.op.reshape(b, [1, c.bias.size, 1, 1]),
+        return self.builder_.emit(relax.op.reshape(b, [1, n, 1, 1]),
                                   name_hint=f"{c.anchor.name}_bias")
 
     def _quantize_inputs(self) -> None:
@@ -186,6 +208,9 @@ class _InsertQDQ(PyExprMutator):
             args = list(value.args)
             args[1] = self._weight(c)
             value = relax.Call(value.op, args, value.attrs, value.ty_args, value.span)
+            if c.bias_var is None and c.anchor in self.shift:  # a bias to carry the correction
+                value = relax.op.add(self.builder_.emit(value, name_hint=f"{v.name}_mm"),
+                                     self._bias(c))
         elif v in self.bias_of:  # the chain's per-channel ops become one bias add
             c = self.bias_of[v]
             value = relax.op.add(self.visit_expr(c.anchor), self._bias(c))
@@ -201,7 +226,7 @@ class _InsertQDQ(PyExprMutator):
 def quantize_relax(mod: tvm.IRModule, feeds: list[dict[str, np.ndarray]], method: str = "minmax",
                    per_channel: bool = True, symmetric_activations: bool = False,
                    keep_fp32: frozenset[str] = frozenset(), show_progress: bool = False,
-                   **observer_options) -> tuple[tvm.IRModule, Plan]:
+                   bias_correction: bool = True, **observer_options) -> tuple[tvm.IRModule, Plan]:
     """The QDQ int8 module of FP32 ``mod`` (``main`` with constant weights, as
     ``from_onnx(..., keep_params_in_input=False)`` gives) and the plan it followed."""
     if _has_qdq(mod):
@@ -213,8 +238,9 @@ def quantize_relax(mod: tvm.IRModule, feeds: list[dict[str, np.ndarray]], method
     if not plan.chains:
         raise ValueError("no layer of the module can be quantized for the DSA "
                          "(no conv2d, dense, matmul, add or pooling on float tensors)")
-    qps = calibrate(mod, plan, feeds, method, show_progress,
-                    symmetric=symmetric_activations, **observer_options)
+    qps, means = calibrate(mod, plan, feeds, method, show_progress,
+                           symmetric=symmetric_activations, **observer_options)
     out = tvm.IRModule(dict(mod.functions))
-    out["main"] = _InsertQDQ(mod, plan, qps, per_channel).visit_expr(mod["main"])
+    out["main"] = _InsertQDQ(mod, plan, qps, per_channel,
+                             means if bias_correction else None).visit_expr(mod["main"])
     return relax.transform.Normalize()(out), plan

@@ -44,6 +44,7 @@ class Chain:
     folded: list[relax.Var] = field(default_factory=list)  # absorbed ops before bias_var
     pre_activation: relax.Var | None = None  # the var before the absorbed ReLU/Clip
     act: tuple[float, float] | None = None    # its bounds in real units
+    groups: int = 1
 
 
 @dataclass
@@ -201,7 +202,7 @@ def make_plan(func: relax.Function, keep_fp32: frozenset[str] = frozenset()) -> 
         if op == "relax.nn.conv2d":
             w = _const(args[1], var2val)
             if w is not None and _float_tensor(args[0]):
-                ch = Chain("conv2d", v, [args[0]], v, weight=w)
+                ch = Chain("conv2d", v, [args[0]], v, weight=w, groups=int(call.attrs.groups))
                 axis = 1
         elif op == "relax.matmul":
             w = _const(args[1], var2val)
