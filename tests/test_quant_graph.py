@@ -210,9 +210,16 @@ def test_qdq_models_pass_through(tmp_path, net):
     assert dsa_tvm.quantize(mod, verbose=False) is mod
 
 
-def test_fp32_relax_module_is_refused_with_the_reason(net):
-    with pytest.raises(TypeError, match="needs the FP32 ONNX model"):
-        dsa_tvm.quantize(from_onnx(net, keep_params_in_input=False), _feeds((1, 3, 8, 8), 1))
+def test_fp32_relax_module_is_quantized_in_relax(net):
+    """An FP32 Relax module (no ONNX source) goes through relay_passes.quantize."""
+    mod = from_onnx(net, keep_params_in_input=False)
+    qmod = dsa_tvm.quantize(mod, _feeds((1, 3, 8, 8), 2), verbose=False, show_progress=False)
+    names = set()
+    relax.analysis.post_order_visit(
+        qmod["main"].body, lambda e: names.add(getattr(getattr(e, "op", None), "name", "")))
+    assert "relax.quantize" in names and "relax.dequantize" in names
+    with pytest.raises(ValueError, match="calibration_data is required"):
+        dsa_tvm.quantize(mod, verbose=False)
 
 # ----------------------------------------------------------------------------- data
 

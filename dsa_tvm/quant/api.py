@@ -227,9 +227,11 @@ def quantize(model, calibration_data=None, **options):
     """``dsa_tvm.quantize``: int8 QDQ Relax module for ``tvm.compile(..., target="dsa")``.
 
     ``model``: an FP32 ONNX model (path or ModelProto), quantized with
-    :func:`quantize_onnx` (options as there) and imported into Relax; or a Relax module
-    that is already QDQ, returned unchanged. An FP32 Relax module without its ONNX source
-    is refused: the calibration needs named intermediates (see the README).
+    :func:`quantize_onnx` (options as there) and imported into Relax; an FP32 Relax
+    module (``relay_passes.quantize.quantize_relax``: the same observers and scales,
+    calibrated on an LLVM build of the module; options ``method``, ``per_channel``,
+    ``symmetric_activations``, ``keep_fp32``, ``num_batches``, ``preprocess``); or a
+    Relax module that is already QDQ, returned unchanged.
     """
     import tvm
 
@@ -239,8 +241,28 @@ def quantize(model, calibration_data=None, **options):
                 print("dsa_tvm.quantize: module is already quantized (QDQ); passing it through",
                       file=sys.stderr)
             return model
-        raise TypeError("dsa_tvm.quantize needs the FP32 ONNX model (path or onnx.ModelProto) to "
-                        "calibrate; an FP32 Relax IRModule is only accepted when it is already QDQ")
+        return _quantize_relax_module(model, calibration_data, **options)
     if calibration_data is None and not is_qdq(load(model)):
         raise ValueError("calibration_data is required to quantize an FP32 model")
     return quantize_onnx(model, calibration_data, **options).to_relax()
+
+
+def _quantize_relax_module(mod, calibration_data, method: str = "minmax", per_channel: bool = True,
+                           symmetric_activations: bool = False, keep_fp32: Iterable[str] = (),
+                           num_batches: int | None = None, preprocess="imagenet",
+                           show_progress: bool = True, verbose: bool = True, **observer_options):
+    from relay_passes.quantize import quantize_relax
+
+    if calibration_data is None:
+        raise ValueError("calibration_data is required to quantize an FP32 model")
+    if method not in METHODS:
+        raise ValueError(f"unknown calibration method '{method}' (one of {', '.join(METHODS)})")
+    params = mod["main"].params
+    shapes = {p.name: tuple(int(d) for d in p.ty.shape) for p in params}
+    feeds = as_feeds(calibration_data, shapes, preprocess, limit=num_batches)
+    qmod, plan = quantize_relax(mod, feeds, method, per_channel, symmetric_activations,
+                                frozenset(keep_fp32), show_progress, **observer_options)
+    if verbose:
+        print(f"dsa_tvm.quantize: {len(plan.chains)} layers quantized ({method}), "
+              f"{len(plan.kept_fp32)} kept in FP32", file=sys.stderr)
+    return qmod

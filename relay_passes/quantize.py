@@ -1,0 +1,246 @@
+"""Post-training quantization of an FP32 Relax module into the QDQ form the DSA offloads.
+
+``quantize_relax(mod, feeds)``: canonicalize (Clip as ``R.clip``, constants
+folded), plan the chains (:mod:`.quantize_plan`), calibrate by running an LLVM
+build of ``main`` that also returns every planned tensor, and rewrite ``main``:
+
+* weights -> ``dequantize(int8 const, per-channel scales, axis)``;
+* biases -> ``dequantize(int32 const, s_x * s_w)`` (added into the accumulator);
+* every planned tensor -> ``dequantize(quantize(t))`` with its group's qparams.
+
+Observers, scales and rounding are ``dsa_tvm.quant``'s (the same the ONNX path uses).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import tvm
+from tvm import relax
+from tvm.relax.expr_functor import PyExprMutator, mutator
+
+from dsa_tvm.quant.bias_correction import conv_shift, dense_shift
+from dsa_tvm.quant.calibrate import progress
+from dsa_tvm.quant.observers import ChannelMeanObserver, make_observer
+from dsa_tvm.quant.qparams import (
+    ActQuant,
+    activation_qparams,
+    bias_qparams,
+    quantize_bias,
+    quantize_weight,
+    weight_qparams,
+)
+
+from .canonicalize import canonicalize_clip
+from .quantize_plan import Chain, Plan, make_plan
+
+
+def prepare_fp32(mod: tvm.IRModule) -> tvm.IRModule:
+    """Batch norms folded into the convs before them (or decomposed into per-channel
+    constant ops the plan folds), Clip as ``R.clip``/``R.nn.relu``, constants folded."""
+    mod = relax.transform.FoldBatchnormToConv2D()(mod)
+    mod = relax.transform.DecomposeOpsForInference()(mod)
+    mod = relax.transform.FoldConstant()(mod)
+    mod = canonicalize_clip(mod)
+    mod = relax.transform.FoldConstant()(mod)
+    mod = relax.transform.CanonicalizeBindings()(mod)
+    return relax.transform.DeadCodeElimination()(mod)
+
+
+def _has_qdq(mod: tvm.IRModule) -> bool:
+    found = []
+
+    def visit(e) -> None:
+        if isinstance(e, relax.Call) and getattr(e.op, "name", "") in ("relax.quantize",
+                                                                        "relax.dequantize"):
+            found.append(e)
+
+    relax.analysis.post_order_visit(mod["main"].body, visit)
+    return bool(found)
+
+
+# ----------------------------------------------------------------------------- calibration
+def _observing_module(mod: tvm.IRModule, names: list[str]) -> tvm.IRModule:
+    """``main`` returning the tensors ``names`` (by var name) instead of its output."""
+    nd = relax.transform.ToNonDataflow()(mod)
+    f = nd["main"]
+    by_name = {b.var.name: b.var for blk in f.body.blocks for b in blk.bindings}
+    by_name.update({p.name: p for p in f.params})
+    missing = [n for n in names if n not in by_name]
+    if missing:
+        raise ValueError(f"calibration: tensors {missing[:5]} are not bound in main")
+    body = relax.BlockBuilder().normalize(
+        relax.SeqExpr(f.body.blocks, relax.Tuple([by_name[n] for n in names])))
+    out = tvm.IRModule(dict(nd.functions))
+    out["main"] = relax.Function(f.params, body, attrs=f.attrs)
+    return relax.transform.Normalize()(out)
+
+
+def calibrate(mod: tvm.IRModule, plan: Plan, feeds: list[dict[str, np.ndarray]],
+              method: str, show_progress: bool, symmetric: bool = False,
+              **observer_options
+              ) -> tuple[dict[relax.Var, ActQuant], dict[relax.Var, np.ndarray]]:
+    """Run the FP32 graph on ``feeds``; each scale group's qparams (keyed by the group's
+    root var) and, per conv/dense layer, its input's channel means (bias correction)."""
+    groups: dict[relax.Var, list[relax.Var]] = {}
+    for v in plan.points:
+        groups.setdefault(plan.root(v), []).append(v)
+    weighted = [c for c in plan.chains if c.weight is not None]
+    watched = list(dict.fromkeys([plan.observed(v) for v in plan.points]
+                                 + [c.inputs[0] for c in weighted]))
+    names = [v.name for v in watched]
+    if len(set(names)) != len(names):
+        raise ValueError("calibration needs unique tensor names in main")
+    ex = relax.build(_observing_module(mod, names), target="llvm")
+    vm = relax.VirtualMachine(ex, tvm.cpu())
+    params = [p.name for p in mod["main"].params]
+    values: dict[str, object] = {n: make_observer(method, **observer_options) for n in names}
+    means = {c.anchor: ChannelMeanObserver(1 if c.kind == "conv2d" else -1) for c in weighted}
+    by_input: dict[str, list[relax.Var]] = {}
+    for c in weighted:
+        by_input.setdefault(c.inputs[0].name, []).append(c.anchor)
+    for feed in progress(feeds, len(feeds), f"calibrating ({method})", show_progress):
+        missing = [p for p in params if p not in feed]
+        if missing:
+            raise ValueError(f"calibration feed lacks inputs {missing}")
+        outs = vm["main"](*[tvm.runtime.tensor(np.asarray(feed[p])) for p in params])
+        for n, t in zip(names, outs):
+            arr = np.asarray(t.numpy(), np.float32)
+            values[n].update(arr)
+            for anchor in by_input.get(n, ()):
+                means[anchor].update(arr)
+    qps: dict[relax.Var, ActQuant] = {}
+    acts = {c.output: c.act for c in plan.chains if c.act is not None}
+    for root, members in groups.items():
+        lo, hi = np.inf, -np.inf
+        for v in members:
+            a, b = values[plan.observed(v).name].range()
+            if v in acts:  # the fused activation clips what the observer saw
+                a, b = max(a, acts[v][0]), min(b, acts[v][1])
+            lo, hi = min(lo, a), max(hi, b)
+        qps[root] = activation_qparams(lo, hi, symmetric=symmetric)
+    return qps, {a: m.mean() for a, m in means.items()}
+
+
+# ----------------------------------------------------------------------------- rewrite
+def _dq_const(q: np.ndarray, scale: np.ndarray, zp_dtype: str, axis: int) -> relax.Expr:
+    scale = np.asarray(scale, np.float32)
+    zp = np.zeros(scale.shape, zp_dtype)
+    return relax.op.dequantize(relax.const(q), relax.const(scale), relax.const(zp), axis,
+                               "float32")
+
+
+@mutator
+class _InsertQDQ(PyExprMutator):
+    def __init__(self, mod: tvm.IRModule, plan: Plan, qps: dict[relax.Var, ActQuant],
+                 per_channel: bool, means: dict[relax.Var, np.ndarray] | None):
+        super().__init__(mod)
+        self.plan, self.qps, self.per_channel, self.means = plan, qps, per_channel, means
+        self.shift: dict[relax.Var, np.ndarray] = {}
+        self.points = set(plan.points)
+        self.chains = {c.anchor: c for c in plan.chains}
+        self.bias_of = {c.bias_var: c for c in plan.chains if c.bias_var is not None}
+        self.folded = {v for c in plan.chains for v in c.folded}
+        self.w_scales: dict[relax.Var, np.ndarray] = {}
+        self.params = list(mod["main"].params)
+        self.inputs_done = False
+
+    def qp(self, v: relax.Var) -> ActQuant:
+        return self.qps[self.plan.root(v)]
+
+    def _qdq(self, value: relax.Expr, v: relax.Var) -> relax.Expr:
+        qp = self.qp(v)
+        s, z = relax.const(np.float32(qp.scale)), relax.const(np.int8(qp.zero_point))
+        axis = 1 if len(v.ty.shape) > 1 else 0
+        q = self.builder_.emit(relax.op.quantize(value, s, z, axis, "int8"), name_hint=f"{v.name}_q")
+        return relax.op.dequantize(q, s, z, axis, "float32")
+
+    def _weight(self, c: Chain) -> relax.Expr:
+        axis = 0 if c.kind == "conv2d" else 1
+        w = c.weight.astype(np.float64)
+        if c.fold_scale is not None:  # a folded batch norm scales each output channel
+            shape = [1] * w.ndim
+            shape[axis] = -1
+            w = w * c.fold_scale.reshape(shape)
+        scales = weight_qparams(w, axis if self.per_channel else None)
+        if scales.size == 1:
+            scales = np.repeat(scales, w.shape[axis])
+        self.w_scales[c.anchor] = scales
+        wq = quantize_weight(w, scales, axis)
+        if self.means is not None:  # the mean output shift the rounding causes
+            shape = [1] * w.ndim
+            shape[axis] = -1
+            dw = wq * scales.astype(np.float64).reshape(shape) - w
+            m = self.means[c.anchor]
+            self.shift[c.anchor] = (conv_shift(dw, m, c.groups) if c.kind == "conv2d"
+                                    else dense_shift(dw, m, transposed=False))
+        return self.builder_.emit(_dq_const(wq, scales, "int8", axis),
+                                  name_hint=f"{c.anchor.name}_w")
+
+    def _bias(self, c: Chain) -> relax.Expr:
+        """``dequantize(int32 bias)`` shaped to broadcast along the output channels."""
+        n = self.w_scales[c.anchor].size
+        bias = (np.zeros(n) if c.bias is None else c.bias) - self.shift.get(c.anchor, 0.0)
+        s = bias_qparams(self.qp(c.inputs[0]).scale, self.w_scales[c.anchor], n)
+        b = self.builder_.emit(_dq_const(quantize_bias(bias, s), s, "int32", 0),
+                               name_hint=f"{c.anchor.name}_b")
+        if c.kind == "dense":
+            return b
+        return self.builder_.emit(relax.op.reshape(b, [1, n, 1, 1]),
+                                  name_hint=f"{c.anchor.name}_bias")
+
+    def _quantize_inputs(self) -> None:
+        """Graph inputs read by a chain: quantize -> dequantize before the first binding."""
+        self.inputs_done = True
+        for p in self.params:
+            if p in self.points:
+                self.set_var_remap(p, self.builder_.emit(
+                    self._qdq(self.visit_expr(p), p), name_hint=f"{p.name}_dq"))
+
+    def visit_var_binding_(self, binding: relax.VarBinding) -> None:  # noqa: N802
+        if not self.inputs_done:
+            self._quantize_inputs()
+        v = binding.var
+        if v in self.folded:
+            return  # absorbed into the weights and bias; only the next absorbed op read it
+        value = self.visit_expr(binding.value)
+        if v in self.chains and self.chains[v].weight is not None:
+            c = self.chains[v]
+            args = list(value.args)
+            args[1] = self._weight(c)
+            value = relax.Call(value.op, args, value.attrs, value.ty_args, value.span)
+            if c.bias_var is None and c.anchor in self.shift:  # a bias to carry the correction
+                value = relax.op.add(self.builder_.emit(value, name_hint=f"{v.name}_mm"),
+                                     self._bias(c))
+        elif v in self.bias_of:  # the chain's per-channel ops become one bias add
+            c = self.bias_of[v]
+            value = relax.op.add(self.visit_expr(c.anchor), self._bias(c))
+        if v in self.points:
+            inner = self.builder_.emit(value, name_hint=f"{v.name}_f")
+            value = self._qdq(inner, v)
+        new = (self.builder_.emit(value, name_hint=v.name) if isinstance(v, relax.DataflowVar)
+               else self.builder_.emit_output(value, name_hint=v.name))
+        self.set_var_remap(v, new)
+
+
+# ----------------------------------------------------------------------------- API
+def quantize_relax(mod: tvm.IRModule, feeds: list[dict[str, np.ndarray]], method: str = "minmax",
+                   per_channel: bool = True, symmetric_activations: bool = False,
+                   keep_fp32: frozenset[str] = frozenset(), show_progress: bool = False,
+                   bias_correction: bool = True, **observer_options) -> tuple[tvm.IRModule, Plan]:
+    """The QDQ int8 module of FP32 ``mod`` (``main`` with constant weights, as
+    ``from_onnx(..., keep_params_in_input=False)`` gives) and the plan it followed."""
+    if _has_qdq(mod):
+        raise ValueError("the module is already quantized (QDQ); pass it to tvm.compile as it is")
+    if not feeds:
+        raise ValueError("calibration needs at least one input batch")
+    mod = prepare_fp32(mod)
+    plan = make_plan(mod["main"], frozenset(keep_fp32))
+    if not plan.chains:
+        raise ValueError("no layer of the module can be quantized for the DSA "
+                         "(no conv2d, dense, matmul, add or pooling on float tensors)")
+    qps, means = calibrate(mod, plan, feeds, method, show_progress,
+                           symmetric=symmetric_activations, **observer_options)
+    out = tvm.IRModule(dict(mod.functions))
+    out["main"] = _InsertQDQ(mod, plan, qps, per_channel,
+                             means if bias_correction else None).visit_expr(mod["main"])
+    return relax.transform.Normalize()(out), plan

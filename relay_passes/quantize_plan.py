@@ -1,0 +1,236 @@
+"""Which tensors of an FP32 Relax graph to quantize, and how they group.
+
+The plan walks ``main``'s bindings once and forms *chains*: an anchor op the DSA
+runs (conv2d and dense with constant weights, a matmul of two activations, a
+residual add, max/avg/global pooling) with the ops it absorbs (a per-channel
+constant bias add after conv/dense, then ReLU or Clip). A chain gets int8
+inputs and one int8 output: exactly the dequantize -> op -> quantize shape the
+partitioner's patterns match. Everything else stays FP32 and reads the
+dequantized tensors.
+
+Scale groups: a max pool and pure data movement (reshape, transpose) change no
+value, so their output shares its input's scale and zero point; the observer of
+a group sees every member.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import numpy as np
+from tvm import relax
+from tvm.ir import Op
+from tvm.ir.expr import GenericConst
+
+ANCHORS = ("relax.nn.conv2d", "relax.matmul", "relax.add", "relax.nn.max_pool2d",
+           "relax.nn.avg_pool2d", "relax.mean")
+ACTIVATIONS = ("relax.nn.relu", "relax.clip")
+MOVEMENT = ("relax.reshape", "relax.permute_dims", "relax.flatten", "relax.squeeze",
+            "relax.expand_dims")
+
+
+@dataclass
+class Chain:
+    """An anchor op and what it absorbs; ``output`` is the var that gets quantized."""
+
+    kind: str                       # conv2d | dense | batch_matmul | add | max_pool2d | ...
+    anchor: relax.Var
+    inputs: list[relax.Var]         # float activations that get int8 (quantize -> dequantize)
+    output: relax.Var
+    weight: np.ndarray | None = None
+    bias_var: relax.Var | None = None   # the last absorbed per-channel op (becomes the bias add)
+    bias: np.ndarray | None = None      # y = anchor * fold_scale + bias, per output channel
+    fold_scale: np.ndarray | None = None
+    folded: list[relax.Var] = field(default_factory=list)  # absorbed ops before bias_var
+    pre_activation: relax.Var | None = None  # the var before the absorbed ReLU/Clip
+    act: tuple[float, float] | None = None    # its bounds in real units
+    groups: int = 1
+
+
+@dataclass
+class Plan:
+    chains: list[Chain] = field(default_factory=list)
+    #: var -> the var whose group it belongs to (union-find parent)
+    parent: dict[relax.Var, relax.Var] = field(default_factory=dict)
+    kept_fp32: dict[str, str] = field(default_factory=dict)  # anchor name -> why
+
+    def root(self, v: relax.Var) -> relax.Var:
+        while self.parent.get(v, v) is not v:
+            v = self.parent[v]
+        return v
+
+    def union(self, a: relax.Var, b: relax.Var) -> None:
+        ra, rb = self.root(a), self.root(b)
+        if ra is not rb:
+            self.parent[rb] = ra
+
+    @property
+    def points(self) -> list[relax.Var]:
+        """Every var that gets quantize -> dequantize, in first-seen order."""
+        out: dict[relax.Var, None] = {}
+        for c in self.chains:
+            for v in c.inputs + [c.output]:
+                out[v] = None
+        return list(out)
+
+    def observed(self, v: relax.Var) -> relax.Var:
+        """What calibration records for ``v``: the pre-activation of a fused ReLU/Clip
+        (histogram methods need the values the activation cuts, see the observers)."""
+        for c in self.chains:
+            if c.output is v and c.pre_activation is not None:
+                return c.pre_activation
+        return v
+
+
+def _op(e: relax.Expr) -> str:
+    return e.op.name if isinstance(e, relax.Call) and isinstance(e.op, Op) else ""
+
+
+def _prim_float(v) -> float:
+    while hasattr(v, "value"):
+        v = v.value
+    return float(v)
+
+
+def _const(e: relax.Expr, var2val: dict) -> np.ndarray | None:
+    while isinstance(e, relax.Var) and e in var2val:
+        e = var2val[e]
+    if isinstance(e, GenericConst):
+        return e.value.numpy()
+    return None
+
+
+def _float_tensor(e: relax.Expr) -> bool:
+    try:
+        return str(e.ty.dtype).startswith("float")
+    except AttributeError:
+        return False
+
+
+def _shape(e: relax.Expr) -> tuple[int, ...]:
+    return tuple(int(d) for d in e.ty.shape)
+
+
+def _per_channel(value: np.ndarray, out_shape: tuple[int, ...], axis: int) -> np.ndarray | None:
+    """The length-C vector a constant adds along ``axis`` only, else None."""
+    rank = len(out_shape)
+    if value.ndim > rank:
+        return None
+    full = value.reshape((1,) * (rank - value.ndim) + value.shape)
+    if any(d != 1 for i, d in enumerate(full.shape) if i != axis % rank):
+        return None
+    return np.broadcast_to(full.reshape(-1), (out_shape[axis],)).astype(np.float64)
+
+
+AFFINE = ("relax.add", "relax.subtract", "relax.multiply", "relax.divide")
+
+
+def _absorb_affine(ch: Chain, axis: int, var2val: dict, only_user, absorbed: set) -> None:
+    """Fold the per-channel constant adds, subtracts, multiplies and divides after a conv
+    or dense layer (its bias; a batch norm as DecomposeOpsForInference leaves it) into
+    ``y = anchor * fold_scale + bias``: the weights take the scale, the bias the rest."""
+    out_c = ch.weight.shape[0] if ch.kind == "conv2d" else ch.weight.shape[1]
+    scale, offset = np.ones(out_c), np.zeros(out_c)
+    cur, chain = ch.anchor, []
+    while True:
+        nxt = only_user(cur)
+        call = var2val.get(nxt) if nxt is not None else None
+        if call is None or _op(call) not in AFFINE:
+            break
+        first = call.args[0].same_as(cur)
+        other = call.args[1] if first else call.args[0]
+        c = _const(other, var2val)
+        vec = None if c is None else _per_channel(c, _shape(call), axis)
+        op = _op(call)
+        if vec is None or vec.shape != (out_c,) or (not first and op in ("relax.subtract",
+                                                                         "relax.divide")):
+            break
+        if op == "relax.add":
+            offset = offset + vec
+        elif op == "relax.subtract":
+            offset = offset - vec
+        elif op == "relax.multiply":
+            scale, offset = scale * vec, offset * vec
+        else:
+            scale, offset = scale / vec, offset / vec
+        chain.append(nxt)
+        cur = nxt
+    if chain:
+        ch.folded, ch.bias_var, ch.output = chain[:-1], chain[-1], chain[-1]
+        ch.bias, ch.fold_scale = offset, scale
+        absorbed.update(chain)
+
+
+def make_plan(func: relax.Function, keep_fp32: frozenset[str] = frozenset()) -> Plan:
+    bindings = [b for blk in func.body.blocks for b in blk.bindings]
+    var2val = {b.var: b.value for b in bindings}
+    users: dict[relax.Var, list[relax.Var]] = {}
+    for b in bindings:
+        def visit(e, user=b.var):
+            if isinstance(e, relax.Var):
+                users.setdefault(e, []).append(user)
+        relax.analysis.post_order_visit(b.value, visit)
+    plan = Plan()
+    absorbed: set[relax.Var] = set()
+
+    def only_user(v: relax.Var) -> relax.Var | None:
+        us = users.get(v, [])
+        return us[0] if len(us) == 1 else None
+
+    def activation(ch: Chain) -> None:
+        nxt = only_user(ch.output)
+        if nxt is None or _op(var2val[nxt]) not in ACTIVATIONS:
+            return
+        call = var2val[nxt]
+        if _op(call) == "relax.nn.relu":
+            ch.act = (0.0, float("inf"))
+        else:
+            ch.act = (_prim_float(call.args[1]), _prim_float(call.args[2]))
+        ch.pre_activation, ch.output = ch.output, nxt
+        absorbed.add(nxt)
+
+    for b in bindings:
+        v, call = b.var, b.value
+        op = _op(call)
+        if v in absorbed or op not in ANCHORS or not _float_tensor(call):
+            continue
+        if v.name in keep_fp32:
+            plan.kept_fp32[v.name] = "kept in FP32 on request"
+            continue
+        args = list(call.args)
+        ch: Chain | None = None
+        if op == "relax.nn.conv2d":
+            w = _const(args[1], var2val)
+            if w is not None and _float_tensor(args[0]):
+                ch = Chain("conv2d", v, [args[0]], v, weight=w, groups=int(call.attrs.groups))
+                axis = 1
+        elif op == "relax.matmul":
+            w = _const(args[1], var2val)
+            if w is not None and w.ndim == 2 and _float_tensor(args[0]):
+                ch = Chain("dense", v, [args[0]], v, weight=w)
+                axis = -1
+            elif w is None and all(_float_tensor(a) for a in args):
+                ch = Chain("batch_matmul", v, args[:2], v)
+        elif op == "relax.add":
+            consts = [_const(a, var2val) for a in args]
+            if all(c is None for c in consts) and _shape(args[0]) == _shape(args[1]) == _shape(call):
+                ch = Chain("add", v, args[:2], v)
+        else:
+            ch = Chain(op.split(".")[-1], v, [args[0]], v)
+            if op == "relax.nn.max_pool2d":
+                plan.union(args[0], v)  # a max changes no value: one scale
+        if ch is None:
+            continue
+        if ch.kind in ("conv2d", "dense"):
+            _absorb_affine(ch, axis, var2val, only_user, absorbed)
+        if ch.kind in ("conv2d", "dense", "add"):
+            activation(ch)
+        plan.chains.append(ch)
+    # data movement between a quantized tensor and an anchor input keeps its scale
+    points = set(plan.points)
+    for b in bindings:
+        if _op(b.value) in MOVEMENT and b.var in points:
+            src = b.value.args[0]
+            if isinstance(src, relax.Var) and src in points:
+                plan.union(src, b.var)
+    return plan
