@@ -1,0 +1,1 @@
+"""Autotuning DSA schedules with MetaSchedule, measured on the simulator."""
