@@ -12,6 +12,7 @@ from .isa.program import Program
 from .sim.errors import DeadlockError, HazardError, SimulationError
 from .sim.simulator import SimResult, Simulator
 from .target import target
+from .tuning import tune, tuned
 
 setup()
 
@@ -20,5 +21,5 @@ __version__ = "0.1.0"
 __all__ = [
     "ConfigError", "DeadlockError", "HardwareConfig", "HazardError", "Program", "ProgramBuilder",
     "SimResult", "SimulationError", "Simulator", "compile", "disassemble", "last_compile_report",
-    "last_run_report", "load_config", "preset_names", "setup", "target",
+    "last_run_report", "load_config", "preset_names", "setup", "target", "tune", "tuned",
 ]

@@ -4,7 +4,7 @@
 measured (the search starts from it, and the result is never worse than it),
 then runs ``meta_schedule.tune_tir`` with the DSA space, builder, runner,
 feature extractor and the XGBoost cost model. The best record of the database
-is the result; ``dsa_tvm.tune.apply`` reads the same database at compile time.
+is the result; ``dsa_tvm.tuning.apply`` reads the same database at compile time.
 """
 
 from __future__ import annotations

@@ -104,7 +104,7 @@ def task_of(mod) -> Task:
     attrs = func.attrs
     if attrs is None or ATTR_TASK not in attrs or ATTR_HW not in attrs:
         raise ValueError("this module is not a DSA tuning workload (no dsa.task / dsa.hardware "
-                         "attributes): make it with dsa_tvm.tune.Task(...).workload()")
+                         "attributes): make it with dsa_tvm.tuning.Task(...).workload()")
     return _decode(str(attrs[ATTR_TASK]), str(attrs[ATTR_HW]))
 
 

@@ -1,1 +1,0 @@
-"""Autotuning DSA schedules with MetaSchedule, measured on the simulator."""
