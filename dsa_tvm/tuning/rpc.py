@@ -34,13 +34,15 @@ def register_measure() -> None:
     """Install ``dsa.tuning.measure`` in this process (a server's init callback)."""
     import tvm_ffi
 
+    server = os.getpid()  # the server process; sessions run in processes forked from it
+
     def measure(program: bytes, hardware: str) -> str:
         from ..hw.config import config_from_dict
         from .measure import measure_bytes
 
         cfg = config_from_dict(json.loads(hardware), "<rpc measure>")
         cycles = measure_bytes(cfg, bytes(program))
-        return json.dumps({"cycles": cycles, "server": os.getpid()})
+        return json.dumps({"cycles": cycles, "server": server})
 
     tvm_ffi.register_global_func(MEASURE, measure, override=True)
 

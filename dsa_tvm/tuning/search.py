@@ -6,7 +6,11 @@ mutator, search strategy.
   exactly the knobs.
 * :class:`FitsPostproc` — rejects a sampled candidate whose tiles do not fit the
   scratchpads or the instruction fields, so the search discards it before it
-  reaches the builder (the builder checks again and names the reason).
+  reaches the builder (the builder checks again and names the reason). It also
+  drops candidates the analytic estimate puts beyond ``BUDGET`` times the
+  default schedule's estimate: tiny tiles mean hundreds of thousands of
+  instructions, minutes to lower and never fast (per-instruction fill/drain and
+  DMA latency), so measuring them would spend the trial budget on nothing.
 * :class:`KnobMutator` — changes one decision of a trace: a tile size to a
   neighbouring or a random divisor of its loop, a boolean knob to its other
   value. (The stock mutators only touch decisions that feed particular
@@ -16,12 +20,37 @@ mutator, search strategy.
 from __future__ import annotations
 
 import random
+from functools import lru_cache
 
 from tvm.ir.utils import derived_object
 from tvm.s_tir.meta_schedule.mutator import PyMutator
 from tvm.s_tir.meta_schedule.postproc import PyPostproc
 
-from .task import task_of
+from .task import Task, task_of
+
+#: candidates estimated slower than this many times the default's estimate are not measured
+BUDGET = 3.0
+
+
+@lru_cache(maxsize=256)
+def default_estimate(task: Task) -> float:
+    from tir_schedules.space import kind_of
+
+    return kind_of(task.shape).estimate(task.cfg, task.shape, task.default_knobs())
+
+
+def reject_reason(task: Task, knobs) -> str | None:
+    """None if the search should measure ``knobs``: they fit and are within the budget."""
+    from tir_schedules.space import check_knobs, kind_of
+
+    problem = check_knobs(task.cfg, task.shape, knobs)
+    if problem:
+        return problem
+    est = kind_of(task.shape).estimate(task.cfg, task.shape, knobs)
+    if est > BUDGET * default_estimate(task):
+        return (f"estimated {est:,.0f} cycles, over {BUDGET:g}x the default schedule's "
+                f"{default_estimate(task):,.0f}")
+    return None
 
 
 def _sample(sch) -> None:
@@ -50,16 +79,17 @@ def strategy(population: int = 96):
 
 @derived_object
 class FitsPostproc(PyPostproc):
-    """False (the candidate is dropped) when its knobs do not fit the hardware."""
+    """False (the candidate is dropped) when its knobs do not fit the hardware or are
+    far beyond the default's estimate (see the module docstring)."""
 
     def _initialize_with_tune_context(self, context) -> None:
         pass
 
     def apply(self, sch) -> bool:
-        from tir_schedules.space import check_knobs, knobs_from_mod
+        from tir_schedules.space import knobs_from_mod
 
         task = task_of(sch.mod)
-        return check_knobs(task.cfg, task.shape, knobs_from_mod(sch.mod, task.shape)) is None
+        return reject_reason(task, knobs_from_mod(sch.mod, task.shape)) is None
 
     def clone(self):
         return FitsPostproc()

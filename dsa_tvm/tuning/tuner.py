@@ -29,7 +29,7 @@ class TaskResult:
     default_cycles: int
     best_knobs: object
     best_cycles: int
-    trials: int            # candidates measured, the default included
+    trials: int            # candidates measured in this run, the default included
     seconds: float
 
     @property
@@ -89,7 +89,7 @@ def tune_task(task: Task, trials: int, db, work_dir: str | Path, runner=None,
 
     from .features import KnobFeatures
     from .measure import DSABuilder, SimRunner, secs_to_cycles
-    from .search import space, strategy
+    from .search import reject_reason, space, strategy
 
     t0 = time.perf_counter()
     work_dir = Path(work_dir)
@@ -97,7 +97,8 @@ def tune_task(task: Task, trials: int, db, work_dir: str | Path, runner=None,
     default = task.default_knobs()
     default_cycles = _measure_local(task, default)
     commit_knobs(db, task, default, default_cycles)
-    n_space = len(task.candidates())
+    before = len(workload_records(db, task))
+    n_space = sum(reject_reason(task, k) is None for k in task.candidates())
     search = min(trials - 1, n_space - 1)
     if search > 0:
         _quiet_metaschedule()
@@ -115,7 +116,7 @@ def tune_task(task: Task, trials: int, db, work_dir: str | Path, runner=None,
     best_knobs = record_knobs(best, task)
     best_cycles = secs_to_cycles(task.cfg, float(best.run_secs[0]))
     return TaskResult(task, default, default_cycles, best_knobs, best_cycles,
-                      1 + max(search, 0), time.perf_counter() - t0)
+                      1 + len(records) - before, time.perf_counter() - t0)
 
 
 def _measure_local(task: Task, knobs) -> int:
