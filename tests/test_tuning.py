@@ -329,3 +329,28 @@ def test_measurement_over_rpc_tracker_and_two_servers(tmp_path):
             except subprocess.TimeoutExpired:
                 p.kill()
         tracker.terminate()
+
+
+# ----------------------------------------------------------------------------- CLI
+def test_cli_tune_prints_the_table_and_fills_the_database(tmp_path, capsys):
+    from dsa_tvm.cli import main
+
+    from .qdq_models import conv_net
+
+    model = conv_net(tmp_path, cin=16, cout=32, hw=8)
+    work = tmp_path / "work"
+    assert main(["tune", str(model), "--trials", "4", "--work-dir", str(work)]) == 0
+    out = capsys.readouterr()
+    assert "default cyc" in out.out and "speedup" in out.out and "[1/" in out.err
+    rows = [line for line in out.out.splitlines() if line.startswith("conv2d_")]
+    assert len(rows) == 1
+    default, best, trials = (rows[0].split()[i] for i in (2, 3, 5))
+    assert int(best.replace(",", "")) <= int(default.replace(",", "")) and 2 <= int(trials) <= 4
+    import onnx
+    from tvm.relax.frontend.onnx import from_onnx
+
+    tasks, _ = dsa_tvm.tuning.extract_tasks(
+        from_onnx(onnx.load(str(model)), keep_params_in_input=False), DEFAULT)
+    conv_task = next(t for t in tasks if isinstance(t.shape, ConvShape))
+    knobs = TunedKnobs(open_database(work))(DEFAULT, conv_task.shape)
+    assert measure_knobs(conv_task, knobs) == int(best.replace(",", ""))
