@@ -65,6 +65,8 @@ class Task:
 
 
 def _short(shape) -> str:
+    """A readable task name: the geometry fields (padding and dilation when not the
+    usual ones), e.g. ``n1_h56_w56_icb4_ocb4_kh3_kw3_strides1x1_pad1``."""
     keys = ("kind", "n", "h", "w", "hw", "p", "icb", "ocb", "cb", "kh", "kw", "strides")
     parts = []
     for k in keys:
@@ -72,6 +74,14 @@ def _short(shape) -> str:
         if v is None:
             continue
         parts.append(f"{k}{'x'.join(map(str, v)) if isinstance(v, tuple) else v}")
+    pad = getattr(shape, "padding", None)
+    if pad and any(pad):
+        parts.append(f"pad{pad[0]}" if len(set(pad)) == 1 else f"pad{'x'.join(map(str, pad))}")
+    dil = getattr(shape, "dilation", None)
+    if dil and dil != (1, 1):
+        parts.append(f"dil{'x'.join(map(str, dil))}")
+    if getattr(shape, "depthwise", False):
+        parts.append("dw")
     return "_".join(parts)
 
 
