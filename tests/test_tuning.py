@@ -158,7 +158,11 @@ def test_tune_task_beats_or_keeps_the_default(tuned_conv):
     assert r.default_cycles == measure_knobs(task, r.default_knobs)
     records = workload_records(open_database(work), task)
     assert len(records) >= 8                                           # measured candidates
-    assert len({record_knobs(x, task) for x in records}) == len(records)
+    # distinct settings (the seed we committed may be measured once more by the search)
+    assert len({record_knobs(x, task) for x in records}) >= len(records) - 1
+    for rec in (records[0], records[len(records) // 2], records[-1]):  # records are honest
+        assert secs_to_cycles(DEFAULT, float(rec.run_secs[0])) == measure_knobs(
+            task, record_knobs(rec, task))
 
 
 def test_database_round_trip(tuned_conv):
