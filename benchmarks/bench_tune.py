@@ -46,7 +46,7 @@ def exhaustive(task, full: bool) -> tuple[int, object, float]:
 
 
 def bench_preset(hw: str, size: int, trials: int, exhaustive_max: int, full: bool,
-                 only: str | None, rank_tasks: int, seed: int) -> dict:
+                 only: str | None, rank_tasks: int, seed: int, rank_only: bool = False) -> dict:
     from tvm.relax.frontend.onnx import from_onnx
 
     import dsa_tvm
@@ -71,7 +71,7 @@ def bench_preset(hw: str, size: int, trials: int, exhaustive_max: int, full: boo
     print(head)
     print("-" * len(head))
     rows = []
-    for i, task in enumerate(tasks):
+    for i, task in enumerate([] if rank_only else tasks):
         n, m = len(task.candidates()), len(searchable(task))
         r = tune_task(task, trials, db, f"{work}/tasks/{i:03d}", seed=seed)
         opt = opt_s = None
@@ -83,11 +83,14 @@ def bench_preset(hw: str, size: int, trials: int, exhaustive_max: int, full: boo
               f"{r.speedup:>7.3f} {opt if opt is not None else '-':>10} "
               f"{(f'{r.best_cycles / opt:.3f}' if opt else '-'):>9} {r.trials:>6} "
               f"{r.seconds:>6.1f} {(f'{opt_s:.0f}' if opt_s is not None else '-'):>6}", flush=True)
+    if rank_only:
+        print("(--rank-only: no tuning)")
     enum = [r for r in rows if r["opt"]]
     w = sum(len(layers.get(r["task"], [1])) * r["default"] for r in rows)
     t = sum(len(layers.get(r["task"], [1])) * r["tuned"] for r in rows)
-    print(f"network (each task x its layers): default {w:,} -> tuned {t:,} cycles "
-          f"(x{w / t:.3f})")
+    if t:
+        print(f"network (each task x its layers): default {w:,} -> tuned {t:,} cycles "
+              f"(x{w / t:.3f})")
     print(f"never worse than the default: {sum(r['tuned'] <= r['default'] for r in rows)}/"
           f"{len(rows)}; within 5% of the optimum: "
           f"{sum(r['tuned'] <= 1.05 * r['opt'] for r in enum)}/{len(enum)} enumerated "
@@ -121,10 +124,12 @@ def main() -> None:
     ap.add_argument("--rank-tasks", type=int, default=2,
                     help="cost-model rank correlation on this many of the largest spaces")
     ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--rank-only", action="store_true",
+                    help="only the cost model's rank correlation, no tuning")
     a = ap.parse_args()
     for hw in a.hw:
         bench_preset(hw, a.size, a.trials, a.exhaustive_max, a.exhaustive_full, a.only,
-                     a.rank_tasks, a.seed)
+                     a.rank_tasks, a.seed, a.rank_only)
 
 
 if __name__ == "__main__":
