@@ -13,6 +13,7 @@ from .quant import quantize
 from .sim.errors import DeadlockError, HazardError, SimulationError
 from .sim.simulator import SimResult, Simulator
 from .target import target
+from .tuning import tune, tuned
 
 setup()
 
@@ -21,5 +22,6 @@ __version__ = "0.1.0"
 __all__ = [
     "ConfigError", "DeadlockError", "HardwareConfig", "HazardError", "Program", "ProgramBuilder",
     "SimResult", "SimulationError", "Simulator", "compile", "disassemble", "last_compile_report",
-    "last_run_report", "load_config", "preset_names", "quantize", "setup", "target",
+    "last_run_report", "load_config", "preset_names", "quantize", "setup", "target", "tune",
+    "tuned",
 ]

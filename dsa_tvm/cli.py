@@ -144,6 +144,9 @@ def build_parser() -> argparse.ArgumentParser:
     r.add_argument("--trace", help="write a Perfetto/Chrome trace JSON here")
     _hw_arg(r)
     r.set_defaults(fn=cmd_run)
+    from .tuning.cli import add_parser as add_tune_parser
+
+    add_tune_parser(sub)
     g = sub.add_parser("docs", help="regenerate docs/isa.md and docs/hardware.md")
     g.set_defaults(fn=cmd_docs)
     from .quantize_cli import add_parser as add_quantize

@@ -100,11 +100,13 @@ def offload_for_dsa(mod, cfg: HardwareConfig):
 
     from .lowering.region import UnsupportedLayer, compile_region
     from .sim.simulator import Simulator
+    from .tuning.apply import current_chooser
 
     t0 = time.perf_counter()
     report = CompileReport(cfg.name, cfg.mhz)
     part, report.partition = partition_for_dsa(mod, cfg)
     sim = Simulator(cfg)
+    choose_knobs = current_chooser()  # tuned schedules when a MetaSchedule database is in scope
 
     def compile_one(region) -> bytes | None:
         d = RegionDecision(region.name, [ly.name for ly in region.layers], region.macs, "cpu", "",
@@ -112,7 +114,7 @@ def offload_for_dsa(mod, cfg: HardwareConfig):
         report.regions.append(d)
         t1 = time.perf_counter()
         try:
-            prog = compile_region(region, cfg).program
+            prog = compile_region(region, cfg, choose_knobs).program
         except UnsupportedLayer as e:
             d.reason = f"codegen: {e}"
             return None

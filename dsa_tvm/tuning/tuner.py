@@ -1,0 +1,155 @@
+"""Tune one task with MetaSchedule: evolutionary search, XGBoost, simulator measurements.
+
+:func:`tune_task` seeds the task's database entry with the default schedule,
+measured (the search starts from it, and the result is never worse than it),
+then runs ``meta_schedule.tune_tir`` with the DSA space, builder, runner,
+feature extractor and the XGBoost cost model. The best record of the database
+is the result; ``dsa_tvm.tuning.apply`` reads the same database at compile time.
+"""
+
+from __future__ import annotations
+
+import logging
+import sys
+import time
+import types
+from contextlib import contextmanager
+from dataclasses import dataclass
+from pathlib import Path
+
+from .task import Task
+
+
+@dataclass
+class TaskResult:
+    """What tuning one task gave (cycles are simulated, for this task's layer alone)."""
+
+    task: Task
+    default_knobs: object
+    default_cycles: int
+    best_knobs: object
+    best_cycles: int
+    trials: int            # candidates measured in this run, the default included
+    seconds: float
+
+    @property
+    def speedup(self) -> float:
+        return self.default_cycles / self.best_cycles
+
+
+def target_of(cfg):
+    from ..target import target
+
+    return target(cfg)
+
+
+def workload_records(db, task: Task) -> list:
+    """Every valid record of ``task`` in ``db``, fastest first."""
+    mod = task.workload()
+    if not db.has_workload(mod):
+        return []
+    return [r for r in db.get_top_k(db.commit_workload(mod), 1 << 30)
+            if r.run_secs and all(s < 1e9 for s in [float(x) for x in r.run_secs])]
+
+
+def record_knobs(record, task: Task):
+    """The knob setting a tuning record's trace decides."""
+    from tvm import s_tir
+
+    from tir_schedules.space import knobs_from_mod
+
+    sch = s_tir.Schedule(task.workload())
+    record.trace.apply_to_schedule(sch, remove_postproc=False)
+    return knobs_from_mod(sch.mod, task.shape)
+
+
+def commit_knobs(db, task: Task, knobs, cycles: int) -> None:
+    """Store a measured knob setting as a tuning record (a replayable trace)."""
+    from tvm import s_tir
+    from tvm.s_tir.meta_schedule.arg_info import ArgInfo
+    from tvm.s_tir.meta_schedule.database import TuningRecord
+
+    from tir_schedules.space import sample_knobs
+
+    from .measure import cycles_to_secs
+
+    mod = task.workload()
+    sch = s_tir.Schedule(mod)
+    sample_knobs(sch, task.shape, fixed=knobs)
+    db.commit_tuning_record(TuningRecord(
+        sch.trace, db.commit_workload(mod), [cycles_to_secs(task.cfg, cycles)],
+        target_of(task.cfg), ArgInfo.from_prim_func(mod["main"])))
+
+
+def tune_task(task: Task, trials: int, db, work_dir: str | Path, runner=None,
+              seed: int | None = 0, per_iter: int = 16) -> TaskResult:
+    """Measure the default, then search ``trials - 1`` more candidates; the best."""
+    from tvm.s_tir import meta_schedule as ms
+    from tvm.s_tir.meta_schedule.cost_model import XGBModel
+
+    from .features import KnobFeatures
+    from .measure import DSABuilder, SimRunner, secs_to_cycles
+    from .search import reject_reason, space, strategy
+
+    t0 = time.perf_counter()
+    work_dir = Path(work_dir)
+    work_dir.mkdir(parents=True, exist_ok=True)
+    default = task.default_knobs()
+    default_cycles = _measure_local(task, default)
+    commit_knobs(db, task, default, default_cycles)
+    before = len(workload_records(db, task))
+    n_space = sum(reject_reason(task, k) is None for k in task.candidates())
+    search = min(trials - 1, n_space - 1)
+    if search > 0:
+        _quiet_metaschedule()
+        with without_stock_intrinsics():
+            ms.tune_tir(task.workload(), target_of(task.cfg), str(work_dir / "ms"),
+                        max_trials_global=search, num_trials_per_iter=min(per_iter, search),
+                        builder=DSABuilder(), runner=runner or SimRunner(), database=db,
+                        cost_model=XGBModel(extractor=KnobFeatures(),
+                                            num_warmup_samples=per_iter,
+                                            adaptive_training=False),
+                        space=space(), strategy=strategy(), task_scheduler="round-robin",
+                        num_tuning_cores=1, seed=seed)
+    records = workload_records(db, task)
+    best = records[0]
+    best_knobs = record_knobs(best, task)
+    best_cycles = secs_to_cycles(task.cfg, float(best.run_secs[0]))
+    return TaskResult(task, default, default_cycles, best_knobs, best_cycles,
+                      1 + len(records) - before, time.perf_counter() - t0)
+
+
+def _measure_local(task: Task, knobs) -> int:
+    from .task import simulate_cycles
+
+    return simulate_cycles(task.cfg, task.program(knobs))
+
+
+def _quiet_metaschedule() -> None:
+    """MetaSchedule logs every iteration at INFO to the console; keep its log files only."""
+    for name in ("tvm.s_tir.meta_schedule", "tvm.meta_schedule"):
+        logging.getLogger(name).setLevel(logging.WARNING)
+
+
+_INTRIN = "tvm.s_tir.tensor_intrin"
+
+
+@contextmanager
+def without_stock_intrinsics():
+    """Let ``TuneContext`` skip importing TVM's stock tensor intrinsics.
+
+    ``TuneContext.__init__`` imports ``tvm.s_tir.tensor_intrin``, which parses
+    hundreds of CUDA/x86/ARM intrinsics in TVMScript: 10 s on an idle machine, over
+    2 minutes on a loaded 2-core one. The DSA space uses none of them (its
+    intrinsics are ``tir_schedules.intrinsics``), so while our tuning contexts are
+    created an empty module stands in; it is removed afterwards, so a later real
+    import still gets the real package."""
+    if _INTRIN in sys.modules:
+        yield
+        return
+    sys.modules[_INTRIN] = types.ModuleType(_INTRIN, "stand-in while DSA tuning contexts start")
+    try:
+        yield
+    finally:
+        if getattr(sys.modules.get(_INTRIN), "__doc__", "").startswith("stand-in"):
+            del sys.modules[_INTRIN]

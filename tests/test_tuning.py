@@ -1,0 +1,360 @@
+"""Autotuning with MetaSchedule: the knob space, measurement, cost model, database, compile.
+
+References are independent of the tuner: cycles a runner reports are compared
+with a direct simulation of the same knobs' program; the tuned compile is
+compared bit for bit with the integer reference (``codegen.reference``); the
+rank-correlation helpers with scipy when it is installed.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+from pathlib import Path
+
+import numpy as np
+import pytest
+import tvm
+import tvm_ffi
+from tvm import s_tir
+
+import dsa_tvm
+from dsa_tvm.codegen.reference import run_region
+from dsa_tvm.hw.config import load_config
+from dsa_tvm.tuning import Task, TunedKnobs, open_database, tune_task, tuned
+from dsa_tvm.tuning.measure import DSABuilder, SimRunner, secs_to_cycles
+from dsa_tvm.tuning.rank import cost_model_check, kendall_tau, measure_knobs, spearman
+from dsa_tvm.tuning.search import FitsPostproc, KnobMutator
+from dsa_tvm.tuning.tuner import commit_knobs, record_knobs, workload_records
+from tir_schedules.compute import ConvShape
+from tir_schedules.compute_vector import EltwiseShape, GlobalSumShape, WindowShape
+from tir_schedules.space import check_knobs, knobs_from_mod, perf_shape, sample_knobs
+
+from .test_lowering import check, conv, qt, region
+
+DEFAULT = load_config("default")
+EDGE = load_config("edge")
+
+
+def conv_shape(h=14, icb=4, ocb=4, k=3, cfg=DEFAULT, **kw) -> ConvShape:
+    b = cfg.block_in
+    return ConvShape(1, h, h, icb, ocb, k, k, (1, 1), (k // 2,) * 4, (1, 1), b, b, 0, 0,
+                     (-128, 127), **kw)
+
+
+SHAPES = {
+    "conv": conv_shape(),
+    "window": WindowShape("max", 1, 12, 12, 2, 3, 3, (2, 2), (1, 1, 1, 1), (1, 1), 16, -128, 0,
+                          (-128, 127)),
+    "global_sum": GlobalSumShape(1, 49, 4, 16, 0, (-128, 127)),
+    "eltwise": EltwiseShape("add", 36, 3, 16, 0, (-128, 127), 1, 1),
+}
+
+
+def sampled(task: Task, knobs=None):
+    sch = s_tir.Schedule(task.workload())
+    sample_knobs(sch, task.shape, fixed=knobs)
+    return sch
+
+
+# ----------------------------------------------------------------------------- the space
+@pytest.mark.parametrize("kind", list(SHAPES))
+def test_knobs_are_trace_decisions(kind):
+    """Fixed knobs replay through the trace; random decisions give divisor tiles; a
+    mutated trace is another point of the same space."""
+    task = Task(DEFAULT, SHAPES[kind])
+    default = task.default_knobs()
+    sch = sampled(task, default)
+    assert knobs_from_mod(sch.mod, task.shape) == default
+    replay = s_tir.Schedule(task.workload())
+    sch.trace.apply_to_schedule(replay, remove_postproc=False)
+    assert knobs_from_mod(replay.mod, task.shape) == default
+    space = set(task.candidates())
+    for seed in range(1, 7):
+        s = s_tir.Schedule(task.workload(), seed=seed)
+        sample_knobs(s, task.shape)
+        k = knobs_from_mod(s.mod, task.shape)
+        assert (k in space) == (check_knobs(DEFAULT, task.shape, k) is None)
+    mutator = KnobMutator(seed=1)
+    seen = set()
+    for _ in range(10):
+        t = mutator.apply(sch.trace)
+        s = s_tir.Schedule(task.workload())
+        t.apply_to_schedule(s, remove_postproc=False)
+        seen.add(knobs_from_mod(s.mod, task.shape))
+    assert len(seen - {default}) >= 2
+
+
+def test_perf_shape_ignores_values_only():
+    s = dataclasses.replace(conv_shape(), input_zp=5, output_zp=-3, clip=(0, 127))
+    assert perf_shape(s) == conv_shape()
+    assert tvm_ffi.structural_equal(Task(DEFAULT, perf_shape(s)).workload(),
+                                    Task(DEFAULT, conv_shape()).workload())
+    # the hardware is part of the workload: records of one part never serve another
+    assert not tvm_ffi.structural_equal(Task(DEFAULT, conv_shape()).workload(),
+                                        Task(DEFAULT.replace(mhz=500), conv_shape()).workload())
+
+
+def test_misfits_are_rejected_before_measurement():
+    """A knob setting whose input tile overflows the scratchpad: the search's postproc
+    drops it and the builder refuses it with the reason; a fitting one builds, and the
+    runner's cycles are a direct simulation of the same knobs."""
+    task = Task(EDGE, conv_shape(h=56, icb=8, ocb=8, cfg=EDGE))
+    bad = dataclasses.replace(task.default_knobs(), tile_oh=56, tile_ow=56)
+    problem = check_knobs(EDGE, task.shape, bad)
+    assert problem and "scratchpad" in problem
+    assert FitsPostproc().apply(sampled(task, bad)) is False
+    good = task.default_knobs()
+    assert FitsPostproc().apply(sampled(task, good)) is True
+    from tvm.s_tir.meta_schedule.builder import BuilderInput
+
+    target = dsa_tvm.target(EDGE)
+    res = DSABuilder().build([BuilderInput(sampled(task, bad).mod, target),
+                              BuilderInput(sampled(task, good).mod, target)])
+    assert res[0].artifact_path is None and "rejected before measurement" in res[0].error_msg
+    assert res[1].error_msg is None and Path(res[1].artifact_path).is_file()
+    from tvm.s_tir.meta_schedule.runner import RunnerInput
+
+    (fut,) = SimRunner().run([RunnerInput(res[1].artifact_path, "cpu", [])])
+    got = fut.result()
+    assert got.error_msg is None
+    assert secs_to_cycles(EDGE, float(got.run_secs[0])) == measure_knobs(task, good)
+
+
+# ----------------------------------------------------------------------------- cost model
+def test_rank_correlation_helpers():
+    rng = np.random.default_rng(0)
+    a, b = rng.normal(size=40), rng.normal(size=40)
+    b[:5] = b[5]  # ties
+    assert spearman(a, a) == pytest.approx(1.0)
+    assert spearman(a, -a) == pytest.approx(-1.0)
+    stats = pytest.importorskip("scipy.stats")
+    assert spearman(a, b) == pytest.approx(stats.spearmanr(a, b).statistic)
+    assert kendall_tau(a, b) == pytest.approx(stats.kendalltau(a, b).statistic)
+
+
+def test_cost_model_ranks_candidates_better_than_chance():
+    task = Task(DEFAULT, conv_shape(h=12, icb=2, ocb=4))
+    c = cost_model_check(task, n_train=24, n_test=24, seed=3)
+    print(f"XGB on knob features, {c['n_train']} -> {c['n_test']} held out: Spearman "
+          f"{c['spearman']:.3f}, Kendall {c['kendall']:.3f} (estimate {c['estimate_spearman']:.3f})")
+    assert c["spearman"] > 0.3 and c["kendall"] > 0.2
+
+
+# ----------------------------------------------------------------------------- tune + database
+@pytest.fixture(scope="module")
+def tuned_conv(tmp_path_factory):
+    work = tmp_path_factory.mktemp("tune")
+    task = Task(DEFAULT, conv_shape(h=14, icb=2, ocb=4))
+    db = open_database(work)
+    return work, task, tune_task(task, 12, db, work / "task", seed=0)
+
+
+def test_tune_task_beats_or_keeps_the_default(tuned_conv):
+    work, task, r = tuned_conv
+    assert r.trials == 12
+    assert r.best_cycles <= r.default_cycles
+    assert r.best_cycles == measure_knobs(task, r.best_knobs)       # the record is honest
+    assert r.default_cycles == measure_knobs(task, r.default_knobs)
+    records = workload_records(open_database(work), task)
+    assert len(records) >= 8                                           # measured candidates
+    # distinct settings (the seed we committed may be measured once more by the search)
+    assert len({record_knobs(x, task) for x in records}) >= len(records) - 1
+    for rec in (records[0], records[len(records) // 2], records[-1]):  # records are honest
+        assert secs_to_cycles(DEFAULT, float(rec.run_secs[0])) == measure_knobs(
+            task, record_knobs(rec, task))
+
+
+def test_database_round_trip(tuned_conv):
+    """Reopened from its files, the database gives the same best knobs, also for a layer
+    that differs from the task only in zero points and clip bounds."""
+    work, task, r = tuned_conv
+    lines = (work / "database_tuning_record.json").read_text().splitlines()
+    assert all(json.loads(line) for line in lines)
+    chooser = TunedKnobs(open_database(work))
+    layer_shape = dataclasses.replace(task.shape, input_zp=7, output_zp=-9, clip=(0, 127))
+    assert chooser(DEFAULT, layer_shape) == r.best_knobs
+    assert chooser(EDGE, conv_shape(cfg=EDGE)) is None                # other hardware: default
+    assert (chooser.hits, chooser.misses) == (1, 1)
+
+
+def _non_default(task: Task):
+    default = task.default_knobs()
+    return next(k for k in task.candidates() if k != default and k.tile_ocb != default.tile_ocb)
+
+
+@pytest.mark.parametrize("preset", ["default", "edge"])
+def test_tuned_region_is_bit_exact(preset, tmp_path):
+    """A region compiled with a database record uses its knobs, stays bit-exact against
+    the integer reference, and takes the cycles the tuner measured for those knobs."""
+    cfg = load_config(preset)
+    rng = np.random.default_rng(5)
+    x = qt(rng, "x", (1, 2 * cfg.block_in, 10, 10))
+    c1 = conv(rng, x, 2 * cfg.block_out, 3, 1, 1, name="c1")
+    c2 = conv(rng, c1.output, cfg.block_out, 1, 1, 0, name="c2")
+    reg = region([x], [c1, c2])
+    from dsa_tvm.lowering.kinds import recipe
+
+    task = Task(cfg, perf_shape(recipe(c1, cfg).shape))
+    knobs = _non_default(task)
+    db = open_database(tmp_path)
+    commit_knobs(db, task, knobs, measure_knobs(task, knobs))
+    chooser = TunedKnobs(open_database(tmp_path))
+    res = check(reg, cfg, rng, chooser)
+    from dsa_tvm.lowering.region import compile_region
+
+    plans = compile_region(reg, cfg, TunedKnobs(db)).plans
+    assert plans[0].knobs == knobs and plans[1].knobs == recipe(c2, cfg).default_knobs(
+        cfg, recipe(c2, cfg).shape)
+    assert (chooser.hits, chooser.misses) == (1, 1)
+    one = compile_region(region([x], [c1]), cfg, TunedKnobs(db)).program
+    from dsa_tvm.tuning.task import simulate_cycles
+
+    assert simulate_cycles(cfg, one) == measure_knobs(task, knobs)
+    assert res.cycles > 0
+
+
+def test_tvm_compile_uses_the_database_in_scope(tmp_path):
+    """``with dsa_tvm.tuned(dir): tvm.compile(mod, target=dsa)``: the launched program
+    carries the tuned knobs and its outputs match the reference; without it, defaults."""
+    import onnx
+    from tvm import relax
+    from tvm.relax.frontend.onnx import from_onnx
+
+    from dsa_tvm.runtime import take_launches
+
+    from .qdq_models import conv_net
+
+    cfg = DEFAULT.replace(cpu_gmacs=0.01)
+    model = onnx.load(str(conv_net(tmp_path, cin=16, cout=32, hw=12)))
+    tasks, _ = dsa_tvm.tuning.extract_tasks(from_onnx(model, keep_params_in_input=False), cfg)
+    (task,) = [t for t in tasks if isinstance(t.shape, ConvShape)]
+    knobs = _non_default(task)
+    commit_knobs(open_database(tmp_path / "db"), task, knobs, measure_knobs(task, knobs))
+
+    def run(ctx) -> tuple[dict, list]:
+        with ctx:
+            ex = tvm.compile(from_onnx(model, keep_params_in_input=False),
+                             target=dsa_tvm.target(cfg))
+        report = dsa_tvm.last_compile_report()
+        take_launches()
+        x = np.random.default_rng(0).normal(size=(1, 16, 12, 12)).astype("float32")
+        relax.VirtualMachine(ex, tvm.cpu())["main"](tvm.runtime.tensor(x))
+        (launch,) = take_launches()
+        regions = {d.name: d.region for d in report.regions if d.target == "dsa"}
+        want = run_region(regions[launch.program.name], launch.inputs)
+        for name, got in launch.outputs.items():
+            np.testing.assert_array_equal(got, want[name])
+        return launch.program.meta["layers"][0]["knobs"], launch
+
+    from contextlib import nullcontext
+
+    got, _ = run(tuned(tmp_path / "db"))
+    assert got == dataclasses.asdict(knobs)
+    plain, _ = run(nullcontext())
+    assert plain == dataclasses.asdict(task.default_knobs())
+
+
+# ----------------------------------------------------------------------------- RPC
+def _free_port_range(span: int = 20) -> int:
+    """The start of ``span`` consecutive ports nobody listens on (checked, best effort)."""
+    import random
+    import socket
+
+    for _ in range(50):
+        start = random.randrange(20000, 60000 - span)
+        try:
+            socks = []
+            for p in range(start, start + span):
+                s = socket.socket()
+                socks.append(s)
+                s.bind(("127.0.0.1", p))
+            return start
+        except OSError:
+            continue
+        finally:
+            for s in socks:
+                s.close()
+    raise RuntimeError("no free port range on loopback")
+
+
+def test_measurement_over_rpc_tracker_and_two_servers(tmp_path):
+    """A tracker and two simulator servers on loopback (subprocesses running this
+    worktree's code): both serve sessions, and the RPC runner's cycles equal local
+    simulations of the same programs."""
+    import os
+    import subprocess
+    import sys
+
+    from tvm import rpc
+    from tvm.rpc.tracker import Tracker
+    from tvm.s_tir.meta_schedule.builder import BuilderInput
+    from tvm.s_tir.meta_schedule.runner import RunnerInput
+
+    from dsa_tvm.tuning.rpc import RPCSimRunner, measure_remote, wait_for_servers
+
+    root = str(Path(__file__).resolve().parents[1])
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join([root, os.environ.get("PYTHONPATH", "")]))
+    base = _free_port_range(60)
+    tracker = Tracker("127.0.0.1", port=base, port_end=base + 20, silent=True)
+    key = f"dsa-test-{os.getpid()}"
+    servers = [subprocess.Popen(
+        [sys.executable, "-m", "dsa_tvm.tuning.rpc", "serve", "--tracker",
+         f"127.0.0.1:{tracker.port}", "--key", key, "--port", str(base + 20 + 20 * i),
+         "--port-end", str(base + 40 + 20 * i)], cwd=root, env=env,
+        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL) for i in range(2)]
+    try:
+        wait_for_servers("127.0.0.1", tracker.port, key, 2, timeout=240)
+        hw = json.dumps(DEFAULT.as_dict(), sort_keys=True)
+        task = Task(DEFAULT, conv_shape(h=7, icb=2, ocb=2))
+        knobs = task.candidates()[:4]
+        progs = [task.program(k).to_bytes(DEFAULT) for k in knobs]
+        conn = rpc.connect_tracker("127.0.0.1", tracker.port)
+        s1 = conn.request(key, session_timeout=60)
+        s2 = conn.request(key, session_timeout=60)   # the second server (the first is busy)
+        pids = {measure_remote(s, progs[0], hw)["server"] for s in (s1, s2)}
+        assert len(pids) == 2 and os.getpid() not in pids
+        del s1, s2
+        built = DSABuilder(str(tmp_path)).build(
+            [BuilderInput(sampled(task, k).mod, dsa_tvm.target(DEFAULT)) for k in knobs])
+        runner = RPCSimRunner("127.0.0.1", tracker.port, key, max_workers=2)
+        futures = runner.run([RunnerInput(b.artifact_path, "cpu", []) for b in built])
+        got = [f.result() for f in futures]
+        assert all(g.error_msg is None for g in got), [g.error_msg for g in got]
+        want = [measure_knobs(task, k) for k in knobs]
+        assert [secs_to_cycles(DEFAULT, float(g.run_secs[0])) for g in got] == want
+        assert set(runner.served) <= pids and sum(runner.served.values()) == len(knobs)
+    finally:
+        for p in servers:
+            p.terminate()
+        for p in servers:
+            try:
+                p.wait(timeout=20)
+            except subprocess.TimeoutExpired:
+                p.kill()
+        tracker.terminate()
+
+
+# ----------------------------------------------------------------------------- CLI
+def test_cli_tune_prints_the_table_and_fills_the_database(tmp_path, capsys):
+    from dsa_tvm.cli import main
+
+    from .qdq_models import conv_net
+
+    model = conv_net(tmp_path, cin=16, cout=32, hw=8)
+    work = tmp_path / "work"
+    assert main(["tune", str(model), "--trials", "4", "--work-dir", str(work)]) == 0
+    out = capsys.readouterr()
+    assert "default cyc" in out.out and "speedup" in out.out and "[1/" in out.err
+    rows = [line for line in out.out.splitlines() if line.startswith("conv2d_")]
+    assert len(rows) == 1
+    default, best, trials = (rows[0].split()[i] for i in (2, 3, 5))
+    assert int(best.replace(",", "")) <= int(default.replace(",", "")) and 2 <= int(trials) <= 4
+    import onnx
+    from tvm.relax.frontend.onnx import from_onnx
+
+    tasks, _ = dsa_tvm.tuning.extract_tasks(
+        from_onnx(onnx.load(str(model)), keep_params_in_input=False), DEFAULT)
+    conv_task = next(t for t in tasks if isinstance(t.shape, ConvShape))
+    knobs = TunedKnobs(open_database(work))(DEFAULT, conv_task.shape)
+    assert measure_knobs(conv_task, knobs) == int(best.replace(",", ""))
