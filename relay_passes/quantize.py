@@ -43,7 +43,31 @@ def prepare_fp32(mod: tvm.IRModule) -> tvm.IRModule:
     mod = canonicalize_clip(mod)
     mod = relax.transform.FoldConstant()(mod)
     mod = relax.transform.CanonicalizeBindings()(mod)
-    return relax.transform.DeadCodeElimination()(mod)
+    mod = relax.transform.DeadCodeElimination()(mod)
+    out = tvm.IRModule(dict(mod.functions))
+    out["main"] = _UniqueNames(mod).visit_expr(mod["main"])
+    return out
+
+
+@mutator
+class _UniqueNames(PyExprMutator):
+    """Bindings renamed so every tensor of main has its own name (calibration finds the
+    tensors it records by name; importers may repeat ONNX names)."""
+
+    def __init__(self, mod: tvm.IRModule):
+        super().__init__(mod)
+        self.seen = {p.name for p in mod["main"].params}
+
+    def visit_var_binding_(self, binding: relax.VarBinding) -> None:  # noqa: N802
+        value = self.visit_expr(binding.value)
+        name = base = binding.var.name
+        i = 1
+        while name in self.seen:
+            name, i = f"{base}_{i}", i + 1
+        self.seen.add(name)
+        emit = (self.builder_.emit if isinstance(binding.var, relax.DataflowVar)
+                else self.builder_.emit_output)
+        self.set_var_remap(binding.var, emit(value, name_hint=name))
 
 
 def _has_qdq(mod: tvm.IRModule) -> bool:

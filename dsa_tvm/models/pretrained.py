@@ -61,6 +61,7 @@ def _atomic(path: Path, write) -> Path:
     os.close(fd)
     try:
         write(tmp)
+        os.chmod(tmp, 0o644)  # mkstemp makes it private; the cache is shared like any download
         os.replace(tmp, path)
     finally:
         if os.path.exists(tmp):
