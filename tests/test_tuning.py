@@ -221,6 +221,7 @@ def test_tvm_compile_uses_the_database_in_scope(tmp_path):
     from tvm import relax
     from tvm.relax.frontend.onnx import from_onnx
 
+    from dsa_tvm.runtime import register as register_runtime
     from dsa_tvm.runtime import take_launches
 
     from .qdq_models import conv_net
@@ -238,6 +239,7 @@ def test_tvm_compile_uses_the_database_in_scope(tmp_path):
                              target=dsa_tvm.target(cfg))
         report = dsa_tvm.last_compile_report()
         take_launches()
+        register_runtime()  # the real dsa.launch (test_partition installs a fake one)
         x = np.random.default_rng(0).normal(size=(1, 16, 12, 12)).astype("float32")
         relax.VirtualMachine(ex, tvm.cpu())["main"](tvm.runtime.tensor(x))
         (launch,) = take_launches()

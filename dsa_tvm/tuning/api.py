@@ -68,8 +68,26 @@ def extract_tasks(mod, hw: "str | Path | HardwareConfig | None" = None
                 r = recipe(layer, cfg, consts=False)
             except UnsupportedLayer:
                 continue
-            tasks.setdefault(Task(cfg, perf_shape(r.shape)), []).append(layer.name)
-    return list(tasks), {t.name: names for t, names in tasks.items()}
+            try:
+                task = Task(cfg, perf_shape(r.shape))
+            except TypeError:  # a layer kind without a tuning space keeps its default
+                continue
+            tasks.setdefault(task, []).append(layer.name)
+    return [t for t in tasks if _tunable(t)], {t.name: names for t, names in tasks.items()}
+
+
+def _tunable(task: Task) -> bool:
+    """The task's knobs can be sampled on its compute (a layer kind whose stages the
+    space does not know keeps its default schedule instead of failing the run)."""
+    from tvm import s_tir
+
+    from tir_schedules.space import sample_knobs
+
+    try:
+        sample_knobs(s_tir.Schedule(task.workload()), task.shape, fixed=task.default_knobs())
+    except Exception:  # noqa: BLE001 - any failure means: not tunable, keep the default
+        return False
+    return True
 
 
 def tune(mod, work_dir: str | Path, trials: int = 64,

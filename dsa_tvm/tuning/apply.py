@@ -56,7 +56,10 @@ class TunedKnobs:
 
         key = (cfg.fingerprint, shape)
         if key not in self._cache:
-            self._cache[key] = self._lookup(Task(cfg, perf_shape(shape)))
+            try:
+                self._cache[key] = self._lookup(Task(cfg, perf_shape(shape)))
+            except (TypeError, ValueError):  # a layer kind without a tuning space: default
+                self._cache[key] = None
         knobs = self._cache[key]
         if knobs is not None and check_knobs(cfg, shape, knobs) is not None:
             knobs = None
