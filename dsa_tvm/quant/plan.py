@@ -158,7 +158,7 @@ def anchor_output(a: Anchor) -> str:
 
 
 def make_plan(g: Graph, keep_fp32: set[str] = frozenset(), available: set[str] | None = None,
-              quantize_adds: bool = True) -> Plan:
+              quantize_adds: bool = True, quantize_matmuls: bool = True) -> Plan:
     """Decide what to quantize. ``available``: tensors that have a calibrated range (None
     while planning calibration itself); a node whose tensors lack one stays FP32."""
     p = Plan()
@@ -197,6 +197,12 @@ def make_plan(g: Graph, keep_fp32: set[str] = frozenset(), available: set[str] |
             f = Follower(n, ins, act)
             if act is not None:
                 fused.add(id(act))
+        elif n.op_type == "MatMul" and quantize_matmuls:
+            # two activations (attention's Q @ K^T, P @ V): the DSA's batch matmul runs it
+            # whatever produced its inputs, so it quantizes them itself
+            if len(ins) != 2 or g.is_const(n.input[1]):
+                continue
+            f = Follower(n, ins)
         elif n.op_type in POOLS | ACTIVATIONS | {"Concat"} | SHAPE_OPS:
             if not all(i in produced for i in ins):
                 continue
@@ -240,11 +246,11 @@ def _act_bounds(g: Graph, act: onnx.NodeProto) -> tuple[float, float]:
 def _prune_followers(g: Graph, p: Plan) -> None:
     """Drop followers whose result no int8 op reads (repeat until stable): a residual Add
     feeding a LayerNorm, or a reshape before an FP32 op, would only add a quantization
-    step to an FP32 path."""
+    step to an FP32 path. Matmuls of two activations stay: their MACs run on the DSA."""
     while True:
         readers = set(p.anchors) | {f.name for f in p.followers}
-        keep = [f for f in p.followers
-                if any(c.name in readers for c in g.consumers.get(f.output, []))]
+        keep = [f for f in p.followers if f.node.op_type == "MatMul"
+                or any(c.name in readers for c in g.consumers.get(f.output, []))]
         if len(keep) == len(p.followers):
             return
         p.followers = keep
