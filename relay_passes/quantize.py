@@ -70,7 +70,8 @@ class _UniqueNames(PyExprMutator):
         self.set_var_remap(binding.var, emit(value, name_hint=name))
 
 
-def _has_qdq(mod: tvm.IRModule) -> bool:
+def has_qdq(mod: tvm.IRModule) -> bool:
+    """Whether any Relax function of ``mod`` already quantizes or dequantizes."""
     found = []
 
     def visit(e) -> None:
@@ -78,7 +79,9 @@ def _has_qdq(mod: tvm.IRModule) -> bool:
                                                                         "relax.dequantize"):
             found.append(e)
 
-    relax.analysis.post_order_visit(mod["main"].body, visit)
+    for func in mod.functions.values():
+        if isinstance(func, relax.Function):
+            relax.analysis.post_order_visit(func.body, visit)
     return bool(found)
 
 
@@ -253,7 +256,7 @@ def quantize_relax(mod: tvm.IRModule, feeds: list[dict[str, np.ndarray]], method
                    bias_correction: bool = True, **observer_options) -> tuple[tvm.IRModule, Plan]:
     """The QDQ int8 module of FP32 ``mod`` (``main`` with constant weights, as
     ``from_onnx(..., keep_params_in_input=False)`` gives) and the plan it followed."""
-    if _has_qdq(mod):
+    if has_qdq(mod):
         raise ValueError("the module is already quantized (QDQ); pass it to tvm.compile as it is")
     if not feeds:
         raise ValueError("calibration needs at least one input batch")

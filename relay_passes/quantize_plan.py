@@ -22,6 +22,9 @@ from tvm import relax
 from tvm.ir import Op
 from tvm.ir.expr import GenericConst
 
+from .patterns import _prim_float
+from .supported import channel_addend
+
 ANCHORS = ("relax.nn.conv2d", "relax.matmul", "relax.add", "relax.nn.max_pool2d",
            "relax.nn.avg_pool2d", "relax.mean")
 ACTIVATIONS = ("relax.nn.relu", "relax.clip")
@@ -86,12 +89,6 @@ def _op(e: relax.Expr) -> str:
     return e.op.name if isinstance(e, relax.Call) and isinstance(e.op, Op) else ""
 
 
-def _prim_float(v) -> float:
-    while hasattr(v, "value"):
-        v = v.value
-    return float(v)
-
-
 def _const(e: relax.Expr, var2val: dict) -> np.ndarray | None:
     while isinstance(e, relax.Var) and e in var2val:
         e = var2val[e]
@@ -109,17 +106,6 @@ def _float_tensor(e: relax.Expr) -> bool:
 
 def _shape(e: relax.Expr) -> tuple[int, ...]:
     return tuple(int(d) for d in e.ty.shape)
-
-
-def _per_channel(value: np.ndarray, out_shape: tuple[int, ...], axis: int) -> np.ndarray | None:
-    """The length-C vector a constant adds along ``axis`` only, else None."""
-    rank = len(out_shape)
-    if value.ndim > rank:
-        return None
-    full = value.reshape((1,) * (rank - value.ndim) + value.shape)
-    if any(d != 1 for i, d in enumerate(full.shape) if i != axis % rank):
-        return None
-    return np.broadcast_to(full.reshape(-1), (out_shape[axis],)).astype(np.float64)
 
 
 AFFINE = ("relax.add", "relax.subtract", "relax.multiply", "relax.divide")
@@ -140,7 +126,7 @@ def _absorb_affine(ch: Chain, axis: int, var2val: dict, only_user, absorbed: set
         first = call.args[0].same_as(cur)
         other = call.args[1] if first else call.args[0]
         c = _const(other, var2val)
-        vec = None if c is None else _per_channel(c, _shape(call), axis)
+        vec = None if c is None else channel_addend(c, _shape(call), axis)
         op = _op(call)
         if vec is None or vec.shape != (out_c,) or (not first and op in ("relax.subtract",
                                                                          "relax.divide")):

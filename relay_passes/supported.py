@@ -350,14 +350,16 @@ GLOBAL_AVG_POOL = COMMON + [
 # ----------------------------------------------------------------------------- elementwise
 
 
-def channel_addend(value: np.ndarray, out_shape: tuple[int, ...]) -> np.ndarray | None:
-    """The per-channel vector a constant broadcasts to (channels: axis 1 of an NCHW
-    output, the last axis otherwise), or None if it varies along any other axis."""
+def channel_addend(value: np.ndarray, out_shape: tuple[int, ...],
+                   axis: int | None = None) -> np.ndarray | None:
+    """The per-channel vector a constant broadcasts to along ``axis`` (default: the
+    layers' channel axis, 1 of an NCHW output, the last one otherwise), or None if it
+    varies along any other axis."""
     rank = len(out_shape)
     if value.ndim > rank:
         return None
     full = value.reshape((1,) * (rank - value.ndim) + value.shape)
-    axis = 1 if rank == 4 else rank - 1
+    axis = (1 if rank == 4 else rank - 1) if axis is None else axis % rank
     if any(d != 1 for i, d in enumerate(full.shape) if i != axis):
         return None
     if full.shape[axis] not in (1, out_shape[axis]):

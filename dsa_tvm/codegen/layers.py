@@ -213,6 +213,14 @@ class Region:
     def macs(self) -> int:
         return sum(ly.macs for ly in self.layers)
 
+    def readers(self) -> dict[str, int]:
+        """How many layer inputs of the region read each tensor (by name)."""
+        out: dict[str, int] = {}
+        for ly in self.layers:
+            for t in layer_inputs(ly):
+                out[t.name] = out.get(t.name, 0) + 1
+        return out
+
 
 def layer_inputs(layer: Layer) -> list[QTensor]:
     if isinstance(layer, (BatchMatmul, Add)):

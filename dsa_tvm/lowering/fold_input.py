@@ -16,7 +16,7 @@ from dataclasses import replace
 
 import numpy as np
 
-from ..codegen.layers import Conv2d, Layer, QTensor, Region, layer_inputs
+from ..codegen.layers import Conv2d, Layer, QTensor, Region
 from ..hw.config import HardwareConfig
 from .kinds import recipe
 
@@ -26,10 +26,7 @@ MIN_GAIN = 1.25
 
 def fold_region_inputs(region: Region, cfg: HardwareConfig) -> tuple[Region, dict[str, dict]]:
     """The region with eligible convs folded, and {input name: im2col spec} for the runtime."""
-    readers: dict[str, int] = {}
-    for layer in region.layers:
-        for t in layer_inputs(layer):
-            readers[t.name] = readers.get(t.name, 0) + 1
+    readers = region.readers()
     outputs = {t.name for t in region.outputs}
     inputs = {t.name for t in region.inputs}
     specs: dict[str, dict] = {}

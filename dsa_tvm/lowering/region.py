@@ -163,10 +163,7 @@ def _matmul_operands(region: Region) -> dict[str, dict]:
     makes the layer unsupported, as does a second operand other layers read too (it
     becomes weight tiles for this one)."""
     inputs = {t.name for t in region.inputs}
-    readers: dict[str, int] = {}
-    for ly in region.layers:
-        for t in layer_inputs(ly):
-            readers[t.name] = readers.get(t.name, 0) + 1
+    readers = region.readers()
     out: dict[str, dict] = {}
     for ly in region.layers:
         if not isinstance(ly, BatchMatmul):

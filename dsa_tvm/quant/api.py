@@ -206,23 +206,6 @@ def _build(fp32: onnx.ModelProto, opts: QuantOptions, ranges: dict[str, tuple[fl
                           input_means=means, side_path=list(side))
 
 
-def _relax_has_qdq(mod) -> bool:
-    from tvm import relax
-
-    found = False
-
-    def visit(e) -> None:
-        nonlocal found
-        if isinstance(e, relax.Call) and getattr(e.op, "name", "") in ("relax.quantize",
-                                                                        "relax.dequantize"):
-            found = True
-
-    for _, func in mod.functions.items():
-        if isinstance(func, relax.Function):
-            relax.analysis.post_order_visit(func.body, visit)
-    return found
-
-
 def quantize(model, calibration_data=None, **options):
     """``dsa_tvm.quantize``: int8 QDQ Relax module for ``tvm.compile(..., target="dsa")``.
 
@@ -236,7 +219,9 @@ def quantize(model, calibration_data=None, **options):
     import tvm
 
     if isinstance(model, tvm.IRModule):
-        if _relax_has_qdq(model):
+        from relay_passes.quantize import has_qdq
+
+        if has_qdq(model):
             if options.get("verbose", True):
                 print("dsa_tvm.quantize: module is already quantized (QDQ); passing it through",
                       file=sys.stderr)
