@@ -121,6 +121,37 @@ def test_misfits_are_rejected_before_measurement():
     assert secs_to_cycles(EDGE, float(got.run_secs[0])) == measure_knobs(task, good)
 
 
+def test_worker_processes_build_and_measure_the_same(tmp_path):
+    """Two worker processes build and time the candidates: the same artifacts' cycles as
+    in this process and as a direct simulation; a misfit is still refused by name; the
+    work ran in other processes."""
+    import os
+
+    from tvm.s_tir.meta_schedule.builder import BuilderInput
+    from tvm.s_tir.meta_schedule.runner import RunnerInput
+
+    from dsa_tvm.tuning.measure import worker_pool
+
+    task = Task(DEFAULT, conv_shape(h=7, icb=2, ocb=2))
+    knobs = task.candidates()[:4]
+    big = Task(EDGE, conv_shape(h=56, icb=8, ocb=8, cfg=EDGE))
+    bad = dataclasses.replace(big.default_knobs(), tile_oh=56, tile_ow=56)  # overflows
+    target = dsa_tvm.target(DEFAULT)
+    got = {}
+    for workers in (1, 2):
+        built = DSABuilder(str(tmp_path), workers=workers).build(
+            [BuilderInput(sampled(big, bad).mod, dsa_tvm.target(EDGE))]
+            + [BuilderInput(sampled(task, k).mod, target) for k in knobs])
+        assert built[0].artifact_path is None and "rejected" in built[0].error_msg
+        futures = SimRunner(workers).run(
+            [RunnerInput(b.artifact_path, "cpu", []) for b in built[1:]])
+        got[workers] = [secs_to_cycles(DEFAULT, float(f.result().run_secs[0]))
+                        for f in futures]
+    assert got[1] == got[2] == [measure_knobs(task, k) for k in knobs]
+    pids = {p.pid for p in worker_pool(2)._processes.values()}
+    assert pids and os.getpid() not in pids
+
+
 # ----------------------------------------------------------------------------- cost model
 def test_rank_correlation_helpers():
     rng = np.random.default_rng(0)

@@ -23,14 +23,14 @@ class CodegenError(ValueError):
     """Scheduled TIR the walker cannot lower; the message names the stage and the reason."""
 
 
-def touched(base: int, levels: list[tuple[int, int]]) -> np.ndarray:
-    """Sorted rows a loop nest touches through one operand."""
-    rows = np.array([base], dtype=np.int64)
+def touched(base: int, levels: list[tuple[int, int]]) -> frozenset[int]:
+    """The rows a loop nest touches through one operand."""
+    rows = [base]
     for ext, stride in levels:
         if ext == 1 or stride == 0:  # revisits the same rows: adds nothing to the set
             continue
-        rows = (rows[:, None] + np.arange(ext, dtype=np.int64)[None, :] * stride).reshape(-1)
-    return np.unique(rows)
+        rows = [r + i * stride for r in rows for i in range(ext)]
+    return frozenset(rows)
 
 
 def merge_levels(levels: list[tuple]) -> list[tuple]:

@@ -70,10 +70,48 @@ def compiled(e: Any) -> Callable[[Env], Any]:
         return hit[1]
     fn, linear = _compile(e)
     fn.linear = linear
+    if linear:
+        fn = _linear_form(fn, _var_names(e))
     if len(_COMPILED) >= _MAX_COMPILED:
         _COMPILED.clear()
     _COMPILED[key] = (e, fn)
     return fn
+
+
+def _var_names(e: Any) -> list[str]:
+    """Names of the variables ``e`` reads (index expressions: Vars under arithmetic)."""
+    kind = type(e).__name__
+    if kind == "Var":
+        return [e.name]
+    if kind == "IntImm":
+        return []
+    if kind == "Cast":
+        return _var_names(e.value)
+    return list(dict.fromkeys(_var_names(e.a) + _var_names(e.b)))
+
+
+def _linear_form(fn: Callable[[Env], Any], names: list[str]) -> Callable[[Env], Any]:
+    """An evaluator of the linear ``fn`` from its coefficients: ``c0 + sum(c_v * v)``, read
+    off ``fn`` at zero and at each unit vector. It carries them as ``.coef`` so
+    :func:`affine` needs no evaluation at all."""
+    zero = {n: 0 for n in names}
+    c0 = int(fn(zero))
+    coef = {n: int(fn({**zero, n: 1})) - c0 for n in names}
+    return _from_coef(c0, {n: c for n, c in coef.items() if c})
+
+
+def _from_coef(c0: int, coef: dict[str, int]) -> Callable[[Env], Any]:
+    items = tuple(coef.items())
+
+    def value(env: Env) -> Any:
+        try:
+            return c0 + sum(c * env[n] for n, c in items)
+        except KeyError as e:
+            raise ExprError(f"unbound variable '{e.args[0]}' in index expression") from None
+
+    value.linear = True
+    value.coef = (c0, coef)
+    return value
 
 
 def _linear(e: Any) -> bool:
@@ -158,6 +196,15 @@ def affine(fn: Callable[[Env], Any], env: Env,
     """(value at the first point, stride per loop) of ``fn(env)`` (an expression's value),
     which must be affine in the loop variables; raises ExprError when it is not."""
     dims = [ext for _, ext in loops]
+    form = getattr(fn, "coef", None)
+    if form is not None:
+        c0, coef = form
+        inner = {name for name, _ in loops}
+        try:
+            base = c0 + sum(c * env[n] for n, c in coef.items() if n not in inner)
+        except KeyError as e:
+            raise ExprError(f"unbound variable '{e.args[0]}' in index expression") from None
+        return int(base), [coef.get(name, 0) if ext > 1 else 0 for name, ext in loops]
     if getattr(fn, "linear", False) or 0 in dims:
         # linear: affine everywhere, so the first point and one step along each loop
         # are all there is to know; an empty nest has no grid to read them from
@@ -196,6 +243,14 @@ def flat_offset(indices: list[Any], shape: list[int]) -> Callable[[Env], Any]:
     strides.reverse()
 
     fns = [compiled(ix) for ix in indices]
+    if all(hasattr(f, "coef") for f in fns):
+        c0, coef = 0, {}
+        for f, st in zip(fns, strides):
+            f0, fc = f.coef
+            c0 += f0 * st
+            for n, c in fc.items():
+                coef[n] = coef.get(n, 0) + c * st
+        return _from_coef(c0, {n: c for n, c in coef.items() if c})
 
     def value(env: Env) -> Any:
         return sum(f(env) * st for f, st in zip(fns, strides))

@@ -26,6 +26,7 @@ Dependency tokens are left to :func:`dsa_tvm.isa.sync.insert_dependencies`.
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -45,7 +46,7 @@ from .nests import (
     peel,
     touched,
 )
-from .texpr import Env, ExprError, affine, compiled, evaluate, load_offset, node_cached, store_offset
+from .texpr import Env, ExprError, affine, compiled, load_offset, node_cached, store_offset
 
 if TYPE_CHECKING:
     from ..hw.config import HardwareConfig
@@ -81,7 +82,7 @@ class TirWalker:
         self.top = dict(sram_base or {"inp": 0, "wgt": 0, "acc": 0})
         self.peak = dict(self.top)
         self.tiles: dict[str, _Tile] = {}
-        self.pending_reset: dict[str, np.ndarray] = {}  # tile rows still to initialize
+        self.pending_reset: dict[str, frozenset[int]] = {}  # tile rows still to initialize
         self.init_value: dict[str, int] = {}
         self.depth = {"inp": cfg.inp_depth, "wgt": cfg.wgt_depth, "acc": cfg.acc_depth}
         self.row_elems = {"inp": cfg.block_in, "wgt": cfg.block_in * cfg.block_out,
@@ -124,11 +125,7 @@ class TirWalker:
         self.top = saved
 
     def _allocate(self, buf: Any, dbuf: bool) -> None:
-        scope = buf.scope()
-        if scope not in SCOPES:
-            raise CodegenError(f"buffer '{buf.name}' is in scope '{scope}', not a DSA scratchpad")
-        sram = SCOPES[scope]
-        elems = int(np.prod([int(d) for d in buf.shape]))
+        sram, elems = node_cached("alloc", buf, _scratchpad_size)
         rows = -(-elems // self.row_elems[sram])
         nbuf = 2 if dbuf else 1
         base = self.top[sram]
@@ -151,7 +148,7 @@ class TirWalker:
         while True:
             kind = _cls(node)
             if kind == "For":
-                loops.append((node.loop_var.name, node.min, node.extent))
+                loops.append((node.loop_var.name, compiled(node.min), compiled(node.extent)))
                 node = node.body
             elif kind == "SBlockRealize":
                 node = node.block
@@ -169,23 +166,20 @@ class TirWalker:
     # ------------------------------------------------------------------ stages
     def _emit(self, leaf: Any, loops: list, env: Env) -> None:
         lp = []
-        for name, lo, ext in loops:
-            if int(compiled(lo)(env)) != 0:
+        for name, lo_fn, ext_fn in loops:
+            if int(lo_fn(env)) != 0:
                 raise CodegenError(f"loop '{name}' does not start at 0")
-            lp.append((name, int(compiled(ext)(env))))
+            lp.append((name, int(ext_fn(env))))
         try:
-            if _cls(leaf) == "SeqStmt":
-                return self._alu_sequence([ev.value for ev in leaf.seq], lp, env)
-            if _cls(leaf) == "Evaluate":
-                call = leaf.value
-                callee = _callee(call)
-                if callee == CALL_GEMM:
-                    return self._gemm(call, lp, env)
-                if callee == CALL_REQUANT:
-                    return self._requant(call, lp, env)
-                if callee == CALL_ALU:
-                    return self._alu(call, lp, env)
-                raise CodegenError(f"unknown intrinsic call '{callee}'")
+            kind, what = node_cached("leaf", leaf, _leaf_kind)
+            if kind == "seq":
+                return self._alu_sequence(what, lp, env)
+            if kind == CALL_GEMM:
+                return self._gemm(what, lp, env)
+            if kind == CALL_REQUANT:
+                return self._requant(what, lp, env)
+            if kind == CALL_ALU:
+                return self._alu(what, lp, env)
             return self._store(leaf, lp, env)
         except ExprError as e:
             raise CodegenError(f"stage writing '{_target(leaf)}': {e}") from e
@@ -207,25 +201,29 @@ class TirWalker:
         return t, t.slot_base + base // unit, [s // unit for s in strides]
 
     def _gemm(self, call: Any, lp, env: Env) -> None:
-        a = call.args
-        acc, ab, as_ = self._rows(_data(a[1]), compiled(a[2]), env, lp)
-        _, ib, is_ = self._rows(_data(a[3]), compiled(a[4]), env, lp)
-        _, wb, ws = self._rows(_data(a[5]), compiled(a[6]), env, lp)
+        acc_name, acc_fn, inp_name, inp_fn, wgt_name, wgt_fn = node_cached(
+            "gemm", call, lambda c: (_data(c.args[1]), compiled(c.args[2]), _data(c.args[3]),
+                                     compiled(c.args[4]), _data(c.args[5]),
+                                     compiled(c.args[6])))
+        _, ab, as_ = self._rows(acc_name, acc_fn, env, lp)
+        _, ib, is_ = self._rows(inp_name, inp_fn, env, lp)
+        _, wb, ws = self._rows(wgt_name, wgt_fn, env, lp)
         levels = [(ext, s1, s2, s3) for (_, ext), s1, s2, s3 in zip(lp, as_, is_, ws)]
         for bases, nest in peel(levels, (ab, ib, wb), GEMM_LEVELS):
-            rows = touched(bases[0], [(e, s[0]) for e, *s in nest])
-            reset = self._take_reset(_data(a[1]), rows)
+            reset = acc_name in self.pending_reset and self._take_reset(
+                acc_name, touched(bases[0], [(e, s[0]) for e, *s in nest]))
             self.b.gemm(*bases, nest, reset=reset)
 
     def _requant(self, call: Any, lp, env: Env) -> None:
-        a = call.args
-        _, db, ds = self._rows(_data(a[1]), compiled(a[2]), env, lp)
-        src = _data(a[3])
-        _, sb, ss = self._rows(src, compiled(a[4]), env, lp)
-        _, pb, ps = self._rows(_data(a[5]), compiled(a[6]), env, lp)
+        dst, dst_fn, src, src_fn, par, par_fn, imm = node_cached(
+            "requant", call, lambda c: (_data(c.args[1]), compiled(c.args[2]), _data(c.args[3]),
+                                        compiled(c.args[4]), _data(c.args[5]),
+                                        compiled(c.args[6]), int(c.args[7].value)))
+        _, db, ds = self._rows(dst, dst_fn, env, lp)
+        _, sb, ss = self._rows(src, src_fn, env, lp)
+        _, pb, ps = self._rows(par, par_fn, env, lp)
         self._flush_reset(src)
-        self._flush_reset(_data(a[1]))
-        imm = int(a[7].value)
+        self._flush_reset(dst)
         levels = [(ext, s1, s2, s3) for (_, ext), s1, s2, s3 in zip(lp, ds, ss, ps)]
         for bases, nest in peel(levels, (db, sb, pb), ALU_LEVELS):
             self.b.alu(AluOp.REQUANT, *bases, nest, imm=imm)
@@ -233,18 +231,15 @@ class TirWalker:
     def _alu_operands(self, call: Any, lp, env: Env) -> dict[str, tuple[str, int, list[int]]]:
         """``dsa.alu(op, dst, dst_off, a, a_off, b, b_off, imm, use_imm)``: buffer, first row
         and row strides of dst, a and (tensor form) b over the stage's loops."""
-        a = call.args
         ops = {}
-        for key, k in (("dst", 2), ("a", 4)) + ((("b", 6),) if not int(a[9].value) else ()):
-            name = _data(a[k])
-            _, base, strides = self._rows(name, compiled(a[k + 1]), env, lp)
+        for key, name, fn in _alu_call(call)[3]:
+            _, base, strides = self._rows(name, fn, env, lp)
             ops[key] = (name, base, strides)
         return ops
 
     def _alu(self, call: Any, lp, env: Env) -> None:
         """One ALU instruction (more when the nest has more levels than the format)."""
-        a = call.args
-        op, imm, use_imm = AluOp(int(a[1].value)), int(a[8].value), bool(int(a[9].value))
+        op, imm, use_imm, _ = _alu_call(call)
         ops = self._alu_operands(call, lp, env)
         b_base, b_strides = (ops["b"][1], ops["b"][2]) if "b" in ops else (0, [0] * len(lp))
         levels = [(ext, s1, s2, s3) for (_, ext), s1, s2, s3
@@ -280,8 +275,7 @@ class TirWalker:
         pend = self.pending_reset.get(name)
         if pend is None or self.init_value.get(name) != identity:
             return None
-        rows = touched(base, [(ext, s) for (_, ext), s in zip(lp, strides)])
-        if not np.array_equal(rows, pend):
+        if touched(base, [(ext, s) for (_, ext), s in zip(lp, strides)]) != pend:
             return None
         del self.pending_reset[name]
         del self.init_value[name]
@@ -311,17 +305,12 @@ class TirWalker:
             self._alu(c, lp, env)
 
     def _store(self, st: Any, lp, env: Env) -> None:
-        dst = st.buffer
-        scope = dst.scope()
-        value = st.value
-        if scope in SCOPES:
-            if _cls(value) == "IntImm":
-                if SCOPES[scope] != "acc":
-                    raise CodegenError(f"only accumulator tiles can be initialized, "
-                                       f"got '{dst.name}' = {value.value}")
-                return self._init(st, lp, env, int(value.value))
-            return self._dma_load(st, lp, env)
-        return self._dma_store(st, lp, env)
+        plan = node_cached("copy", st, _copy_plan)
+        if plan.kind == "init":
+            return self._init(st, lp, env, plan.pad_value)
+        if plan.kind == "load":
+            return self._dma_load(plan, lp, env)
+        return self._dma_store(plan, lp, env)
 
     def _init(self, st: Any, lp, env: Env, value: int) -> None:
         """Record an accumulator tile's initial value; a GEMM absorbs a zero init as its
@@ -334,21 +323,22 @@ class TirWalker:
         if name in self.pending_reset and self.init_value.get(name) != value:
             self._flush_reset(name)
         prev = self.pending_reset.get(name)
-        self.pending_reset[name] = rows if prev is None else np.union1d(prev, rows)
+        self.pending_reset[name] = rows if prev is None else prev | rows
         self.init_value[name] = value
 
-    def _take_reset(self, name: str, rows: np.ndarray) -> bool:
+    def _take_reset(self, name: str, rows: frozenset[int]) -> bool:
         pend = self.pending_reset.get(name)
-        if pend is not None and self.init_value.get(name, 0) != 0:
+        if pend is None:
+            return False
+        if self.init_value.get(name, 0) != 0:
             self._flush_reset(name)
             return False
-        inside = None if pend is None else np.isin(rows, pend)
-        if inside is None or not inside.all():
-            if inside is not None and inside.any():
+        if not rows <= pend:
+            if not rows.isdisjoint(pend):
                 self._flush_reset(name)
             return False
-        rest = np.setdiff1d(pend, rows)
-        if len(rest):
+        rest = pend - rows
+        if rest:
             self.pending_reset[name] = rest
         else:
             del self.pending_reset[name]
@@ -360,44 +350,38 @@ class TirWalker:
         if rows is None:
             return
         value = self.init_value.pop(name, 0)
-        for run in np.split(rows, np.where(np.diff(rows) != 1)[0] + 1):
-            self.b.alu(AluOp.MOV, int(run[0]), int(run[0]), 0, [(len(run), 1, 1, 0)],
-                       imm=value, use_imm=True)
+        rows = sorted(rows)
+        start = 0
+        for k in range(1, len(rows) + 1):
+            if k == len(rows) or rows[k] != rows[k - 1] + 1:
+                self.b.alu(AluOp.MOV, rows[start], rows[start], 0, [(k - start, 1, 1, 0)],
+                           imm=value, use_imm=True)
+                start = k
 
     # ------------------------------------------------------------------ DMA
-    def _dma_load(self, st: Any, lp, env: Env) -> None:
-        value = st.value
-        while _cls(value) == "Cast":
-            value = value.value
-        cond, pad_value = None, 0
-        if _cls(value) == "Call" and value.op.name.endswith("if_then_else"):
-            cond, value, pad = value.args
-            pad_value = int(evaluate(pad, env))
-        if _cls(value) != "TensorLoad":
-            raise CodegenError(f"copy into '{st.buffer.name}' is not a plain DRAM read")
-        src = value.source
-        region = self._region(src.name)
-        t = self._tile(st.buffer.name)
+    def _dma_load(self, plan: "_Copy", lp, env: Env) -> None:
+        region = self._region(plan.dram)
+        t = self._tile(plan.sram)
         unit = self.row_elems[t.sram]
-        sram_fn = store_offset(st)
-        dram_fn = load_offset(value)
+        sram_fn, dram_fn = plan.sram_fn, plan.dram_fn
         rows_lp, dst_b, dst_s, src_b, src_s = self._vector_split(
-            st.buffer.name, lp, env, sram_fn, dram_fn, unit)
+            plan.sram, lp, env, sram_fn, dram_fn, unit)
+        pad_value = 0 if plan.pad_fn is None else int(plan.pad_fn(env))
         pads = [(0, 0)] * len(rows_lp)
-        if cond is not None and rows_lp:
-            pads = pad_box(cond, env, rows_lp)
+        if plan.cond is not None and rows_lp:
+            pads = pad_box(plan.cond, env, rows_lp)
             first = {**env, **{n: 0 for n, _ in lp},
                      **{n: lo for (n, _), (lo, _) in zip(rows_lp, pads)}}
             src_b = int(dram_fn(first))
         if src_b % unit:
-            raise CodegenError(f"DRAM read of '{src.name}' is not aligned to {unit}-element rows")
+            raise CodegenError(f"DRAM read of '{plan.dram}' is not aligned to {unit}-element rows")
         buf = {"inp": Buffer.INP, "wgt": Buffer.WGT, "acc": Buffer.ACC}[t.sram]
         if buf == Buffer.ACC and np.dtype(region.dtype).itemsize == 1:
             buf = Buffer.ACC8  # int8 DRAM widened into int32 lanes
         dram0 = self._dram_addr(region, src_b, buf)
         levels = [(ext, ds, ss // unit, pl, ph) for (_, ext), ds, ss, (pl, ph)
                   in zip(rows_lp, dst_s, src_s, pads)]
-        what = f"copy into '{st.buffer.name}'"
+        what = f"copy into '{plan.sram}'"
         for kind, dst_row, src_el, shape in dma_shapes(
                 levels, t.slot_base + dst_b // unit, dram0, what):
             if kind == "load":
@@ -412,27 +396,17 @@ class TirWalker:
                 raise CodegenError(f"{what}: {shape} rows of padding exceed the "
                                    f"{MAX_PAD}-row LOAD pad fields")
 
-    def _dma_store(self, st: Any, lp, env: Env) -> None:
-        value = st.value
-        narrow = False
-        if _cls(value) == "Cast":
-            narrow = "int8" in str(st.buffer.dtype)
-            value = value.value
-        if _cls(value) != "TensorLoad" or value.source.scope() not in SCOPES:
-            raise CodegenError(f"write of DRAM '{st.buffer.name}' is not a scratchpad copy")
-        src = value.source
-        region = self._region(st.buffer.name)
+    def _dma_store(self, plan: "_Copy", lp, env: Env) -> None:
+        region = self._region(plan.dram)
         unit = self.row_elems["acc"]
-        sram_fn = load_offset(value)
-        dram_fn = store_offset(st)
         rows_lp, src_b, src_s, dst_b, dst_s = self._vector_split(
-            src.name, lp, env, sram_fn, dram_fn, unit)
-        t = self._tile(src.name)
-        buf = Buffer.ACC8 if narrow else Buffer.ACC
+            plan.sram, lp, env, plan.sram_fn, plan.dram_fn, unit)
+        t = self._tile(plan.sram)
+        buf = Buffer.ACC8 if plan.narrow else Buffer.ACC
         dram0 = self._dram_addr(region, dst_b, buf)
         levels = [(ext, ss, ds // unit, 0, 0) for (_, ext), ss, ds in zip(rows_lp, src_s, dst_s)]
         for _, src_row, dst_el, (y, x, stride, _p) in dma_shapes(
-                levels, t.slot_base + src_b // unit, dram0, f"store of '{st.buffer.name}'"):
+                levels, t.slot_base + src_b // unit, dram0, f"store of '{plan.dram}'"):
             self.b.store(buf, src_row, dst_el, y, x, stride)
 
     def _vector_split(self, name, lp, env, sram_fn, dram_fn, unit):
@@ -491,6 +465,83 @@ def _for_info(node: Any):
     return node_cached("for", node, lambda n: (
         *TirWalker._stage(n), n.loop_var.name, compiled(n.min), compiled(n.extent), n.body,
         ANN_DOUBLE_BUFFER in n.annotations))
+
+
+def _scratchpad_size(buf: Any) -> tuple[str, int]:
+    """(scratchpad, elements) of a tile buffer."""
+    scope = buf.scope()
+    if scope not in SCOPES:
+        raise CodegenError(f"buffer '{buf.name}' is in scope '{scope}', not a DSA scratchpad")
+    return SCOPES[scope], math.prod(int(d) for d in buf.shape)
+
+
+@dataclass(frozen=True)
+class _Copy:
+    """What a BufferStore stage is: an accumulator init, a DRAM -> scratchpad copy (load)
+    or a scratchpad -> DRAM copy (store), with its buffers and offset evaluators."""
+
+    kind: str                 # "init" | "load" | "store"
+    sram: str = ""            # scratchpad tile buffer
+    dram: str = ""            # DRAM buffer
+    sram_fn: Any = None
+    dram_fn: Any = None
+    cond: Any = None          # a load's padding condition (TIR), if any
+    pad_fn: Any = None        # evaluator of a load's padding value
+    pad_value: int = 0        # an init's value
+    narrow: bool = False      # a store that narrows int32 to int8
+
+
+def _copy_plan(st: Any) -> _Copy:
+    dst, value = st.buffer, st.value
+    scope = dst.scope()
+    if scope in SCOPES:
+        if _cls(value) == "IntImm":
+            if SCOPES[scope] != "acc":
+                raise CodegenError(f"only accumulator tiles can be initialized, "
+                                   f"got '{dst.name}' = {value.value}")
+            return _Copy("init", pad_value=int(value.value))
+        while _cls(value) == "Cast":
+            value = value.value
+        cond = pad_fn = None
+        if _cls(value) == "Call" and value.op.name.endswith("if_then_else"):
+            cond, value, pad = value.args
+            pad_fn = compiled(pad)
+        if _cls(value) != "TensorLoad":
+            raise CodegenError(f"copy into '{dst.name}' is not a plain DRAM read")
+        return _Copy("load", dst.name, value.source.name, store_offset(st), load_offset(value),
+                     cond, pad_fn)
+    narrow = False
+    if _cls(value) == "Cast":
+        narrow = "int8" in str(dst.dtype)
+        value = value.value
+    if _cls(value) != "TensorLoad" or value.source.scope() not in SCOPES:
+        raise CodegenError(f"write of DRAM '{dst.name}' is not a scratchpad copy")
+    return _Copy("store", value.source.name, dst.name, load_offset(value), store_offset(st),
+                 narrow=narrow)
+
+
+def _alu_call(call: Any) -> tuple[AluOp, int, bool, list[tuple[str, str, Any]]]:
+    """(op, imm, use_imm, [(operand, buffer, offset evaluator)]) of a ``dsa.alu`` call."""
+    def decode(c):
+        a = c.args
+        use_imm = bool(int(a[9].value))
+        keys = (("dst", 2), ("a", 4)) + ((("b", 6),) if not use_imm else ())
+        return (AluOp(int(a[1].value)), int(a[8].value), use_imm,
+                [(key, _data(a[k]), compiled(a[k + 1])) for key, k in keys])
+    return node_cached("alu", call, decode)
+
+
+def _leaf_kind(leaf: Any) -> tuple[str, Any]:
+    """("seq", calls) for an intrinsic made of several vector ops, (callee, call) for an
+    intrinsic call, ("store", leaf) for a copy or an init."""
+    if _cls(leaf) == "SeqStmt":
+        return "seq", [ev.value for ev in leaf.seq]
+    if _cls(leaf) == "Evaluate":
+        callee = _callee(leaf.value)
+        if callee not in (CALL_GEMM, CALL_REQUANT, CALL_ALU):
+            raise CodegenError(f"unknown intrinsic call '{callee}'")
+        return callee, leaf.value
+    return "store", leaf
 
 
 def _drop_lane_loop(st: Any, lp, lanes: int):

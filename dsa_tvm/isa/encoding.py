@@ -52,6 +52,13 @@ class DecodeError(IsaError):
     pass
 
 
+#: field names of each loop level, outermost first
+_GEMM_KEYS = tuple((f"ext{k}", f"acc_stride{k}", f"inp_stride{k}", f"wgt_stride{k}")
+                   for k in range(GEMM_LEVELS))
+_ALU_KEYS = tuple((f"ext{k}", f"dst_stride{k}", f"a_stride{k}", f"b_stride{k}")
+                  for k in range(ALU_LEVELS))
+
+
 def _dep_fields(d: Deps) -> dict[str, int]:
     return {"pop_prev": int(d.pop_prev), "pop_next": int(d.pop_next),
             "push_prev": int(d.push_prev), "push_next": int(d.push_next)}
@@ -72,15 +79,13 @@ def to_fields(ins: Instruction) -> dict[str, int]:
     elif isinstance(ins, Gemm):
         f.update(reset=int(ins.reset), acc_base=ins.acc_base, inp_base=ins.inp_base,
                  wgt_base=ins.wgt_base)
-        for k, lp in enumerate(ins.loops):
-            f.update({f"ext{k}": lp.extent, f"acc_stride{k}": lp.acc, f"inp_stride{k}": lp.inp,
-                      f"wgt_stride{k}": lp.wgt})
+        for (e, a, i, w), lp in zip(_GEMM_KEYS, ins.loops):
+            f[e], f[a], f[i], f[w] = lp.extent, lp.acc, lp.inp, lp.wgt
     elif isinstance(ins, Alu):
         f.update(alu_op=int(ins.op), use_imm=int(ins.use_imm), dst_base=ins.dst_base,
                  a_base=ins.a_base, b_base=ins.b_base, imm=ins.imm)
-        for k, lp in enumerate(ins.loops):
-            f.update({f"ext{k}": lp.extent, f"dst_stride{k}": lp.dst, f"a_stride{k}": lp.a,
-                      f"b_stride{k}": lp.b})
+        for (e, d, a, b), lp in zip(_ALU_KEYS, ins.loops):
+            f[e], f[d], f[a], f[b] = lp.extent, lp.dst, lp.a, lp.b
     elif isinstance(ins, Sync):
         f["engine"] = int(ins.on)
     return f
@@ -109,13 +114,11 @@ def from_fields(f: dict[str, int], index: int = 0) -> Instruction:
                     pad_left=f["pad_left"], pad_right=f["pad_right"], pad_value=f["pad_value"],
                     prefetch=bool(f["prefetch"]))
     if op == Opcode.GEMM:
-        loops = tuple(GemmLoop(f[f"ext{k}"], f[f"acc_stride{k}"], f[f"inp_stride{k}"],
-                               f[f"wgt_stride{k}"]) for k in range(GEMM_LEVELS))
+        loops = tuple(GemmLoop(f[e], f[a], f[i], f[w]) for e, a, i, w in _GEMM_KEYS)
         return Gemm(acc_base=f["acc_base"], inp_base=f["inp_base"], wgt_base=f["wgt_base"],
                     loops=loops, reset=bool(f["reset"]), deps=deps)
     if op == Opcode.ALU:
-        loops = tuple(AluLoop(f[f"ext{k}"], f[f"dst_stride{k}"], f[f"a_stride{k}"],
-                              f[f"b_stride{k}"]) for k in range(ALU_LEVELS))
+        loops = tuple(AluLoop(f[e], f[d], f[a], f[b]) for e, d, a, b in _ALU_KEYS)
         return Alu(op=_enum(index, AluOp, f["alu_op"], "alu_op"), dst_base=f["dst_base"],
                    a_base=f["a_base"], b_base=f["b_base"], loops=loops,
                    use_imm=bool(f["use_imm"]), imm=f["imm"], deps=deps)
@@ -167,17 +170,17 @@ def decode_instruction(word: int, cfg: "HardwareConfig", index: int = 0) -> Inst
     opcode = word & 0b111
     if opcode not in FORMATS:
         raise DecodeError(index, f"malformed word: opcode {opcode} is not an instruction")
-    fmt = FORMATS[Opcode(opcode)]
+    op = Opcode(opcode)
     fields: dict[str, int] = {}
     end = 0
-    for fd, off, width in fmt.widths(cfg):
+    for name, off, width, _lo, _hi, signed in _layout(op, cfg):
         v = (word >> off) & ((1 << width) - 1)
-        if fd.signed and v >> (width - 1):
+        if signed and v >> (width - 1):
             v -= 1 << width
-        fields[fd.name] = v
+        fields[name] = v
         end = off + width
     if word >> end:
-        raise DecodeError(index, f"malformed {fmt.opcode.name} word: bits above bit {end - 1} "
+        raise DecodeError(index, f"malformed {op.name} word: bits above bit {end - 1} "
                                  f"(unused by the format) are set")
     return from_fields(fields, index)
 

@@ -24,7 +24,9 @@ from __future__ import annotations
 from dataclasses import replace
 from typing import TYPE_CHECKING
 
-from .footprint import Footprint, conflicts, footprint
+import numpy as np
+
+from .footprint import Footprint, footprint
 from .instructions import Deps, Engine, Finish, Instruction, Sync
 
 if TYPE_CHECKING:
@@ -33,77 +35,77 @@ if TYPE_CHECKING:
 _L, _C, _S = Engine.LOAD, Engine.COMPUTE, Engine.STORE
 
 
-class _History:
-    """One engine's instructions in program order, in blocks that carry the union of
-    their footprints, so a search for the newest conflicting instruction skips whole
-    blocks that cannot conflict (the answer is the same as a plain backward scan)."""
+class _NewestAccess:
+    """Per engine, the newest instruction that read and that wrote each unit of storage.
 
-    BLOCK = 32
+    Storage is cut at every range boundary any instruction of the program has, so each
+    footprint range is a run of whole segments; the newest earlier instruction of an
+    engine that conflicts with a range is then the maximum of these tables over the
+    run (exactly what a backward scan for the newest overlapping range would find)."""
 
-    def __init__(self) -> None:
-        self.idx: list[int] = []
-        self.agg: list[tuple[dict[str, list[int]], dict[str, list[int]]]] = []
+    def __init__(self, fps: list[Footprint]) -> None:
+        ranges = [(i, k, r) for i, fp in enumerate(fps)
+                  for k, part in enumerate((fp.reads, fp.writes)) for r in part]
+        by_space: dict[str, list[tuple[int, int, int, int]]] = {}
+        for i, k, (space, lo, hi) in ranges:
+            by_space.setdefault(space, []).append((i, k, lo, hi + 1))
+        #: per instruction, its (space, first segment, end segment) reads and writes
+        self.segments: list[tuple[list, list]] = [([], []) for _ in fps]
+        self.reads: dict[Engine, dict[str, list[int]]] = {e: {} for e in (_L, _C, _S)}
+        self.writes: dict[Engine, dict[str, list[int]]] = {e: {} for e in (_L, _C, _S)}
+        for space, rows in by_space.items():
+            arr = np.array(rows, dtype=np.int64)
+            bounds = np.unique(arr[:, 2:])
+            first = np.searchsorted(bounds, arr[:, 2]).tolist()
+            end = np.searchsorted(bounds, arr[:, 3]).tolist()
+            for (i, k, _, _), a, b in zip(rows, first, end):
+                self.segments[i][k].append((space, a, b))
+            for e in (_L, _C, _S):
+                self.reads[e][space] = [-1] * len(bounds)
+                self.writes[e][space] = [-1] * len(bounds)
+        self.last = {e: -1 for e in (_L, _C, _S)}
 
-    def add(self, i: int, fp: Footprint) -> None:
-        if len(self.idx) % self.BLOCK == 0:
-            self.agg.append(({}, {}))
-        self.idx.append(i)
-        for part, ranges in zip(self.agg[-1], (fp.reads, fp.writes)):
-            for space, lo, hi in ranges:
-                cur = part.get(space)
-                if cur is None:
-                    part[space] = [lo, hi]
-                else:
-                    cur[0], cur[1] = min(cur[0], lo), max(cur[1], hi)
+    def newest_conflict(self, engine: Engine, reads: list, writes: list) -> int:
+        """The newest instruction of ``engine`` ``reads``/``writes`` conflict with, or -1."""
+        w, r = self.writes[engine], self.reads[engine]
+        newest = -1
+        for space, a, b in reads:   # read after write
+            newest = max(newest, *w[space][a:b])
+        for space, a, b in writes:  # write after write, write after read
+            newest = max(newest, *w[space][a:b], *r[space][a:b])
+        return newest
 
-    def last(self) -> int | None:
-        return self.idx[-1] if self.idx else None
-
-    def newest_conflict(self, fp: Footprint, floor: int, fps: list[Footprint]) -> int | None:
-        for b in range(len(self.agg) - 1, -1, -1):
-            start = b * self.BLOCK
-            end = min(start + self.BLOCK, len(self.idx))
-            if self.idx[end - 1] <= floor:
-                return None
-            reads, writes = self.agg[b]
-            agg = Footprint(tuple((s, r[0], r[1]) for s, r in reads.items()),
-                            tuple((s, r[0], r[1]) for s, r in writes.items()))
-            if not conflicts(agg, fp):
-                continue
-            for k in range(end - 1, start - 1, -1):
-                j = self.idx[k]
-                if j <= floor:
-                    return None
-                if conflicts(fps[j], fp):
-                    return j
-        return None
+    def record(self, i: int, engine: Engine, reads: list, writes: list) -> None:
+        for space, a, b in reads:
+            self.reads[engine][space][a:b] = [i] * (b - a)
+        for space, a, b in writes:
+            self.writes[engine][space][a:b] = [i] * (b - a)
+        self.last[engine] = i
 
 
 def _find_deps(instrs: list[Instruction], fps: list[Footprint]) -> list[dict[Engine, int]]:
     """For each instruction, the latest conflicting earlier instruction per other engine."""
-    recent = {_L: _History(), _C: _History(), _S: _History()}
+    seen = _NewestAccess(fps)
     # the newest instruction of engine X that engine Y already waits for (transitively
     # through program order on Y): anything older on X needs no new dependency
     covered: dict[tuple[Engine, Engine], int] = {}
     out: list[dict[Engine, int]] = []
     for i, ins in enumerate(instrs):
         me = ins.engine
+        reads, writes = seen.segments[i]
         deps: dict[Engine, int] = {}
         for other in (_L, _C, _S):
             if other == me:
                 continue
             floor = covered.get((me, other), -1)
             if isinstance(ins, Finish):  # the end waits for everything
-                last = recent[other].last()
-                if last is not None and last > floor:
-                    deps[other] = last
-                continue
-            j = recent[other].newest_conflict(fps[i], floor, fps)
-            if j is not None:
+                j = seen.last[other]
+            else:
+                j = seen.newest_conflict(other, reads, writes)
+            if j > floor:
                 deps[other] = j
-        for other, j in deps.items():
-            covered[(me, other)] = max(covered.get((me, other), -1), j)
-        recent[me].add(i, fps[i])
+                covered[(me, other)] = j
+        seen.record(i, me, reads, writes)
         out.append(deps)
     return out
 

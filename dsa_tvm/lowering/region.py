@@ -19,6 +19,7 @@ from dataclasses import dataclass, field
 
 from ..codegen.layers import BatchMatmul, Layer, QTensor, Region, layer_inputs
 from ..codegen.walker import TirWalker
+from ..gc_pause import paused_gc
 from ..hw.config import HardwareConfig
 from ..isa.builder import ProgramBuilder
 from ..isa.program import Program
@@ -129,14 +130,16 @@ def compile_region(region: Region, cfg: HardwareConfig,
             regions[name] = tensors[region_name]
         regions["y"] = dram(layer.output, "scratch")
         first = len(b.instructions)
-        TirWalker(cfg, b, regions).run(func)
+        with paused_gc():
+            TirWalker(cfg, b, regions).run(func)
         layers_meta.append({"name": layer.name, "op": type(layer).__name__, "first": first,
                             "last": len(b.instructions) - 1, "macs": layer.macs,
                             "knobs": dict(knobs.__dict__)})
         plans.append(LayerPlan(layer, r.shape, knobs, time.perf_counter() - t0))
     b.finish()
-    b.instructions = insert_dependencies(b.instructions, cfg)
-    prog = b.build()
+    with paused_gc():
+        b.instructions = insert_dependencies(b.instructions, cfg)
+        prog = b.build()
     _renumber_layers(prog, layers_meta)
     prog.meta.update(
         kind="region", layers=layers_meta, hardware=cfg.as_dict(),

@@ -2,7 +2,8 @@
 
 Tasks are the distinct layer shapes the DSA would run (zero points and clip
 bounds aside), found the way the compiler finds them: partition for the
-hardware, lower each region to integer layers, take each layer's recipe. Each
+hardware, lower each region to integer layers, fold few-channel input convs
+into their im2col channels where the compiler would, take each layer's recipe. Each
 task is tuned in turn (:func:`.tuner.tune_task`) into one JSON database in
 ``work_dir``; compile with it afterwards with ``with dsa_tvm.tuned(work_dir):``.
 """
@@ -53,6 +54,7 @@ def extract_tasks(mod, hw: "str | Path | HardwareConfig | None" = None
     from relay_passes.partition import region_functions
     from tir_schedules.space import perf_shape
 
+    from ..lowering.fold_input import fold_region_inputs
     from ..lowering.kinds import UnsupportedLayer, recipe
 
     cfg = load_config(hw)
@@ -63,6 +65,7 @@ def extract_tasks(mod, hw: "str | Path | HardwareConfig | None" = None
             region = region_from_function(func, f"dsa_region{i}")
         except Exception:  # noqa: BLE001 - stays on the CPU (the compile report says why)
             continue
+        region, _ = fold_region_inputs(region, cfg)  # the layers as the compiler lowers them
         for layer in region.layers:
             try:
                 r = recipe(layer, cfg, consts=False)
@@ -92,12 +95,15 @@ def _tunable(task: Task) -> bool:
 
 def tune(mod, work_dir: str | Path, trials: int = 64,
          hw: "str | Path | HardwareConfig | None" = None, runner=None, seed: int | None = 0,
-         progress: Callable[[str], None] | None = None) -> TuneReport:
+         progress: Callable[[str], None] | None = None,
+         workers: int | None = None) -> TuneReport:
     """Tune every DSA task of ``mod`` (a Relax module, e.g. from ``from_onnx``) with
     ``trials`` measured candidates each; results go to ``work_dir``'s JSON database.
 
     ``runner``: None measures in this process; ``dsa_tvm.tuning.rpc.rpc_runner(...)``
-    measures on RPC servers. ``progress`` gets one line per task (default: stderr)."""
+    measures on RPC servers. ``progress`` gets one line per task (default: stderr).
+    ``workers``: processes that build (and, locally, measure) candidates; default one
+    per core."""
     from .apply import open_database
     from .tuner import tune_task
 
@@ -110,7 +116,8 @@ def tune(mod, work_dir: str | Path, trials: int = 64,
     db = open_database(work_dir)
     say(f"{len(tasks)} DSA tasks for '{cfg.name}', {trials} trials each")
     for i, task in enumerate(tasks):
-        r = tune_task(task, trials, db, work_dir / "tasks" / f"{i:03d}", runner=runner, seed=seed)
+        r = tune_task(task, trials, db, work_dir / "tasks" / f"{i:03d}", runner=runner, seed=seed,
+                      workers=workers)
         report.results.append(r)
         say(f"[{i + 1}/{len(tasks)}] {task.name}: {r.default_cycles:,} -> {r.best_cycles:,} "
             f"cycles (x{r.speedup:.3f}) in {r.trials} trials, {r.seconds:.1f} s")

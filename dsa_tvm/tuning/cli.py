@@ -21,7 +21,7 @@ def cmd_tune(args: argparse.Namespace) -> int:
     model, _name = load_model(args.model)
     mod = from_onnx(model, keep_params_in_input=False)
     report = tune(mod, work_dir=args.work_dir, trials=args.trials, hw=args.hw, runner=runner,
-                  seed=args.seed)
+                  seed=args.seed, workers=args.workers)
     print(report)
     print(f"\ncompile with it: with dsa_tvm.tuned({str(Path(args.work_dir))!r}): "
           f"tvm.compile(mod, target=dsa_tvm.target({args.hw!r}))")
@@ -37,6 +37,8 @@ def add_parser(sub) -> None:
     t.add_argument("--work-dir", required=True, help="where the JSON database and logs go")
     t.add_argument("--hw", default="default", help="hardware preset or .toml file")
     t.add_argument("--seed", type=int, default=0)
+    t.add_argument("--workers", type=int, default=None,
+                   help="processes that build and measure candidates (default: one per core)")
     t.add_argument("--rpc", metavar="HOST:PORT",
                    help="measure on the RPC servers registered with this tracker")
     t.add_argument("--rpc-key", default="dsa", help="device key the servers registered with")

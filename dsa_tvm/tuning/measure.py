@@ -6,8 +6,13 @@
   deletes it after the measurement) holding the program container and the
   hardware description it was built for. A candidate whose knobs do not fit is
   a build error naming the reason, so it is never run.
-* :class:`SimRunner` runs each artifact on the simulator in timing-only mode in
-  this process and reports the cycles as seconds at the hardware clock.
+* :class:`SimRunner` runs each artifact on the simulator in timing-only mode and
+  reports the cycles as seconds at the hardware clock.
+
+Both work in this process, or, with ``workers`` > 1, on a pool of worker
+processes shared by every builder and runner of this process (lowering and
+simulation are pure Python: threads would not run them side by side). A job
+carries the task as its JSON text and the knob dataclass, never a TVM object.
 
 :func:`measure_artifact` is the measurement itself; the RPC servers
 (:mod:`.rpc`) call the same function.
@@ -16,15 +21,19 @@
 from __future__ import annotations
 
 import json
+import multiprocessing as mp
+import shutil
 import tempfile
+from concurrent.futures import Future, ProcessPoolExecutor
 from pathlib import Path
 
 from tvm.ir.utils import derived_object
 from tvm.s_tir.meta_schedule.builder import BuilderInput, BuilderResult, PyBuilder
 from tvm.s_tir.meta_schedule.runner import PyRunner, PyRunnerFuture, RunnerInput, RunnerResult
 
+from ..gc_pause import paused_gc
 from ..hw.config import HardwareConfig, config_from_dict
-from .task import simulate_cycles, task_of
+from .task import Task, simulate_cycles, task_json_of, task_of
 
 PROGRAM_FILE = "program.dsa"
 HW_FILE = "hardware.json"
@@ -35,6 +44,13 @@ def build_artifact(mod, root: str | None = None) -> str:
 
     The artifact path must be a file in a folder of its own: MetaSchedule's
     ``RemoveBuildArtifact`` callback deletes ``dirname(artifact_path)``."""
+    task, knobs = checked_knobs(mod)
+    return build_knobs(task, knobs, root)
+
+
+def checked_knobs(mod) -> tuple[Task, object]:
+    """The task and knobs of a sampled module; ValueError naming the misfit if they do
+    not fit the hardware."""
     from tir_schedules.space import check_knobs, knobs_from_mod
 
     task = task_of(mod)
@@ -43,25 +59,70 @@ def build_artifact(mod, root: str | None = None) -> str:
     if problem:
         raise ValueError(f"rejected before measurement: {knobs} does not fit "
                          f"'{task.cfg.name}': {problem}")
-    prog = task.program(knobs)
+    return task, knobs
+
+
+def build_knobs(task: Task, knobs, root: str | None = None) -> str:
+    """The artifact of ``task`` scheduled with ``knobs`` (see :func:`build_artifact`)."""
+    with paused_gc():
+        program = task.program(knobs).to_bytes(task.cfg)
     folder = Path(tempfile.mkdtemp(prefix="dsa-tune-", dir=root))
-    (folder / PROGRAM_FILE).write_bytes(prog.to_bytes(task.cfg))
+    (folder / PROGRAM_FILE).write_bytes(program)
     (folder / HW_FILE).write_text(json.dumps(task.cfg.as_dict(), sort_keys=True))
     return str(folder / PROGRAM_FILE)
 
 
+def _build_job(task_json: str, hw_json: str, knobs, root: str | None) -> str:
+    """:func:`build_knobs` in a worker process (the task travels as its JSON text)."""
+    from .task import _decode
+
+    return build_knobs(_decode(task_json, hw_json), knobs, root)
+
+
+_POOL: tuple[int, ProcessPoolExecutor] | None = None
+
+
+def worker_pool(workers: int) -> ProcessPoolExecutor | None:
+    """The shared pool of ``workers`` processes (None for one: work in this process).
+
+    Workers are spawned, not forked (this process runs TVM and XGBoost threads), and
+    kept for the life of the process, so only the first tuning task pays their start."""
+    global _POOL
+    if workers <= 1:
+        return None
+    if _POOL is None or _POOL[0] != workers:
+        if _POOL is not None:
+            _POOL[1].shutdown(cancel_futures=True)
+        _POOL = (workers, ProcessPoolExecutor(workers, mp_context=mp.get_context("spawn"),
+                                              initializer=_warm_worker))
+    return _POOL[1]
+
+
+def _warm_worker() -> None:
+    """Import the lowering and the simulator once, when the worker starts."""
+    from tir_schedules import space  # noqa: F401
+
+    from ..sim import simulator  # noqa: F401
+    from . import task  # noqa: F401
+
+
+def read_hardware(path: str | Path) -> HardwareConfig:
+    """The hardware description an artifact (its program file) was built for."""
+    hw = Path(path).parent / HW_FILE
+    return config_from_dict(json.loads(hw.read_text()), str(hw))
+
+
 def read_artifact(path: str | Path) -> tuple[HardwareConfig, bytes]:
     """The hardware description and program container of an artifact (its program file)."""
-    folder = Path(path).parent
-    cfg = config_from_dict(json.loads((folder / HW_FILE).read_text()), str(folder / HW_FILE))
-    return cfg, (folder / PROGRAM_FILE).read_bytes()
+    return read_hardware(path), Path(path).read_bytes()
 
 
 def measure_bytes(cfg: HardwareConfig, program: bytes) -> int:
     """Simulated cycles of a program container."""
     from ..sim.simulator import Simulator
 
-    return simulate_cycles(cfg, Simulator(cfg).load_program(program))
+    with paused_gc():
+        return simulate_cycles(cfg, Simulator(cfg).load_program(program))
 
 
 def measure_artifact(path: str | Path) -> int:
@@ -77,51 +138,107 @@ def secs_to_cycles(cfg: HardwareConfig, secs: float) -> int:
     return int(round(secs * cfg.mhz * 1e6))
 
 
+def _error(e: BaseException) -> str:
+    return f"{type(e).__name__}: {e}"
+
+
 @derived_object
 class DSABuilder(PyBuilder):
     """Candidates -> DSA program artifacts (see the module docstring)."""
 
-    def __init__(self, root: str | None = None):
+    def __init__(self, root: str | None = None, workers: int = 1):
         super().__init__()
         self.root = root
+        self.workers = workers
 
     def build(self, build_inputs: list[BuilderInput]) -> list[BuilderResult]:
         if self.root is None:  # artifact folders live in a folder of this builder's own
             self.root = tempfile.mkdtemp(prefix="dsa-tune-artifacts-")
-        out = []
+        pool = worker_pool(self.workers)
+        jobs: list[Future | str] = []
         for inp in build_inputs:
             try:
-                out.append(BuilderResult(build_artifact(inp.mod, self.root), None))
+                task, knobs = checked_knobs(inp.mod)
             except Exception as e:  # noqa: BLE001 - reported to MetaSchedule as a build error
-                out.append(BuilderResult(None, f"{type(e).__name__}: {e}"))
+                jobs.append(_error(e))
+                continue
+            if pool is None:
+                try:
+                    jobs.append(_done(build_knobs(task, knobs, self.root)))
+                except Exception as e:  # noqa: BLE001 - a build error, as above
+                    jobs.append(_error(e))
+                continue
+            task_json, hw_json = task_json_of(inp.mod)
+            jobs.append(pool.submit(_build_job, task_json, hw_json, knobs, self.root))
+        out = []
+        for job in jobs:
+            if isinstance(job, str):
+                out.append(BuilderResult(None, job))
+                continue
+            try:
+                out.append(BuilderResult(job.result(), None))
+            except Exception as e:  # noqa: BLE001 - a build error, as above
+                out.append(BuilderResult(None, _error(e)))
         return out
+
+    def cleanup(self) -> None:
+        """Remove the artifacts' folder (MetaSchedule removes each artifact after its
+        measurement; this removes the folder that held them)."""
+        if self.root is not None:
+            shutil.rmtree(self.root, ignore_errors=True)
+
+
+def _done(value) -> Future:
+    f: Future = Future()
+    f.set_result(value)
+    return f
 
 
 @derived_object
-class DoneFuture(PyRunnerFuture):
-    """A measurement that has already finished (or failed)."""
+class PoolFuture(PyRunnerFuture):
+    """A measurement running in a worker (or already done): cycles -> seconds."""
 
-    def __init__(self, run_secs: list[float] | None, error: str | None = None):
+    def __init__(self, future: Future, cfg: HardwareConfig):
         super().__init__()
-        self.run_secs, self.error = run_secs, error
+        self.future, self.cfg = future, cfg
 
     def done(self) -> bool:
-        return True
+        return self.future.done()
 
     def result(self) -> RunnerResult:
-        return RunnerResult(self.run_secs, self.error)
+        try:
+            return RunnerResult([cycles_to_secs(self.cfg, self.future.result())], None)
+        except Exception as e:  # noqa: BLE001 - reported to MetaSchedule as a run error
+            return RunnerResult(None, _error(e))
 
 
 @derived_object
 class SimRunner(PyRunner):
-    """Time each artifact on the simulator here, in this process."""
+    """Time each artifact on the simulator: in this process, or on ``workers`` processes."""
+
+    def __init__(self, workers: int = 1):
+        super().__init__()
+        self.workers = workers
 
     def run(self, runner_inputs: list[RunnerInput]) -> list:
+        pool = worker_pool(self.workers)
         out = []
         for inp in runner_inputs:
+            path = inp.artifact_path
             try:
-                cfg, program = read_artifact(inp.artifact_path)
-                out.append(DoneFuture([cycles_to_secs(cfg, measure_bytes(cfg, program))]))
-            except Exception as e:  # noqa: BLE001 - reported to MetaSchedule as a run error
-                out.append(DoneFuture(None, f"{type(e).__name__}: {e}"))
+                cfg = read_hardware(path)
+            except Exception as e:  # noqa: BLE001 - a run error
+                failed: Future = Future()
+                failed.set_exception(e)
+                out.append(PoolFuture(failed, None))
+                continue
+            if pool is None:
+                f: Future = Future()
+                try:
+                    f.set_result(measure_artifact(path))
+                except Exception as e:  # noqa: BLE001 - a run error
+                    f.set_exception(e)
+                out.append(PoolFuture(f, cfg))
+            else:
+                out.append(PoolFuture(pool.submit(measure_artifact, path), cfg))
         return out

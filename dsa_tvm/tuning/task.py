@@ -18,6 +18,7 @@ from functools import lru_cache
 
 import numpy as np
 
+from ..gc_pause import paused_gc
 from ..hw.config import HardwareConfig, config_from_dict
 from ..isa.program import Program
 
@@ -108,14 +109,19 @@ def _decode(task_json: str, hw_json: str) -> Task:
     return Task(config_from_dict(json.loads(hw_json), "<tuning task>"), shape_from_json(task_json))
 
 
-def task_of(mod) -> Task:
-    """The task a workload (or any schedule of it) was made from."""
+def task_json_of(mod) -> tuple[str, str]:
+    """The task and hardware JSON texts a workload (or any schedule of it) carries."""
     func = mod["main"] if hasattr(mod, "functions_items") else mod
     attrs = func.attrs
     if attrs is None or ATTR_TASK not in attrs or ATTR_HW not in attrs:
         raise ValueError("this module is not a DSA tuning workload (no dsa.task / dsa.hardware "
                          "attributes): make it with dsa_tvm.tuning.Task(...).workload()")
-    return _decode(str(attrs[ATTR_TASK]), str(attrs[ATTR_HW]))
+    return str(attrs[ATTR_TASK]), str(attrs[ATTR_HW])
+
+
+def task_of(mod) -> Task:
+    """The task a workload (or any schedule of it) was made from."""
+    return _decode(*task_json_of(mod))
 
 
 # ----------------------------------------------------------------------------- lowering
@@ -125,15 +131,21 @@ def task_program(cfg: HardwareConfig, shape, knobs) -> Program:
     from tir_schedules.schedule import lower_for_walker
     from tir_schedules.space import check_knobs, kind_of
 
-    from ..codegen.walker import TirWalker
-    from ..isa.builder import ProgramBuilder
-    from ..isa.sync import insert_dependencies
-
     problem = check_knobs(cfg, shape, knobs)
     if problem:
         raise ValueError(f"{knobs} is not a schedule of this task on '{cfg.name}': {problem}")
     kind = kind_of(shape)
     func = lower_for_walker(kind.schedule(kind.build(shape), cfg, shape, knobs))
+    with paused_gc():
+        return _walk_program(cfg, func)
+
+
+def _walk_program(cfg: HardwareConfig, func) -> Program:
+    """A scheduled one-layer PrimFunc as a program with its tokens (constants zero)."""
+    from ..codegen.walker import TirWalker
+    from ..isa.builder import ProgramBuilder
+    from ..isa.sync import insert_dependencies
+
     b = ProgramBuilder(cfg, "tune")
     regions = {}
     for p in func.params:
@@ -154,4 +166,5 @@ def simulate_cycles(cfg: HardwareConfig, prog: Program) -> int:
     """Cycles of ``prog`` on the simulator's timing model (no data work)."""
     from ..sim.simulator import Simulator
 
-    return int(Simulator(cfg).run(prog, timing_only=True, check_hazards=False).cycles)
+    with paused_gc():
+        return int(Simulator(cfg).run(prog, timing_only=True, check_hazards=False).cycles)

@@ -10,6 +10,7 @@ is the result; ``dsa_tvm.tuning.apply`` reads the same database at compile time.
 from __future__ import annotations
 
 import logging
+import os
 import sys
 import time
 import types
@@ -81,9 +82,18 @@ def commit_knobs(db, task: Task, knobs, cycles: int) -> None:
         target_of(task.cfg), ArgInfo.from_prim_func(mod["main"])))
 
 
+def default_workers() -> int:
+    """Worker processes for building and measuring candidates: one per core."""
+    return max(1, os.cpu_count() or 1)
+
+
 def tune_task(task: Task, trials: int, db, work_dir: str | Path, runner=None,
-              seed: int | None = 0, per_iter: int = 16) -> TaskResult:
-    """Measure the default, then search ``trials - 1`` more candidates; the best."""
+              seed: int | None = 0, per_iter: int = 16,
+              workers: int | None = None) -> TaskResult:
+    """Measure the default, then search ``trials - 1`` more candidates; the best.
+
+    ``workers`` processes build the candidates and, with the local runner, measure
+    them (default: one per core; 1 works in this process)."""
     from tvm.s_tir import meta_schedule as ms
     from tvm.s_tir.meta_schedule.cost_model import XGBModel
 
@@ -94,6 +104,7 @@ def tune_task(task: Task, trials: int, db, work_dir: str | Path, runner=None,
     t0 = time.perf_counter()
     work_dir = Path(work_dir)
     work_dir.mkdir(parents=True, exist_ok=True)
+    workers = default_workers() if workers is None else workers
     default = task.default_knobs()
     default_cycles = _measure_local(task, default)
     commit_knobs(db, task, default, default_cycles)
@@ -102,15 +113,20 @@ def tune_task(task: Task, trials: int, db, work_dir: str | Path, runner=None,
     search = min(trials - 1, n_space - 1)
     if search > 0:
         _quiet_metaschedule()
-        with without_stock_intrinsics():
-            ms.tune_tir(task.workload(), target_of(task.cfg), str(work_dir / "ms"),
-                        max_trials_global=search, num_trials_per_iter=min(per_iter, search),
-                        builder=DSABuilder(), runner=runner or SimRunner(), database=db,
-                        cost_model=XGBModel(extractor=KnobFeatures(),
-                                            num_warmup_samples=per_iter,
-                                            adaptive_training=False),
-                        space=space(), strategy=strategy(), task_scheduler="round-robin",
-                        num_tuning_cores=1, seed=seed)
+        builder = DSABuilder(str(work_dir / "artifacts"), workers=workers)
+        (work_dir / "artifacts").mkdir(exist_ok=True)
+        try:
+            with without_stock_intrinsics():
+                ms.tune_tir(task.workload(), target_of(task.cfg), str(work_dir / "ms"),
+                            max_trials_global=search, num_trials_per_iter=min(per_iter, search),
+                            builder=builder, runner=runner or SimRunner(workers), database=db,
+                            cost_model=XGBModel(extractor=KnobFeatures(),
+                                                num_warmup_samples=per_iter,
+                                                adaptive_training=False),
+                            space=space(), strategy=strategy(), task_scheduler="round-robin",
+                            num_tuning_cores=1, seed=seed)
+        finally:
+            builder.cleanup()
     records = workload_records(db, task)
     best = records[0]
     best_knobs = record_knobs(best, task)
