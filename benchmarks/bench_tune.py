@@ -34,19 +34,21 @@ def searchable(task) -> list:
     return [k for k in task.candidates() if reject_reason(task, k) is None]
 
 
-def exhaustive(task, full: bool) -> tuple[int, object, float]:
+def exhaustive(task, full: bool, workers: int) -> tuple[int, object, float]:
     """(best cycles, its knobs, seconds) over every searchable (``full``: every fitting)
-    setting of ``task``, each simulated."""
-    from dsa_tvm.tuning.rank import measure_knobs
+    setting of ``task``, each simulated (on ``workers`` processes)."""
+    from dsa_tvm.tuning.measure import measure_many
 
     t0 = time.perf_counter()
     cands = task.candidates() if full else searchable(task)
-    best = min((measure_knobs(task, k), i, k) for i, k in enumerate(cands))
+    cycles = measure_many(task, cands, workers)
+    best = min(zip(cycles, range(len(cands)), cands))
     return best[0], best[2], time.perf_counter() - t0
 
 
 def bench_preset(hw: str, size: int, trials: int, exhaustive_max: int, full: bool,
-                 only: str | None, rank_tasks: int, seed: int, rank_only: bool = False) -> dict:
+                 only: str | None, rank_tasks: int, seed: int, rank_only: bool = False,
+                 workers: int | None = None) -> dict:
     from tvm.relax.frontend.onnx import from_onnx
 
     import dsa_tvm
@@ -54,6 +56,9 @@ def bench_preset(hw: str, size: int, trials: int, exhaustive_max: int, full: boo
     from dsa_tvm.tuning import extract_tasks, open_database, tune_task
     from dsa_tvm.tuning.rank import cost_model_check
     from dsa_tvm.tuning.search import default_estimate
+    from dsa_tvm.tuning.tuner import default_workers
+
+    workers = default_workers() if workers is None else workers
 
     cfg = dsa_tvm.load_config(hw)
     mod = from_onnx(get_model("resnet18", input_size=size), keep_params_in_input=False)
@@ -64,22 +69,23 @@ def bench_preset(hw: str, size: int, trials: int, exhaustive_max: int, full: boo
     tasks.sort(key=default_estimate)
     work = tempfile.mkdtemp(prefix=f"bench-tune-{hw}-")
     db = open_database(work)
-    print(f"\n== '{hw}': {len(tasks)} DSA tasks of resnet18 @ {size}, {trials} trials each "
-          f"(work dir {work})")
-    head = (f"{'task':<52} {'space':>5} {'search':>6} {'default':>10} {'tuned':>10} {'speedup':>7} "
+    print(f"\n== '{hw}': {len(tasks)} DSA tasks of resnet18 @ {size}, {trials} trials each, "
+          f"{workers} worker processes (work dir {work})")
+    nw = max([len(t.name) for t in tasks] + [4])
+    head = (f"{'task':<{nw}} {'space':>5} {'search':>6} {'default':>10} {'tuned':>10} {'speedup':>7} "
             f"{'optimum':>10} {'tuned/opt':>9} {'trials':>6} {'tune s':>6} {'enum s':>6}")
     print(head)
     print("-" * len(head))
     rows = []
     for i, task in enumerate([] if rank_only else tasks):
         n, m = len(task.candidates()), len(searchable(task))
-        r = tune_task(task, trials, db, f"{work}/tasks/{i:03d}", seed=seed)
+        r = tune_task(task, trials, db, f"{work}/tasks/{i:03d}", seed=seed, workers=workers)
         opt = opt_s = None
         if (n if full else m) <= exhaustive_max:
-            opt, _, opt_s = exhaustive(task, full)
+            opt, _, opt_s = exhaustive(task, full, workers)
         rows.append({"task": task.name, "space": n, "default": r.default_cycles,
                      "tuned": r.best_cycles, "opt": opt, "s": r.seconds, "trials": r.trials})
-        print(f"{task.name[:52]:<52} {n:>5} {m:>6} {r.default_cycles:>10,} {r.best_cycles:>10,} "
+        print(f"{task.name:<{nw}} {n:>5} {m:>6} {r.default_cycles:>10,} {r.best_cycles:>10,} "
               f"{r.speedup:>7.3f} {opt if opt is not None else '-':>10} "
               f"{(f'{r.best_cycles / opt:.3f}' if opt else '-'):>9} {r.trials:>6} "
               f"{r.seconds:>6.1f} {(f'{opt_s:.0f}' if opt_s is not None else '-'):>6}", flush=True)
@@ -104,8 +110,8 @@ def bench_preset(hw: str, size: int, trials: int, exhaustive_max: int, full: boo
         print("cost model (XGBoost on KnobFeatures, 48 measured -> 48 held out) rank correlation "
               "with measured speed:")
         for task in ranked:
-            c = cost_model_check(task, 48, 48, seed=seed)
-            print(f"  {task.name[:52]:<52} Spearman {c['spearman']:+.3f}  Kendall "
+            c = cost_model_check(task, 48, 48, seed=seed, workers=workers)
+            print(f"  {task.name:<{nw}} Spearman {c['spearman']:+.3f}  Kendall "
                   f"{c['kendall']:+.3f}  (analytic estimate alone: Spearman "
                   f"{c['estimate_spearman']:+.3f})", flush=True)
     return {"hw": hw, "rows": rows}
@@ -116,7 +122,7 @@ def main() -> None:
     ap.add_argument("--hw", nargs="*", default=["default", "edge"])
     ap.add_argument("--trials", type=int, default=64)
     ap.add_argument("--size", type=int, default=224)
-    ap.add_argument("--exhaustive-max", type=int, default=150,
+    ap.add_argument("--exhaustive-max", type=int, default=800,
                     help="enumerate tasks with at most this many settings to enumerate")
     ap.add_argument("--exhaustive-full", action="store_true",
                     help="enumerate every fitting setting, not only the searchable ones")
@@ -126,10 +132,12 @@ def main() -> None:
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--rank-only", action="store_true",
                     help="only the cost model's rank correlation, no tuning")
+    ap.add_argument("--workers", type=int, default=None,
+                    help="processes that build and measure (default: one per core)")
     a = ap.parse_args()
     for hw in a.hw:
         bench_preset(hw, a.size, a.trials, a.exhaustive_max, a.exhaustive_full, a.only,
-                     a.rank_tasks, a.seed, a.rank_only)
+                     a.rank_tasks, a.seed, a.rank_only, a.workers)
 
 
 if __name__ == "__main__":

@@ -28,9 +28,10 @@ from dsa_tvm.tuning.search import FitsPostproc, KnobMutator
 from dsa_tvm.tuning.tuner import commit_knobs, record_knobs, workload_records
 from tir_schedules.compute import ConvShape
 from tir_schedules.compute_vector import EltwiseShape, GlobalSumShape, WindowShape
+from tir_schedules.matmul import MatmulShape
 from tir_schedules.space import check_knobs, knobs_from_mod, perf_shape, sample_knobs
 
-from .test_lowering import check, conv, qt, region
+from .test_lowering import batch_matmul, bias_add, check, conv, qt, region
 
 DEFAULT = load_config("default")
 EDGE = load_config("edge")
@@ -48,6 +49,7 @@ SHAPES = {
                           (-128, 127)),
     "global_sum": GlobalSumShape(1, 49, 4, 16, 0, (-128, 127)),
     "eltwise": EltwiseShape("add", 36, 3, 16, 0, (-128, 127), 1, 1),
+    "matmul": MatmulShape(2, 12, 2, 3, 16, 16, 0, (-128, 127)),
 }
 
 
@@ -152,6 +154,31 @@ def test_worker_processes_build_and_measure_the_same(tmp_path):
     assert pids and os.getpid() not in pids
 
 
+def test_progress_bar_counts_trials_best_and_failures(capsys):
+    from tvm.s_tir.meta_schedule.builder import BuilderResult
+    from tvm.s_tir.meta_schedule.runner import RunnerResult
+
+    from tvm.s_tir.meta_schedule import MeasureCandidate
+    from tvm.s_tir.meta_schedule.arg_info import ArgInfo
+
+    from dsa_tvm.tuning.progress import TrialProgress
+
+    task = Task(DEFAULT, SHAPES["conv"])
+    cand = MeasureCandidate(sampled(task), ArgInfo.from_prim_func(task.workload()["main"]))
+    bar = TrialProgress("conv2d_x", total=4, mhz=DEFAULT.mhz, best_cycles=1000, enabled=True)
+    ok = BuilderResult("/a/program.dsa", None)
+    from tvm.s_tir.meta_schedule.task_scheduler import TaskScheduler
+
+    bar.apply(TaskScheduler.create("round-robin"), 0, [cand] * 3,
+              [ok, BuilderResult(None, "ValueError: rejected before measurement: too big"), ok],
+              [RunnerResult([800 / (DEFAULT.mhz * 1e6)], None), RunnerResult(None, None),
+               RunnerResult([1200 / (DEFAULT.mhz * 1e6)], None)])
+    assert (bar.bar.n, bar.best, bar.failed) == (3, 800, 1)
+    bar.close()
+    err = capsys.readouterr().err
+    assert "best cycles=800" in err and "rejected before measurement" in err
+
+
 # ----------------------------------------------------------------------------- cost model
 def test_rank_correlation_helpers():
     rng = np.random.default_rng(0)
@@ -243,6 +270,40 @@ def test_tuned_region_is_bit_exact(preset, tmp_path):
 
     assert simulate_cycles(cfg, one) == measure_knobs(task, knobs)
     assert res.cycles > 0
+
+
+@pytest.mark.parametrize("preset", ["default", "edge"])
+def test_tuned_vector_and_matmul_layers_are_bit_exact(preset, tmp_path):
+    """A batch matmul (attention) and a bias add take tuned knobs from the database and
+    stay bit-exact; the task's measured cycles are the region's."""
+    from dsa_tvm.lowering.kinds import recipe
+    from dsa_tvm.lowering.region import compile_region
+    from dsa_tvm.tuning.api import _tunable
+    from dsa_tvm.tuning.task import simulate_cycles
+
+    cfg = load_config(preset)
+    rng = np.random.default_rng(11)
+    a = qt(rng, "a", (2, 12, 2 * cfg.block_in))
+    b = qt(rng, "b", (2, 2 * cfg.block_in, 3 * cfg.block_out))
+    mm = batch_matmul(rng, a, b)
+    ba = bias_add(rng, mm.output)
+    db = open_database(tmp_path)
+    want = []
+    for layer in (mm, ba):
+        task = Task(cfg, perf_shape(recipe(layer, cfg).shape))
+        assert _tunable(task), task.name
+        default = task.default_knobs()
+        knobs = next(k for k in task.candidates() if k != default)
+        commit_knobs(db, task, knobs, measure_knobs(task, knobs))
+        want.append(knobs)
+    chooser = TunedKnobs(open_database(tmp_path))
+    check(region([a, b], [mm, ba]), cfg, rng, chooser)
+    assert (chooser.hits, chooser.misses) == (2, 0)
+    assert [p.knobs for p in compile_region(region([a, b], [mm, ba]), cfg,
+                                            TunedKnobs(db)).plans] == want
+    one = compile_region(region([a, b], [mm]), cfg, TunedKnobs(db))
+    assert simulate_cycles(cfg, one.program) == measure_knobs(
+        Task(cfg, perf_shape(recipe(mm, cfg).shape)), want[0])
 
 
 def test_tvm_compile_uses_the_database_in_scope(tmp_path):

@@ -27,6 +27,16 @@ from dsa_tvm.hw.config import HardwareConfig
 
 from .compute import ConvShape, conv2d
 from .compute_vector import EltwiseShape, GlobalSumShape, WindowShape, eltwise, global_sum, window
+from .matmul import (
+    MatmulKnobs,
+    MatmulShape,
+    batch_matmul,
+    candidate_matmul_knobs,
+    default_matmul_knobs,
+    estimate_matmul_cycles,
+    matmul_fits,
+    schedule_batch_matmul,
+)
 from .schedule import (
     ConvKnobs,
     candidate_knobs,
@@ -82,6 +92,9 @@ KINDS: dict[type, Kind] = {
                        candidate_vector_knobs, default_vector_knobs, estimate_vector_cycles,
                        lambda s: {"tile_p": ("acc" if s.kind == "add" else "requant", 0),
                                   "tile_cb": ("acc" if s.kind == "add" else "requant", 1)}),
+    MatmulShape: Kind(MatmulKnobs, batch_matmul, schedule_batch_matmul, matmul_fits,
+                      candidate_matmul_knobs, default_matmul_knobs, estimate_matmul_cycles,
+                      lambda s: {"tile_m": ("matmul", 1), "tile_nb": ("matmul", 2)}),
 }
 
 
@@ -108,6 +121,8 @@ def perf_shape(shape):
     if isinstance(shape, EltwiseShape):
         return dataclasses.replace(shape, output_zp=0, clip=full, a_mult=1,
                                    b_mult=1 if shape.kind == "add" else 0)
+    if isinstance(shape, MatmulShape):
+        return dataclasses.replace(shape, output_zp=0, clip=full)
     raise TypeError(f"no tunable schedule for {type(shape).__name__}")
 
 

@@ -79,6 +79,24 @@ def _build_job(task_json: str, hw_json: str, knobs, root: str | None) -> str:
     return build_knobs(_decode(task_json, hw_json), knobs, root)
 
 
+def _measure_job(task_json: str, hw_json: str, knobs) -> int:
+    """Simulated cycles of ``knobs``'s program, in a worker process."""
+    from .task import _decode
+
+    task = _decode(task_json, hw_json)
+    return simulate_cycles(task.cfg, task.program(knobs))
+
+
+def measure_many(task: Task, knobs: list, workers: int = 1) -> list[int]:
+    """Simulated cycles of each knob setting's program (on ``workers`` processes)."""
+    pool = worker_pool(workers)
+    if pool is None:
+        return [simulate_cycles(task.cfg, task.program(k)) for k in knobs]
+    task_json, hw_json = task_json_of(task.workload())
+    return list(pool.map(_measure_job, [task_json] * len(knobs), [hw_json] * len(knobs),
+                         knobs, chunksize=max(1, len(knobs) // (4 * workers))))
+
+
 _POOL: tuple[int, ProcessPoolExecutor] | None = None
 
 

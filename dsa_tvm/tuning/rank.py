@@ -53,7 +53,8 @@ def measure_knobs(task: Task, knobs) -> int:
     return simulate_cycles(task.cfg, task.program(knobs))
 
 
-def cost_model_check(task: Task, n_train: int = 48, n_test: int = 48, seed: int = 0) -> dict:
+def cost_model_check(task: Task, n_train: int = 48, n_test: int = 48, seed: int = 0,
+                     workers: int = 1) -> dict:
     """Train the XGB cost model on ``n_train`` measured random candidates, rank ``n_test``
     others; the rank correlations of its predictions (and of the analytic estimate)."""
     from tvm import s_tir
@@ -65,7 +66,7 @@ def cost_model_check(task: Task, n_train: int = 48, n_test: int = 48, seed: int 
     from tir_schedules.space import kind_of, sample_knobs
 
     from .features import KnobFeatures
-    from .measure import cycles_to_secs
+    from .measure import cycles_to_secs, measure_many
     from .search import space, strategy
     from .tuner import target_of, without_stock_intrinsics
 
@@ -85,7 +86,7 @@ def cost_model_check(task: Task, n_train: int = 48, n_test: int = 48, seed: int 
         sample_knobs(sch, task.shape, fixed=knobs)
         return ms.MeasureCandidate(sch, args)
 
-    cycles = [measure_knobs(task, k) for k in picked]
+    cycles = measure_many(task, picked, workers)
     model = XGBModel(extractor=KnobFeatures(), num_warmup_samples=0, adaptive_training=False)
     train, test = picked[:n_train], picked[n_train:]
     model.update(ctx, [candidate(k) for k in train],

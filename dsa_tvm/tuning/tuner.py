@@ -89,16 +89,19 @@ def default_workers() -> int:
 
 def tune_task(task: Task, trials: int, db, work_dir: str | Path, runner=None,
               seed: int | None = 0, per_iter: int = 16,
-              workers: int | None = None) -> TaskResult:
+              workers: int | None = None, progress: bool | None = None) -> TaskResult:
     """Measure the default, then search ``trials - 1`` more candidates; the best.
 
     ``workers`` processes build the candidates and, with the local runner, measure
-    them (default: one per core; 1 works in this process)."""
+    them (default: one per core; 1 works in this process). ``progress``: a bar over
+    the trials (None: only on a terminal)."""
     from tvm.s_tir import meta_schedule as ms
     from tvm.s_tir.meta_schedule.cost_model import XGBModel
+    from tvm.s_tir.meta_schedule.measure_callback import MeasureCallback
 
     from .features import KnobFeatures
     from .measure import DSABuilder, SimRunner, secs_to_cycles
+    from .progress import TrialProgress
     from .search import reject_reason, space, strategy
 
     t0 = time.perf_counter()
@@ -115,6 +118,7 @@ def tune_task(task: Task, trials: int, db, work_dir: str | Path, runner=None,
         _quiet_metaschedule()
         builder = DSABuilder(str(work_dir / "artifacts"), workers=workers)
         (work_dir / "artifacts").mkdir(exist_ok=True)
+        bar = TrialProgress(task.name, search, task.cfg.mhz, default_cycles, progress)
         try:
             with without_stock_intrinsics():
                 ms.tune_tir(task.workload(), target_of(task.cfg), str(work_dir / "ms"),
@@ -123,9 +127,11 @@ def tune_task(task: Task, trials: int, db, work_dir: str | Path, runner=None,
                             cost_model=XGBModel(extractor=KnobFeatures(),
                                                 num_warmup_samples=per_iter,
                                                 adaptive_training=False),
+                            measure_callbacks=[*MeasureCallback.create("default"), bar],
                             space=space(), strategy=strategy(), task_scheduler="round-robin",
                             num_tuning_cores=1, seed=seed)
         finally:
+            bar.close()
             builder.cleanup()
     records = workload_records(db, task)
     best = records[0]
