@@ -150,16 +150,15 @@ def test_worker_processes_build_and_measure_the_same(tmp_path):
         got[workers] = [secs_to_cycles(DEFAULT, float(f.result().run_secs[0]))
                         for f in futures]
     assert got[1] == got[2] == [measure_knobs(task, k) for k in knobs]
-    pids = {p.pid for p in worker_pool(2)._processes.values()}
+    pids = {worker_pool(2).submit(os.getpid).result() for _ in range(6)}
     assert pids and os.getpid() not in pids
 
 
 def test_progress_bar_counts_trials_best_and_failures(capsys):
-    from tvm.s_tir.meta_schedule.builder import BuilderResult
-    from tvm.s_tir.meta_schedule.runner import RunnerResult
-
     from tvm.s_tir.meta_schedule import MeasureCandidate
     from tvm.s_tir.meta_schedule.arg_info import ArgInfo
+    from tvm.s_tir.meta_schedule.builder import BuilderResult
+    from tvm.s_tir.meta_schedule.runner import RunnerResult
 
     from dsa_tvm.tuning.progress import TrialProgress
 

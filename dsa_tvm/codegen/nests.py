@@ -13,7 +13,7 @@ from typing import Any
 import numpy as np
 
 from ..isa.formats import PAD_BITS
-from .texpr import Env, evaluate, grid_env
+from .texpr import Env, compiled, convex, evaluate, grid_env, node_cached
 
 #: largest LOAD padding count (8-bit pad fields)
 MAX_PAD = (1 << PAD_BITS) - 1
@@ -79,6 +79,8 @@ def first_step_split(levels: list[tuple], bases: tuple[int, ...]):
 
 def pad_box(cond: Any, env: Env, rows_lp) -> list[tuple[int, int]]:
     """Per row loop, the (before, after) counts of points where ``cond`` is false."""
+    if node_cached("convex", cond, convex) and _holds_at_corners(cond, env, rows_lp):
+        return [(0, 0)] * len(rows_lp)  # a tile away from the borders: no padding
     mask = np.broadcast_to(evaluate(cond, grid_env(env, rows_lp)), [e for _, e in rows_lp])
     pads = []
     proj = []
@@ -98,6 +100,17 @@ def pad_box(cond: Any, env: Env, rows_lp) -> list[tuple[int, int]]:
     if not np.array_equal(mask, np.logical_and.reduce(np.broadcast_arrays(*proj))):
         raise CodegenError("the padding condition is not a box")
     return pads
+
+
+def _holds_at_corners(cond: Any, env: Env, rows_lp) -> bool:
+    fn = compiled(cond)
+    for corner in itertools.product(*[(0, ext - 1) if ext > 1 else (0,) for _, ext in rows_lp]):
+        point = dict(env)
+        for (name, _), v in zip(rows_lp, corner):
+            point[name] = v
+        if not fn(point):
+            return False
+    return True
 
 
 def dma_shapes(levels, sram0: int, dram0: int, what: str, max_pad: int | None = None):

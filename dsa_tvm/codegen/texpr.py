@@ -114,6 +114,19 @@ def _from_coef(c0: int, coef: dict[str, int]) -> Callable[[Env], Any]:
     return value
 
 
+_COMPARE = ("LT", "LE", "GT", "GE")
+
+
+def convex(e: Any) -> bool:
+    """Whether condition ``e`` is a conjunction of comparisons of linear expressions: the
+    points of a loop box where it holds are then a convex set, so it holds on the whole
+    box exactly when it holds at the box's corners."""
+    kind = type(e).__name__
+    if kind == "And":
+        return convex(e.a) and convex(e.b)
+    return kind in _COMPARE and _linear(e.a) and _linear(e.b)
+
+
 def _linear(e: Any) -> bool:
     """Whether ``compiled(e)`` is linear (sums and constant multiples of variables)."""
     return getattr(compiled(e), "linear", False)

@@ -12,7 +12,7 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
-from .encoding import EncodeError, check_fields
+from .encoding import EncodeError, encode_program_words
 from .instructions import (
     Alu,
     AluLoop,
@@ -120,18 +120,18 @@ class ProgramBuilder:
         return self.emit(Finish(deps(**dep)))
 
     def build(self) -> Program:
-        """The program (a FINISH is appended when missing). Every instruction's fields are
-        range-checked here, once: a program whose fields all fit is marked so that the
-        simulator does not check them again on every run. One that does not fit is
-        returned unmarked; running it reports the first bad field, naming the instruction."""
+        """The program (a FINISH is appended when missing). Every instruction is encoded
+        here, once, which range-checks its fields: a program whose fields all fit is marked
+        so that the simulator does not check them again on every run, and keeps its words.
+        One that does not fit is returned unmarked; running it reports the first bad field,
+        naming the instruction."""
         if not self.instructions or not isinstance(self.instructions[-1], Finish):
             self.finish()
         prog = Program(self.name, self.cfg.fingerprint, self.cfg.instruction_bits,
                        list(self.instructions), list(self.regions), dict(self.meta))
-        try:
-            for i, ins in enumerate(prog.instructions):
-                check_fields(ins, self.cfg, i)
+        try:  # encoding checks every field; the words are kept for serialization
+            words = encode_program_words(prog.instructions, self.cfg)
         except EncodeError:
             return prog
-        prog.mark_fields_checked(self.cfg)
+        prog.mark_fields_checked(self.cfg, words)
         return prog

@@ -11,6 +11,8 @@ from collections.abc import Iterable
 from functools import lru_cache
 from typing import TYPE_CHECKING
 
+import numpy as np
+
 from .formats import FORMATS, Format
 from .instructions import (
     ALU_LEVELS,
@@ -91,10 +93,45 @@ def to_fields(ins: Instruction) -> dict[str, int]:
     return f
 
 
+def _field_getter(name: str):
+    """``instruction -> int`` for one named field (the same value :func:`to_fields` gives)."""
+    if name == "opcode":
+        return lambda ins: int(ins.opcode)
+    if name in ("pop_prev", "pop_next", "push_prev", "push_next"):
+        return lambda ins: int(getattr(ins.deps, name))
+    if name[-1].isdigit():  # a loop level's field: ext0, acc_stride1, ...
+        attr, k = name[:-1], int(name[-1])
+        attr = {"ext": "extent", "acc_stride": "acc", "inp_stride": "inp", "wgt_stride": "wgt",
+                "dst_stride": "dst", "a_stride": "a", "b_stride": "b"}[attr]
+        return lambda ins: getattr(ins.loops[k], attr)
+    attr = {"alu_op": "op", "engine": "on"}.get(name, name)
+    return lambda ins: int(getattr(ins, attr))
+
+
+@lru_cache(maxsize=64)
+def _packer(opcode: Opcode, cfg: "HardwareConfig") -> tuple:
+    """(name, getter, offset, mask, lo, hi, width, signed) of every field, in word order."""
+    return tuple((name, _field_getter(name), off, (1 << width) - 1, lo, hi, width, signed)
+                 for name, off, width, lo, hi, signed in _layout(opcode, cfg))
+
+
+def _range_error(ins: Instruction, index: int, name: str, v: int, width: int, lo: int, hi: int,
+                 signed: bool) -> EncodeError:
+    return EncodeError(index, f"{ins.opcode.name} field '{name}' = {v} does not fit "
+                              f"in {width} {'signed ' if signed else ''}bits "
+                              f"(range {lo}..{hi})")
+
+
+_MEMBERS: dict[type, dict[int, object]] = {}
+
+
 def _enum(index: int, enum_cls, value: int, field: str):
+    members = _MEMBERS.get(enum_cls)
+    if members is None:
+        members = _MEMBERS[enum_cls] = {int(m.value): m for m in enum_cls}
     try:
-        return enum_cls(value)
-    except ValueError:
+        return members[value]
+    except KeyError:
         raise DecodeError(index, f"field '{field}' = {value} is not a valid "
                                  f"{enum_cls.__name__}") from None
 
@@ -142,27 +179,28 @@ def _layout(opcode: Opcode, cfg: "HardwareConfig") -> tuple[tuple[str, int, int,
                  for fd, off, w in fmt.widths(cfg))
 
 
-def check_fields(ins: Instruction, cfg: "HardwareConfig", index: int = 0) -> dict[str, int]:
-    """The instruction's fields, each checked against its width; EncodeError otherwise."""
-    try:
-        fields = to_fields(ins)
-    except EncodeError as e:
-        raise EncodeError(index, str(e)) from None
-    for name, _off, width, lo, hi, signed in _layout(ins.opcode, cfg):
-        v = fields[name]
+def check_fields(ins: Instruction, cfg: "HardwareConfig", index: int = 0) -> None:
+    """EncodeError unless every field of the instruction fits its width."""
+    if not isinstance(ins, (Load, Store, Gemm, Alu, Sync, Finish)):
+        raise EncodeError(index, f"not an instruction: {ins!r}")
+    for name, get, _off, _mask, lo, hi, width, signed in _packer(ins.opcode, cfg):
+        v = get(ins)
         if not lo <= v <= hi:
-            raise EncodeError(index, f"{ins.opcode.name} field '{name}' = {v} does not fit "
-                                     f"in {width} {'signed ' if signed else ''}bits "
-                                     f"(range {lo}..{hi})")
-    return fields
+            raise _range_error(ins, index, name, v, width, lo, hi, signed)
 
 
-def encode_instruction(ins: Instruction, cfg: "HardwareConfig", index: int = 0) -> int:
-    """One instruction as an integer of ``cfg.instruction_bits`` bits."""
-    fields = check_fields(ins, cfg, index)
+def encode_instruction(ins: Instruction, cfg: "HardwareConfig", index: int = 0,
+                       checked: bool = False) -> int:
+    """One instruction as an integer of ``cfg.instruction_bits`` bits (``checked``: the
+    fields are known to fit, skip the range checks)."""
+    if not isinstance(ins, (Load, Store, Gemm, Alu, Sync, Finish)):
+        raise EncodeError(index, f"not an instruction: {ins!r}")
     word = 0
-    for name, off, width, _lo, _hi, _signed in _layout(ins.opcode, cfg):
-        word |= (fields[name] & ((1 << width) - 1)) << off
+    for name, get, off, mask, lo, hi, width, signed in _packer(ins.opcode, cfg):
+        v = get(ins)
+        if not checked and not lo <= v <= hi:
+            raise _range_error(ins, index, name, v, width, lo, hi, signed)
+        word |= (v & mask) << off
     return word
 
 
@@ -173,8 +211,8 @@ def decode_instruction(word: int, cfg: "HardwareConfig", index: int = 0) -> Inst
     op = Opcode(opcode)
     fields: dict[str, int] = {}
     end = 0
-    for name, off, width, _lo, _hi, signed in _layout(op, cfg):
-        v = (word >> off) & ((1 << width) - 1)
+    for name, _get, off, mask, _lo, _hi, width, signed in _packer(op, cfg):
+        v = (word >> off) & mask
         if signed and v >> (width - 1):
             v -= 1 << width
         fields[name] = v
@@ -185,9 +223,10 @@ def decode_instruction(word: int, cfg: "HardwareConfig", index: int = 0) -> Inst
     return from_fields(fields, index)
 
 
-def encode_program_words(instrs: Iterable[Instruction], cfg: "HardwareConfig") -> bytes:
+def encode_program_words(instrs: Iterable[Instruction], cfg: "HardwareConfig",
+                         checked: bool = False) -> bytes:
     nbytes = cfg.instruction_bits // 8
-    return b"".join(encode_instruction(ins, cfg, i).to_bytes(nbytes, "little")
+    return b"".join(encode_instruction(ins, cfg, i, checked).to_bytes(nbytes, "little")
                     for i, ins in enumerate(instrs))
 
 
@@ -196,5 +235,55 @@ def decode_program_words(data: bytes, cfg: "HardwareConfig") -> list[Instruction
     if len(data) % nbytes:
         raise DecodeError(None, f"instruction stream of {len(data)} bytes is not a whole number "
                                 f"of {nbytes}-byte words")
+    try:
+        return _decode_columns(data, nbytes, cfg)
+    except DecodeError:
+        pass  # decode word by word: the first bad word (in program order) raises
     return [decode_instruction(int.from_bytes(data[i:i + nbytes], "little"), cfg, i // nbytes)
             for i in range(0, len(data), nbytes)]
+
+
+def _decode_columns(data: bytes, nbytes: int, cfg: "HardwareConfig") -> list[Instruction]:
+    """Every word's fields extracted column-wise with numpy (words of one opcode at a
+    time), then the instructions built; the same result as :func:`decode_instruction`
+    on each word. Raises DecodeError on any malformed word without saying which first."""
+    n = len(data) // nbytes
+    raw = np.frombuffer(data, np.uint8).reshape(n, nbytes)
+    opcodes = raw[:, 0] & 0b111
+    out: list[Instruction | None] = [None] * n
+    for opcode in np.unique(opcodes).tolist():
+        if opcode not in FORMATS:
+            raise DecodeError(None, "malformed word")
+        idx = np.flatnonzero(opcodes == opcode)
+        rows = raw[idx]
+        names, columns, end = [], [], 0
+        for name, _get, off, _mask, _lo, _hi, width, signed in _packer(Opcode(opcode), cfg):
+            names.append(name)
+            columns.append(_bit_field(rows, off, width, signed).tolist())
+            end = off + width
+        if _bits_above(rows, end):
+            raise DecodeError(None, "malformed word")
+        for k, values in zip(idx.tolist(), zip(*columns)):
+            out[k] = from_fields(dict(zip(names, values)), k)
+    return out  # type: ignore[return-value]
+
+
+def _bit_field(rows: np.ndarray, off: int, width: int, signed: bool) -> np.ndarray:
+    """Bits ``off .. off + width - 1`` of each little-endian row of bytes, as int64."""
+    first, last = off // 8, (off + width - 1) // 8
+    v = np.zeros(len(rows), np.uint64)
+    for b in range(first, last + 1):
+        v |= rows[:, b].astype(np.uint64) << np.uint64(8 * (b - first))
+    v = ((v >> np.uint64(off % 8)) & np.uint64((1 << width) - 1)).astype(np.int64)
+    if signed:
+        v = np.where(v >> (width - 1), v - (1 << width), v)
+    return v
+
+
+def _bits_above(rows: np.ndarray, end: int) -> bool:
+    """Whether any row has a bit set at or above bit ``end``."""
+    byte = end // 8
+    if byte >= rows.shape[1]:
+        return False
+    keep = (1 << (end % 8)) - 1
+    return bool((rows[:, byte] & ~np.uint8(keep)).any() or rows[:, byte + 1:].any())

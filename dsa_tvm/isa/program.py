@@ -82,12 +82,14 @@ class Program:
         return [r for r in self.regions if r.kind == kind]
 
     # --- field checks already done
-    def mark_fields_checked(self, cfg: "HardwareConfig") -> None:
+    def mark_fields_checked(self, cfg: "HardwareConfig", words: bytes | None = None) -> None:
         """Record that every instruction's fields fit the formats of ``cfg`` (the program was
-        decoded from words, encoded, or checked by the builder). Validation then skips the
-        encoder's field checks for as long as the program holds the very same (immutable)
-        instruction objects; any change to the list makes it check again."""
+        decoded from words, encoded, or checked by the builder), and the instruction words
+        when known. Validation then skips the encoder's field checks, and serialization
+        reuses the words, for as long as the program holds the very same (immutable)
+        instruction objects; any change to the list makes them check and encode again."""
         self._fields_checked = (cfg.fingerprint, tuple(self.instructions))
+        self._words = words
 
     def fields_checked(self, cfg: "HardwareConfig") -> bool:
         """True if :meth:`mark_fields_checked` vouches for the current instructions."""
@@ -113,10 +115,18 @@ class Program:
                              "meta": self.meta}).encode()
         parts = [MAGIC, struct.pack("<I", VERSION), self.fingerprint,
                  struct.pack("<I", len(header)), header,
-                 encode_program_words(self.instructions, cfg)]
+                 self._encoded(cfg)]
         parts += [r.data for r in self.regions if r.data is not None]
-        self.mark_fields_checked(cfg)  # every field was just range-checked by the encoder
         return b"".join(parts)
+
+    def _encoded(self, cfg: "HardwareConfig") -> bytes:
+        """The instruction words (kept from the builder or the decoder when still valid)."""
+        checked = self.fields_checked(cfg)
+        if checked and getattr(self, "_words", None) is not None:
+            return self._words
+        words = encode_program_words(self.instructions, cfg, checked)
+        self.mark_fields_checked(cfg, words)  # every field was range-checked by the encoder
+        return words
 
     @classmethod
     def from_bytes(cls, data: bytes, cfg: "HardwareConfig") -> "Program":
@@ -155,8 +165,9 @@ class Program:
         nwords = count * cfg.instruction_bits // 8
         if pos + nwords > len(data):
             raise ProgramError("truncated DSA program: instruction words missing")
-        prog.instructions = decode_program_words(bytes(view[pos:pos + nwords]), cfg)
-        prog.mark_fields_checked(cfg)  # decoded from words: every field is in range
+        words = bytes(view[pos:pos + nwords])
+        prog.instructions = decode_program_words(words, cfg)
+        prog.mark_fields_checked(cfg, words)  # decoded from words: every field is in range
         pos += nwords
         for r, data_flag in zip(regions, has_data):
             if data_flag:

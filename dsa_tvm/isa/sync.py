@@ -21,10 +21,9 @@ deadlock, whatever the queue depths.
 
 from __future__ import annotations
 
-from dataclasses import replace
+from bisect import bisect_left
+from copy import copy
 from typing import TYPE_CHECKING
-
-import numpy as np
 
 from .footprint import Footprint, footprint
 from .instructions import Deps, Engine, Finish, Instruction, Sync
@@ -44,26 +43,29 @@ class _NewestAccess:
     run (exactly what a backward scan for the newest overlapping range would find)."""
 
     def __init__(self, fps: list[Footprint]) -> None:
-        ranges = [(i, k, r) for i, fp in enumerate(fps)
-                  for k, part in enumerate((fp.reads, fp.writes)) for r in part]
-        by_space: dict[str, list[tuple[int, int, int, int]]] = {}
-        for i, k, (space, lo, hi) in ranges:
-            by_space.setdefault(space, []).append((i, k, lo, hi + 1))
-        #: per instruction, its (space, first segment, end segment) reads and writes
-        self.segments: list[tuple[list, list]] = [([], []) for _ in fps]
-        self.reads: dict[Engine, dict[str, list[int]]] = {e: {} for e in (_L, _C, _S)}
-        self.writes: dict[Engine, dict[str, list[int]]] = {e: {} for e in (_L, _C, _S)}
-        for space, rows in by_space.items():
-            arr = np.array(rows, dtype=np.int64)
-            bounds = np.unique(arr[:, 2:])
-            first = np.searchsorted(bounds, arr[:, 2]).tolist()
-            end = np.searchsorted(bounds, arr[:, 3]).tolist()
-            for (i, k, _, _), a, b in zip(rows, first, end):
-                self.segments[i][k].append((space, a, b))
-            for e in (_L, _C, _S):
-                self.reads[e][space] = [-1] * len(bounds)
-                self.writes[e][space] = [-1] * len(bounds)
+        cuts: dict[str, set[int]] = {}
+        for fp in fps:
+            for ranges in (fp.reads, fp.writes):
+                for space, lo, hi in ranges:
+                    c = cuts.get(space)
+                    if c is None:
+                        c = cuts[space] = set()
+                    c.add(lo)
+                    c.add(hi + 1)
+        self.bounds = {space: sorted(c) for space, c in cuts.items()}
+        self.reads = {e: {sp: [-1] * len(b) for sp, b in self.bounds.items()}
+                      for e in (_L, _C, _S)}
+        self.writes = {e: {sp: [-1] * len(b) for sp, b in self.bounds.items()}
+                       for e in (_L, _C, _S)}
         self.last = {e: -1 for e in (_L, _C, _S)}
+
+    def segments(self, ranges) -> list[tuple[str, int, int]]:
+        """(space, first segment, end segment) of each range."""
+        out = []
+        for space, lo, hi in ranges:
+            b = self.bounds[space]
+            out.append((space, bisect_left(b, lo), bisect_left(b, hi + 1)))
+        return out
 
     def newest_conflict(self, engine: Engine, reads: list, writes: list) -> int:
         """The newest instruction of ``engine`` ``reads``/``writes`` conflict with, or -1."""
@@ -92,7 +94,7 @@ def _find_deps(instrs: list[Instruction], fps: list[Footprint]) -> list[dict[Eng
     out: list[dict[Engine, int]] = []
     for i, ins in enumerate(instrs):
         me = ins.engine
-        reads, writes = seen.segments[i]
+        reads, writes = seen.segments(fps[i].reads), seen.segments(fps[i].writes)
         deps: dict[Engine, int] = {}
         for other in (_L, _C, _S):
             if other == me:
@@ -110,19 +112,27 @@ def _find_deps(instrs: list[Instruction], fps: list[Footprint]) -> list[dict[Eng
     return out
 
 
+_POP_PREV, _POP_NEXT, _PUSH_PREV, _PUSH_NEXT = 1, 2, 4, 8
+#: every combination of token flags (bits above), made once
+_DEPS = [Deps(bool(f & _POP_PREV), bool(f & _POP_NEXT), bool(f & _PUSH_PREV),
+              bool(f & _PUSH_NEXT)) for f in range(16)]
+
+
 class _Emitter:
     """Builds the output stream, pairing pushes and pops FIFO by FIFO."""
 
     def __init__(self) -> None:
         self.out: list[Instruction] = []
-        self.flags: list[dict[str, bool]] = []
+        self.engines: list[Engine] = []
+        self.flags: list[int] = []
         self.new_index: dict[int, int] = {}
         # per (producer engine, consumer engine): newest producer (output index) popped
         self.popped: dict[tuple[Engine, Engine], int] = {}
 
-    def emit(self, ins: Instruction, old_index: int | None = None) -> int:
+    def emit(self, ins: Instruction, engine: Engine, old_index: int | None = None) -> int:
         self.out.append(ins)
-        self.flags.append({})
+        self.engines.append(engine)
+        self.flags.append(0)
         k = len(self.out) - 1
         if old_index is not None:
             self.new_index[old_index] = k
@@ -130,24 +140,20 @@ class _Emitter:
 
     def wait(self, consumer: int, producer: int) -> None:
         """Make output instruction ``consumer`` wait for ``producer`` (neighbouring engines)."""
-        pe, ce = self.out[producer].engine, self.out[consumer].engine
+        pe, ce = self.engines[producer], self.engines[consumer]
         if self.popped.get((pe, ce), -1) >= producer:
             return
         self.popped[(pe, ce)] = producer
-        toward_consumer = "next" if ce > pe else "prev"
-        toward_producer = "prev" if ce > pe else "next"
-        self.flags[producer][f"push_{toward_consumer}"] = True
-        self.flags[consumer][f"pop_{toward_producer}"] = True
+        self.flags[producer] |= _PUSH_NEXT if ce > pe else _PUSH_PREV
+        self.flags[consumer] |= _POP_PREV if ce > pe else _POP_NEXT
 
     def result(self) -> list[Instruction]:
         res = []
-        for ins, fl in zip(self.out, self.flags):
-            d = ins.deps
-            deps = Deps(d.pop_prev or fl.get("pop_prev", False),
-                        d.pop_next or fl.get("pop_next", False),
-                        d.push_prev or fl.get("push_prev", False),
-                        d.push_next or fl.get("push_next", False))
-            res.append(replace(ins, deps=deps) if deps != d else ins)
+        for ins, f in zip(self.out, self.flags):
+            if f:  # a copy with the tokens (fields as they are: no re-validation)
+                ins = copy(ins)
+                object.__setattr__(ins, "deps", _DEPS[f])
+            res.append(ins)
         return res
 
 
@@ -169,9 +175,9 @@ def insert_dependencies(instrs: list[Instruction], cfg: "HardwareConfig") -> lis
         relay = None
         if far is not None and far in d:
             # load <-> store: relay through a SYNC on the compute engine
-            relay = em.emit(Sync(_C))  # follows any compute dependency in program order
+            relay = em.emit(Sync(_C), _C)  # follows any compute dependency in program order
             em.wait(relay, em.new_index[d[far]])
-        k = em.emit(ins, i)
+        k = em.emit(ins, me, i)
         if relay is not None:
             em.wait(k, relay)
         elif _C in d and me != _C:

@@ -118,6 +118,14 @@ class Simulator:
         outputs = {} if machine is None else self._read_outputs(machine, program)
         return SimResult(program, cfg, sched, counters, outputs)
 
+    def cycles(self, program: Program | bytes) -> int:
+        """Cycles of ``program`` alone on the timing model: validated and scheduled, with no
+        data work, hazard checks or counters (what tuning measures, many times over)."""
+        if isinstance(program, (bytes, bytearray, memoryview)):
+            program = self.load_program(bytes(program))
+        validate_program(program, self.config)
+        return int(schedule(program.instructions, self.config, None).cycles)
+
     @staticmethod
     def _place_inputs(machine: Machine, program: Program, inputs: Mapping[str, np.ndarray]):
         regions = {r.name: r for r in program.regions_of("input")}

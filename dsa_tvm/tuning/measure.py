@@ -21,19 +21,19 @@ carries the task as its JSON text and the knob dataclass, never a TVM object.
 from __future__ import annotations
 
 import json
-import multiprocessing as mp
 import shutil
 import tempfile
-from concurrent.futures import Future, ProcessPoolExecutor
+from concurrent.futures import Future
 from pathlib import Path
 
 from tvm.ir.utils import derived_object
 from tvm.s_tir.meta_schedule.builder import BuilderInput, BuilderResult, PyBuilder
 from tvm.s_tir.meta_schedule.runner import PyRunner, PyRunnerFuture, RunnerInput, RunnerResult
+from tvm.support.popen_pool import PopenPoolExecutor
 
 from ..gc_pause import paused_gc
 from ..hw.config import HardwareConfig, config_from_dict
-from .task import Task, simulate_cycles, task_json_of, task_of
+from .task import Task, simulate_cycles, task_from_json, task_json_of, task_of
 
 PROGRAM_FILE = "program.dsa"
 HW_FILE = "hardware.json"
@@ -74,16 +74,12 @@ def build_knobs(task: Task, knobs, root: str | None = None) -> str:
 
 def _build_job(task_json: str, hw_json: str, knobs, root: str | None) -> str:
     """:func:`build_knobs` in a worker process (the task travels as its JSON text)."""
-    from .task import _decode
-
-    return build_knobs(_decode(task_json, hw_json), knobs, root)
+    return build_knobs(task_from_json(task_json, hw_json), knobs, root)
 
 
 def _measure_job(task_json: str, hw_json: str, knobs) -> int:
     """Simulated cycles of ``knobs``'s program, in a worker process."""
-    from .task import _decode
-
-    task = _decode(task_json, hw_json)
+    task = task_from_json(task_json, hw_json)
     return simulate_cycles(task.cfg, task.program(knobs))
 
 
@@ -93,26 +89,27 @@ def measure_many(task: Task, knobs: list, workers: int = 1) -> list[int]:
     if pool is None:
         return [simulate_cycles(task.cfg, task.program(k)) for k in knobs]
     task_json, hw_json = task_json_of(task.workload())
-    return list(pool.map(_measure_job, [task_json] * len(knobs), [hw_json] * len(knobs),
-                         knobs, chunksize=max(1, len(knobs) // (4 * workers))))
+    jobs = [pool.submit(_measure_job, task_json, hw_json, k) for k in knobs]
+    return [job.result() for job in jobs]
 
 
-_POOL: tuple[int, ProcessPoolExecutor] | None = None
+_POOL: tuple[int, PopenPoolExecutor] | None = None
 
 
-def worker_pool(workers: int) -> ProcessPoolExecutor | None:
+def worker_pool(workers: int) -> PopenPoolExecutor | None:
     """The shared pool of ``workers`` processes (None for one: work in this process).
 
-    Workers are spawned, not forked (this process runs TVM and XGBoost threads), and
+    TVM's own process pool (the one MetaSchedule's local builder uses): fresh
+    interpreters, so the caller's script is not re-imported (no ``__main__`` guard
+    needed) and this process's TVM and XGBoost threads are not forked. Workers are
     kept for the life of the process, so only the first tuning task pays their start."""
     global _POOL
     if workers <= 1:
         return None
     if _POOL is None or _POOL[0] != workers:
         if _POOL is not None:
-            _POOL[1].shutdown(cancel_futures=True)
-        _POOL = (workers, ProcessPoolExecutor(workers, mp_context=mp.get_context("spawn"),
-                                              initializer=_warm_worker))
+            _POOL[1].shutdown()
+        _POOL = (workers, PopenPoolExecutor(workers, initializer=_warm_worker))
     return _POOL[1]
 
 

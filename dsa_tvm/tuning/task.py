@@ -105,7 +105,8 @@ def shape_from_json(text: str):
 
 
 @lru_cache(maxsize=256)
-def _decode(task_json: str, hw_json: str) -> Task:
+def task_from_json(task_json: str, hw_json: str) -> Task:
+    """The task of a workload's two JSON attributes (cached: every candidate carries them)."""
     return Task(config_from_dict(json.loads(hw_json), "<tuning task>"), shape_from_json(task_json))
 
 
@@ -121,7 +122,7 @@ def task_json_of(mod) -> tuple[str, str]:
 
 def task_of(mod) -> Task:
     """The task a workload (or any schedule of it) was made from."""
-    return _decode(*task_json_of(mod))
+    return task_from_json(*task_json_of(mod))
 
 
 # ----------------------------------------------------------------------------- lowering
@@ -167,4 +168,4 @@ def simulate_cycles(cfg: HardwareConfig, prog: Program) -> int:
     from ..sim.simulator import Simulator
 
     with paused_gc():
-        return int(Simulator(cfg).run(prog, timing_only=True, check_hazards=False).cycles)
+        return Simulator(cfg).cycles(prog)
