@@ -305,6 +305,33 @@ def test_tuned_vector_and_matmul_layers_are_bit_exact(preset, tmp_path):
         Task(cfg, perf_shape(recipe(mm, cfg).shape)), want[0])
 
 
+def test_tasks_are_the_layers_the_compiler_lowers(tmp_path):
+    """A 3-channel 7x7 stem is lowered as a 1x1 conv over its im2col channels; its task is
+    that conv, and the compiler takes the record tuned for it."""
+    import onnx
+    from tvm.relax.frontend.onnx import from_onnx
+
+    from dsa_tvm.lowering.region import compile_region
+    from relay_passes import partition_for_dsa, region_from_function
+    from relay_passes.partition import region_functions
+
+    from .qdq_models import conv_net
+
+    model = conv_net(tmp_path, cin=3, cout=16, hw=32, k=7, stride=2, pad=3)
+    mod = from_onnx(onnx.load(str(model)), keep_params_in_input=False)
+    tasks, _ = dsa_tvm.tuning.extract_tasks(mod, DEFAULT)
+    (task,) = [t for t in tasks if isinstance(t.shape, ConvShape)]
+    assert (task.shape.kh, task.shape.kw) == (1, 1)
+    assert task.shape.icb == -(-3 * 7 * 7 // DEFAULT.block_in)
+    knobs = next(k for k in task.candidates() if k != task.default_knobs())
+    db = open_database(tmp_path / "db")
+    commit_knobs(db, task, knobs, measure_knobs(task, knobs))
+    part, _ = partition_for_dsa(mod, DEFAULT)
+    (func,) = [f for _, f in region_functions(part)]
+    plans = compile_region(region_from_function(func, "r"), DEFAULT, TunedKnobs(db)).plans
+    assert [p.knobs for p in plans if isinstance(p.shape, ConvShape)] == [knobs]
+
+
 def test_tvm_compile_uses_the_database_in_scope(tmp_path):
     """``with dsa_tvm.tuned(dir): tvm.compile(mod, target=dsa)``: the launched program
     carries the tuned knobs and its outputs match the reference; without it, defaults."""
