@@ -27,17 +27,11 @@ import tempfile
 import time
 
 
-def searchable(task) -> list:
-    """The settings the search may measure: they fit and are within the estimate budget."""
-    from dsa_tvm.tuning.search import reject_reason
-
-    return [k for k in task.candidates() if reject_reason(task, k) is None]
-
-
 def exhaustive(task, full: bool, workers: int) -> tuple[int, object, float]:
     """(best cycles, its knobs, seconds) over every searchable (``full``: every fitting)
     setting of ``task``, each simulated (on ``workers`` processes)."""
     from dsa_tvm.tuning.measure import measure_many
+    from dsa_tvm.tuning.search import searchable
 
     t0 = time.perf_counter()
     cands = task.candidates() if full else searchable(task)
@@ -55,7 +49,7 @@ def bench_preset(hw: str, size: int, trials: int, exhaustive_max: int, full: boo
     from dsa_tvm.models.zoo import get_model
     from dsa_tvm.tuning import extract_tasks, open_database, tune_task
     from dsa_tvm.tuning.rank import cost_model_check
-    from dsa_tvm.tuning.search import default_estimate
+    from dsa_tvm.tuning.search import default_estimate, searchable
     from dsa_tvm.tuning.tuner import default_workers
 
     workers = default_workers() if workers is None else workers

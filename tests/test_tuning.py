@@ -23,8 +23,9 @@ from dsa_tvm.codegen.reference import run_region
 from dsa_tvm.hw.config import load_config
 from dsa_tvm.tuning import Task, TunedKnobs, open_database, tune_task, tuned
 from dsa_tvm.tuning.measure import DSABuilder, SimRunner, secs_to_cycles
-from dsa_tvm.tuning.rank import cost_model_check, kendall_tau, measure_knobs, spearman
+from dsa_tvm.tuning.rank import cost_model_check, kendall_tau, spearman
 from dsa_tvm.tuning.search import FitsPostproc, KnobMutator
+from dsa_tvm.tuning.task import measure_knobs
 from dsa_tvm.tuning.tuner import commit_knobs, record_knobs, workload_records
 from tir_schedules.compute import ConvShape
 from tir_schedules.compute_vector import EltwiseShape, GlobalSumShape, WindowShape

@@ -218,9 +218,8 @@ def affine(fn: Callable[[Env], Any], env: Env,
         except KeyError as e:
             raise ExprError(f"unbound variable '{e.args[0]}' in index expression") from None
         return int(base), [coef.get(name, 0) if ext > 1 else 0 for name, ext in loops]
-    if getattr(fn, "linear", False) or 0 in dims:
-        # linear: affine everywhere, so the first point and one step along each loop
-        # are all there is to know; an empty nest has no grid to read them from
+    if 0 in dims:
+        # an empty nest has no grid to read the first point and the steps from
         at0 = {**env, **{name: 0 for name, _ in loops}}
         base = int(fn(at0))
         return base, [int(fn({**at0, name: 1})) - base if ext > 1 else 0
@@ -268,7 +267,6 @@ def flat_offset(indices: list[Any], shape: list[int]) -> Callable[[Env], Any]:
     def value(env: Env) -> Any:
         return sum(f(env) * st for f, st in zip(fns, strides))
 
-    value.linear = all(getattr(f, "linear", False) for f in fns)
     return value
 
 

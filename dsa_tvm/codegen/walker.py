@@ -307,7 +307,7 @@ class TirWalker:
     def _store(self, st: Any, lp, env: Env) -> None:
         plan = node_cached("copy", st, _copy_plan)
         if plan.kind == "init":
-            return self._init(st, lp, env, plan.pad_value)
+            return self._init(st, lp, env, plan.init_value)
         if plan.kind == "load":
             return self._dma_load(plan, lp, env)
         return self._dma_store(plan, lp, env)
@@ -487,7 +487,7 @@ class _Copy:
     dram_fn: Any = None
     cond: Any = None          # a load's padding condition (TIR), if any
     pad_fn: Any = None        # evaluator of a load's padding value
-    pad_value: int = 0        # an init's value
+    init_value: int = 0       # an init's value
     narrow: bool = False      # a store that narrows int32 to int8
 
 
@@ -499,7 +499,7 @@ def _copy_plan(st: Any) -> _Copy:
             if SCOPES[scope] != "acc":
                 raise CodegenError(f"only accumulator tiles can be initialized, "
                                    f"got '{dst.name}' = {value.value}")
-            return _Copy("init", pad_value=int(value.value))
+            return _Copy("init", init_value=int(value.value))
         while _cls(value) == "Cast":
             value = value.value
         cond = pad_fn = None

@@ -61,40 +61,8 @@ _ALU_KEYS = tuple((f"ext{k}", f"dst_stride{k}", f"a_stride{k}", f"b_stride{k}")
                   for k in range(ALU_LEVELS))
 
 
-def _dep_fields(d: Deps) -> dict[str, int]:
-    return {"pop_prev": int(d.pop_prev), "pop_next": int(d.pop_next),
-            "push_prev": int(d.push_prev), "push_next": int(d.push_next)}
-
-
-def to_fields(ins: Instruction) -> dict[str, int]:
-    """Flatten an instruction into its format's named integer fields."""
-    if not isinstance(ins, (Load, Store, Gemm, Alu, Sync, Finish)):
-        raise EncodeError(None, f"not an instruction: {ins!r}")
-    f: dict[str, int] = {"opcode": int(ins.opcode), **_dep_fields(ins.deps)}
-    if isinstance(ins, (Load, Store)):
-        f.update(buffer=int(ins.buffer), sram_base=ins.sram_base, dram_base=ins.dram_base,
-                 y_size=ins.y_size, x_size=ins.x_size, x_stride=ins.x_stride)
-        if isinstance(ins, Load):
-            f.update(pad_top=ins.pad_top, pad_bottom=ins.pad_bottom, pad_left=ins.pad_left,
-                     pad_right=ins.pad_right, pad_value=ins.pad_value,
-                     prefetch=int(ins.prefetch))
-    elif isinstance(ins, Gemm):
-        f.update(reset=int(ins.reset), acc_base=ins.acc_base, inp_base=ins.inp_base,
-                 wgt_base=ins.wgt_base)
-        for (e, a, i, w), lp in zip(_GEMM_KEYS, ins.loops):
-            f[e], f[a], f[i], f[w] = lp.extent, lp.acc, lp.inp, lp.wgt
-    elif isinstance(ins, Alu):
-        f.update(alu_op=int(ins.op), use_imm=int(ins.use_imm), dst_base=ins.dst_base,
-                 a_base=ins.a_base, b_base=ins.b_base, imm=ins.imm)
-        for (e, d, a, b), lp in zip(_ALU_KEYS, ins.loops):
-            f[e], f[d], f[a], f[b] = lp.extent, lp.dst, lp.a, lp.b
-    elif isinstance(ins, Sync):
-        f["engine"] = int(ins.on)
-    return f
-
-
 def _field_getter(name: str):
-    """``instruction -> int`` for one named field (the same value :func:`to_fields` gives)."""
+    """``instruction -> int`` for one named field of its format (``formats.FORMATS``)."""
     if name == "opcode":
         return lambda ins: int(ins.opcode)
     if name in ("pop_prev", "pop_next", "push_prev", "push_next"):
@@ -137,7 +105,7 @@ def _enum(index: int, enum_cls, value: int, field: str):
 
 
 def from_fields(f: dict[str, int], index: int = 0) -> Instruction:
-    """Rebuild an instruction from its named fields (inverse of :func:`to_fields`)."""
+    """Rebuild an instruction from its named fields (what :func:`decode_instruction` reads)."""
     deps = Deps(bool(f["pop_prev"]), bool(f["pop_next"]), bool(f["push_prev"]),
                 bool(f["push_next"]))
     op = _enum(index, Opcode, f["opcode"], "opcode")
@@ -181,12 +149,7 @@ def _layout(opcode: Opcode, cfg: "HardwareConfig") -> tuple[tuple[str, int, int,
 
 def check_fields(ins: Instruction, cfg: "HardwareConfig", index: int = 0) -> None:
     """EncodeError unless every field of the instruction fits its width."""
-    if not isinstance(ins, (Load, Store, Gemm, Alu, Sync, Finish)):
-        raise EncodeError(index, f"not an instruction: {ins!r}")
-    for name, get, _off, _mask, lo, hi, width, signed in _packer(ins.opcode, cfg):
-        v = get(ins)
-        if not lo <= v <= hi:
-            raise _range_error(ins, index, name, v, width, lo, hi, signed)
+    encode_instruction(ins, cfg, index)
 
 
 def encode_instruction(ins: Instruction, cfg: "HardwareConfig", index: int = 0,

@@ -14,8 +14,8 @@ processes shared by every builder and runner of this process (lowering and
 simulation are pure Python: threads would not run them side by side). A job
 carries the task as its JSON text and the knob dataclass, never a TVM object.
 
-:func:`measure_artifact` is the measurement itself; the RPC servers
-(:mod:`.rpc`) call the same function.
+:func:`measure_bytes` is the measurement itself; the RPC servers (:mod:`.rpc`)
+call the same function.
 """
 
 from __future__ import annotations
@@ -33,19 +33,10 @@ from tvm.support.popen_pool import PopenPoolExecutor
 
 from ..gc_pause import paused_gc
 from ..hw.config import HardwareConfig, config_from_dict
-from .task import Task, simulate_cycles, task_from_json, task_json_of, task_of
+from .task import Task, measure_knobs, simulate_cycles, task_from_json, task_json_of, task_of
 
 PROGRAM_FILE = "program.dsa"
 HW_FILE = "hardware.json"
-
-
-def build_artifact(mod, root: str | None = None) -> str:
-    """Lower one sampled module into a fresh folder of its own; the program file's path.
-
-    The artifact path must be a file in a folder of its own: MetaSchedule's
-    ``RemoveBuildArtifact`` callback deletes ``dirname(artifact_path)``."""
-    task, knobs = checked_knobs(mod)
-    return build_knobs(task, knobs, root)
 
 
 def checked_knobs(mod) -> tuple[Task, object]:
@@ -63,7 +54,10 @@ def checked_knobs(mod) -> tuple[Task, object]:
 
 
 def build_knobs(task: Task, knobs, root: str | None = None) -> str:
-    """The artifact of ``task`` scheduled with ``knobs`` (see :func:`build_artifact`)."""
+    """Lower ``task`` with ``knobs`` into a fresh folder of its own; the program file's path.
+
+    The artifact path must be a file in a folder of its own: MetaSchedule's
+    ``RemoveBuildArtifact`` callback deletes ``dirname(artifact_path)``."""
     with paused_gc():
         program = task.program(knobs).to_bytes(task.cfg)
     folder = Path(tempfile.mkdtemp(prefix="dsa-tune-", dir=root))
@@ -78,16 +72,15 @@ def _build_job(task_json: str, hw_json: str, knobs, root: str | None) -> str:
 
 
 def _measure_job(task_json: str, hw_json: str, knobs) -> int:
-    """Simulated cycles of ``knobs``'s program, in a worker process."""
-    task = task_from_json(task_json, hw_json)
-    return simulate_cycles(task.cfg, task.program(knobs))
+    """:func:`measure_knobs` in a worker process."""
+    return measure_knobs(task_from_json(task_json, hw_json), knobs)
 
 
 def measure_many(task: Task, knobs: list, workers: int = 1) -> list[int]:
     """Simulated cycles of each knob setting's program (on ``workers`` processes)."""
     pool = worker_pool(workers)
     if pool is None:
-        return [simulate_cycles(task.cfg, task.program(k)) for k in knobs]
+        return [measure_knobs(task, k) for k in knobs]
     task_json, hw_json = task_json_of(task.workload())
     jobs = [pool.submit(_measure_job, task_json, hw_json, k) for k in knobs]
     return [job.result() for job in jobs]
@@ -121,15 +114,10 @@ def _warm_worker() -> None:
     from . import task  # noqa: F401
 
 
-def read_hardware(path: str | Path) -> HardwareConfig:
-    """The hardware description an artifact (its program file) was built for."""
-    hw = Path(path).parent / HW_FILE
-    return config_from_dict(json.loads(hw.read_text()), str(hw))
-
-
 def read_artifact(path: str | Path) -> tuple[HardwareConfig, bytes]:
     """The hardware description and program container of an artifact (its program file)."""
-    return read_hardware(path), Path(path).read_bytes()
+    hw = Path(path).parent / HW_FILE
+    return config_from_dict(json.loads(hw.read_text()), str(hw)), Path(path).read_bytes()
 
 
 def measure_bytes(cfg: HardwareConfig, program: bytes) -> int:
@@ -140,9 +128,10 @@ def measure_bytes(cfg: HardwareConfig, program: bytes) -> int:
         return simulate_cycles(cfg, Simulator(cfg).load_program(program))
 
 
-def measure_artifact(path: str | Path) -> int:
+def measure_artifact(path: str | Path) -> float:
+    """An artifact's simulated time, in seconds at its hardware's clock."""
     cfg, program = read_artifact(path)
-    return measure_bytes(cfg, program)
+    return cycles_to_secs(cfg, measure_bytes(cfg, program))
 
 
 def cycles_to_secs(cfg: HardwareConfig, cycles: int) -> float:
@@ -170,26 +159,17 @@ class DSABuilder(PyBuilder):
         if self.root is None:  # artifact folders live in a folder of this builder's own
             self.root = tempfile.mkdtemp(prefix="dsa-tune-artifacts-")
         pool = worker_pool(self.workers)
-        jobs: list[Future | str] = []
+        jobs: list[Future] = []
         for inp in build_inputs:
             try:
                 task, knobs = checked_knobs(inp.mod)
             except Exception as e:  # noqa: BLE001 - reported to MetaSchedule as a build error
-                jobs.append(_error(e))
-                continue
-            if pool is None:
-                try:
-                    jobs.append(_done(build_knobs(task, knobs, self.root)))
-                except Exception as e:  # noqa: BLE001 - a build error, as above
-                    jobs.append(_error(e))
-                continue
-            task_json, hw_json = task_json_of(inp.mod)
-            jobs.append(pool.submit(_build_job, task_json, hw_json, knobs, self.root))
+                jobs.append(_failed(e))
+            else:
+                jobs.append(_now(build_knobs, task, knobs, self.root) if pool is None else
+                            pool.submit(_build_job, *task_json_of(inp.mod), knobs, self.root))
         out = []
         for job in jobs:
-            if isinstance(job, str):
-                out.append(BuilderResult(None, job))
-                continue
             try:
                 out.append(BuilderResult(job.result(), None))
             except Exception as e:  # noqa: BLE001 - a build error, as above
@@ -203,28 +183,39 @@ class DSABuilder(PyBuilder):
             shutil.rmtree(self.root, ignore_errors=True)
 
 
-def _done(value) -> Future:
+def _failed(e: BaseException) -> Future:
     f: Future = Future()
-    f.set_result(value)
+    f.set_exception(e)
+    return f
+
+
+def _now(fn, *args) -> Future:
+    """``fn(*args)`` called here, as a finished future (its result or its exception)."""
+    f: Future = Future()
+    try:
+        f.set_result(fn(*args))
+    except Exception as e:  # noqa: BLE001 - the caller reports it
+        f.set_exception(e)
     return f
 
 
 @derived_object
-class PoolFuture(PyRunnerFuture):
-    """A measurement running in a worker (or already done): cycles -> seconds."""
+class SecondsFuture(PyRunnerFuture):
+    """A measurement in a worker, on an RPC server or already done: its seconds, or the
+    error (after ``error_prefix``) for MetaSchedule."""
 
-    def __init__(self, future: Future, cfg: HardwareConfig):
+    def __init__(self, future: Future, error_prefix: str = ""):
         super().__init__()
-        self.future, self.cfg = future, cfg
+        self.future, self.error_prefix = future, error_prefix
 
     def done(self) -> bool:
         return self.future.done()
 
     def result(self) -> RunnerResult:
         try:
-            return RunnerResult([cycles_to_secs(self.cfg, self.future.result())], None)
+            return RunnerResult([self.future.result()], None)
         except Exception as e:  # noqa: BLE001 - reported to MetaSchedule as a run error
-            return RunnerResult(None, _error(e))
+            return RunnerResult(None, self.error_prefix + _error(e))
 
 
 @derived_object
@@ -237,23 +228,6 @@ class SimRunner(PyRunner):
 
     def run(self, runner_inputs: list[RunnerInput]) -> list:
         pool = worker_pool(self.workers)
-        out = []
-        for inp in runner_inputs:
-            path = inp.artifact_path
-            try:
-                cfg = read_hardware(path)
-            except Exception as e:  # noqa: BLE001 - a run error
-                failed: Future = Future()
-                failed.set_exception(e)
-                out.append(PoolFuture(failed, None))
-                continue
-            if pool is None:
-                f: Future = Future()
-                try:
-                    f.set_result(measure_artifact(path))
-                except Exception as e:  # noqa: BLE001 - a run error
-                    f.set_exception(e)
-                out.append(PoolFuture(f, cfg))
-            else:
-                out.append(PoolFuture(pool.submit(measure_artifact, path), cfg))
-        return out
+        return [SecondsFuture(_now(measure_artifact, inp.artifact_path) if pool is None else
+                              pool.submit(measure_artifact, inp.artifact_path))
+                for inp in runner_inputs]

@@ -47,12 +47,6 @@ def kendall_tau(a, b) -> float:
     return float((da * db).sum() / den) if den else 0.0
 
 
-def measure_knobs(task: Task, knobs) -> int:
-    from .task import simulate_cycles
-
-    return simulate_cycles(task.cfg, task.program(knobs))
-
-
 def cost_model_check(task: Task, n_train: int = 48, n_test: int = 48, seed: int = 0,
                      workers: int = 1) -> dict:
     """Train the XGB cost model on ``n_train`` measured random candidates, rank ``n_test``

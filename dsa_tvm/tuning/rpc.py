@@ -22,10 +22,10 @@ import argparse
 import json
 import os
 import time
-from concurrent.futures import Future, ThreadPoolExecutor
+from concurrent.futures import ThreadPoolExecutor
 
 from tvm.ir.utils import derived_object
-from tvm.s_tir.meta_schedule.runner import PyRunner, PyRunnerFuture, RunnerInput, RunnerResult
+from tvm.s_tir.meta_schedule.runner import PyRunner, RunnerInput
 
 MEASURE = "dsa.tuning.measure"
 
@@ -50,22 +50,6 @@ def register_measure() -> None:
 def measure_remote(session, program: bytes, hardware_json: str) -> dict:
     """Cycles of a program measured by the server behind ``session`` (and its pid)."""
     return json.loads(str(session.get_function(MEASURE)(program, hardware_json)))
-
-
-@derived_object
-class _Pending(PyRunnerFuture):
-    def __init__(self, future: Future):
-        super().__init__()
-        self.future = future
-
-    def done(self) -> bool:
-        return self.future.done()
-
-    def result(self) -> RunnerResult:
-        try:
-            return RunnerResult([self.future.result()], None)
-        except Exception as e:  # noqa: BLE001 - reported to MetaSchedule as a run error
-            return RunnerResult(None, f"RPC measurement failed: {type(e).__name__}: {e}")
 
 
 @derived_object
@@ -98,8 +82,10 @@ class RPCSimRunner(PyRunner):
         return cycles_to_secs(cfg, int(got["cycles"]))
 
     def run(self, runner_inputs: list[RunnerInput]) -> list:
-        return [_Pending(self.pool.submit(self._measure, inp.artifact_path))
-                for inp in runner_inputs]
+        from .measure import SecondsFuture
+
+        return [SecondsFuture(self.pool.submit(self._measure, inp.artifact_path),
+                              "RPC measurement failed: ") for inp in runner_inputs]
 
 
 def rpc_runner(host: str, port: int, key: str = "dsa", max_workers: int = 2) -> RPCSimRunner:

@@ -53,6 +53,11 @@ def reject_reason(task: Task, knobs) -> str | None:
     return None
 
 
+def searchable(task: Task) -> list:
+    """The knob settings the search may measure: they fit and are within the budget."""
+    return [k for k in task.candidates() if reject_reason(task, k) is None]
+
+
 def _sample(sch) -> None:
     from tir_schedules.space import sample_knobs
 

@@ -169,3 +169,8 @@ def simulate_cycles(cfg: HardwareConfig, prog: Program) -> int:
 
     with paused_gc():
         return Simulator(cfg).cycles(prog)
+
+
+def measure_knobs(task: Task, knobs) -> int:
+    """Simulated cycles of ``task`` scheduled with ``knobs`` (lowered and timed here)."""
+    return simulate_cycles(task.cfg, task.program(knobs))

@@ -18,7 +18,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
-from .task import Task
+from .task import Task, measure_knobs
 
 
 @dataclass
@@ -102,18 +102,17 @@ def tune_task(task: Task, trials: int, db, work_dir: str | Path, runner=None,
     from .features import KnobFeatures
     from .measure import DSABuilder, SimRunner, secs_to_cycles
     from .progress import TrialProgress
-    from .search import reject_reason, space, strategy
+    from .search import searchable, space, strategy
 
     t0 = time.perf_counter()
     work_dir = Path(work_dir)
     work_dir.mkdir(parents=True, exist_ok=True)
     workers = default_workers() if workers is None else workers
     default = task.default_knobs()
-    default_cycles = _measure_local(task, default)
+    default_cycles = measure_knobs(task, default)
     commit_knobs(db, task, default, default_cycles)
     before = len(workload_records(db, task))
-    n_space = sum(reject_reason(task, k) is None for k in task.candidates())
-    search = min(trials - 1, n_space - 1)
+    search = min(trials - 1, len(searchable(task)) - 1)
     if search > 0:
         _quiet_metaschedule()
         builder = DSABuilder(str(work_dir / "artifacts"), workers=workers)
@@ -139,12 +138,6 @@ def tune_task(task: Task, trials: int, db, work_dir: str | Path, runner=None,
     best_cycles = secs_to_cycles(task.cfg, float(best.run_secs[0]))
     return TaskResult(task, default, default_cycles, best_knobs, best_cycles,
                       1 + len(records) - before, time.perf_counter() - t0)
-
-
-def _measure_local(task: Task, knobs) -> int:
-    from .task import simulate_cycles
-
-    return simulate_cycles(task.cfg, task.program(knobs))
 
 
 def _quiet_metaschedule() -> None:
