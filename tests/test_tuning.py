@@ -16,6 +16,8 @@ import numpy as np
 import pytest
 import tvm
 import tvm_ffi
+from hypothesis import given, settings
+from hypothesis import strategies as st
 from tvm import s_tir
 
 import dsa_tvm
@@ -24,13 +26,20 @@ from dsa_tvm.hw.config import load_config
 from dsa_tvm.tuning import Task, TunedKnobs, open_database, tune_task, tuned
 from dsa_tvm.tuning.measure import DSABuilder, SimRunner, secs_to_cycles
 from dsa_tvm.tuning.rank import cost_model_check, kendall_tau, spearman
-from dsa_tvm.tuning.search import FitsPostproc, KnobMutator
+from dsa_tvm.tuning.search import (
+    LEANER,
+    FitsPostproc,
+    KnobMutator,
+    reject_reason,
+    searchable,
+    within_budget,
+)
 from dsa_tvm.tuning.task import measure_knobs
 from dsa_tvm.tuning.tuner import commit_knobs, record_knobs, workload_records
 from tir_schedules.compute import ConvShape
 from tir_schedules.compute_vector import EltwiseShape, GlobalSumShape, WindowShape
 from tir_schedules.matmul import MatmulShape
-from tir_schedules.space import check_knobs, knobs_from_mod, perf_shape, sample_knobs
+from tir_schedules.space import check_knobs, kind_of, knobs_from_mod, perf_shape, sample_knobs
 
 from .test_lowering import batch_matmul, bias_add, check, conv, qt, region
 
@@ -86,6 +95,64 @@ def test_knobs_are_trace_decisions(kind):
         t.apply_to_schedule(s, remove_postproc=False)
         seen.add(knobs_from_mod(s.mod, task.shape))
     assert len(seen - {default}) >= 2
+
+
+COUNTED = {**SHAPES,
+           "window_dw": WindowShape("dw", 1, 12, 12, 2, 3, 3, (1, 1), (1, 1, 1, 1), (1, 1), 16,
+                                    0, 0, (-128, 127)),
+           "conv_dw": conv_shape(icb=1, ocb=4, depthwise=True),
+           "conv_1x1_s2": dataclasses.replace(conv_shape(k=1), strides=(2, 2))}
+
+
+@settings(max_examples=40, deadline=None)
+@given(data=st.data())
+def test_instruction_counts_match_the_lowered_programs(data):
+    """The search's instruction count of a knob setting (no lowering) against the program
+    the walker makes: exact for a tile away from the borders, within 15% overall (border
+    tiles of padded layers differ by a few rows)."""
+    kind = data.draw(st.sampled_from(sorted(COUNTED)))
+    cfg = data.draw(st.sampled_from([DEFAULT, EDGE]))
+    shape = COUNTED[kind]
+    if cfg is EDGE:
+        shape = perf_shape(_with_block(shape, EDGE))
+    task = Task(cfg, shape)
+    knobs = data.draw(st.sampled_from(task.candidates()))
+    got = len(task.program(knobs).instructions)
+    counted = kind_of(shape).instructions(cfg, shape, knobs)
+    assert abs(counted / got - 1) <= 0.15, (kind, cfg.name, knobs, counted, got)
+    if not any(getattr(shape, "padding", (0,))):
+        assert counted == got, (kind, cfg.name, knobs)
+
+
+def _with_block(shape, cfg):
+    """``shape`` with the block sizes of ``cfg``."""
+    if isinstance(shape, (ConvShape, MatmulShape)):
+        return dataclasses.replace(shape, block_in=cfg.block_in, block_out=cfg.block_out)
+    return dataclasses.replace(shape, block=cfg.block_out)
+
+
+def test_search_skips_settings_with_a_leaner_twin():
+    """A tall, thin pooling tile takes several times the instructions of its wide, short
+    twin for the same estimate: the search measures the twin only, says why it skips the
+    other, and skips nothing without such a twin."""
+    shape = WindowShape("max", 1, 56, 56, 8, 3, 3, (2, 2), (1, 1, 1, 1), (1, 1), 8, -128, 0,
+                        (-128, 127))
+    task = Task(EDGE, shape)
+    kind = kind_of(shape)
+    budget, search = within_budget(task), set(searchable(task))
+    est = {k: kind.estimate(EDGE, shape, k) for k in budget}
+    n = {k: kind.instructions(EDGE, shape, k) for k in budget}
+    skipped = [k for k in budget if k not in search]
+    assert skipped and len(search) < len(budget)
+    for k in budget:
+        twins = [t for t in budget if est[t] <= est[k] and LEANER * n[t] <= n[k]]
+        assert (k in search) == (not twins), k
+        if twins:
+            reason = reject_reason(task, k)
+            assert f"{n[k]:,} instructions" in reason and "estimated no slower" in reason
+    tall = dataclasses.replace(task.default_knobs(), tile_oh=14, tile_ow=1)
+    if tall in budget:
+        assert tall not in search
 
 
 def test_perf_shape_ignores_values_only():

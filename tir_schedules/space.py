@@ -27,6 +27,13 @@ from dsa_tvm.hw.config import HardwareConfig
 
 from .compute import ConvShape, conv2d
 from .compute_vector import EltwiseShape, GlobalSumShape, WindowShape, eltwise, global_sum, window
+from .counts import (
+    conv_instructions,
+    eltwise_instructions,
+    global_sum_instructions,
+    matmul_instructions,
+    window_instructions,
+)
 from .matmul import (
     MatmulKnobs,
     MatmulShape,
@@ -72,28 +79,32 @@ class Kind:
     candidates: Callable              # (cfg, shape) -> knobs that fit
     default: Callable                 # (cfg, shape) -> knobs
     estimate: Callable                # (cfg, shape, knobs) -> cycles (analytic)
+    instructions: Callable            # (cfg, shape, knobs) -> instructions of the program
     #: knob field -> (block, loop index) of the loop it tiles, for the tile-size knobs
     tiles: Callable[[object], dict[str, tuple[str, int]]]
 
 
 KINDS: dict[type, Kind] = {
     ConvShape: Kind(ConvKnobs, conv2d, schedule_conv2d, fits, candidate_knobs, default_conv_knobs,
-                    estimate_cycles,
+                    estimate_cycles, conv_instructions,
                     lambda s: {"tile_oh": ("conv", 1), "tile_ow": ("conv", 2),
                                "tile_ocb": ("conv", 3)}),
     WindowShape: Kind(WindowKnobs, window, schedule_window, vector_fits, candidate_vector_knobs,
-                      default_vector_knobs, estimate_vector_cycles,
+                      default_vector_knobs, estimate_vector_cycles, window_instructions,
                       lambda s: {"tile_oh": ("acc", 1), "tile_ow": ("acc", 2),
                                  "tile_cb": ("acc", 3)}),
     GlobalSumShape: Kind(GlobalSumKnobs, global_sum, schedule_global_sum, vector_fits,
                          candidate_vector_knobs, default_vector_knobs, estimate_vector_cycles,
+                         global_sum_instructions,
                          lambda s: {"tile_hw": ("acc", 3), "tile_cb": ("acc", 1)}),
     EltwiseShape: Kind(EltwiseKnobs, eltwise, schedule_eltwise, vector_fits,
                        candidate_vector_knobs, default_vector_knobs, estimate_vector_cycles,
+                       eltwise_instructions,
                        lambda s: {"tile_p": ("acc" if s.kind == "add" else "requant", 0),
                                   "tile_cb": ("acc" if s.kind == "add" else "requant", 1)}),
     MatmulShape: Kind(MatmulKnobs, batch_matmul, schedule_batch_matmul, matmul_fits,
                       candidate_matmul_knobs, default_matmul_knobs, estimate_matmul_cycles,
+                      matmul_instructions,
                       lambda s: {"tile_m": ("matmul", 1), "tile_nb": ("matmul", 2)}),
 }
 

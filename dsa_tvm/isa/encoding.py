@@ -207,9 +207,11 @@ def decode_program_words(data: bytes, cfg: "HardwareConfig") -> list[Instruction
 
 
 def _decode_columns(data: bytes, nbytes: int, cfg: "HardwareConfig") -> list[Instruction]:
-    """Every word's fields extracted column-wise with numpy (words of one opcode at a
-    time), then the instructions built; the same result as :func:`decode_instruction`
-    on each word. Raises DecodeError on any malformed word without saying which first."""
+    """Every distinct word's fields extracted column-wise with numpy (words of one opcode
+    at a time), then its instruction built once: equal words share one (immutable)
+    instruction object, so a program whose tiles repeat their compute instructions
+    decodes each of those once. The same result as :func:`decode_instruction` on each
+    word. Raises DecodeError on any malformed word without saying which first."""
     n = len(data) // nbytes
     raw = np.frombuffer(data, np.uint8).reshape(n, nbytes)
     opcodes = raw[:, 0] & 0b111
@@ -218,7 +220,7 @@ def _decode_columns(data: bytes, nbytes: int, cfg: "HardwareConfig") -> list[Ins
         if opcode not in FORMATS:
             raise DecodeError(None, "malformed word")
         idx = np.flatnonzero(opcodes == opcode)
-        rows = raw[idx]
+        rows, which = np.unique(raw[idx], axis=0, return_inverse=True)
         names, columns, end = [], [], 0
         for name, _get, off, _mask, _lo, _hi, width, signed in _packer(Opcode(opcode), cfg):
             names.append(name)
@@ -226,8 +228,12 @@ def _decode_columns(data: bytes, nbytes: int, cfg: "HardwareConfig") -> list[Ins
             end = off + width
         if _bits_above(rows, end):
             raise DecodeError(None, "malformed word")
-        for k, values in zip(idx.tolist(), zip(*columns)):
-            out[k] = from_fields(dict(zip(names, values)), k)
+        first = np.full(len(rows), n, np.int64)
+        np.minimum.at(first, which.reshape(-1), idx)  # index of each word's first use
+        built = [from_fields(dict(zip(names, values)), k)
+                 for k, values in zip(first.tolist(), zip(*columns))]
+        for k, u in zip(idx.tolist(), which.reshape(-1).tolist()):
+            out[k] = built[u]
     return out  # type: ignore[return-value]
 
 

@@ -116,13 +116,20 @@ def schedule(instrs: list[Instruction], cfg: "HardwareConfig",
              on_start: Callable[[int, Instruction, int, int], None] | None = None) -> Schedule:
     """Simulate the timing; ``on_start(i, ins, start, end)`` runs in start-time order."""
     n = len(instrs)
-    eng = [int(ins.engine) for ins in instrs]
     pipelined = (True, False, True)  # DMA engines keep transfers outstanding; compute blocks
-    toks = [_token_plan(ins) for ins in instrs]
     bw = cfg.bandwidth_bytes_per_cycle
-    # DMA: bus cycles (>= 0, completes `lat` after the bus); others: -duration
-    cost = [math.ceil(dma_bytes(ins, cfg) / bw) if isinstance(ins, (Load, Store))
-            else -compute_cycles(ins, cfg) for ins in instrs]
+    plans: dict[int, tuple] = {}  # id -> (engine, tokens, cost): a shared object plans once
+    eng, toks, cost = [], [], []
+    for ins in instrs:
+        p = plans.get(id(ins))
+        if p is None:
+            # DMA: bus cycles (>= 0, completes `lat` after the bus); others: -duration
+            c = (math.ceil(dma_bytes(ins, cfg) / bw) if isinstance(ins, (Load, Store))
+                 else -compute_cycles(ins, cfg))
+            p = plans[id(ins)] = (int(ins.engine), _token_plan(ins), c)
+        eng.append(p[0])
+        toks.append(p[1])
+        cost.append(p[2])
     depth = (cfg.load_depth, cfg.compute_depth, cfg.store_depth)
     lat, disp_cycles = cfg.latency_cycles, cfg.dispatch_cycles
     start = [0] * n

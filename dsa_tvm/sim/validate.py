@@ -3,9 +3,10 @@
 Every address a loop nest or DMA transfer can reach is known from its fields,
 so out-of-range scratchpad or DRAM accesses, illegal token flags, empty loops
 and malformed immediates are rejected up front with the instruction index and
-the reason. The encoder's field-width checks run only for programs that do not
-already vouch for them (see ``Program.mark_fields_checked``: decoded, encoded
-and builder-made programs do).
+the reason; an instruction object that appears several times (a decoded program
+shares one object among equal words) is checked once. The encoder's field-width
+checks run only for programs that do not already vouch for them (see
+``Program.mark_fields_checked``: decoded, encoded and builder-made programs do).
 """
 
 from __future__ import annotations
@@ -71,7 +72,12 @@ def validate_program(program: "Program", cfg: "HardwareConfig") -> list[Footprin
     bounds = [(r.offset, r.offset + r.nbytes, r.kind, r.name) for r in program.regions]
     depths = {"inp": cfg.inp_depth, "wgt": cfg.wgt_depth, "acc": cfg.acc_depth}
     last = len(ins_list) - 1
+    done: dict[int, Footprint] = {}  # id -> footprint of an instruction object checked already
     for i, ins in enumerate(ins_list):
+        fp = done.get(id(ins))
+        if fp is not None and not isinstance(ins, Finish):  # the same object, checked above
+            fps.append(fp)
+            continue
         d = ins.deps
         if d.pop_prev or d.push_prev or d.pop_next or d.push_next:
             _check_tokens(i, ins)
@@ -117,6 +123,7 @@ def validate_program(program: "Program", cfg: "HardwareConfig") -> list[Footprin
             except EncodeError as e:
                 raise SimulationError(i, str(e).split(": ", 1)[-1]) from None
         fps.append(fp)
+        done[id(ins)] = fp
     if check:
         program.mark_fields_checked(cfg)
     return fps

@@ -11,6 +11,11 @@ mutator, search strategy.
   default schedule's estimate: tiny tiles mean hundreds of thousands of
   instructions, minutes to lower and never fast (per-instruction fill/drain and
   DMA latency), so measuring them would spend the trial budget on nothing.
+  And it drops a candidate when another one is estimated no slower with at most
+  ``1 / LEANER`` of its instructions (``tir_schedules.counts``): a tall, thin
+  tile can need eight times the instructions of its wide, short twin for the
+  same cycles, and lowering and timing a candidate costs time in proportion to
+  its instructions; the leaner twin is measured instead.
 * :class:`KnobMutator` — changes one decision of a trace: a tile size to a
   neighbouring or a random divisor of its loop, a boolean knob to its other
   value. (The stock mutators only touch decisions that feed particular
@@ -30,6 +35,9 @@ from .task import Task, task_of
 
 #: candidates estimated slower than this many times the default's estimate are not measured
 BUDGET = 3.0
+#: a candidate is not measured when another one is estimated no slower and its program
+#: is at least this many times smaller
+LEANER = 2.0
 
 
 @lru_cache(maxsize=256)
@@ -39,13 +47,9 @@ def default_estimate(task: Task) -> float:
     return kind_of(task.shape).estimate(task.cfg, task.shape, task.default_knobs())
 
 
-def reject_reason(task: Task, knobs) -> str | None:
-    """None if the search should measure ``knobs``: they fit and are within the budget."""
-    from tir_schedules.space import check_knobs, kind_of
+def _over_budget(task: Task, knobs) -> str | None:
+    from tir_schedules.space import kind_of
 
-    problem = check_knobs(task.cfg, task.shape, knobs)
-    if problem:
-        return problem
     est = kind_of(task.shape).estimate(task.cfg, task.shape, knobs)
     if est > BUDGET * default_estimate(task):
         return (f"estimated {est:,.0f} cycles, over {BUDGET:g}x the default schedule's "
@@ -53,9 +57,56 @@ def reject_reason(task: Task, knobs) -> str | None:
     return None
 
 
+@lru_cache(maxsize=64)
+def _leaner_twins(task: Task) -> dict:
+    """knobs -> (leaner knobs, their instructions, these knobs' instructions) for every
+    fitting candidate within the budget that another such candidate beats in the
+    ``LEANER`` sense (see the module docstring)."""
+    from tir_schedules.space import kind_of
+
+    kind = kind_of(task.shape)
+    rows = sorted((kind.estimate(task.cfg, task.shape, k),
+                   kind.instructions(task.cfg, task.shape, k), i, k)
+                  for i, k in enumerate(task.candidates()) if _over_budget(task, k) is None)
+    out, best, j = {}, None, 0
+    while j < len(rows):  # settings of equal estimate are each other's competitors
+        end = j
+        while end < len(rows) and rows[end][0] == rows[j][0]:
+            end += 1
+        for row in rows[j:end]:
+            if best is None or row[1] < best[1]:
+                best = row
+        for _, n, _, k in rows[j:end]:
+            if best[1] * LEANER <= n:
+                out[k] = (best[3], best[1], n)
+        j = end
+    return out
+
+
+def reject_reason(task: Task, knobs) -> str | None:
+    """None if the search should measure ``knobs``: they fit, are within the budget, and
+    no leaner setting is estimated as fast."""
+    from tir_schedules.space import check_knobs
+
+    problem = check_knobs(task.cfg, task.shape, knobs) or _over_budget(task, knobs)
+    if problem:
+        return problem
+    twin = _leaner_twins(task).get(knobs)
+    if twin:
+        return (f"{twin[2]:,} instructions, where {twin[0]} is estimated no slower with "
+                f"{twin[1]:,}")
+    return None
+
+
 def searchable(task: Task) -> list:
-    """The knob settings the search may measure: they fit and are within the budget."""
+    """The knob settings the search may measure (see :func:`reject_reason`)."""
     return [k for k in task.candidates() if reject_reason(task, k) is None]
+
+
+def within_budget(task: Task) -> list:
+    """The knob settings that fit and are within the budget, leaner twins or not (what
+    the benchmark enumerates to judge the search, the ``LEANER`` rule included)."""
+    return [k for k in task.candidates() if _over_budget(task, k) is None]
 
 
 def _sample(sch) -> None:
@@ -70,6 +121,13 @@ def space():
 
     return ScheduleFn(_sample, sch_rules=[], postprocs=[FitsPostproc()],
                       mutator_probs={KnobMutator(): 1.0})
+
+
+def population_for(space_size: int) -> int:
+    """The evolutionary search's population for a space of ``space_size`` settings: 96, or
+    the space itself when smaller (a population larger than the space only repeats its
+    points, and each one costs a sampled, replayed and checked trace per generation)."""
+    return max(16, min(96, space_size))
 
 
 def strategy(population: int = 96):

@@ -102,7 +102,7 @@ def tune_task(task: Task, trials: int, db, work_dir: str | Path, runner=None,
     from .features import KnobFeatures
     from .measure import DSABuilder, SimRunner, secs_to_cycles
     from .progress import TrialProgress
-    from .search import searchable, space, strategy
+    from .search import population_for, searchable, space, strategy
 
     t0 = time.perf_counter()
     work_dir = Path(work_dir)
@@ -112,7 +112,7 @@ def tune_task(task: Task, trials: int, db, work_dir: str | Path, runner=None,
     default_cycles = measure_knobs(task, default)
     commit_knobs(db, task, default, default_cycles)
     before = len(workload_records(db, task))
-    search = min(trials - 1, len(searchable(task)) - 1)
+    search = min(trials - 1, len([k for k in searchable(task) if k != default]))
     if search > 0:
         _quiet_metaschedule()
         builder = DSABuilder(str(work_dir / "artifacts"), workers=workers)
@@ -127,7 +127,8 @@ def tune_task(task: Task, trials: int, db, work_dir: str | Path, runner=None,
                                                 num_warmup_samples=per_iter,
                                                 adaptive_training=False),
                             measure_callbacks=[*MeasureCallback.create("default"), bar],
-                            space=space(), strategy=strategy(), task_scheduler="round-robin",
+                            space=space(), strategy=strategy(population_for(len(searchable(task)))),
+                            task_scheduler="round-robin",
                             num_tuning_cores=1, seed=seed)
         finally:
             bar.close()
