@@ -27,6 +27,7 @@ from dsa_tvm.tuning import Task, TunedKnobs, open_database, tune_task, tuned
 from dsa_tvm.tuning.measure import DSABuilder, SimRunner, secs_to_cycles
 from dsa_tvm.tuning.rank import cost_model_check, kendall_tau, spearman
 from dsa_tvm.tuning.search import (
+    LEAN_FLOOR,
     LEANER,
     FitsPostproc,
     KnobMutator,
@@ -145,7 +146,8 @@ def test_search_skips_settings_with_a_leaner_twin():
     skipped = [k for k in budget if k not in search]
     assert skipped and len(search) < len(budget)
     for k in budget:
-        twins = [t for t in budget if est[t] <= est[k] and LEANER * n[t] <= n[k]]
+        twins = [t for t in budget if est[t] <= est[k] and LEANER * n[t] <= n[k]
+                 and n[k] > LEAN_FLOOR]
         assert (k in search) == (not twins), k
         if twins:
             reason = reject_reason(task, k)

@@ -11,11 +11,14 @@ mutator, search strategy.
   default schedule's estimate: tiny tiles mean hundreds of thousands of
   instructions, minutes to lower and never fast (per-instruction fill/drain and
   DMA latency), so measuring them would spend the trial budget on nothing.
-  And it drops a candidate when another one is estimated no slower with at most
-  ``1 / LEANER`` of its instructions (``tir_schedules.counts``): a tall, thin
-  tile can need eight times the instructions of its wide, short twin for the
-  same cycles, and lowering and timing a candidate costs time in proportion to
-  its instructions; the leaner twin is measured instead.
+  And it drops a candidate of over ``LEAN_FLOOR`` instructions when another one
+  is estimated no slower with at most ``1 / LEANER`` of its instructions
+  (``tir_schedules.counts``): a tall, thin tile can need eight times the
+  instructions of its wide, short twin for the same cycles, and lowering and
+  timing a candidate costs time in proportion to its instructions; the leaner
+  twin is measured instead. Smaller programs take well under a second to
+  measure and are never dropped for this (the estimate misses what tuning is
+  for, so the search keeps every setting it can afford).
 * :class:`KnobMutator` — changes one decision of a trace: a tile size to a
   neighbouring or a random divisor of its loop, a boolean knob to its other
   value. (The stock mutators only touch decisions that feed particular
@@ -36,8 +39,11 @@ from .task import Task, task_of
 #: candidates estimated slower than this many times the default's estimate are not measured
 BUDGET = 3.0
 #: a candidate is not measured when another one is estimated no slower and its program
-#: is at least this many times smaller
+#: is at least this many times smaller ...
 LEANER = 2.0
+#: ... and its own program has more instructions than this (about half a second to lower
+#: and time)
+LEAN_FLOOR = 4000
 
 
 @lru_cache(maxsize=256)
@@ -61,7 +67,7 @@ def _over_budget(task: Task, knobs) -> str | None:
 def _leaner_twins(task: Task) -> dict:
     """knobs -> (leaner knobs, their instructions, these knobs' instructions) for every
     fitting candidate within the budget that another such candidate beats in the
-    ``LEANER`` sense (see the module docstring)."""
+    ``LEANER`` sense and that is over ``LEAN_FLOOR`` (see the module docstring)."""
     from tir_schedules.space import kind_of
 
     kind = kind_of(task.shape)
@@ -77,7 +83,7 @@ def _leaner_twins(task: Task) -> dict:
             if best is None or row[1] < best[1]:
                 best = row
         for _, n, _, k in rows[j:end]:
-            if best[1] * LEANER <= n:
+            if n > LEAN_FLOOR and best[1] * LEANER <= n:
                 out[k] = (best[3], best[1], n)
         j = end
     return out
@@ -121,13 +127,6 @@ def space():
 
     return ScheduleFn(_sample, sch_rules=[], postprocs=[FitsPostproc()],
                       mutator_probs={KnobMutator(): 1.0})
-
-
-def population_for(space_size: int) -> int:
-    """The evolutionary search's population for a space of ``space_size`` settings: 96, or
-    the space itself when smaller (a population larger than the space only repeats its
-    points, and each one costs a sampled, replayed and checked trace per generation)."""
-    return max(16, min(96, space_size))
 
 
 def strategy(population: int = 96):

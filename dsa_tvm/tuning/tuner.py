@@ -102,7 +102,7 @@ def tune_task(task: Task, trials: int, db, work_dir: str | Path, runner=None,
     from .features import KnobFeatures
     from .measure import DSABuilder, SimRunner, secs_to_cycles
     from .progress import TrialProgress
-    from .search import population_for, searchable, space, strategy
+    from .search import searchable, space, strategy
 
     t0 = time.perf_counter()
     work_dir = Path(work_dir)
@@ -127,8 +127,7 @@ def tune_task(task: Task, trials: int, db, work_dir: str | Path, runner=None,
                                                 num_warmup_samples=per_iter,
                                                 adaptive_training=False),
                             measure_callbacks=[*MeasureCallback.create("default"), bar],
-                            space=space(), strategy=strategy(population_for(len(searchable(task)))),
-                            task_scheduler="round-robin",
+                            space=space(), strategy=strategy(), task_scheduler="round-robin",
                             num_tuning_cores=1, seed=seed)
         finally:
             bar.close()
