@@ -29,6 +29,7 @@ class RegionDecision:
     cpu_us: float | None = None
     compile_s: float = 0.0
     region: Any = field(default=None, repr=False)   # the codegen.layers.Region
+    schedules: str = ""          # with a tuning database: tuned or default, and why
 
 
 @dataclass
@@ -56,6 +57,8 @@ class CompileReport:
                         f"~{r.cpu_us:.1f} us")
             lines.append(f"  {r.name}: {r.target.upper()} ({len(r.layers)} layers, "
                          f"{r.macs:,} MACs){nums} - {r.reason}")
+            if r.schedules:
+                lines.append(f"    {r.schedules}")
         if self.partition is not None:
             lines.append(str(self.partition))
         return "\n".join(lines)
@@ -98,7 +101,7 @@ def offload_for_dsa(mod, cfg: HardwareConfig):
     """Partition ``mod`` for ``cfg``, compile each region, offload the ones worth it."""
     from relay_passes import OffloadResult, offload_regions, partition_for_dsa
 
-    from .lowering.region import UnsupportedLayer, compile_region
+    from .lowering.region import UnsupportedLayer
     from .sim.simulator import Simulator
     from .tuning.apply import current_chooser
 
@@ -114,13 +117,12 @@ def offload_for_dsa(mod, cfg: HardwareConfig):
         report.regions.append(d)
         t1 = time.perf_counter()
         try:
-            prog = compile_region(region, cfg, choose_knobs).program
+            prog, d.dsa_cycles, d.schedules = _region_program(region, cfg, choose_knobs, sim)
         except UnsupportedLayer as e:
             d.reason = f"codegen: {e}"
             return None
         finally:
             d.compile_s = time.perf_counter() - t1
-        d.dsa_cycles = sim.run(prog, timing_only=True, check_hazards=False).cycles
         d.dsa_us = d.dsa_cycles / cfg.mhz + cfg.launch_overhead_us
         d.cpu_us = cpu_estimate_us(region_ops(region), cfg)
         if d.dsa_us > d.cpu_us:
@@ -137,6 +139,32 @@ def offload_for_dsa(mod, cfg: HardwareConfig):
     report.seconds = time.perf_counter() - t0
     _last_report.append(report)
     return out
+
+
+def _region_program(region, cfg: HardwareConfig, choose_knobs, sim) -> tuple[Any, int, str]:
+    """The region's program, its cycles, and which schedules it took.
+
+    Tuning times each layer alone; in a region the layers' transfers and compute
+    overlap, so tuned layers can make the region slower than the default schedules
+    would (one layer's larger tiles delay the next one's start). When any layer took
+    a tuned schedule, the region is also compiled with the default ones and the faster
+    program is kept: a database never makes a region slower."""
+    from .lowering.region import compile_region
+
+    hits = choose_knobs.hits if choose_knobs is not None else 0
+    prog = compile_region(region, cfg, choose_knobs).program
+    cycles = sim.cycles(prog)
+    tuned = choose_knobs.hits - hits if choose_knobs is not None else 0
+    if not tuned:
+        return prog, cycles, ""
+    default = compile_region(region, cfg).program
+    default_cycles = sim.cycles(default)
+    if default_cycles < cycles:
+        return default, default_cycles, (
+            f"default schedules: with the tuned ones for {tuned} layer(s) the region takes "
+            f"{cycles:,} cycles, with the defaults {default_cycles:,}")
+    return prog, cycles, (f"tuned schedules for {tuned} layer(s): {cycles:,} cycles "
+                          f"(defaults: {default_cycles:,})")
 
 
 def dsa_aware_default_pipeline(orig):

@@ -402,9 +402,10 @@ def test_tasks_are_the_layers_the_compiler_lowers(tmp_path):
     assert [p.knobs for p in plans if isinstance(p.shape, ConvShape)] == [knobs]
 
 
-def test_tvm_compile_uses_the_database_in_scope(tmp_path):
-    """``with dsa_tvm.tuned(dir): tvm.compile(mod, target=dsa)``: the launched program
-    carries the tuned knobs and its outputs match the reference; without it, defaults."""
+def _compile_with_record(tmp_path, pick):
+    """A one-conv model, a database holding one record for its conv (``pick(task)``'s
+    knobs), and ``run(ctx)``: compile within ``ctx``, run, check the outputs against the
+    integer reference; the launched knobs and the compile report."""
     import onnx
     from tvm import relax
     from tvm.relax.frontend.onnx import from_onnx
@@ -418,10 +419,10 @@ def test_tvm_compile_uses_the_database_in_scope(tmp_path):
     model = onnx.load(str(conv_net(tmp_path, cin=16, cout=32, hw=12)))
     tasks, _ = dsa_tvm.tuning.extract_tasks(from_onnx(model, keep_params_in_input=False), cfg)
     (task,) = [t for t in tasks if isinstance(t.shape, ConvShape)]
-    knobs = _non_default(task)
+    knobs = pick(task)
     commit_knobs(open_database(tmp_path / "db"), task, knobs, measure_knobs(task, knobs))
 
-    def run(ctx) -> tuple[dict, list]:
+    def run(ctx) -> tuple[dict, object]:
         with ctx:
             ex = tvm.compile(from_onnx(model, keep_params_in_input=False),
                              target=dsa_tvm.target(cfg))
@@ -435,14 +436,50 @@ def test_tvm_compile_uses_the_database_in_scope(tmp_path):
         want = run_region(regions[launch.program.name], launch.inputs)
         for name, got in launch.outputs.items():
             np.testing.assert_array_equal(got, want[name])
-        return launch.program.meta["layers"][0]["knobs"], launch
+        return launch.program.meta["layers"][0]["knobs"], report
 
+    return task, knobs, run
+
+
+def _faster_than_default(task: Task):
+    """The fastest of the settings the estimate likes best, when it beats the default."""
+    from tir_schedules.space import kind_of
+
+    kind = kind_of(task.shape)
+    default = task.default_knobs()
+    near = sorted(task.candidates(), key=lambda k: kind.estimate(task.cfg, task.shape, k))[:16]
+    cycles, knobs = min((measure_knobs(task, k), i, k) for i, k in enumerate(near)
+                        if k != default)[::2]
+    assert cycles < measure_knobs(task, default)
+    return knobs
+
+
+def test_tvm_compile_uses_the_database_in_scope(tmp_path):
+    """``with dsa_tvm.tuned(dir): tvm.compile(mod, target=dsa)``: the launched program
+    carries the tuned knobs and its outputs match the reference; without it, defaults."""
     from contextlib import nullcontext
 
-    got, _ = run(tuned(tmp_path / "db"))
+    task, knobs, run = _compile_with_record(tmp_path, _faster_than_default)
+    got, report = run(tuned(tmp_path / "db"))
     assert got == dataclasses.asdict(knobs)
-    plain, _ = run(nullcontext())
+    assert "tuned schedules for 1 layer(s)" in str(report)
+    plain, report = run(nullcontext())
     assert plain == dataclasses.asdict(task.default_knobs())
+    assert "schedules" not in str(report)
+
+
+def test_a_record_slower_in_its_region_keeps_the_default(tmp_path):
+    """A record whose schedule makes the region slower (here: the smallest tiles) is not
+    used: the region keeps the default schedules and the compile report says why."""
+    def slowest(task: Task):
+        return min(task.candidates(), key=lambda k: dataclasses.astuple(k))
+
+    task, knobs, run = _compile_with_record(tmp_path, slowest)
+    got, report = run(tuned(tmp_path / "db"))
+    assert got == dataclasses.asdict(task.default_knobs()) != dataclasses.asdict(knobs)
+    (region,) = [d for d in report.regions if d.target == "dsa"]
+    assert region.schedules.startswith("default schedules: with the tuned ones for 1 layer(s)")
+    assert f"with the defaults {region.dsa_cycles:,}" in region.schedules
 
 
 # ----------------------------------------------------------------------------- RPC
