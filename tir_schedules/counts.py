@@ -24,7 +24,7 @@ from dsa_tvm.isa.instructions import ALU_LEVELS, GEMM_LEVELS
 from .compute import ConvShape
 from .compute_vector import EltwiseShape, GlobalSumShape, WindowShape
 from .matmul import MatmulKnobs, MatmulShape
-from .schedule import ConvKnobs
+from .schedule import ConvKnobs, input_tile
 from .schedule_vector import EltwiseKnobs, GlobalSumKnobs, WindowKnobs
 
 
@@ -56,8 +56,7 @@ def conv_instructions(cfg: HardwareConfig, s: ConvShape, k: ConvKnobs) -> int:
     oh, ow = s.out_hw
     (sh, sw), (dh, dw) = s.strides, s.dilation
     th, tw, toc = k.tile_oh, k.tile_ow, k.tile_ocb
-    in_rows = (th - 1) * sh + (s.kh - 1) * dh + 1
-    in_cols = (tw - 1) * sw + (s.kw - 1) * dw + 1
+    in_rows, in_cols = input_tile(s, k)
     blocks = toc if s.depthwise else s.icb       # channel blocks of the input tile
     image_blocks = s.ocb if s.depthwise else s.icb
     loads = _tile_copy(in_rows, in_cols, blocks, s.w, image_blocks)
@@ -81,8 +80,7 @@ def window_instructions(cfg: HardwareConfig, s: WindowShape, k: WindowKnobs) -> 
     oh, ow = s.out_hw
     (sh, sw), (dh, dw) = s.strides, s.dilation
     th, tw, tc = k.tile_oh, k.tile_ow, k.tile_cb
-    in_rows = (th - 1) * sh + (s.kh - 1) * dh + 1
-    in_cols = (tw - 1) * sw + (s.kw - 1) * dw + 1
+    in_rows, in_cols = input_tile(s, k)
     loads = _tile_copy(in_rows, in_cols, tc, s.w, s.cb)
     # taps: (extent, dst, a, b strides) over kh, kw, oh_i, ow_i, cb_i
     inp = [dh * in_cols * tc, dw * tc, sh * in_cols * tc, sw * tc, 1]

@@ -31,11 +31,17 @@ class ConvKnobs:
     double_buffer: bool
 
 
+def input_tile(s, k) -> tuple[int, int]:
+    """(rows, columns) of the input an output tile of ``k.tile_oh`` x ``k.tile_ow`` reads
+    through a ``s.kh`` x ``s.kw`` window (strides and dilation of ``s``): a conv's or a
+    window layer's."""
+    (sh, sw), (dh, dw) = s.strides, s.dilation
+    return (k.tile_oh - 1) * sh + (s.kh - 1) * dh + 1, (k.tile_ow - 1) * sw + (s.kw - 1) * dw + 1
+
+
 def tile_footprint(s: ConvShape, k: ConvKnobs) -> dict[str, int]:
     """Scratchpad rows (inp) / tiles (wgt) / rows (acc) one set of tiles needs."""
-    (sh, sw), (dh, dw) = s.strides, s.dilation
-    in_rows = (k.tile_oh - 1) * sh + (s.kh - 1) * dh + 1
-    in_cols = (k.tile_ow - 1) * sw + (s.kw - 1) * dw + 1
+    in_rows, in_cols = input_tile(s, k)
     nbuf = 2 if k.double_buffer else 1
     acc_tile = k.tile_oh * k.tile_ow * k.tile_ocb
     return {"inp": nbuf * in_rows * in_cols * _input_blocks(s, k),
@@ -60,7 +66,7 @@ def fits(cfg: HardwareConfig, s: ConvShape, k: ConvKnobs) -> str | None:
     blocks = _input_blocks(s, k)
     if s.depthwise and (blocks < s.ocb or max(pl, pr) * blocks > 255):
         # one LOAD per input row; border rows join the pad fields of the first/last one
-        in_cols = (k.tile_ow - 1) * s.strides[1] + (s.kw - 1) * s.dilation[1] + 1
+        in_cols = input_tile(s, k)[1]
         if max(pt * in_cols + pl, pb * in_cols + pr) > 255:
             return "the tile's border exceeds the 8-bit LOAD pad fields"
     elif max(pl, pr) * blocks > 255 or max(pt, pb) > 255:
@@ -78,9 +84,7 @@ def estimate_cycles(cfg: HardwareConfig, s: ConvShape, k: ConvKnobs) -> float:
     oh, ow = s.out_hw
     tiles_sp = (oh // k.tile_oh) * (ow // k.tile_ow)
     tiles_oc = s.ocb // k.tile_ocb
-    (sh, sw), (dh, dw) = s.strides, s.dilation
-    in_rows = (k.tile_oh - 1) * sh + (s.kh - 1) * dh + 1
-    in_cols = (k.tile_ow - 1) * sw + (s.kw - 1) * dw + 1
+    in_rows, in_cols = input_tile(s, k)
     in_bytes = in_rows * in_cols * _input_blocks(s, k) * cfg.block_in
     w_bytes = k.tile_ocb * s.kh * s.kw * s.icb * cfg.wgt_tile_bytes
     out_bytes = k.tile_oh * k.tile_ow * k.tile_ocb * cfg.block_out

@@ -28,7 +28,7 @@ from dsa_tvm.hw.config import HardwareConfig
 
 from .compute_vector import EltwiseShape, GlobalSumShape, WindowShape
 from .intrinsics import acc_intrin, alu_intrin, axpby_intrin, requant_intrin
-from .schedule import divisors
+from .schedule import divisors, input_tile
 
 
 @dataclass(frozen=True)
@@ -58,17 +58,12 @@ VectorKnobs = WindowKnobs | GlobalSumKnobs | EltwiseKnobs
 
 
 # ----------------------------------------------------------------------------- footprints
-def _window_input(s: WindowShape, k: WindowKnobs) -> tuple[int, int]:
-    (sh, sw), (dh, dw) = s.strides, s.dilation
-    return (k.tile_oh - 1) * sh + (s.kh - 1) * dh + 1, (k.tile_ow - 1) * sw + (s.kw - 1) * dw + 1
-
-
 def acc_rows(s: VectorShape, k: VectorKnobs) -> int:
     """Accumulator rows one set of tiles needs (tile buffers twice when double-buffered;
     weights and the output-stage table once per channel tile)."""
     nbuf = 2 if k.double_buffer else 1
     if isinstance(s, WindowShape):
-        in_rows, in_cols = _window_input(s, k)
+        in_rows, in_cols = input_tile(s, k)
         out = k.tile_oh * k.tile_ow * k.tile_cb
         resident = 3 * k.tile_cb + (k.tile_cb * s.kh * s.kw if s.kind == "dw" else 0)
         return nbuf * (in_rows * in_cols * k.tile_cb + 2 * out) + resident
@@ -108,7 +103,7 @@ def estimate_vector_cycles(cfg: HardwareConfig, s: VectorShape, k: VectorKnobs) 
     b = s.block
     if isinstance(s, WindowShape):
         oh, ow = s.out_hw
-        in_rows, in_cols = _window_input(s, k)
+        in_rows, in_cols = input_tile(s, k)
         out = k.tile_oh * k.tile_ow * k.tile_cb
         tiles = s.n * (oh // k.tile_oh) * (ow // k.tile_ow) * (s.cb // k.tile_cb)
         # a tile narrower than the image in channels is one LOAD per input row
