@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import random
 from functools import lru_cache
+from itertools import groupby
 
 from tvm.ir.utils import derived_object
 from tvm.s_tir.meta_schedule.mutator import PyMutator
@@ -73,19 +74,15 @@ def _leaner_twins(task: Task) -> dict:
     kind = kind_of(task.shape)
     rows = sorted((kind.estimate(task.cfg, task.shape, k),
                    kind.instructions(task.cfg, task.shape, k), i, k)
-                  for i, k in enumerate(task.candidates()) if _over_budget(task, k) is None)
-    out, best, j = {}, None, 0
-    while j < len(rows):  # settings of equal estimate are each other's competitors
-        end = j
-        while end < len(rows) and rows[end][0] == rows[j][0]:
-            end += 1
-        for row in rows[j:end]:
-            if best is None or row[1] < best[1]:
-                best = row
-        for _, n, _, k in rows[j:end]:
-            if n > LEAN_FLOOR and best[1] * LEANER <= n:
-                out[k] = (best[3], best[1], n)
-        j = end
+                  for i, k in enumerate(within_budget(task)))
+    out, best = {}, []
+    # the leanest setting estimated no slower; settings of equal estimate compete too
+    for _, same in groupby(rows, key=lambda row: row[0]):
+        same = list(same)
+        best = [min(best + same, key=lambda row: row[1])]
+        for _, n, _, k in same:
+            if n > LEAN_FLOOR and best[0][1] * LEANER <= n:
+                out[k] = (best[0][3], best[0][1], n)
     return out
 
 
