@@ -228,10 +228,9 @@ def _decode_columns(data: bytes, nbytes: int, cfg: "HardwareConfig") -> list[Ins
             end = off + width
         if _bits_above(rows, end):
             raise DecodeError(None, "malformed word")
-        first = np.full(len(rows), n, np.int64)
-        np.minimum.at(first, which.reshape(-1), idx)  # index of each word's first use
-        built = [from_fields(dict(zip(names, values)), k)
-                 for k, values in zip(first.tolist(), zip(*columns))]
+        # a bad field raises DecodeError here without an index; the caller then decodes
+        # word by word, which names the first bad word
+        built = [from_fields(dict(zip(names, values))) for values in zip(*columns)]
         for k, u in zip(idx.tolist(), which.reshape(-1).tolist()):
             out[k] = built[u]
     return out  # type: ignore[return-value]
