@@ -448,8 +448,8 @@ def _faster_than_default(task: Task):
     kind = kind_of(task.shape)
     default = task.default_knobs()
     near = sorted(task.candidates(), key=lambda k: kind.estimate(task.cfg, task.shape, k))[:16]
-    cycles, knobs = min((measure_knobs(task, k), i, k) for i, k in enumerate(near)
-                        if k != default)[::2]
+    cycles, _, knobs = min((measure_knobs(task, k), i, k) for i, k in enumerate(near)
+                           if k != default)
     assert cycles < measure_knobs(task, default)
     return knobs
 
