@@ -1,0 +1,1 @@
+"""Model intake: ONNX models as users have them (any opset, exporter, QOperator int8) made ready for import."""
