@@ -19,7 +19,7 @@ import onnx
 from .calibrate import calibrate
 from .data import as_feeds
 from .fold import fold_batch_norms
-from .insert import insert_qdq
+from .insert import bias_scale_floors, insert_qdq
 from .observers import METHODS
 from .onnx_graph import Graph, is_qdq, load, name_nodes, with_shapes
 from .outliers import split_candidates, split_outliers
@@ -196,14 +196,17 @@ def _build(fp32: onnx.ModelProto, opts: QuantOptions, ranges: dict[str, tuple[fl
     plan = make_plan(g, opts.keep_fp32 | set(side), set(ranges), opts.quantize_adds)
     for name in side:
         plan.kept_fp32[name] = "FP32 side path of split outlier channels"
+    means = means if opts.bias_correction else None
+    floors = bias_scale_floors(fp32, plan, opts.per_channel, means)
     qparams: dict[str, ActQuant] = {}
     for root, members in plan.group_members().items():
         lo = min(ranges[t][0] for t in members if t in ranges)
         hi = max(ranges[t][1] for t in members if t in ranges)
-        qparams[root] = activation_qparams(lo, hi, opts.symmetric_activations)
-    qmodel = insert_qdq(fp32, plan, qparams, opts.per_channel, means if opts.bias_correction else None)
+        floor = max((floors.get(t, 0.0) for t in members), default=0.0)
+        qparams[root] = activation_qparams(lo, hi, opts.symmetric_activations, floor)
+    qmodel = insert_qdq(fp32, plan, qparams, opts.per_channel, means)
     return QuantizedModel(qmodel, fp32, opts, plan, dict(ranges), qparams, list(folded),
-                          input_means=means, side_path=list(side))
+                          input_means=means or {}, side_path=list(side))
 
 
 def quantize(model, calibration_data=None, **options):
