@@ -19,7 +19,8 @@ from tvm import relax
 from tvm.relax.expr_functor import PyExprMutator, mutator
 
 from dsa_tvm.quant.bias_correction import conv_shift, dense_shift
-from dsa_tvm.quant.calibrate import progress
+from dsa_tvm.quant.calibrate import check_finite, progress
+from dsa_tvm.quant.checks import check_keep_fp32
 from dsa_tvm.quant.observers import ChannelMeanObserver, make_observer
 from dsa_tvm.quant.qparams import (
     ActQuant,
@@ -33,7 +34,7 @@ from dsa_tvm.quant.qparams import (
 )
 
 from .canonicalize import canonicalize_clip
-from .quantize_plan import Chain, Plan, make_plan
+from .quantize_plan import Chain, Plan, anchor_names, make_plan
 
 
 def prepare_fp32(mod: tvm.IRModule) -> tvm.IRModule:
@@ -127,13 +128,14 @@ def calibrate(mod: tvm.IRModule, plan: Plan, feeds: list[dict[str, np.ndarray]],
     by_input: dict[str, list[relax.Var]] = {}
     for c in weighted:
         by_input.setdefault(c.inputs[0].name, []).append(c.anchor)
-    for feed in progress(feeds, len(feeds), f"calibrating ({method})", show_progress):
+    for i, feed in enumerate(progress(feeds, len(feeds), f"calibrating ({method})", show_progress)):
         missing = [p for p in params if p not in feed]
         if missing:
             raise ValueError(f"calibration feed lacks inputs {missing}")
         outs = vm["main"](*[tvm.runtime.tensor(np.asarray(feed[p])) for p in params])
         for n, t in zip(names, outs):
             arr = np.asarray(t.numpy(), np.float32)
+            check_finite(arr, n, i)
             values[n].update(arr)
             for anchor in by_input.get(n, ()):
                 means[anchor].update(arr)
@@ -291,6 +293,7 @@ def quantize_relax(mod: tvm.IRModule, feeds: list[dict[str, np.ndarray]], method
     if not feeds:
         raise ValueError("calibration needs at least one input batch")
     mod = prepare_fp32(mod)
+    check_keep_fp32(keep_fp32, anchor_names(mod["main"]), what="conv2d/matmul/add/pool binding")
     plan = make_plan(mod["main"], frozenset(keep_fp32))
     if not plan.chains:
         raise ValueError("no layer of the module can be quantized for the DSA "
