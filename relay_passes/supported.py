@@ -269,7 +269,8 @@ def _pool_tile(m: Match, cfg: HardwareConfig) -> str | None:
 CONV2D = COMMON + [
     Constraint("weights", "int8 constant weights, zero point 0, per-tensor or per-output-channel "
                "scales", _weights(lambda m: 0)),
-    Constraint("bias", "optional int32 constant bias, zero point 0, one per output channel", _bias),
+    Constraint("bias", "optional int32 constant bias, zero point 0, one per output channel; "
+               "in accumulator units plus the largest int8 sum within int32", _bias),
     Constraint("layout", "NCHW data, OIHW kernel", _conv_layout),
     Constraint("groups", "groups = 1 or depthwise (groups = C_in = C_out)", _conv_groups),
     Constraint("padding", f"padding <= {MAX_PAD} per side (LOAD pad fields, {PAD_BITS} bits)", _pads),
@@ -319,7 +320,8 @@ def _dense_weight_axis(m: Match) -> int:
 DENSE = COMMON + [
     Constraint("weights", "int8 constant weights, zero point 0, per-tensor or per-output-channel "
                "scales", _weights(_dense_weight_axis)),
-    Constraint("bias", "optional int32 constant bias, zero point 0, one per output channel", _bias),
+    Constraint("bias", "optional int32 constant bias, zero point 0, one per output channel; "
+               "in accumulator units plus the largest int8 sum within int32", _bias),
     Constraint("shapes", "2-D weight; ceil(K/block_in), ceil(N/block_out) within the DMA fields",
                _dense_shapes),
     Constraint("dtype", "float32 QDQ arithmetic", _matmul_dtype),
