@@ -76,8 +76,9 @@ def check_finite(v: np.ndarray, tensor: str, batch: int) -> None:
     if not np.isfinite(v).all():
         kind = "NaN" if np.isnan(v).any() else "Inf"
         raise ValueError(f"calibration: tensor '{tensor}' is {kind} on batch {batch} although the "
-                         "inputs are finite (the FP32 model overflows float32 on this data: "
-                         "are the values far too large? check the preprocessing)")
+                         "inputs are finite: the FP32 model overflows float32 on this data (values "
+                         "far too large? check the preprocessing) or computes NaN (log/sqrt of "
+                         "negatives)")
 
 
 def calibrate(model: onnx.ModelProto, feeds: Sequence[Feed], tensors: Sequence[str],
