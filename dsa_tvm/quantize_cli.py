@@ -11,10 +11,14 @@ synthetic batches (image-like or token-embedding-like) when no data is at hand.
 from __future__ import annotations
 
 import argparse
+import math
 import sys
 from pathlib import Path
 
 import onnx
+
+from .quant.checks import check_percentile, check_target_cosine
+from .quant.data import PREPROCESS
 
 
 def add_parser(sub) -> None:
@@ -26,59 +30,101 @@ def add_parser(sub) -> None:
                    help="calibration data: folder of images, .npz/.npy, or synthetic:N")
     q.add_argument("--eval", help="evaluation data (same forms; default: the calibration data)")
     q.add_argument("--method", default="minmax", choices=["minmax", "percentile", "entropy", "mse"])
-    q.add_argument("--percentile", type=float, default=99.999)
-    q.add_argument("--num-batches", type=int, help="use only the first N calibration batches")
-    q.add_argument("--preprocess", default="imagenet",
-                   help="image preprocessing: imagenet | efficientnet | unit | raw")
+    q.add_argument("--percentile", type=_percentile, default=99.999, help="(0, 100]")
+    q.add_argument("--num-batches", type=_positive_int, help="use only the first N calibration batches")
+    q.add_argument("--preprocess", default="imagenet", choices=list(PREPROCESS),
+                   help="image preprocessing (default imagenet)")
     q.add_argument("--keep-fp32", default="", help="comma-separated node names to keep in FP32")
     q.add_argument("--symmetric-activations", action="store_true")
     q.add_argument("--per-tensor-weights", action="store_true")
     q.add_argument("--no-bias-correction", action="store_true")
     q.add_argument("--no-outlier-split", action="store_true")
     q.add_argument("--sensitivity", action="store_true", help="rank layers by what FP32 would buy")
-    q.add_argument("--target-cosine", type=float,
+    q.add_argument("--target-cosine", type=_cosine,
                    help="automatic mixed precision: keep the worst layers in FP32 until reached")
-    q.add_argument("--max-fp32", type=int, default=8, help="at most this many layers for --target-cosine")
+    q.add_argument("--max-fp32", type=_positive_int, default=8,
+                   help="at most this many layers for --target-cosine")
     q.add_argument("-o", "--output", help="quantized model path (default: <model>_int8.onnx)")
     q.add_argument("--report", help="JSON report path (default: <output>.report.json)")
     q.add_argument("--quiet", action="store_true", help="no progress bars")
     q.set_defaults(fn=cmd_quantize)
 
 
-def _data(spec: str, model: onnx.ModelProto):
+def _positive_int(text: str) -> int:
+    try:
+        v = int(text)
+    except ValueError:
+        v = 0
+    if v < 1:
+        raise argparse.ArgumentTypeError(f"must be a positive integer, got {text!r}")
+    return v
+
+
+def _cosine(text: str) -> float:
+    try:
+        check_target_cosine(float(text))
+    except ValueError as e:
+        raise argparse.ArgumentTypeError(f"must be in (0, 1] (a cosine similarity), got {text!r}") from e
+    return float(text)
+
+
+def _percentile(text: str) -> float:
+    try:
+        check_percentile(float(text))
+    except ValueError as e:
+        raise argparse.ArgumentTypeError(f"must be in (0, 100], got {text!r}") from e
+    return float(text)
+
+
+def _data(spec: str, model: onnx.ModelProto, what: str):
     if spec.startswith("synthetic:"):
         from .models import calibration_data
 
-        return calibration_data(model, int(spec.split(":", 1)[1]), seed=0)
+        n = spec.split(":", 1)[1]
+        if not n.isdigit() or int(n) < 1:
+            raise ValueError(f"{what} '{spec}': synthetic:N needs a positive integer N")
+        return calibration_data(model, int(n), seed=0)
     if not Path(spec).exists():
-        raise FileNotFoundError(f"calibration/evaluation data '{spec}' does not exist")
+        raise FileNotFoundError(f"{what} '{spec}' does not exist")
     return spec
 
 
 def cmd_quantize(args: argparse.Namespace) -> int:
+    try:
+        return _quantize(args)
+    except (ValueError, KeyError, TypeError, OSError) as e:
+        msg = e.args[0] if isinstance(e, KeyError) and e.args else e
+        print(f"dsa-tvm quantize: error: {msg}", file=sys.stderr)
+        return 2
+
+
+def _quantize(args: argparse.Namespace) -> int:
     from .quant import quantize_onnx
     from .quant.accuracy import accuracy_report, mixed_precision, sensitivity
     from .quant.api import input_dtypes, input_shapes
     from .quant.data import as_feeds
 
     src = Path(args.model)
-    model = onnx.load(str(src))
-    keep = [k for k in args.keep_fp32.split(",") if k]
+    if not src.is_file():
+        raise FileNotFoundError(f"model '{src}' does not exist")
     try:
-        qm = quantize_onnx(model, _data(args.calib, model), method=args.method, keep_fp32=keep,
-                           per_channel=not args.per_tensor_weights,
-                           symmetric_activations=args.symmetric_activations,
-                           num_batches=args.num_batches, preprocess=args.preprocess,
-                           percentile=args.percentile, bias_correction=not args.no_bias_correction,
-                           split_outliers=not args.no_outlier_split, show_progress=not args.quiet)
-    except (ValueError, KeyError, TypeError) as e:
-        print(f"dsa-tvm quantize: error: {e}", file=sys.stderr)
-        return 2
+        model = onnx.load(str(src))
+    except Exception as e:  # protobuf's DecodeError and friends: not an ONNX file
+        raise ValueError(f"model '{src}' is not a readable ONNX model ({type(e).__name__}: {e})") from e
+    keep = [k for k in args.keep_fp32.split(",") if k]
+    # the evaluation data first: a wrong shape is reported before the calibration work
+    feeds = as_feeds(_data(args.eval or args.calib, model, "evaluation data" if args.eval
+                           else "calibration data"),
+                     input_shapes(model), args.preprocess, None, input_dtypes(model),
+                     what="evaluation data" if args.eval else "calibration data")
+    qm = quantize_onnx(model, _data(args.calib, model, "calibration data"), method=args.method,
+                       keep_fp32=keep, per_channel=not args.per_tensor_weights,
+                       symmetric_activations=args.symmetric_activations,
+                       num_batches=args.num_batches, preprocess=args.preprocess,
+                       percentile=args.percentile, bias_correction=not args.no_bias_correction,
+                       split_outliers=not args.no_outlier_split, show_progress=not args.quiet)
     print(qm.summary())
     out = Path(args.output) if args.output else src.with_name(src.stem + "_int8.onnx")
-    eval_spec = args.eval or args.calib
-    feeds = as_feeds(_data(eval_spec, model), input_shapes(qm.fp32), args.preprocess,
-                     None, input_dtypes(qm.fp32))
     notes = []
     if not args.eval:
         notes.append("evaluated on the calibration data (pass --eval for held-out data)")
@@ -102,4 +148,9 @@ def cmd_quantize(args: argparse.Namespace) -> int:
     rpath = Path(args.report) if args.report else out.with_suffix(".report.json")
     rpath.write_text(rep.to_json())
     print(f"quantized model: {out}\nreport: {rpath}")
+    bad = [o for o, c in rep.output_cosine.items() if not math.isfinite(c)]
+    if bad:
+        print(f"dsa-tvm quantize: error: the output cosine of {', '.join(bad)} is not a number: "
+              "the FP32 or the int8 model computes NaN/Inf on the evaluation data", file=sys.stderr)
+        return 1
     return 0

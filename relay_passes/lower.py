@@ -39,7 +39,7 @@ from dsa_tvm.codegen.layers import (
 from dsa_tvm.isa import semantics as sem
 
 from .patterns import Match, QParams, describe
-from .supported import ADD_MULT_BITS, channel_addend, rescale_factors
+from .supported import ADD_MULT_BITS, accumulator_bias, channel_addend, rescale_factors
 
 
 class LoweringError(ValueError):
@@ -71,14 +71,10 @@ def clip_bounds(m: Match) -> tuple[int, int]:
 def _bias(m: Match, channels: int) -> np.ndarray:
     if m.bias is None:
         return np.zeros(channels, np.int32)
-    b = m.bias.value.astype(np.int64).reshape(-1)
-    want = float(m.inputs[0].qp.scale[0]) * np.broadcast_to(
-        m.weight.qp.scale.astype(np.float64), (channels,))
-    have = np.broadcast_to(m.bias.qp.scale.astype(np.float64), (channels,))
-    if np.allclose(have, want, rtol=1e-6, atol=0):
-        return b.astype(np.int32)
-    scaled = np.round(b * have / want)
-    return np.clip(scaled, sem.INT32_MIN, sem.INT32_MAX).astype(np.int32)
+    b = accumulator_bias(m, channels)  # the "bias" constraint checked that it fits int32
+    if np.abs(b).max() > sem.INT32_MAX:
+        raise LoweringError(f"bias {np.abs(b).max():.4g} does not fit int32 (unchecked region?)")
+    return b.astype(np.int32)
 
 
 def _add_params(m: Match) -> tuple[int, int, int]:

@@ -19,19 +19,22 @@ from tvm import relax
 from tvm.relax.expr_functor import PyExprMutator, mutator
 
 from dsa_tvm.quant.bias_correction import conv_shift, dense_shift
-from dsa_tvm.quant.calibrate import progress
+from dsa_tvm.quant.calibrate import check_finite, progress
+from dsa_tvm.quant.checks import check_keep_fp32
 from dsa_tvm.quant.observers import ChannelMeanObserver, make_observer
 from dsa_tvm.quant.qparams import (
     ActQuant,
     activation_qparams,
+    bias_input_scale_floor,
     bias_qparams,
     quantize_bias,
     quantize_weight,
     weight_qparams,
+    widen,
 )
 
 from .canonicalize import canonicalize_clip
-from .quantize_plan import Chain, Plan, make_plan
+from .quantize_plan import Chain, Plan, anchor_names, make_plan
 
 
 def prepare_fp32(mod: tvm.IRModule) -> tvm.IRModule:
@@ -125,13 +128,14 @@ def calibrate(mod: tvm.IRModule, plan: Plan, feeds: list[dict[str, np.ndarray]],
     by_input: dict[str, list[relax.Var]] = {}
     for c in weighted:
         by_input.setdefault(c.inputs[0].name, []).append(c.anchor)
-    for feed in progress(feeds, len(feeds), f"calibrating ({method})", show_progress):
+    for i, feed in enumerate(progress(feeds, len(feeds), f"calibrating ({method})", show_progress)):
         missing = [p for p in params if p not in feed]
         if missing:
             raise ValueError(f"calibration feed lacks inputs {missing}")
         outs = vm["main"](*[tvm.runtime.tensor(np.asarray(feed[p])) for p in params])
         for n, t in zip(names, outs):
             arr = np.asarray(t.numpy(), np.float32)
+            check_finite(arr, n, i)
             values[n].update(arr)
             for anchor in by_input.get(n, ()):
                 means[anchor].update(arr)
@@ -154,6 +158,48 @@ def _dq_const(q: np.ndarray, scale: np.ndarray, zp_dtype: str, axis: int) -> rel
     zp = np.zeros(scale.shape, zp_dtype)
     return relax.op.dequantize(relax.const(q), relax.const(scale), relax.const(zp), axis,
                                "float32")
+
+
+def chain_ints(c: Chain, per_channel: bool, means: dict[relax.Var, np.ndarray] | None
+               ) -> tuple[np.ndarray, np.ndarray, int, np.ndarray | None]:
+    """A weighted chain's weight scales (one per output channel), int8 weights, channel
+    axis and the mean output shift their rounding causes (None without bias correction)."""
+    axis = 0 if c.kind == "conv2d" else 1
+    w = c.weight.astype(np.float64)
+    shape = [1] * w.ndim
+    shape[axis] = -1
+    if c.fold_scale is not None:  # a folded batch norm scales each output channel
+        w = w * c.fold_scale.reshape(shape)
+    scales = weight_qparams(w, axis if per_channel else None)
+    if scales.size == 1:
+        scales = np.repeat(scales, w.shape[axis])
+    wq = quantize_weight(w, scales, axis)
+    shift = None
+    if means is not None:
+        dw = wq * scales.astype(np.float64).reshape(shape) - w
+        m = means[c.anchor]
+        shift = (conv_shift(dw, m, c.groups) if c.kind == "conv2d"
+                 else dense_shift(dw, m, transposed=False))
+    return scales, wq, axis, shift
+
+
+def fit_biases(plan: Plan, qps: dict[relax.Var, ActQuant], per_channel: bool,
+               means: dict[relax.Var, np.ndarray] | None, symmetric: bool
+               ) -> dict[relax.Var, ActQuant]:
+    """``qps`` with each input scale raised until every int32 bias reading it stays in the
+    accumulator's range (``qparams.bias_input_scale_floor``)."""
+    out = dict(qps)
+    for c in plan.chains:
+        if c.weight is None:
+            continue
+        scales, wq, axis, shift = chain_ints(c, per_channel, means)
+        if c.bias is None and shift is None:
+            continue
+        bias = (np.zeros(scales.size) if c.bias is None else c.bias) - (0.0 if shift is None else shift)
+        root = plan.root(c.inputs[0])
+        floor = bias_input_scale_floor(bias, scales, wq, axis)
+        out[root] = widen(out[root], floor, symmetric)
+    return out
 
 
 @mutator
@@ -182,24 +228,10 @@ class _InsertQDQ(PyExprMutator):
         return relax.op.dequantize(q, s, z, axis, "float32")
 
     def _weight(self, c: Chain) -> relax.Expr:
-        axis = 0 if c.kind == "conv2d" else 1
-        w = c.weight.astype(np.float64)
-        if c.fold_scale is not None:  # a folded batch norm scales each output channel
-            shape = [1] * w.ndim
-            shape[axis] = -1
-            w = w * c.fold_scale.reshape(shape)
-        scales = weight_qparams(w, axis if self.per_channel else None)
-        if scales.size == 1:
-            scales = np.repeat(scales, w.shape[axis])
+        scales, wq, axis, shift = chain_ints(c, self.per_channel, self.means)
         self.w_scales[c.anchor] = scales
-        wq = quantize_weight(w, scales, axis)
-        if self.means is not None:  # the mean output shift the rounding causes
-            shape = [1] * w.ndim
-            shape[axis] = -1
-            dw = wq * scales.astype(np.float64).reshape(shape) - w
-            m = self.means[c.anchor]
-            self.shift[c.anchor] = (conv_shift(dw, m, c.groups) if c.kind == "conv2d"
-                                    else dense_shift(dw, m, transposed=False))
+        if shift is not None:
+            self.shift[c.anchor] = shift
         return self.builder_.emit(_dq_const(wq, scales, "int8", axis),
                                   name_hint=f"{c.anchor.name}_w")
 
@@ -261,13 +293,15 @@ def quantize_relax(mod: tvm.IRModule, feeds: list[dict[str, np.ndarray]], method
     if not feeds:
         raise ValueError("calibration needs at least one input batch")
     mod = prepare_fp32(mod)
+    check_keep_fp32(keep_fp32, anchor_names(mod["main"]), what="conv2d/matmul/add/pool binding")
     plan = make_plan(mod["main"], frozenset(keep_fp32))
     if not plan.chains:
         raise ValueError("no layer of the module can be quantized for the DSA "
                          "(no conv2d, dense, matmul, add or pooling on float tensors)")
     qps, means = calibrate(mod, plan, feeds, method, show_progress,
                            symmetric=symmetric_activations, **observer_options)
+    means = means if bias_correction else None
+    qps = fit_biases(plan, qps, per_channel, means, symmetric_activations)
     out = tvm.IRModule(dict(mod.functions))
-    out["main"] = _InsertQDQ(mod, plan, qps, per_channel,
-                             means if bias_correction else None).visit_expr(mod["main"])
+    out["main"] = _InsertQDQ(mod, plan, qps, per_channel, means).visit_expr(mod["main"])
     return relax.transform.Normalize()(out), plan

@@ -147,6 +147,11 @@ def _absorb_affine(ch: Chain, axis: int, var2val: dict, only_user, absorbed: set
         absorbed.update(chain)
 
 
+def anchor_names(func: relax.Function) -> list[str]:
+    """Names of the bindings ``keep_fp32`` may name (the ops a plan can quantize)."""
+    return [b.var.name for blk in func.body.blocks for b in blk.bindings if _op(b.value) in ANCHORS]
+
+
 def make_plan(func: relax.Function, keep_fp32: frozenset[str] = frozenset()) -> Plan:
     bindings = [b for blk in func.body.blocks for b in blk.bindings]
     var2val = {b.var: b.value for b in bindings}

@@ -157,7 +157,38 @@ def _bias(m: Match, cfg: HardwareConfig) -> str | None:
     n = m.out_shape[1] if m.kind == "conv2d" else m.out_shape[-1]
     if b.value.size != n or not np.all(b.qp.scale > 0):
         return f"bias must have one int32 value per output channel ({n}), got shape {b.value.shape}"
-    return None
+    return _bias_range(m, n)
+
+
+def accumulator_bias(m: Match, channels: int) -> np.ndarray:
+    """The bias in accumulator units ``s_in * s_w[c]`` (float64 integers, not clipped): as
+    is when its scale already is that (what quantizers emit), else rescaled to it."""
+    b = m.bias.value.astype(np.float64).reshape(-1)
+    want = float(m.inputs[0].qp.scale[0]) * np.broadcast_to(
+        m.weight.qp.scale.astype(np.float64), (channels,))
+    have = np.broadcast_to(m.bias.qp.scale.astype(np.float64), (channels,))
+    if np.allclose(have, want, rtol=1e-6, atol=0):
+        return b
+    return np.round(b * have / want)
+
+
+def _bias_range(m: Match, channels: int) -> str | None:
+    """bias + the largest int8 x int8 sum must fit the int32 accumulator, which wraps."""
+    if m.weight is None or m.weight.value is None:
+        return None
+    b = accumulator_bias(m, channels)
+    w = np.abs(m.weight.value.astype(np.int64))
+    w = w.reshape(w.shape[0], -1) if m.kind == "conv2d" else (w if m.weight_transposed else w.T)
+    x_max = max(abs(-128 - int(m.inputs[0].qp.zero_point[0])), 127 - int(m.inputs[0].qp.zero_point[0]))
+    peak = np.abs(b) + x_max * w.sum(1)
+    c = int(np.argmax(peak))
+    if peak[c] <= 2 ** 31 - 1:
+        return None
+    ratio = float(m.bias.qp.scale.reshape(-1)[c % m.bias.qp.scale.size]) / (
+        float(m.inputs[0].qp.scale[0]) * float(m.weight.qp.scale.reshape(-1)[c % m.weight.qp.scale.size]))
+    return (f"bias of channel {c} is {b[c]:.4g} in accumulator units (bias scale = {ratio:.4g} x "
+            f"input scale x weight scale); with the largest int8 sum it reaches {peak[c]:.4g}, "
+            "past the int32 accumulator (it would wrap)")
 
 
 # ----------------------------------------------------------------------------- conv2d
@@ -238,7 +269,8 @@ def _pool_tile(m: Match, cfg: HardwareConfig) -> str | None:
 CONV2D = COMMON + [
     Constraint("weights", "int8 constant weights, zero point 0, per-tensor or per-output-channel "
                "scales", _weights(lambda m: 0)),
-    Constraint("bias", "optional int32 constant bias, zero point 0, one per output channel", _bias),
+    Constraint("bias", "optional int32 constant bias, zero point 0, one per output channel; "
+               "in accumulator units plus the largest int8 sum within int32", _bias),
     Constraint("layout", "NCHW data, OIHW kernel", _conv_layout),
     Constraint("groups", "groups = 1 or depthwise (groups = C_in = C_out)", _conv_groups),
     Constraint("padding", f"padding <= {MAX_PAD} per side (LOAD pad fields, {PAD_BITS} bits)", _pads),
@@ -288,7 +320,8 @@ def _dense_weight_axis(m: Match) -> int:
 DENSE = COMMON + [
     Constraint("weights", "int8 constant weights, zero point 0, per-tensor or per-output-channel "
                "scales", _weights(_dense_weight_axis)),
-    Constraint("bias", "optional int32 constant bias, zero point 0, one per output channel", _bias),
+    Constraint("bias", "optional int32 constant bias, zero point 0, one per output channel; "
+               "in accumulator units plus the largest int8 sum within int32", _bias),
     Constraint("shapes", "2-D weight; ceil(K/block_in), ceil(N/block_out) within the DMA fields",
                _dense_shapes),
     Constraint("dtype", "float32 QDQ arithmetic", _matmul_dtype),

@@ -18,6 +18,7 @@ import numpy as np
 
 from .api import QuantizedModel
 from .calibrate import progress, run_with_intermediates
+from .checks import check_max_fp32, check_target_cosine
 from .metrics import cosine, sqnr_db, topk_agreement
 from .onnx_graph import Graph
 
@@ -143,6 +144,8 @@ def mixed_precision(qm: QuantizedModel, feeds: Sequence[Feed], target: float = 0
                     show_progress: bool = True) -> tuple[QuantizedModel, list[str], float]:
     """Keep the most sensitive layers in FP32, one more at a time, until the output cosine
     reaches ``target`` (or ``max_fp32`` layers are kept). Returns (model, kept, cosine)."""
+    check_target_cosine(target)
+    check_max_fp32(max_fp32)
     ref = fp32_reference(qm, feeds)
     cur = output_cosine(qm, feeds, ref)
     if cur >= target:

@@ -17,13 +17,14 @@ import numpy as np
 import onnx
 
 from .calibrate import calibrate
-from .data import as_feeds
+from .checks import check_keep_fp32, check_percentile
+from .data import as_feeds, check_num_batches, check_preprocess
 from .fold import fold_batch_norms
-from .insert import insert_qdq
+from .insert import bias_scale_floors, insert_qdq
 from .observers import METHODS
 from .onnx_graph import Graph, is_qdq, load, name_nodes, with_shapes
 from .outliers import split_candidates, split_outliers
-from .plan import Plan, make_plan
+from .plan import Plan, fp32_reasons, make_plan
 from .qparams import ActQuant, activation_qparams
 from .simplify import fold_constants, fold_pads
 
@@ -59,7 +60,9 @@ class QuantizedModel:
         """The same calibration with other layers kept in FP32 (no new calibration run)."""
         if self.passthrough:
             raise ValueError("the model arrived quantized (QDQ); there is nothing to requantize")
-        opts = replace(self.options, keep_fp32=frozenset(keep_fp32))
+        keep = frozenset(keep_fp32)
+        check_keep_fp32(keep, (n.name for n in self.fp32.graph.node), self.folded_bn)
+        opts = replace(self.options, keep_fp32=keep)
         return _build(self.fp32, opts, self.ranges, self.folded_bn, self.input_means, self.side_path)
 
     def to_relax(self):
@@ -93,6 +96,12 @@ class QuantizedModel:
             if name in self.side_path:
                 continue
             lines.append(f"  FP32: {name}: {why}")
+        by_reason: dict[tuple[str, str], list[str]] = {}
+        for name, (op, why) in fp32_reasons(Graph(self.fp32), p, self.options.quantize_adds).items():
+            if name not in self.side_path:
+                by_reason.setdefault((op, why), []).append(name)
+        for (op, why), names in sorted(by_reason.items()):
+            lines.append(f"  FP32: {op} x{len(names)} ({', '.join(names)}): {why}")
         return "\n".join(lines)
 
 
@@ -139,6 +148,9 @@ def quantize_onnx(model: onnx.ModelProto | str | Path, calibration_data, method:
     """
     if method not in METHODS:
         raise ValueError(f"unknown calibration method '{method}' (choose from {', '.join(METHODS)})")
+    check_num_batches(num_batches)
+    check_preprocess(preprocess)
+    check_percentile(percentile)
     src = load(model)
     opts = QuantOptions(method, per_channel, symmetric_activations, frozenset(keep_fp32),
                         quantize_adds, percentile, bias_correction, split_outliers)
@@ -148,6 +160,7 @@ def quantize_onnx(model: onnx.ModelProto | str | Path, calibration_data, method:
                   file=sys.stderr)
         return QuantizedModel(src, src, opts, passthrough=True)
     fp32, folded = prepare(src)
+    check_keep_fp32(opts.keep_fp32, (n.name for n in fp32.graph.node), folded)
     feeds = as_feeds(calibration_data, input_shapes(fp32), preprocess, num_batches, input_dtypes(fp32))
     side: list[str] = []
     if split_outliers:
@@ -196,14 +209,17 @@ def _build(fp32: onnx.ModelProto, opts: QuantOptions, ranges: dict[str, tuple[fl
     plan = make_plan(g, opts.keep_fp32 | set(side), set(ranges), opts.quantize_adds)
     for name in side:
         plan.kept_fp32[name] = "FP32 side path of split outlier channels"
+    means = means if opts.bias_correction else None
+    floors = bias_scale_floors(fp32, plan, opts.per_channel, means)
     qparams: dict[str, ActQuant] = {}
     for root, members in plan.group_members().items():
         lo = min(ranges[t][0] for t in members if t in ranges)
         hi = max(ranges[t][1] for t in members if t in ranges)
-        qparams[root] = activation_qparams(lo, hi, opts.symmetric_activations)
-    qmodel = insert_qdq(fp32, plan, qparams, opts.per_channel, means if opts.bias_correction else None)
+        floor = max((floors.get(t, 0.0) for t in members), default=0.0)
+        qparams[root] = activation_qparams(lo, hi, opts.symmetric_activations, floor)
+    qmodel = insert_qdq(fp32, plan, qparams, opts.per_channel, means)
     return QuantizedModel(qmodel, fp32, opts, plan, dict(ranges), qparams, list(folded),
-                          input_means=means, side_path=list(side))
+                          input_means=means or {}, side_path=list(side))
 
 
 def quantize(model, calibration_data=None, **options):

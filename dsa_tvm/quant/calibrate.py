@@ -71,6 +71,16 @@ def run_with_intermediates(model: onnx.ModelProto, feeds: Sequence[Feed], names:
         yield vals
 
 
+def check_finite(v: np.ndarray, tensor: str, batch: int) -> None:
+    """A NaN or Inf would poison every range and bias it reaches: stop, naming where."""
+    if not np.isfinite(v).all():
+        kind = "NaN" if np.isnan(v).any() else "Inf"
+        raise ValueError(f"calibration: tensor '{tensor}' is {kind} on batch {batch} although the "
+                         "inputs are finite: the FP32 model overflows float32 on this data (values "
+                         "far too large? check the preprocessing) or computes NaN (log/sqrt of "
+                         "negatives)")
+
+
 def calibrate(model: onnx.ModelProto, feeds: Sequence[Feed], tensors: Sequence[str],
               method: str = "minmax", show_progress: bool = True,
               channel_means: dict[str, int] | None = None, **observer_options
@@ -80,13 +90,15 @@ def calibrate(model: onnx.ModelProto, feeds: Sequence[Feed], tensors: Sequence[s
     observers = {t: make_observer(method, **observer_options) for t in tensors}
     means = {t: ChannelMeanObserver(ax) for t, ax in (channel_means or {}).items()}
     names = list(dict.fromkeys(list(tensors) + list(means)))
-    for vals in run_with_intermediates(model, feeds, names, desc=f"calibrating ({method})",
-                                       show_progress=show_progress):
+    for i, vals in enumerate(run_with_intermediates(model, feeds, names,
+                                                    desc=f"calibrating ({method})",
+                                                    show_progress=show_progress)):
         for t in names:
             v = vals.get(t)
             if v is None:
                 raise KeyError(f"tensor '{t}' was not computed during calibration")
             v = np.asarray(v, np.float32)
+            check_finite(v, t, i)
             if t in observers:
                 observers[t].update(v)
             if t in means:

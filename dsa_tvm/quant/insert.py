@@ -13,14 +13,23 @@ input, a LayerNorm) keeps its exact value for FP32 readers; int8 readers read ``
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import numpy as np
 import onnx
 from onnx import helper, numpy_helper
 
 from .bias_correction import conv_shift, dense_shift
 from .onnx_graph import Graph
-from .plan import Plan
-from .qparams import ActQuant, bias_qparams, quantize_bias, quantize_weight, weight_qparams
+from .plan import Anchor, Plan
+from .qparams import (
+    ActQuant,
+    bias_input_scale_floor,
+    bias_qparams,
+    quantize_bias,
+    quantize_weight,
+    weight_qparams,
+)
 
 
 def _add_init(model: onnx.ModelProto, name: str, value: np.ndarray) -> str:
@@ -72,12 +81,9 @@ def insert_qdq(model: onnx.ModelProto, plan: Plan, act_qparams: dict[str, ActQua
     by_name = {n.name: n for n in nodes}  # the plan names nodes of ``model``; edit the copy's
     for a in plan.anchors.values():
         n = by_name[a.node.name]
-        w = g.const(a.weight).astype(np.float32)
-        axis = a.axis if per_channel else None
-        ws = weight_qparams(w, axis)
-        wq = quantize_weight(w, ws, axis)
-        base = n.name
-        wq_name = _add_init(q, f"{base}/W_int8", wq)
+        ints = anchor_ints(g, a, per_channel, input_means)
+        ws, axis, base = ints.w_scales, ints.axis, n.name
+        wq_name = _add_init(q, f"{base}/W_int8", ints.w_int8)
         ws_name = _add_init(q, f"{base}/W_scale", ws if axis is not None else ws.reshape(()))
         wz_name = _add_init(q, f"{base}/W_zero_point", np.zeros(ws.shape if axis is not None else (),
                                                                 np.int8))
@@ -85,26 +91,16 @@ def insert_qdq(model: onnx.ModelProto, plan: Plan, act_qparams: dict[str, ActQua
         new_nodes.append(helper.make_node("DequantizeLinear", [wq_name, ws_name, wz_name],
                                           [f"{base}/W_dq"], name=f"{base}/W_DequantizeLinear", **attrs))
         n.input[1] = f"{base}/W_dq"
-        shift = None
-        if input_means is not None and n.input[0] in input_means:
-            dw = w - quant_dequant(wq, ws, axis)
-            if n.op_type == "Conv":
-                shift = conv_shift(dw, input_means[n.input[0]], int(g.attr(n, "group", 1)))
-            else:
-                shift = dense_shift(dw, input_means[n.input[0]], a.axis == 0)
-            if a.bias is None and n.op_type in ("Conv", "Gemm"):
-                a_bias = _add_init(q, f"{base}/B_corrected", np.zeros(shift.size, np.float32))
-                while len(n.input) < 3:
-                    n.input.append("")
-                n.input[2] = a_bias
-                g.inits[a_bias] = q.graph.initializer[-1]
-                a = _with_bias(a, a_bias)
-        if a.bias is not None:
-            b = g.const(a.bias).astype(np.float32).reshape(-1)
-            if shift is not None:
-                b = (b + shift).astype(np.float32)
-            x_scale = qp_of(n.input[0]).scale
-            bs = bias_qparams(x_scale, ws, b.size)
+        if ints.bias is not None and a.bias is None:  # a bias to carry the correction
+            a_bias = _add_init(q, f"{base}/B_corrected", ints.bias)
+            while len(n.input) < 3:
+                n.input.append("")
+            n.input[2] = a_bias
+            g.inits[a_bias] = q.graph.initializer[-1]
+            a = _with_bias(a, a_bias)
+        if ints.bias is not None:
+            b = ints.bias
+            bs = bias_qparams(qp_of(n.input[0]).scale, ws, b.size)
             bq = quantize_bias(b, bs)
             bq_name = _add_init(q, f"{base}/B_int32", bq)
             bs_name = _add_init(q, f"{base}/B_scale", bs)
@@ -137,6 +133,60 @@ def insert_qdq(model: onnx.ModelProto, plan: Plan, act_qparams: dict[str, ActQua
     _drop_unused(q)
     _ensure_opset(q)
     return q
+
+
+@dataclass(frozen=True)
+class AnchorInts:
+    """A weighted layer's int8 weights and the float bias its int32 bias will encode."""
+
+    w_scales: np.ndarray       # float32, one per output channel (or one)
+    w_int8: np.ndarray
+    axis: int | None           # the per-channel axis, None for per-tensor weights
+    channel_axis: int          # the weight's output-channel axis
+    bias: np.ndarray | None    # float32 per channel, bias correction included
+
+
+def anchor_ints(g: Graph, a: Anchor, per_channel: bool,
+                input_means: dict[str, np.ndarray] | None) -> AnchorInts:
+    """Weights quantized, and the bias moved by the rounding's mean shift
+    (``bias_correction.py``; a Conv/Gemm without a bias gets one to carry it)."""
+    n = a.node
+    w = g.const(a.weight).astype(np.float32)
+    axis = a.axis if per_channel else None
+    ws = weight_qparams(w, axis)
+    wq = quantize_weight(w, ws, axis)
+    shift = None
+    if input_means is not None and n.input[0] in input_means:
+        dw = w - quant_dequant(wq, ws, axis)
+        if n.op_type == "Conv":
+            shift = conv_shift(dw, input_means[n.input[0]], int(g.attr(n, "group", 1)))
+        else:
+            shift = dense_shift(dw, input_means[n.input[0]], a.axis == 0)
+    bias = None
+    if a.bias is not None:
+        bias = g.const(a.bias).astype(np.float32).reshape(-1)
+        if shift is not None:
+            bias = (bias + shift).astype(np.float32)
+    elif shift is not None and n.op_type in ("Conv", "Gemm"):
+        bias = shift.astype(np.float32)
+    return AnchorInts(ws, wq, axis, a.axis, bias)
+
+
+def bias_scale_floors(model: onnx.ModelProto, plan: Plan, per_channel: bool = True,
+                      input_means: dict[str, np.ndarray] | None = None) -> dict[str, float]:
+    """Anchor input tensor -> the smallest scale that keeps every int32 bias reading it
+    in the accumulator's range (``qparams.bias_input_scale_floor``)."""
+    g = Graph(model)
+    out: dict[str, float] = {}
+    for a in plan.anchors.values():
+        ints = anchor_ints(g, a, per_channel, input_means)
+        if ints.bias is None:
+            continue
+        ws = np.broadcast_to(ints.w_scales, ints.bias.shape)
+        f = bias_input_scale_floor(ints.bias, ws, ints.w_int8, ints.channel_axis)
+        x = a.node.input[0]
+        out[x] = max(out.get(x, 0.0), f)
+    return out
 
 
 def quant_dequant(wq: np.ndarray, scales: np.ndarray, axis: int | None) -> np.ndarray:

@@ -254,3 +254,28 @@ def _prune_followers(g: Graph, p: Plan) -> None:
         if len(keep) == len(p.followers):
             return
         p.followers = keep
+
+
+def fp32_reasons(g: Graph, p: Plan, quantize_adds: bool = True) -> dict[str, tuple[str, str]]:
+    """Every node the plan leaves in FP32 that ``p.kept_fp32`` does not explain already:
+    node name -> (op type, why)."""
+    done = p.quantized_nodes | set(p.kept_fp32)
+    out = {}
+    for n in g.model.graph.node:
+        if n.name in done:
+            continue
+        ins = [i for i in n.input if i and not g.is_const(i)]
+        if n.op_type == "Add" and not quantize_adds:
+            why = "residual adds stay FP32 (quantize_adds=False)"
+        elif n.op_type in POOLS | ACTIVATIONS | SHAPE_OPS | {"Add", "Concat", "MatMul"} and ins:
+            if all(i in p.tensors for i in ins):
+                why = "no int8 op reads its output (an int8 step would only add error)"
+            else:
+                why = "an input is not int8 (no int8 op produces it)"
+        elif not ins:
+            why = "computes from constants only"
+        else:
+            why = "no int8 form (the DSA runs conv/dense/matmul, adds, pooling, Relu/Clip, " \
+                  "Concat and reshapes); runs in FP32 on the CPU"
+        out[n.name] = (n.op_type, why)
+    return out

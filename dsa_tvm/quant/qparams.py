@@ -14,6 +14,9 @@ import numpy as np
 QMIN, QMAX = -128, 127
 #: smallest scale we emit: a constant-zero tensor still gets a positive scale
 MIN_SCALE = 1e-8
+#: what bias + worst-case int8 x int8 sum may reach in the int32 accumulator (half its
+#: range: rounding and the float32 scales never bring it near wrapping)
+BIAS_BUDGET = 2 ** 30
 
 
 @dataclass(frozen=True)
@@ -31,16 +34,33 @@ class ActQuant:
         return ((q.astype(np.int32) - self.zero_point) * np.float32(self.scale)).astype(np.float32)
 
 
-def activation_qparams(lo: float, hi: float, symmetric: bool = False) -> ActQuant:
+def activation_qparams(lo: float, hi: float, symmetric: bool = False,
+                       min_scale: float = MIN_SCALE) -> ActQuant:
     """int8 qparams covering [lo, hi] (widened to include 0, so zero padding and ReLU
-    zeros are exact). Symmetric: zero point 0, range [-127, 127] * scale."""
+    zeros are exact). Symmetric: zero point 0, range [-127, 127] * scale. ``min_scale``:
+    a floor above :data:`MIN_SCALE` (see :func:`bias_input_scale_floor`)."""
     lo, hi = min(float(lo), 0.0), max(float(hi), 0.0)
+    floor = max(MIN_SCALE, float(min_scale))
     if symmetric:
         scale = max(abs(lo), abs(hi)) / 127.0
-        return ActQuant(float(np.float32(max(scale, MIN_SCALE))), 0)
-    scale = float(np.float32(max((hi - lo) / (QMAX - QMIN), MIN_SCALE)))
+        return ActQuant(_f32_at_least(max(scale, floor)), 0)
+    scale = _f32_at_least(max((hi - lo) / (QMAX - QMIN), floor))
     zp = int(np.clip(np.round(QMIN - lo / scale), QMIN, QMAX))
     return ActQuant(scale, zp)
+
+
+def _f32_at_least(x: float) -> float:
+    """The float32 nearest ``x`` that is not below it (a floor must survive the rounding)."""
+    f = np.float32(x)
+    return float(f if f >= x else np.nextafter(f, np.float32(np.inf)))
+
+
+def widen(qp: ActQuant, min_scale: float, symmetric: bool) -> ActQuant:
+    """``qp`` with its scale raised to ``min_scale`` (the same real range stays covered)."""
+    if qp.scale >= min_scale:
+        return qp
+    lo, hi = (QMIN - qp.zero_point) * qp.scale, (QMAX - qp.zero_point) * qp.scale
+    return activation_qparams(lo, hi, symmetric, min_scale)
 
 
 def weight_qparams(w: np.ndarray, axis: int | None) -> np.ndarray:
@@ -65,9 +85,32 @@ def quantize_weight(w: np.ndarray, scales: np.ndarray, axis: int | None) -> np.n
 
 def bias_qparams(x_scale: float, w_scales: np.ndarray, channels: int) -> np.ndarray:
     """Bias scales s_x * s_w[c] (float32, one per output channel) so the int32 bias adds
-    straight into the int8 x int8 accumulator."""
+    straight into the int8 x int8 accumulator. Never clamped: any other scale would make
+    the compiler rescale the bias into accumulator units (see :func:`bias_input_scale_floor`
+    for keeping the bias in range instead)."""
     s = np.float32(x_scale) * np.broadcast_to(w_scales.astype(np.float32), (channels,))
-    return np.maximum(s, np.float32(MIN_SCALE)).astype(np.float32)
+    return s.astype(np.float32)
+
+
+def worst_case_sum(wq: np.ndarray, channel_axis: int) -> np.ndarray:
+    """Per output channel, the largest |sum (x - zp) * w| an int8 input can produce
+    (|x - zp| <= 255 for any int8 zero point): the accumulator's share beside the bias."""
+    a = np.abs(np.moveaxis(np.asarray(wq, np.int64), channel_axis, 0))
+    return 255 * a.reshape(a.shape[0], -1).sum(1)
+
+
+def bias_input_scale_floor(bias: np.ndarray, w_scales: np.ndarray, wq: np.ndarray,
+                           channel_axis: int) -> float:
+    """The smallest input scale at which the int32 bias ``round(b / (s_x * s_w))`` fits
+    :data:`BIAS_BUDGET` beside the worst-case int8 x int8 sum. A tiny input scale (tiny or
+    all-zero calibration activations) would otherwise push the bias past int32."""
+    b = np.abs(np.asarray(bias, np.float64).reshape(-1))
+    ws = np.broadcast_to(np.asarray(w_scales, np.float64).reshape(-1), b.shape)
+    budget = BIAS_BUDGET - np.broadcast_to(worst_case_sum(wq, channel_axis), b.shape)
+    ok = budget > 0  # a reduction too long for any bias: the compiler's range check decides
+    if not np.any(ok & (b > 0)):
+        return 0.0
+    return float(np.max(b[ok] / (ws[ok] * budget[ok])))
 
 
 def quantize_bias(b: np.ndarray, scales: np.ndarray) -> np.ndarray:
