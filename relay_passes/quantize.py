@@ -27,6 +27,7 @@ from dsa_tvm.quant.qparams import (
     activation_qparams,
     bias_input_scale_floor,
     bias_qparams,
+    bias_weight_scale_floor,
     quantize_bias,
     quantize_weight,
     weight_qparams,
@@ -160,10 +161,13 @@ def _dq_const(q: np.ndarray, scale: np.ndarray, zp_dtype: str, axis: int) -> rel
                                "float32")
 
 
-def chain_ints(c: Chain, per_channel: bool, means: dict[relax.Var, np.ndarray] | None
+def chain_ints(c: Chain, per_channel: bool, means: dict[relax.Var, np.ndarray] | None,
+               x_scale: float | None = None
                ) -> tuple[np.ndarray, np.ndarray, int, np.ndarray | None]:
     """A weighted chain's weight scales (one per output channel), int8 weights, channel
-    axis and the mean output shift their rounding causes (None without bias correction)."""
+    axis and the mean output shift their rounding causes (None without bias correction).
+    Given the input scale, per-channel weight scales are raised where the int32 bias would
+    not fit the accumulator's range (``qparams.bias_weight_scale_floor``)."""
     axis = 0 if c.kind == "conv2d" else 1
     w = c.weight.astype(np.float64)
     shape = [1] * w.ndim
@@ -173,6 +177,21 @@ def chain_ints(c: Chain, per_channel: bool, means: dict[relax.Var, np.ndarray] |
     scales = weight_qparams(w, axis if per_channel else None)
     if scales.size == 1:
         scales = np.repeat(scales, w.shape[axis])
+    wq, shift = _weights_and_shift(c, w, scales, axis, means)
+    if x_scale is not None and per_channel and (c.bias is not None or shift is not None):
+        floor = bias_weight_scale_floor(_chain_bias(c, scales.size, shift), x_scale,
+                                        w.size // w.shape[axis])
+        if np.any(scales < floor):
+            scales = np.maximum(scales, floor).astype(np.float32)
+            wq, shift = _weights_and_shift(c, w, scales, axis, means)
+    return scales, wq, axis, shift
+
+
+def _weights_and_shift(c: Chain, w: np.ndarray, scales: np.ndarray, axis: int,
+                       means: dict[relax.Var, np.ndarray] | None
+                       ) -> tuple[np.ndarray, np.ndarray | None]:
+    shape = [1] * w.ndim
+    shape[axis] = -1
     wq = quantize_weight(w, scales, axis)
     shift = None
     if means is not None:
@@ -180,22 +199,28 @@ def chain_ints(c: Chain, per_channel: bool, means: dict[relax.Var, np.ndarray] |
         m = means[c.anchor]
         shift = (conv_shift(dw, m, c.groups) if c.kind == "conv2d"
                  else dense_shift(dw, m, transposed=False))
-    return scales, wq, axis, shift
+    return wq, shift
+
+
+def _chain_bias(c: Chain, channels: int, shift: np.ndarray | None) -> np.ndarray:
+    """The float bias the chain's int32 bias encodes (the rounding's mean shift removed)."""
+    return (np.zeros(channels) if c.bias is None else c.bias) - (0.0 if shift is None else shift)
 
 
 def fit_biases(plan: Plan, qps: dict[relax.Var, ActQuant], per_channel: bool,
                means: dict[relax.Var, np.ndarray] | None, symmetric: bool
                ) -> dict[relax.Var, ActQuant]:
     """``qps`` with each input scale raised until every int32 bias reading it stays in the
-    accumulator's range (``qparams.bias_input_scale_floor``)."""
+    accumulator's range (``qparams.bias_input_scale_floor``). Only per-tensor weights need
+    it: per-channel weight scales are raised instead (:func:`chain_ints`)."""
     out = dict(qps)
     for c in plan.chains:
-        if c.weight is None:
+        if c.weight is None or per_channel:
             continue
         scales, wq, axis, shift = chain_ints(c, per_channel, means)
         if c.bias is None and shift is None:
             continue
-        bias = (np.zeros(scales.size) if c.bias is None else c.bias) - (0.0 if shift is None else shift)
+        bias = _chain_bias(c, scales.size, shift)
         root = plan.root(c.inputs[0])
         floor = bias_input_scale_floor(bias, scales, wq, axis)
         out[root] = widen(out[root], floor, symmetric)
@@ -228,7 +253,8 @@ class _InsertQDQ(PyExprMutator):
         return relax.op.dequantize(q, s, z, axis, "float32")
 
     def _weight(self, c: Chain) -> relax.Expr:
-        scales, wq, axis, shift = chain_ints(c, self.per_channel, self.means)
+        scales, wq, axis, shift = chain_ints(c, self.per_channel, self.means,
+                                             self.qp(c.inputs[0]).scale)
         self.w_scales[c.anchor] = scales
         if shift is not None:
             self.shift[c.anchor] = shift
@@ -238,7 +264,7 @@ class _InsertQDQ(PyExprMutator):
     def _bias(self, c: Chain) -> relax.Expr:
         """``dequantize(int32 bias)`` shaped to broadcast along the output channels."""
         n = self.w_scales[c.anchor].size
-        bias = (np.zeros(n) if c.bias is None else c.bias) - self.shift.get(c.anchor, 0.0)
+        bias = _chain_bias(c, n, self.shift.get(c.anchor))
         s = bias_qparams(self.qp(c.inputs[0]).scale, self.w_scales[c.anchor], n)
         b = self.builder_.emit(_dq_const(quantize_bias(bias, s), s, "int32", 0),
                                name_hint=f"{c.anchor.name}_b")

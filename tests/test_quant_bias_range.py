@@ -29,6 +29,7 @@ from dsa_tvm.quant.qparams import (
     BIAS_BUDGET,
     bias_input_scale_floor,
     bias_qparams,
+    bias_weight_scale_floor,
     quantize_bias,
     quantize_weight,
     weight_qparams,
@@ -46,6 +47,19 @@ def conv_relu(seed: int = 0):
     inits = {"W": rand(rng, 8, 3, 3, 3), "B": rand(rng, 8)}
     return make_model([node("Conv", ["x", "W", "B"], ["c"], pads=[1] * 4, name="conv"),
                        node("Relu", ["c"], ["out"], name="relu")], inits, {"x": SHAPE}, {"out": None})
+
+
+def dead_channel_conv(seed: int = 0):
+    """A conv whose first output channel has all-zero weights and a bias: its weight scale
+    sits at the smallest scale, so its bias in s_x * s_w units is astronomically large."""
+    rng = np.random.default_rng(seed)
+    w = rand(rng, 8, 3, 3, 3)
+    w[0] = 0.0
+    b = rand(rng, 8)
+    b[0] = 0.75
+    return make_model([node("Conv", ["x", "W", "B"], ["c"], pads=[1] * 4, name="conv"),
+                       node("Relu", ["c"], ["out"], name="relu")], {"W": w, "B": b},
+                      {"x": SHAPE}, {"out": None})
 
 
 def _feeds(scale: float, n: int = 4, seed: int = 1):
@@ -149,3 +163,46 @@ def test_scale_floor_keeps_every_bias_in_budget(bias, w_mag, k, seed):
         bq = quantize_bias(b, bs)
         np.testing.assert_array_equal(bq.astype(np.float64), exact)
         assert (np.abs(bq.astype(np.int64)) + worst_case_sum(wq, 0)).max() <= BIAS_BUDGET * (1 + 1e-6)
+
+
+def test_dead_channel_raises_its_weight_scale_not_the_input_scale():
+    """A dead channel (all-zero weights, a bias) must not raise the shared input scale:
+    that cost EfficientNet-Lite0 its accuracy (cosine 0.994 -> 0.739). Its own weight
+    scale goes up instead (free: its weights are zero); the model stays exact on the DSA."""
+    m = dead_channel_conv()
+    feeds = _feeds(1.0)
+    qm = quantize_onnx(m, feeds, show_progress=False)
+    ini = _inits(qm.model)
+    xs = np.concatenate([f["x"].ravel() for f in feeds])
+    calibrated = (max(xs.max(), 0) - min(xs.min(), 0)) / 255
+    assert float(ini["x/scale"]) <= calibrated * 1.0001          # not floored
+    peak = np.abs(ini["conv/B_int32"].astype(np.int64)) + worst_case_sum(ini["conv/W_int8"], 0)
+    assert peak.max() <= BIAS_BUDGET
+    x = _feeds(1.0, n=1, seed=7)[0]["x"]
+    got, llvm, rep = _dsa_and_llvm(qm.to_relax(), x)
+    assert [d.target for d in rep.regions] == ["dsa"], str(rep)
+    step = float(ini["out/scale"])
+    assert np.abs(got - llvm).max() <= step * 1.001
+    assert cosine(run_onnxruntime(m, {"x": x})[0], got) > 0.99
+    # the Relax path: the same rule
+    qmod, _ = quantize_relax(from_onnx(m, keep_params_in_input=False), feeds)
+    got_r, llvm_r, _ = _dsa_and_llvm(qmod, x)
+    assert cosine(run_onnxruntime(m, {"x": x})[0], got_r) > 0.99
+    assert np.abs(got_r - llvm_r).max() <= step * 2
+
+
+@settings(max_examples=60, deadline=None)
+@given(st.lists(st.floats(-1e4, 1e4, allow_nan=False, width=32), min_size=1, max_size=6),
+       st.floats(1e-12, 1.0), st.floats(1e-10, 1.0), st.integers(1, 600), st.integers(0, 2 ** 16))
+def test_weight_scale_floor_keeps_every_bias_in_budget(bias, w_mag, x_scale, k, seed):
+    """Per-channel weight scales raised to the floor keep each int32 bias exact and
+    bias + the worst int8 x int8 sum within the budget (exact integer arithmetic)."""
+    rng = np.random.default_rng(seed)
+    b = np.array(bias, np.float32)
+    w = (rng.standard_normal((b.size, k)) * w_mag).astype(np.float32)
+    ws = np.maximum(weight_qparams(w, 0), bias_weight_scale_floor(b, x_scale, k))
+    wq = quantize_weight(w, ws, 0)
+    bs = bias_qparams(np.float32(x_scale), ws, b.size)
+    bq = quantize_bias(b, bs)
+    np.testing.assert_array_equal(bq.astype(np.float64), np.round(b.astype(np.float64) / bs))
+    assert (np.abs(bq.astype(np.int64)) + worst_case_sum(wq, 0)).max() <= BIAS_BUDGET * (1 + 1e-6)

@@ -26,6 +26,7 @@ from .qparams import (
     ActQuant,
     bias_input_scale_floor,
     bias_qparams,
+    bias_weight_scale_floor,
     quantize_bias,
     quantize_weight,
     weight_qparams,
@@ -81,7 +82,7 @@ def insert_qdq(model: onnx.ModelProto, plan: Plan, act_qparams: dict[str, ActQua
     by_name = {n.name: n for n in nodes}  # the plan names nodes of ``model``; edit the copy's
     for a in plan.anchors.values():
         n = by_name[a.node.name]
-        ints = anchor_ints(g, a, per_channel, input_means)
+        ints = anchor_ints(g, a, per_channel, input_means, qp_of(n.input[0]).scale)
         ws, axis, base = ints.w_scales, ints.axis, n.name
         wq_name = _add_init(q, f"{base}/W_int8", ints.w_int8)
         ws_name = _add_init(q, f"{base}/W_scale", ws if axis is not None else ws.reshape(()))
@@ -147,13 +148,27 @@ class AnchorInts:
 
 
 def anchor_ints(g: Graph, a: Anchor, per_channel: bool,
-                input_means: dict[str, np.ndarray] | None) -> AnchorInts:
+                input_means: dict[str, np.ndarray] | None, x_scale: float | None = None) -> AnchorInts:
     """Weights quantized, and the bias moved by the rounding's mean shift
-    (``bias_correction.py``; a Conv/Gemm without a bias gets one to carry it)."""
-    n = a.node
+    (``bias_correction.py``; a Conv/Gemm without a bias gets one to carry it). Given the
+    input scale, per-channel weight scales are raised where the int32 bias would not fit
+    the accumulator's range (``qparams.bias_weight_scale_floor``)."""
     w = g.const(a.weight).astype(np.float32)
     axis = a.axis if per_channel else None
     ws = weight_qparams(w, axis)
+    wq, bias = _weights_and_bias(g, a, w, ws, axis, input_means)
+    if x_scale is not None and axis is not None and bias is not None:
+        floor = bias_weight_scale_floor(bias, x_scale, w.size // w.shape[axis])
+        if np.any(ws < floor):
+            ws = np.maximum(ws, floor).astype(np.float32)
+            wq, bias = _weights_and_bias(g, a, w, ws, axis, input_means)
+    return AnchorInts(ws, wq, axis, a.axis, bias)
+
+
+def _weights_and_bias(g: Graph, a: Anchor, w: np.ndarray, ws: np.ndarray, axis: int | None,
+                      input_means: dict[str, np.ndarray] | None
+                      ) -> tuple[np.ndarray, np.ndarray | None]:
+    n = a.node
     wq = quantize_weight(w, ws, axis)
     shift = None
     if input_means is not None and n.input[0] in input_means:
@@ -169,18 +184,19 @@ def anchor_ints(g: Graph, a: Anchor, per_channel: bool,
             bias = (bias + shift).astype(np.float32)
     elif shift is not None and n.op_type in ("Conv", "Gemm"):
         bias = shift.astype(np.float32)
-    return AnchorInts(ws, wq, axis, a.axis, bias)
+    return wq, bias
 
 
 def bias_scale_floors(model: onnx.ModelProto, plan: Plan, per_channel: bool = True,
                       input_means: dict[str, np.ndarray] | None = None) -> dict[str, float]:
     """Anchor input tensor -> the smallest scale that keeps every int32 bias reading it
-    in the accumulator's range (``qparams.bias_input_scale_floor``)."""
+    in the accumulator's range (``qparams.bias_input_scale_floor``). Only per-tensor
+    weights need it: per-channel weight scales are raised instead (:func:`anchor_ints`)."""
     g = Graph(model)
     out: dict[str, float] = {}
     for a in plan.anchors.values():
         ints = anchor_ints(g, a, per_channel, input_means)
-        if ints.bias is None:
+        if ints.bias is None or ints.axis is not None:
             continue
         ws = np.broadcast_to(ints.w_scales, ints.bias.shape)
         f = bias_input_scale_floor(ints.bias, ws, ints.w_int8, ints.channel_axis)

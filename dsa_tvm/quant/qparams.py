@@ -113,6 +113,21 @@ def bias_input_scale_floor(bias: np.ndarray, w_scales: np.ndarray, wq: np.ndarra
     return float(np.max(b[ok] / (ws[ok] * budget[ok])))
 
 
+def bias_weight_scale_floor(bias: np.ndarray, x_scale: float, fan_in: int) -> np.ndarray:
+    """Per output channel, the smallest weight scale at which the int32 bias
+    ``round(b / (s_x * s_w))`` fits :data:`BIAS_BUDGET` beside the largest int8 x int8 sum
+    of ``fan_in`` terms (|x - zp| <= 255, |w| <= 127). Raising one channel's weight scale
+    costs only that channel's resolution (nothing for a dead channel whose weights are all
+    zero), where raising the input scale would cost every channel reading the tensor."""
+    budget = BIAS_BUDGET - 255 * 127 * int(fan_in)
+    b = np.abs(np.asarray(bias, np.float64).reshape(-1))
+    if budget <= 0:  # a reduction too long for any bias: the compiler's range check decides
+        return np.zeros(b.shape, np.float32)
+    floor = b / (float(x_scale) * budget)
+    f = floor.astype(np.float32)
+    return np.where(f < floor, np.nextafter(f, np.float32(np.inf)), f).astype(np.float32)
+
+
 def quantize_bias(b: np.ndarray, scales: np.ndarray) -> np.ndarray:
     q = np.round(b.astype(np.float64) / scales.astype(np.float64))
     return np.clip(q, -(2 ** 31), 2 ** 31 - 1).astype(np.int32)
