@@ -42,6 +42,9 @@ def add_parser(sub) -> None:
     q.add_argument("-o", "--output", help="quantized model path (default: <model>_int8.onnx)")
     q.add_argument("--report", help="JSON report path (default: <output>.report.json)")
     q.add_argument("--quiet", action="store_true", help="no progress bars")
+    from .frontend.intake import add_shape_arg
+
+    add_shape_arg(q)
     q.set_defaults(fn=cmd_quantize)
 
 
@@ -56,16 +59,18 @@ def _data(spec: str, model: onnx.ModelProto):
 
 
 def cmd_quantize(args: argparse.Namespace) -> int:
+    from .frontend.intake import load_onnx, parse_shape_args
     from .quant import quantize_onnx
     from .quant.accuracy import accuracy_report, mixed_precision, sensitivity
     from .quant.api import input_dtypes, input_shapes
     from .quant.data import as_feeds
 
     src = Path(args.model)
-    model = onnx.load(str(src))
     keep = [k for k in args.keep_fp32.split(",") if k]
     try:
-        qm = quantize_onnx(model, _data(args.calib, model), method=args.method, keep_fp32=keep,
+        taken = load_onnx(src, parse_shape_args(args.shape))
+        model = taken.model
+        qm = quantize_onnx(taken, _data(args.calib, model), method=args.method, keep_fp32=keep,
                            per_channel=not args.per_tensor_weights,
                            symmetric_activations=args.symmetric_activations,
                            num_batches=args.num_batches, preprocess=args.preprocess,

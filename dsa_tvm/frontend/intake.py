@@ -265,3 +265,9 @@ def _check_fp32(reference: onnx.ModelProto, upgraded: onnx.ModelProto, result: o
                           "graph as is")
     notes.append(f"outputs checked against {against} on one seeded input (onnxruntime, "
                  f"optimizations off): max |diff| {diff:.3g}, {rule}")
+
+
+def add_shape_arg(parser) -> None:
+    """The ``--shape NAME=AxBx...`` option (repeatable) of ``run``, ``quantize`` and ``tune``."""
+    parser.add_argument("--shape", action="append", default=[], metavar="NAME=DIMS",
+                        help="fix a dynamic input's shape, e.g. --shape x=1x3x48x320 (repeat per input)")

@@ -42,8 +42,12 @@ def read_model(model: onnx.ModelProto | str | Path) -> tuple[onnx.ModelProto, st
 def check_graph(model: onnx.ModelProto, source: str) -> None:
     """Every node input defined before use (named when not), then ``onnx.checker``."""
     _check_defined(model.graph, set(), source)
+    try:  # exporters leave output shapes out; the checker wants them: check an inferred copy
+        inferred = onnx.shape_inference.infer_shapes(model)
+    except Exception:  # noqa: BLE001 - an inference failure is not the checker's verdict
+        inferred = model
     try:
-        onnx.checker.check_model(model)
+        onnx.checker.check_model(inferred)
     except onnx.checker.ValidationError as e:
         first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
         raise IntakeError(f"{source}: not a valid ONNX model: {first}") from e
