@@ -333,3 +333,17 @@ def test_cli_quantize_with_shape(tmp_path, exported, capsys):
     assert "shapes names 'y'" in capsys.readouterr().err
     assert main(["run", str(src)]) == 2
     assert "--shape x=1x3x8x8" in capsys.readouterr().err
+
+
+def test_cli_run_with_shape(tmp_path, exported, capsys):
+    """``dsa-tvm run`` on the exported FP32 file: intake's notes printed, outputs agree with
+    onnxruntime on the model as exported."""
+    from dsa_tvm.cli import main
+
+    src = tmp_path / "exported.onnx"
+    onnx.save(exported, str(src))
+    assert main(["run", str(src), "--shape", "x=1x3x8x8"]) == 0
+    said = capsys.readouterr().out
+    assert "intake: opset 11 upgraded to 13" in said and "intake: onnxslim" in said
+    diff = float(said.split("max |diff| ")[-1].split(",")[0])
+    assert diff < 1e-4

@@ -227,8 +227,8 @@ def _slim(m: onnx.ModelProto, source: str, notes: list[str]) -> onnx.ModelProto:
         notes.append(f"onnxslim could not simplify the graph ({type(e).__name__}: {e}); left as is")
         return m
     before, after = Counter(n.op_type for n in m.graph.node), Counter(n.op_type for n in out.graph.node)
-    if before == after:
-        return m if len(out.graph.node) == len(m.graph.node) else out
+    if before == after:  # nothing folded or fused: keep the user's graph exactly
+        return m
     gone = ", ".join(f"{k} x{v}" for k, v in sorted((before - after).items()))
     new = ", ".join(f"{k} x{v}" for k, v in sorted((after - before).items()))
     notes.append(f"onnxslim: {len(m.graph.node)} -> {len(out.graph.node)} nodes (shape arithmetic "
