@@ -290,9 +290,18 @@ def test_shape_naming_no_input_is_named(exported):
 
 
 def test_open_dimension_is_named_with_the_fix(exported):
-    with pytest.raises(IntakeError, match=r"input 'x' \(N, 3, 8, 8\) has dynamic dimension 0 \('N'\).*"
-                                          r"shapes=\{'x': \(1, 3, 8, 8\)\} or --shape x=1x3x8x8"):
+    with pytest.raises(IntakeError, match=r"input 'x' \(N, 3, 8, 8\) has dynamic dimension 0;.*"
+                                          r"shapes=\{'x': \(1, 3, 8, 8\)\} or --shape x=1x3x8x8$"):
         load_onnx(exported)
+    with pytest.raises(IntakeError, match=r"dimensions 0, 2, 3;.*\(1, 3, d2, d3\).*x=1x3xd2xd3 \(d2, d3: "):
+        load_onnx(_open_hw())
+
+
+def _open_hw() -> onnx.ModelProto:
+    m = exporter_style()
+    for i in (2, 3):
+        m.graph.input[0].type.tensor_type.shape.dim[i].dim_param = "HW"[i - 2]
+    return m
 
 
 def test_missing_initializer_names_node_and_tensor():
@@ -347,3 +356,46 @@ def test_cli_run_with_shape(tmp_path, exported, capsys):
     assert "intake: opset 11 upgraded to 13" in said and "intake: onnxslim" in said
     diff = float(said.split("max |diff| ")[-1].split(",")[0])
     assert diff < 1e-4
+
+
+# ----------------------------------------------------------------------------- shipped OCR models
+
+
+def _ocr_models():
+    """PP-OCR's detector, recognizer and direction classifier as RapidOCR ships them (opset 12,
+    12, 11; dynamic batch and image size), from the installed wheel (``pip install --no-deps
+    rapidocr-onnxruntime==1.4.4``; its package is not imported, only its model files read)."""
+    import importlib.util
+    from pathlib import Path
+
+    spec = importlib.util.find_spec("rapidocr_onnxruntime")
+    if spec is None or not spec.submodule_search_locations:
+        pytest.skip("rapidocr-onnxruntime (the shipped PP-OCR models) is not installed")
+    return Path(spec.submodule_search_locations[0]) / "models"
+
+
+OCR = {"ch_PP-OCRv4_det_infer.onnx": (1, 3, 64, 64), "ch_PP-OCRv4_rec_infer.onnx": (1, 3, 48, 320),
+       "ch_ppocr_mobile_v2.0_cls_infer.onnx": (1, 3, 48, 192)}
+
+
+@pytest.mark.parametrize("name", sorted(OCR))
+def test_shipped_ocr_models_import_after_intake(name):
+    path = _ocr_models() / name
+    with pytest.raises(Exception):  # noqa: B017 - each fails differently inside TVM's importer
+        from_onnx(onnx.load(str(path)), keep_params_in_input=False)
+    with pytest.raises(IntakeError, match="has dynamic dimensions 0, 2, 3"):
+        load_onnx(path)
+    taken = load_onnx(path, shapes={"x": OCR[name]})
+    assert "outputs checked against the model as given" in str(taken)
+    from_onnx(taken.model, keep_params_in_input=False)
+
+
+def test_shipped_ocr_classifier_quantizes():
+    """The opset-11 direction classifier: refused before intake (per-channel QDQ needs opset 13)."""
+    path = _ocr_models() / "ch_ppocr_mobile_v2.0_cls_infer.onnx"
+    shape = OCR[path.name]
+    qm = quantize_onnx(path, _feeds(shape, 2), shapes={"x": shape}, show_progress=False)
+    assert len(qm.quantized_layers) > 50 and "opset 11 upgraded to 13" in qm.summary()
+    f = _feeds(shape, 1, seed=9)[0]
+    q, ref = run_onnxruntime(qm.model, f, optimize=False)[0], run_onnxruntime(qm.fp32, f, optimize=False)[0]
+    assert np.abs(q - ref).max() < 0.1  # two-class softmax: int8 stays close to FP32

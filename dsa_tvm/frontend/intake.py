@@ -156,8 +156,8 @@ def _graph_inputs(m: onnx.ModelProto) -> list[onnx.ValueInfoProto]:
 
 def _shape_text(vi: onnx.ValueInfoProto) -> str:
     dims = vi.type.tensor_type.shape.dim
-    return "(" + ", ".join(str(d.dim_value) if d.HasField("dim_value") else (d.dim_param or "?")
-                           for d in dims) + ")"
+    return "(" + ", ".join(str(d.dim_value) if d.HasField("dim_value") and d.dim_value > 0
+                           else (d.dim_param or "?") for d in dims) + ")"
 
 
 def _fix_shapes(m: onnx.ModelProto, shapes: Shapes, source: str, notes: list[str]) -> bool:
@@ -204,14 +204,18 @@ def _static_shapes(m: onnx.ModelProto, source: str) -> dict[str, tuple[int, ...]
             raise IntakeError(f"{source}: input '{vi.name}' declares no shape: give it one with "
                               f"shapes={{'{vi.name}': (...)}} or --shape {vi.name}=AxBx...")
         dims = list(tt.shape.dim)
-        for i, d in enumerate(dims):
-            if not (d.HasField("dim_value") and d.dim_value > 0):
-                guess = [str(e.dim_value) if e.HasField("dim_value") and e.dim_value > 0
-                         else ("1" if j == 0 else (e.dim_param or "?")) for j, e in enumerate(dims)]
-                raise IntakeError(
-                    f"{source}: input '{vi.name}' {_shape_text(vi)} has dynamic dimension {i} "
-                    f"('{d.dim_param or '?'}'); the DSA compiles for fixed shapes: fix it with "
-                    f"shapes={{'{vi.name}': ({', '.join(guess)})}} or --shape {vi.name}={'x'.join(guess)}")
+        open_ = [i for i, d in enumerate(dims) if not (d.HasField("dim_value") and d.dim_value > 0)]
+        if open_:
+            # a template to fill in: the batch as 1, every other open dimension by its index
+            fill = [str(d.dim_value) if i not in open_ else "1" if i == 0 else f"d{i}"
+                    for i, d in enumerate(dims)]
+            todo = [f for i, f in enumerate(fill) if i in open_ and f != "1"]
+            raise IntakeError(
+                f"{source}: input '{vi.name}' {_shape_text(vi)} has dynamic dimension"
+                f"{'s' if len(open_) > 1 else ''} {', '.join(map(str, open_))}; the DSA compiles for "
+                f"fixed shapes: fix {'them' if len(open_) > 1 else 'it'} with "
+                f"shapes={{'{vi.name}': ({', '.join(fill)})}} or --shape {vi.name}={'x'.join(fill)}"
+                + (f" ({', '.join(todo)}: the sizes to compile for)" if todo else ""))
         out[vi.name] = tuple(int(d.dim_value) for d in dims)
     return out
 
@@ -229,11 +233,13 @@ def _slim(m: onnx.ModelProto, source: str, notes: list[str]) -> onnx.ModelProto:
     before, after = Counter(n.op_type for n in m.graph.node), Counter(n.op_type for n in out.graph.node)
     if before == after:  # nothing folded or fused: keep the user's graph exactly
         return m
+    consts = before.pop("Constant", 0) - after.pop("Constant", 0)
     gone = ", ".join(f"{k} x{v}" for k, v in sorted((before - after).items()))
     new = ", ".join(f"{k} x{v}" for k, v in sorted((after - before).items()))
     notes.append(f"onnxslim: {len(m.graph.node)} -> {len(out.graph.node)} nodes (shape arithmetic "
                  f"and constants folded, fusions applied): removed {gone or 'none'}"
-                 + (f"; added {new}" if new else ""))
+                 + (f"; added {new}" if new else "")
+                 + (f"; {consts} Constant nodes became initializers" if consts > 0 else ""))
     return out
 
 
