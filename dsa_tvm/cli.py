@@ -50,14 +50,14 @@ def cmd_demo(args: argparse.Namespace) -> int:
 
 def cmd_run_model(args: argparse.Namespace) -> int:
     """Compile a model for the DSA, run it on the simulator, print the reports."""
-    from .flow import output_step, run_model
+    from .flow import run_model
 
     shapes = parse_shape_args(args.shape)
     res = run_model(args.model, args.hw, seed=args.seed, shapes=shapes)
     print(res.compile_report)
     print()
     print(res.run_report)
-    agree = res.agreement(output_step(args.model, shapes))
+    agree = res.agreement(res.output_step)
     print(f"\nagainst onnxruntime (same QDQ graph): max |diff| {agree['max_abs_diff']:.4g}"
           + (f" = {agree['max_steps']:.2f} quantization steps, "
              f"{agree['fraction_differing']:.2%} of outputs differ" if "max_steps" in agree

@@ -27,6 +27,7 @@ class FlowResult:
     run_report: Any
     timings: dict[str, float] = field(default_factory=dict)
     intake: list[str] = field(default_factory=list)   # what model intake changed
+    output_step: float | None = None                  # the output's quantization step (QDQ)
 
     def agreement(self, step: float | None) -> dict[str, float]:
         """How the DSA outputs compare with onnxruntime on the same QDQ graph."""
@@ -102,12 +103,15 @@ def run_model(model: str | Path, hw: "str | Path | HardwareConfig | None" = None
     outs = [out.numpy()] if hasattr(out, "numpy") else [o.numpy() for o in out]
     ref = run_onnxruntime(onnx_model, {in_name: x}, optimize=False)
     rrep = api.last_run_report()
-    return FlowResult(name, cfg, outs, ref, crep, rrep, t, notes)
+    return FlowResult(name, cfg, outs, ref, crep, rrep, t, notes, _output_step(onnx_model))
 
 
 def output_step(model: str | Path, shapes: Mapping[str, Sequence[int]] | None = None) -> float | None:
+    return _output_step(load_model(model, shapes)[0])
+
+
+def _output_step(onnx_model) -> float | None:
     from .models.quantize import output_quant_steps
 
-    onnx_model, _ = load_model(model, shapes)
     steps = [v for v in output_quant_steps(onnx_model).values() if v]
     return steps[0] if steps else None

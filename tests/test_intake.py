@@ -252,6 +252,7 @@ def test_qoperator_models_go_through_to_qdq_first(monkeypatch):
     assert calls == [["MatMulInteger"]]
     assert taken.notes[0] == "rewrote 1 MatMulInteger into QDQ"
     assert "MatMulInteger" not in {n.op_type for n in taken.model.graph.node}
+    assert "outputs checked against the QDQ rewrite of the model" in taken.notes[-1]
 
 
 # ----------------------------------------------------------------------------- bad input

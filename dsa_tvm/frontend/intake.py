@@ -70,8 +70,9 @@ def load_onnx(model: "onnx.ModelProto | str | Path | Intake", shapes: Shapes | N
     m, source = read_model(model)
     check_graph(m, source)
     notes: list[str] = []
+    given = "the model as given"
     if any(n.op_type in QOPERATOR_OPS for n in m.graph.node):
-        m = _to_qdq(m, source, notes)
+        m, given = _to_qdq(m, source, notes), "the QDQ rewrite of the model"
     reference = m
     m, upgraded = _upgrade_opset(m, source, notes)
     fixed = _fix_shapes(m, shapes or {}, source, notes)
@@ -81,7 +82,7 @@ def load_onnx(model: "onnx.ModelProto | str | Path | Intake", shapes: Shapes | N
     simplified = [n.op_type for n in slimmed.graph.node] != before
     if upgraded or fixed or simplified:
         check_graph(slimmed, f"{source} (after intake)")
-        _check_fp32(reference, m, slimmed, final_shapes, source, notes)
+        _check_fp32((reference, given), m, slimmed, final_shapes, source, notes)
     else:
         notes.append("accepted as given (opset >= 13, static shapes, nothing to simplify)")
     return Intake(slimmed, notes, final_shapes, source)
@@ -243,13 +244,14 @@ def _slim(m: onnx.ModelProto, source: str, notes: list[str]) -> onnx.ModelProto:
     return out
 
 
-def _check_fp32(reference: onnx.ModelProto, upgraded: onnx.ModelProto, result: onnx.ModelProto,
-                shapes: dict[str, tuple[int, ...]], source: str, notes: list[str]) -> None:
+def _check_fp32(reference: tuple[onnx.ModelProto, str], upgraded: onnx.ModelProto,
+                result: onnx.ModelProto, shapes: dict[str, tuple[int, ...]], source: str,
+                notes: list[str]) -> None:
     """Compare ``result`` with the model as given (else the upgraded one) on one seeded input."""
     feed = fp32_check.seeded_feed(result, shapes)
     names = [o.name for o in result.graph.output]
-    ref, why, against = None, None, "the model as given"
-    for cand, label in ((reference, "the model as given"), (upgraded, "the opset-upgraded model")):
+    ref, why, against = None, None, reference[1]
+    for cand, label in (reference, (upgraded, "the opset-upgraded model")):
         try:
             ref, against = fp32_check.run(cand, feed), label
             break
