@@ -88,6 +88,9 @@ def test_intake_upgrades_fixes_simplifies_and_says_so(exported):
     assert "opset 11 upgraded to 13" in text and "'x' (N, 3, 8, 8) -> (1, 3, 8, 8)" in text
     assert "onnxslim" in text and "Shape x1" in text and "tolerance 0.0001" in text
     from_onnx(taken.model, keep_params_in_input=False)  # imports now
+    kept = load_onnx(exported, shapes=SHAPES, simplify=False)  # upgraded and fixed, not simplified
+    assert "Shape" in {n.op_type for n in kept.model.graph.node} and "onnxslim" not in str(kept)
+    assert "outputs checked" in kept.notes[-1]
     # independent of intake's own check: another seed, onnxruntime op by op
     f = _feeds(SHAPES["x"], 1, seed=7)[0]
     np.testing.assert_allclose(run_onnxruntime(taken.model, f, optimize=False)[0],
@@ -133,9 +136,10 @@ def test_dsa_tvm_quantize_takes_shapes(exported):
 
 
 @settings(max_examples=6, deadline=None, suppress_health_check=[HealthCheck.too_slow])
-@given(batch=st.integers(1, 3), h=st.integers(3, 9), w=st.integers(3, 9), seed=st.integers(0, 99))
-def test_intake_keeps_the_outputs_for_any_fixed_shape(batch, h, w, seed):
-    m = exporter_style(seed=seed, c=4, hw=(h, w), batch="N")
+@given(batch=st.integers(1, 3), h=st.integers(3, 9), w=st.integers(3, 9), seed=st.integers(0, 99),
+       opset=st.sampled_from([10, 11, 12, 13, 17]))
+def test_intake_keeps_the_outputs_for_any_fixed_shape(batch, h, w, seed, opset):
+    m = exporter_style(seed=seed, c=4, hw=(h, w), batch="N", opset=opset)
     # the exporter baked H and W into the dense layer; only the batch is open
     taken = load_onnx(m, shapes={"x": (batch, 3, h, w)})
     f = {"x": np.random.default_rng(seed + 1).normal(0, 2, (batch, 3, h, w)).astype(np.float32)}
