@@ -5,6 +5,7 @@ no TVM; the compiler layers above it do.
 """
 
 from .api import compile, last_compile_report, last_run_report, setup  # noqa: A004
+from .frontend.intake import Intake, IntakeError, load_onnx
 from .hw.config import ConfigError, HardwareConfig, load_config, preset_names
 from .isa.builder import ProgramBuilder
 from .isa.disasm import disassemble
@@ -20,8 +21,9 @@ setup()
 __version__ = "0.1.0"
 
 __all__ = [
-    "ConfigError", "DeadlockError", "HardwareConfig", "HazardError", "Program", "ProgramBuilder",
+    "ConfigError", "DeadlockError", "HardwareConfig", "HazardError", "Intake", "IntakeError",
+    "Program", "ProgramBuilder",
     "SimResult", "SimulationError", "Simulator", "compile", "disassemble", "last_compile_report",
-    "last_run_report", "load_config", "preset_names", "quantize", "setup", "target", "tune",
+    "last_run_report", "load_config", "load_onnx", "preset_names", "quantize", "setup", "target", "tune",
     "tuned",
 ]

@@ -20,13 +20,44 @@ def setup() -> None:
     register_runtime()
 
 
-def compile(mod, hw: "str | Path | HardwareConfig | None" = None, **kwargs):  # noqa: A001
-    """``tvm.compile(mod, target=dsa_tvm.target(hw))``: offload to the DSA, LLVM for the rest."""
+def compile(mod, hw: "str | Path | HardwareConfig | None" = None, *,  # noqa: A001
+            shapes=None, calibration_data=None, quantize_options: dict | None = None,
+            verbose: bool = True, **kwargs):
+    """``tvm.compile(mod, target=dsa_tvm.target(hw))``: offload to the DSA, LLVM for the rest.
+
+    ``mod`` may also be an ONNX model (path or ModelProto) as exported: it goes through
+    :func:`dsa_tvm.load_onnx` (``shapes`` fixes dynamic inputs), is quantized to int8 when
+    it is FP32 and ``calibration_data`` is given (``quantize_options`` as for
+    :func:`dsa_tvm.quant.quantize_onnx`), and is imported into Relax. ``verbose`` prints
+    what intake and the quantizer changed (stderr).
+    """
     import tvm
 
     from .target import target
 
+    if not isinstance(mod, tvm.IRModule):
+        mod = _import_onnx(mod, shapes, calibration_data, quantize_options or {}, verbose)
     return tvm.compile(mod, target=target(hw), **kwargs)
+
+
+def _import_onnx(model, shapes, calibration_data, quantize_options: dict, verbose: bool):
+    import sys
+
+    from tvm.relax.frontend.onnx import from_onnx
+
+    from .frontend.intake import load_onnx
+    from .quant.api import quantize_onnx
+    from .quant.onnx_graph import is_qdq
+
+    taken = load_onnx(model, shapes)
+    if calibration_data is not None and not is_qdq(taken.model):
+        qm = quantize_onnx(taken, calibration_data, **{"show_progress": False, **quantize_options})
+        if verbose:
+            print(qm.summary(), file=sys.stderr)
+        return qm.to_relax()
+    if verbose and taken.notes:
+        print(taken, file=sys.stderr)
+    return from_onnx(taken.model, keep_params_in_input=False)
 
 
 def last_compile_report():

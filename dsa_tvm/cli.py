@@ -9,6 +9,7 @@ from pathlib import Path
 
 import numpy as np
 
+from .frontend.intake import IntakeError, add_shape_arg, parse_shape_args
 from .hw.config import ConfigError, load_config, preset_names
 from .isa.disasm import disassemble
 from .isa.encoding import IsaError
@@ -49,13 +50,14 @@ def cmd_demo(args: argparse.Namespace) -> int:
 
 def cmd_run_model(args: argparse.Namespace) -> int:
     """Compile a model for the DSA, run it on the simulator, print the reports."""
-    from .flow import output_step, run_model
+    from .flow import run_model
 
-    res = run_model(args.model, args.hw, seed=args.seed)
+    shapes = parse_shape_args(args.shape)
+    res = run_model(args.model, args.hw, seed=args.seed, shapes=shapes)
     print(res.compile_report)
     print()
     print(res.run_report)
-    agree = res.agreement(output_step(args.model))
+    agree = res.agreement(res.output_step)
     print(f"\nagainst onnxruntime (same QDQ graph): max |diff| {agree['max_abs_diff']:.4g}"
           + (f" = {agree['max_steps']:.2f} quantization steps, "
              f"{agree['fraction_differing']:.2%} of outputs differ" if "max_steps" in agree
@@ -126,6 +128,7 @@ def build_parser() -> argparse.ArgumentParser:
     m.add_argument("--seed", type=int, default=0)
     m.add_argument("--trace", help="write the whole model's Perfetto trace here")
     m.add_argument("--json", help="write the run report as JSON here")
+    add_shape_arg(m)
     _hw_arg(m)
     m.set_defaults(fn=cmd_run_model)
     h = sub.add_parser("hw", help="show hardware presets or one description")
@@ -162,7 +165,7 @@ def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     try:
         return args.fn(args)
-    except (ConfigError, IsaError, ProgramError, SimulationError, FileNotFoundError) as e:
+    except (ConfigError, IsaError, ProgramError, SimulationError, FileNotFoundError, IntakeError) as e:
         print(f"dsa-tvm: error: {e}", file=sys.stderr)
         return 2
 

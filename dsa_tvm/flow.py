@@ -7,6 +7,7 @@ Used by the command line (``dsa-tvm``, ``dsa-tvm run MODEL``) and the tutorials.
 from __future__ import annotations
 
 import time
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -25,6 +26,8 @@ class FlowResult:
     compile_report: Any
     run_report: Any
     timings: dict[str, float] = field(default_factory=dict)
+    intake: list[str] = field(default_factory=list)   # what model intake changed
+    output_step: float | None = None                  # the output's quantization step (QDQ)
 
     def agreement(self, step: float | None) -> dict[str, float]:
         """How the DSA outputs compare with onnxruntime on the same QDQ graph."""
@@ -39,13 +42,19 @@ class FlowResult:
         return out
 
 
-def load_model(model: str | Path):
-    """(onnx.ModelProto, display name): a file path, or a bundled model name (quantized)."""
-    import onnx
+def load_model(model: str | Path, shapes: Mapping[str, Sequence[int]] | None = None,
+               notes: list[str] | None = None):
+    """(onnx.ModelProto, display name): an ONNX file through intake (:func:`dsa_tvm.load_onnx`,
+    ``shapes`` for dynamic inputs; its notes appended to ``notes``), or a bundled model name
+    (quantized, built by the project)."""
+    from .frontend.intake import load_onnx
 
     p = Path(str(model))
     if p.suffix == ".onnx" or p.exists():
-        return onnx.load(str(p)), p.name
+        taken = load_onnx(p, shapes)
+        if notes is not None:
+            notes.extend(taken.notes)
+        return taken.model, p.name
     from .models.zoo import get_model, list_models
 
     if str(model) not in list_models():
@@ -55,8 +64,11 @@ def load_model(model: str | Path):
 
 
 def run_model(model: str | Path, hw: "str | Path | HardwareConfig | None" = None,
-              seed: int = 0, verbose: bool = True) -> FlowResult:
-    """Compile ``model`` for ``hw``, run one input on the simulator, compare with ORT."""
+              seed: int = 0, verbose: bool = True,
+              shapes: Mapping[str, Sequence[int]] | None = None) -> FlowResult:
+    """Compile ``model`` for ``hw``, run one input on the simulator, compare with ORT.
+
+    ``shapes`` fixes dynamic input dimensions of an ONNX file (``{"x": (1, 3, 48, 320)}``)."""
     import tvm
     from tvm import relax
     from tvm.relax.frontend.onnx import from_onnx
@@ -67,8 +79,11 @@ def run_model(model: str | Path, hw: "str | Path | HardwareConfig | None" = None
     from .target import target
 
     cfg = load_config(hw)
-    onnx_model, name = load_model(model)
+    notes: list[str] = []
+    onnx_model, name = load_model(model, shapes, notes)
     say = print if verbose else (lambda *a, **k: None)
+    for n in notes:
+        say(f"intake: {n}")
     t = {}
     t0 = time.perf_counter()
     mod = from_onnx(onnx_model, keep_params_in_input=False)
@@ -88,12 +103,15 @@ def run_model(model: str | Path, hw: "str | Path | HardwareConfig | None" = None
     outs = [out.numpy()] if hasattr(out, "numpy") else [o.numpy() for o in out]
     ref = run_onnxruntime(onnx_model, {in_name: x}, optimize=False)
     rrep = api.last_run_report()
-    return FlowResult(name, cfg, outs, ref, crep, rrep, t)
+    return FlowResult(name, cfg, outs, ref, crep, rrep, t, notes, _output_step(onnx_model))
 
 
-def output_step(model: str | Path) -> float | None:
+def output_step(model: str | Path, shapes: Mapping[str, Sequence[int]] | None = None) -> float | None:
+    return _output_step(load_model(model, shapes)[0])
+
+
+def _output_step(onnx_model) -> float | None:
     from .models.quantize import output_quant_steps
 
-    onnx_model, _ = load_model(model)
     steps = [v for v in output_quant_steps(onnx_model).values() if v]
     return steps[0] if steps else None

@@ -47,6 +47,9 @@ def add_parser(sub) -> None:
     q.add_argument("-o", "--output", help="quantized model path (default: <model>_int8.onnx)")
     q.add_argument("--report", help="JSON report path (default: <output>.report.json)")
     q.add_argument("--quiet", action="store_true", help="no progress bars")
+    from .frontend.intake import add_shape_arg
+
+    add_shape_arg(q)
     q.set_defaults(fn=cmd_quantize)
 
 
@@ -99,6 +102,7 @@ def cmd_quantize(args: argparse.Namespace) -> int:
 
 
 def _quantize(args: argparse.Namespace) -> int:
+    from .frontend.intake import load_onnx, parse_shape_args
     from .quant import quantize_onnx
     from .quant.accuracy import accuracy_report, mixed_precision, sensitivity
     from .quant.api import input_dtypes, input_shapes
@@ -107,17 +111,15 @@ def _quantize(args: argparse.Namespace) -> int:
     src = Path(args.model)
     if not src.is_file():
         raise FileNotFoundError(f"model '{src}' does not exist")
-    try:
-        model = onnx.load(str(src))
-    except Exception as e:  # protobuf's DecodeError and friends: not an ONNX file
-        raise ValueError(f"model '{src}' is not a readable ONNX model ({type(e).__name__}: {e})") from e
     keep = [k for k in args.keep_fp32.split(",") if k]
+    taken = load_onnx(src, parse_shape_args(args.shape))
+    model = taken.model
     # the evaluation data first: a wrong shape is reported before the calibration work
     feeds = as_feeds(_data(args.eval or args.calib, model, "evaluation data" if args.eval
                            else "calibration data"),
                      input_shapes(model), args.preprocess, None, input_dtypes(model),
                      what="evaluation data" if args.eval else "calibration data")
-    qm = quantize_onnx(model, _data(args.calib, model, "calibration data"), method=args.method,
+    qm = quantize_onnx(taken, _data(args.calib, model, "calibration data"), method=args.method,
                        keep_fp32=keep, per_channel=not args.per_tensor_weights,
                        symmetric_activations=args.symmetric_activations,
                        num_batches=args.num_batches, preprocess=args.preprocess,

@@ -16,17 +16,17 @@ from pathlib import Path
 import numpy as np
 import onnx
 
+from ..frontend.intake import Intake, Shapes, load_onnx
 from .calibrate import calibrate
 from .checks import check_keep_fp32, check_percentile
 from .data import as_feeds, check_num_batches, check_preprocess
 from .fold import fold_batch_norms
 from .insert import bias_scale_floors, insert_qdq
 from .observers import METHODS
-from .onnx_graph import Graph, is_qdq, load, name_nodes, with_shapes
+from .onnx_graph import Graph, is_qdq, name_nodes, with_shapes
 from .outliers import split_candidates, split_outliers
 from .plan import Plan, fp32_reasons, make_plan
 from .qparams import ActQuant, activation_qparams
-from .simplify import fold_constants, fold_pads
 
 
 @dataclass(frozen=True)
@@ -55,6 +55,7 @@ class QuantizedModel:
     passthrough: bool = False
     input_means: dict[str, np.ndarray] = field(default_factory=dict)     # anchor input -> channel means
     side_path: list[str] = field(default_factory=list)                   # FP32 outlier nodes
+    intake: list[str] = field(default_factory=list)                      # what intake changed
 
     def requantize(self, keep_fp32: Iterable[str]) -> QuantizedModel:
         """The same calibration with other layers kept in FP32 (no new calibration run)."""
@@ -63,7 +64,9 @@ class QuantizedModel:
         keep = frozenset(keep_fp32)
         check_keep_fp32(keep, (n.name for n in self.fp32.graph.node), self.folded_bn)
         opts = replace(self.options, keep_fp32=keep)
-        return _build(self.fp32, opts, self.ranges, self.folded_bn, self.input_means, self.side_path)
+        out = _build(self.fp32, opts, self.ranges, self.folded_bn, self.input_means, self.side_path)
+        out.intake = list(self.intake)
+        return out
 
     def to_relax(self):
         """The QDQ model imported into Relax (weights as constants, as the DSA patterns need)."""
@@ -80,10 +83,11 @@ class QuantizedModel:
         return [] if self.plan is None else list(self.plan.anchors)
 
     def summary(self) -> str:
+        lines = [f"intake: {n}" for n in self.intake]
         if self.passthrough:
-            return "model is already quantized (QDQ): passed through unchanged, not re-quantized"
+            return "\n".join(lines + ["model is already quantized (QDQ): passed through, not re-quantized"])
         p = self.plan
-        lines = [f"quantized {len(p.anchors)} weighted layers and {len(p.followers)} other ops "
+        lines += [f"quantized {len(p.anchors)} weighted layers and {len(p.followers)} other ops "
                  f"({self.options.method}, {'per-channel' if self.options.per_channel else 'per-tensor'} "
                  f"weights, {'symmetric' if self.options.symmetric_activations else 'asymmetric'} "
                  f"activations); {len(p.tensors)} activation tensors in "
@@ -105,13 +109,18 @@ class QuantizedModel:
         return "\n".join(lines)
 
 
-def prepare(model: onnx.ModelProto | str | Path) -> tuple[onnx.ModelProto, list[str]]:
-    """A named, shape-inferred FP32 copy: constants folded, zero Pads and batch norms folded
-    into convolutions."""
-    m = load(model)
+def prepare(model: onnx.ModelProto | str | Path | Intake, shapes: Shapes | None = None
+            ) -> tuple[onnx.ModelProto, list[str]]:
+    """A named, shape-inferred FP32 copy: through intake (opset >= 13, static shapes, constants
+    and shape arithmetic folded, zero Pads folded into convolutions by onnxslim), then batch
+    norms folded into convolutions."""
+    return _prepare(load_onnx(model, shapes).model)
+
+
+def _prepare(model: onnx.ModelProto) -> tuple[onnx.ModelProto, list[str]]:
+    m = onnx.ModelProto()
+    m.CopyFrom(model)
     name_nodes(m)
-    fold_constants(m)
-    fold_pads(m)
     folded = fold_batch_norms(m)
     return with_shapes(m), folded
 
@@ -129,13 +138,13 @@ def input_dtypes(model: onnx.ModelProto) -> dict[str, np.dtype]:
     return out
 
 
-def quantize_onnx(model: onnx.ModelProto | str | Path, calibration_data, method: str = "minmax",
+def quantize_onnx(model: onnx.ModelProto | str | Path | Intake, calibration_data, method: str = "minmax",
                   per_channel: bool = True, symmetric_activations: bool = False,
                   keep_fp32: Iterable[str] = (), num_batches: int | None = None,
                   preprocess: str | Callable[[np.ndarray], np.ndarray] = "imagenet",
                   quantize_adds: bool = True, percentile: float = 99.999, bias_correction: bool = True,
                   split_outliers: bool = True, show_progress: bool = True,
-                  verbose: bool = False) -> QuantizedModel:
+                  verbose: bool = False, shapes: Shapes | None = None) -> QuantizedModel:
     """Post-training int8 quantization of an FP32 ONNX model into QDQ form.
 
     ``calibration_data``: feeds, arrays, an ``.npz`` or a folder of images (see
@@ -145,21 +154,24 @@ def quantize_onnx(model: onnx.ModelProto | str | Path, calibration_data, method:
     ``keep_fp32``: node names to leave in FP32. ``num_batches``: use only the first n.
     ``bias_correction``: fold the mean output shift of rounded weights into the biases.
     ``split_outliers``: move outlier channels of dense layers to FP32 side paths (``outliers.py``).
+    ``shapes``: fixed shapes for dynamic inputs, e.g. ``{"x": (1, 3, 48, 320)}``; the model goes
+    through :func:`dsa_tvm.load_onnx` first (any opset it can upgrade; notes in ``summary()``).
     """
     if method not in METHODS:
         raise ValueError(f"unknown calibration method '{method}' (choose from {', '.join(METHODS)})")
     check_num_batches(num_batches)
     check_preprocess(preprocess)
     check_percentile(percentile)
-    src = load(model)
+    taken = load_onnx(model, shapes)
+    src = taken.model
     opts = QuantOptions(method, per_channel, symmetric_activations, frozenset(keep_fp32),
                         quantize_adds, percentile, bias_correction, split_outliers)
     if is_qdq(src):
         if verbose:
             print("dsa-tvm quantize: model is already quantized (QDQ); passing it through",
                   file=sys.stderr)
-        return QuantizedModel(src, src, opts, passthrough=True)
-    fp32, folded = prepare(src)
+        return QuantizedModel(src, src, opts, passthrough=True, intake=list(taken.notes))
+    fp32, folded = _prepare(src)
     check_keep_fp32(opts.keep_fp32, (n.name for n in fp32.graph.node), folded)
     feeds = as_feeds(calibration_data, input_shapes(fp32), preprocess, num_batches, input_dtypes(fp32))
     side: list[str] = []
@@ -184,7 +196,9 @@ def quantize_onnx(model: onnx.ModelProto | str | Path, calibration_data, method:
             ranges[t] = (lo, max(lo, hi))
         else:
             ranges[t] = observers[t].range()
-    return _build(fp32, opts, ranges, folded, {t: c.mean() for t, c in chans.items()}, side)
+    out = _build(fp32, opts, ranges, folded, {t: c.mean() for t, c in chans.items()}, side)
+    out.intake = list(taken.notes)
+    return out
 
 
 def _split_outliers(fp32: onnx.ModelProto, feeds, show_progress: bool
@@ -225,8 +239,9 @@ def _build(fp32: onnx.ModelProto, opts: QuantOptions, ranges: dict[str, tuple[fl
 def quantize(model, calibration_data=None, **options):
     """``dsa_tvm.quantize``: int8 QDQ Relax module for ``tvm.compile(..., target="dsa")``.
 
-    ``model``: an FP32 ONNX model (path or ModelProto), quantized with
-    :func:`quantize_onnx` (options as there) and imported into Relax; an FP32 Relax
+    ``model``: an FP32 ONNX model (path or ModelProto, any opset intake can upgrade; option
+    ``shapes`` fixes dynamic inputs), quantized with :func:`quantize_onnx` (options as there)
+    and imported into Relax; an FP32 Relax
     module (``relay_passes.quantize.quantize_relax``: the same observers and scales,
     calibrated on an LLVM build of the module; options ``method``, ``per_channel``,
     ``symmetric_activations``, ``keep_fp32``, ``num_batches``, ``preprocess``); or a
@@ -243,9 +258,10 @@ def quantize(model, calibration_data=None, **options):
                       file=sys.stderr)
             return model
         return _quantize_relax_module(model, calibration_data, **options)
-    if calibration_data is None and not is_qdq(load(model)):
+    taken = load_onnx(model, options.pop("shapes", None))
+    if calibration_data is None and not is_qdq(taken.model):
         raise ValueError("calibration_data is required to quantize an FP32 model")
-    return quantize_onnx(model, calibration_data, **options).to_relax()
+    return quantize_onnx(taken, calibration_data, **options).to_relax()
 
 
 def _quantize_relax_module(mod, calibration_data, method: str = "minmax", per_channel: bool = True,

@@ -10,6 +10,7 @@ def cmd_tune(args: argparse.Namespace) -> int:
     from tvm.relax.frontend.onnx import from_onnx
 
     from ..flow import load_model
+    from ..frontend.intake import parse_shape_args
     from .api import tune
 
     runner = None
@@ -18,7 +19,7 @@ def cmd_tune(args: argparse.Namespace) -> int:
 
         host, _, port = args.rpc.rpartition(":")
         runner = rpc_runner(host or "127.0.0.1", int(port), args.rpc_key)
-    model, _name = load_model(args.model)
+    model, _name = load_model(args.model, parse_shape_args(args.shape))
     mod = from_onnx(model, keep_params_in_input=False)
     report = tune(mod, work_dir=args.work_dir, trials=args.trials, hw=args.hw, runner=runner,
                   seed=args.seed, workers=args.workers)
@@ -42,4 +43,7 @@ def add_parser(sub) -> None:
     t.add_argument("--rpc", metavar="HOST:PORT",
                    help="measure on the RPC servers registered with this tracker")
     t.add_argument("--rpc-key", default="dsa", help="device key the servers registered with")
+    from ..frontend.intake import add_shape_arg
+
+    add_shape_arg(t)
     t.set_defaults(fn=cmd_tune)
