@@ -265,7 +265,7 @@ def test_cli_missing_model_and_bad_synthetic_count(tmp_path, capsys):
     assert "model '" in capsys.readouterr().err
     (tmp_path / "bad.onnx").write_bytes(b"\x00garbage")
     assert main(["quantize", str(tmp_path / "bad.onnx"), "--calib", "synthetic:2"]) == 2
-    assert "not a readable ONNX model" in capsys.readouterr().err
+    assert "cannot be read as ONNX" in capsys.readouterr().err
     assert _cli(tmp_path, "--calib", "synthetic:x") == 2
     assert "synthetic:N needs a positive integer" in capsys.readouterr().err
 
@@ -277,7 +277,7 @@ def test_summary_lists_every_fp32_op_with_its_reason():
     qm = quantize_onnx(conv_net("Sigmoid"), feeds(3), **Q)
     s = qm.summary()
     assert "FP32: Sigmoid x1 (my_sigmoid): no int8 form" in s
-    assert "FP32: Identity x1 (identity):" in s
+    assert "removed Identity x1" in s     # intake's onnxslim pass dropped it, and says so
     qm = qm.requantize(["conv2"])
     assert "FP32: conv2: kept in FP32 on request" in qm.summary()
 
