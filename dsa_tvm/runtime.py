@@ -17,7 +17,7 @@ from typing import Any
 import numpy as np
 
 from .hw.config import HardwareConfig, config_from_dict
-from .isa.program import Program
+from .isa.program import Program, read_header
 from .lowering.host_pack import pack_region_input
 from .lowering.layouts import unpack_activation
 from .sim.simulator import SimResult, Simulator
@@ -53,13 +53,11 @@ def _program(blob: bytes) -> tuple[Program, Simulator]:
 
 
 def _config_of(blob: bytes) -> HardwareConfig:
-    """The hardware description a program was built for (embedded in its header)."""
-    import json
-    import struct
-
-    (hlen,) = struct.unpack_from("<I", blob, 28)
-    head = json.loads(blob[32:32 + hlen])
-    hw = head.get("meta", {}).get("hardware")
+    """The hardware description a program was built for (embedded in its header, read
+    after the container's checksum is verified)."""
+    head = read_header(blob)
+    meta = head.get("meta")
+    hw = meta.get("hardware") if isinstance(meta, dict) else None
     if hw is None:
         raise RuntimeError("DSA program carries no hardware description; recompile it")
     return config_from_dict(hw, source="<program>")

@@ -61,8 +61,10 @@ def _check_dram(i: int, ins: Load | Store, cfg: "HardwareConfig",
 
 
 def validate_program(program: "Program", cfg: "HardwareConfig") -> list[Footprint]:
-    """Raise SimulationError on the first bad instruction; return every footprint."""
+    """Raise SimulationError on the first bad instruction (ProgramError for a bad DRAM
+    layout); return every footprint."""
     program.check_config(cfg)
+    program.check_layout(cfg)
     ins_list = program.instructions
     if not ins_list or not isinstance(ins_list[-1], Finish):
         raise SimulationError(len(ins_list) - 1 if ins_list else None,
