@@ -148,10 +148,14 @@ def test_program_cache_is_bounded_and_still_exact(models, monkeypatch):
             assert len(runtime._programs) == 1
 
 
-def test_threads_with_their_own_vm_are_exact_and_report_their_own_run(models):
+@pytest.mark.parametrize("cache_entries", [runtime.PROGRAM_CACHE_ENTRIES, 1])
+def test_threads_with_their_own_vm_are_exact_and_report_their_own_run(models, monkeypatch,
+                                                                      cache_entries):
     """Six threads, each with its own VirtualMachine of one of two executables, run
     concurrently: outputs bit-exact against single-thread runs, and every thread's
-    last_run_report() is that of its own model's last run."""
+    last_run_report() is that of its own model's last run (also while the program cache
+    evicts on every other launch)."""
+    monkeypatch.setattr(runtime, "PROGRAM_CACHE_ENTRIES", cache_entries)
     exes = {k: _compile(models[k])[0] for k in ("conv", "relu")}
     inputs = {k: [_input(models[k], 10 + s) for s in range(3)] for k in exes}
     want_out, want_rep = {}, {}
