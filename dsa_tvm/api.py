@@ -68,9 +68,19 @@ def last_compile_report():
 
 
 def last_run_report():
-    """Per-layer report of the DSA launches since the previous call (one model run)."""
-    from .pipeline import last_compile_report as last
+    """Per-layer report of the calling thread's last model run since the previous call:
+    its DSA launches, and the CPU layers of the compile those programs came from (not of
+    whatever was compiled last). With no launch (a model without DSA regions) it shows
+    the last compile's CPU layers."""
+    from .pipeline import compile_record, last_compile_report
     from .report import build_report
     from .runtime import take_launches
 
-    return build_report(take_launches(), last())
+    launches = take_launches()
+    if not launches:
+        return build_report([], last_compile_report())
+    rep = build_report(launches)
+    record = compile_record(launches[0].compile_id)
+    if record is not None:
+        rep.rows += record.rows
+    return rep

@@ -10,7 +10,10 @@ LLVM builds it. Nothing unsupported ever breaks a compile.
 
 from __future__ import annotations
 
+import threading
 import time
+import uuid
+from collections import OrderedDict
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -64,11 +67,38 @@ class CompileReport:
         return "\n".join(lines)
 
 
+#: the most recent compile's full report (its regions keep their layers, weights included,
+#: for checks against a reference); one only, replaced by the next compile
 _last_report: list[CompileReport] = []
+#: what a run report needs of each compile (its CPU layers, no weights), by compile id
+_records: OrderedDict[str, Any] = OrderedDict()
+_records_lock = threading.Lock()
+#: compiles whose CPU layers run reports can still show (the oldest are forgotten)
+COMPILE_RECORDS = 256
 
 
 def last_compile_report() -> CompileReport | None:
     return _last_report[-1] if _last_report else None
+
+
+def compile_record(compile_id: str | None):
+    """The CPU side of compile ``compile_id`` as a run report without launches (hardware,
+    clock, the layers that stayed on the CPU and why), or None when this process did not
+    compile it (a module loaded from a file) or has forgotten it."""
+    with _records_lock:
+        return _records.get(compile_id) if compile_id is not None else None
+
+
+def _remember(compile_id: str, report: CompileReport) -> None:
+    """Keep ``report`` as the last one, and its CPU rows (no weights) under its id."""
+    from .report import build_report
+
+    record = build_report([], report)
+    with _records_lock:
+        _records[compile_id] = record
+        while len(_records) > COMPILE_RECORDS:
+            _records.popitem(last=False)
+        _last_report[:] = [report]
 
 
 def region_ops(region) -> int:
@@ -107,6 +137,7 @@ def offload_for_dsa(mod, cfg: HardwareConfig):
 
     t0 = time.perf_counter()
     report = CompileReport(cfg.name, cfg.mhz)
+    compile_id = uuid.uuid4().hex  # in every program: a launch's report finds its compile
     part, report.partition = partition_for_dsa(mod, cfg)
     sim = Simulator(cfg)
     choose_knobs = current_chooser()  # tuned schedules when a MetaSchedule database is in scope
@@ -129,6 +160,7 @@ def offload_for_dsa(mod, cfg: HardwareConfig):
             d.reason = "the CPU is estimated faster"
             return None
         d.target, d.reason = "dsa", "all layers supported, faster than the CPU"
+        prog.meta["compile"] = compile_id
         return prog.to_bytes(cfg)
 
     result = OffloadResult()
@@ -137,7 +169,7 @@ def offload_for_dsa(mod, cfg: HardwareConfig):
         if d.target == "cpu" and not d.reason:
             d.reason = result.kept.get(d.name, "kept on the CPU")
     report.seconds = time.perf_counter() - t0
-    _last_report.append(report)
+    _remember(compile_id, report)
     return out
 
 

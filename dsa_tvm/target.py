@@ -12,7 +12,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from .hw.config import HardwareConfig, load_config, preset_names
+from .hw.config import ConfigError, HardwareConfig, load_config, preset_names
 
 KEY = "dsa"
 _configs: dict[str, HardwareConfig] = {}
@@ -40,11 +40,26 @@ def is_dsa(tgt) -> bool:
 
 
 def config_of(tgt) -> HardwareConfig:
-    """The hardware description behind a DSA target."""
-    model = str(tgt.attrs.get("model", "default")) if hasattr(tgt, "attrs") else "default"
-    if model not in _configs:
-        _configs[model] = load_config(model if model in preset_names() else "default")
-    return _configs[model]
+    """The hardware description behind a DSA target.
+
+    A target carries only the name of its hardware (``model``): a preset, or the name of
+    a description loaded with :func:`target` in this process. Any other name (a target
+    made from a TOML file and reused in a new process) is refused, never compiled for
+    another part."""
+    model = str(tgt.attrs.get("model", "") or "") if hasattr(tgt, "attrs") else ""
+    model = model or "default"
+    cfg = _configs.get(model)
+    if cfg is None:
+        if model not in preset_names():
+            raise ConfigError(
+                f"DSA target names hardware '{model}', which is neither a preset "
+                f"({', '.join(preset_names())}) nor a description loaded in this process "
+                f"(loaded: {', '.join(sorted(_configs)) or 'none'}). A target keeps only the "
+                f"hardware's name: load the description again with "
+                f"dsa_tvm.target('path/to/{model.rsplit('-', 1)[0]}.toml') (or "
+                f"dsa_tvm.target(config)) in this process and compile with that target")
+        cfg = _configs[model] = load_config(model)
+    return cfg
 
 
 def register() -> None:

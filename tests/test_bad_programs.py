@@ -14,6 +14,7 @@ from dsa_tvm.sim.errors import DeadlockError, HazardError, SimulationError
 from dsa_tvm.sim.simulator import Simulator
 
 from .conftest import PRESETS, run
+from .test_program import reseal
 
 pytestmark = pytest.mark.usefixtures("no_hang")
 
@@ -218,12 +219,12 @@ def test_malformed_word_in_bytes(default_cfg):
     start = len(data) - 2 * nbytes                  # instruction 1 (no constant data follows)
     data[start] = (data[start] & ~7) | 6            # opcode 6
     with pytest.raises(DecodeError) as ei:
-        Simulator(cfg).run(bytes(data))
+        Simulator(cfg).run(reseal(data))
     assert ei.value.index == 1 and "opcode 6" in str(ei.value)
     data[start] = (data[start] & ~7) | 4            # a SYNC again, but with a bit set above it
     data[start + 4] = 0x80
     with pytest.raises(DecodeError) as ei:
-        Simulator(cfg).run(bytes(data))
+        Simulator(cfg).run(reseal(data))
     assert ei.value.index == 1 and "bits above" in str(ei.value)
 
 

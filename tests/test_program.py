@@ -15,12 +15,28 @@ from dsa_tvm.hw.config import load_config
 from dsa_tvm.isa.builder import ProgramBuilder
 from dsa_tvm.isa.encoding import DecodeError, encode_instruction
 from dsa_tvm.isa.instructions import AluOp, Buffer, Engine, Finish, Sync
-from dsa_tvm.isa.program import MAGIC, VERSION, Program, ProgramError
+from dsa_tvm.isa.program import (
+    MAGIC,
+    PREFIX_BYTES,
+    VERSION,
+    Program,
+    ProgramError,
+    container_checksum,
+)
 from dsa_tvm.programs.matmul import matmul_program, reference_matmul
 
 from .conftest import PRESETS, rand_int8, run
 
 CFGS = {n: load_config(n) for n in PRESETS}
+
+
+def reseal(data: bytes | bytearray) -> bytes:
+    """``data`` with its checksum recomputed: a deliberately edited container that the
+    integrity check lets through, so the parser's own checks behind it are exercised."""
+    out = bytearray(data)
+    if len(out) >= PREFIX_BYTES:
+        struct.pack_into("<I", out, 32, container_checksum(out))
+    return bytes(out)
 
 
 def sample_program(cfg, name="sample") -> Program:
@@ -76,15 +92,16 @@ def test_container_layout_by_hand():
     p = sample_program(cfg)
     data = p.to_bytes(cfg)
     (hlen,) = struct.unpack_from("<I", data, 28)
-    head = json.loads(data[32:32 + hlen])
+    assert struct.unpack_from("<I", data, 32)[0] == container_checksum(data)
+    head = json.loads(data[36:36 + hlen])
     assert head["count"] == len(p.instructions) and head["name"] == "sample"
     nbytes = cfg.instruction_bits // 8
-    words = data[32 + hlen:32 + hlen + head["count"] * nbytes]
+    words = data[36 + hlen:36 + hlen + head["count"] * nbytes]
     first = int.from_bytes(words[:nbytes], "little")
     assert first == encode_instruction(p.instructions[0], cfg)
-    blobs = data[32 + hlen + len(words):]
+    blobs = data[36 + hlen + len(words):]
     assert blobs == p.region("w").data + p.region("qp").data     # const data, region order
-    assert len(data) == 32 + hlen + len(words) + len(blobs)
+    assert len(data) == 36 + hlen + len(words) + len(blobs)
 
 
 def test_round_trip_matmul_program_with_constants_runs_identically():
@@ -169,7 +186,7 @@ def test_every_truncation_raises_program_error(blob):
 def test_trailing_bytes_rejected(blob):
     cfg, data = blob
     with pytest.raises(ProgramError, match="trailing"):
-        Program.from_bytes(data + b"\0", cfg)
+        Program.from_bytes(reseal(data + b"\0"), cfg)
 
 
 @pytest.mark.parametrize("mutate,match", [
@@ -178,23 +195,23 @@ def test_trailing_bytes_rejected(blob):
     (lambda d: d[:12] + bytes(16) + d[28:], "another hardware config"),
     (lambda d: d[:28] + struct.pack("<I", 0xFFFFFFFF) + d[32:], "header"),
     (lambda d: d[:28] + struct.pack("<I", 3) + d[32:], "header"),
-    (lambda d: d[:32] + b"\xff" + d[33:], "header"),
+    (lambda d: d[:36] + b"\xff" + d[37:], "header"),
 ])
 def test_corrupt_container_fields(blob, mutate, match):
     cfg, data = blob
     with pytest.raises(ProgramError, match=match):
-        Program.from_bytes(mutate(data), cfg)
+        Program.from_bytes(reseal(mutate(data)), cfg)
 
 
 def _with_header(data: bytes, head) -> bytes:
     (hlen,) = struct.unpack_from("<I", data, 28)
     hb = json.dumps(head).encode()
-    return data[:28] + struct.pack("<I", len(hb)) + hb + data[32 + hlen:]
+    return reseal(data[:28] + struct.pack("<I", len(hb)) + data[32:36] + hb + data[36 + hlen:])
 
 
 def _header(data: bytes) -> dict:
     (hlen,) = struct.unpack_from("<I", data, 28)
-    return json.loads(data[32:32 + hlen])
+    return json.loads(data[36:36 + hlen])
 
 
 def test_header_count_mismatch(blob):
@@ -209,21 +226,24 @@ def test_header_count_mismatch(blob):
 
 def test_flipped_bits_never_crash(blob):
     """Flip every bit of the fingerprint, length and instruction words and every byte of the
-    header and blobs: parsing either succeeds (e.g. changed constant data) or raises a clean
-    ProgramError / DecodeError."""
+    header and blobs, and reseal the checksum (so the parser behind the integrity check is
+    exercised): parsing either succeeds (e.g. changed constant data) or raises a clean
+    ProgramError / DecodeError. Unsealed, every one of these flips is refused
+    (tests/test_container_integrity.py)."""
     cfg, data = blob
     (hlen,) = struct.unpack_from("<I", data, 28)
+    h0 = PREFIX_BYTES
     positions = [(i, 1 << k) for i in range(8, 32) for k in range(8)]
-    positions += [(i, 0xFF) for i in range(32, 32 + hlen)]           # header: invalid UTF-8
-    nwords = 32 + hlen + len(sample_program(cfg).instructions) * cfg.instruction_bits // 8
-    positions += [(i, 1 << k) for i in range(32 + hlen, nwords) for k in range(8)]
+    positions += [(i, 0xFF) for i in range(h0, h0 + hlen)]            # header: invalid UTF-8
+    nwords = h0 + hlen + len(sample_program(cfg).instructions) * cfg.instruction_bits // 8
+    positions += [(i, 1 << k) for i in range(h0 + hlen, nwords) for k in range(8)]
     positions += [(i, 0x81) for i in range(nwords, len(data))]        # constant data
     outcomes = {"ok": 0, "ProgramError": 0, "DecodeError": 0}
     for i, mask in positions:
         mutated = bytearray(data)
         mutated[i] ^= mask
         try:
-            Program.from_bytes(bytes(mutated), cfg)
+            Program.from_bytes(reseal(mutated), cfg)
             outcomes["ok"] += 1
         except ProgramError:
             outcomes["ProgramError"] += 1
@@ -237,10 +257,10 @@ def test_malformed_word_in_container_names_index(blob):
     cfg, data = blob
     (hlen,) = struct.unpack_from("<I", data, 28)
     nbytes = cfg.instruction_bits // 8
-    pos = 32 + hlen + 3 * nbytes                                     # instruction 3
+    pos = 36 + hlen + 3 * nbytes                                     # instruction 3
     mutated = data[:pos] + bytes([data[pos] | 7]) + data[pos + 1:]    # opcode 7
     with pytest.raises(DecodeError) as ei:
-        Program.from_bytes(mutated, cfg)
+        Program.from_bytes(reseal(mutated), cfg)
     assert ei.value.index == 3 and "opcode 7" in str(ei.value)
 
 

@@ -129,6 +129,7 @@ class ProgramBuilder:
             self.finish()
         prog = Program(self.name, self.cfg.fingerprint, self.cfg.instruction_bits,
                        list(self.instructions), list(self.regions), dict(self.meta))
+        prog.check_layout(self.cfg)  # regions appended by hand bypass region()'s checks
         try:  # encoding checks every field; the words are kept for serialization
             words = encode_program_words(prog.instructions, self.cfg)
         except EncodeError:

@@ -1,21 +1,31 @@
 """The program container: config fingerprint, instructions, DRAM regions, constant data.
 
-Byte layout (little-endian)::
+Byte layout (little-endian), format version 2::
 
     b"DSAPROG\\0"  magic
     u32           format version
     16 bytes      fingerprint of the hardware config the program was built for
     u32           length of the JSON header
+    u32           CRC32 of every other byte of the container (all but these four)
     JSON header   name, instruction_bits, instruction count, regions (no data), meta
     words         instruction count x instruction_bits/8 bytes
     blobs         the data of every region that has some, in region order
+
+The checksum is verified before anything else is read, so a flipped bit anywhere
+(header, instruction words, constants) is refused instead of changing outputs
+(CRC32 detects every single-bit and every burst error of up to 32 bits). Version 1
+containers carry no checksum and are refused with the advice to rebuild them. The
+DRAM layout (regions inside the device's DRAM, no two overlapping, unique names)
+is checked on load, on serialization and before a run (:meth:`Program.check_layout`).
 """
 
 from __future__ import annotations
 
 import json
+import math
 import operator
 import struct
+import zlib
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
@@ -28,7 +38,10 @@ if TYPE_CHECKING:
     from ..hw.config import HardwareConfig
 
 MAGIC = b"DSAPROG\0"
-VERSION = 1
+VERSION = 2
+#: bytes before the JSON header: magic, version, fingerprint, header length, checksum
+PREFIX_BYTES = 36
+_CRC_AT = 32
 REGION_KINDS = ("input", "output", "const", "scratch")
 
 
@@ -49,7 +62,8 @@ class Region:
 
     @property
     def nbytes(self) -> int:
-        return int(np.prod(self.shape, dtype=np.int64)) * np.dtype(self.dtype).itemsize
+        # Python integers: a huge shape must not wrap around to a small size
+        return math.prod(self.shape) * np.dtype(self.dtype).itemsize
 
     def header(self) -> dict[str, Any]:
         return {"name": self.name, "kind": self.kind, "offset": self.offset, "dtype": self.dtype,
@@ -106,18 +120,61 @@ class Program:
                 f"(fingerprint {self.fingerprint.hex()}); this device is '{cfg.name}' "
                 f"({cfg.fingerprint.hex()}). Recompile for it.")
 
+    def check_layout(self, cfg: "HardwareConfig") -> None:
+        """Refuse a DRAM layout the device cannot hold: a region with a negative offset or
+        dimension, one past the end of the config's DRAM, two regions sharing bytes (an
+        input written over a constant), two regions with one name, a constant whose data
+        does not match its size."""
+        seen: set[str] = set()
+        spans = []
+        for r in self.regions:
+            if r.name in seen:
+                raise ProgramError(f"program '{self.name}' has two DRAM regions named "
+                                   f"'{r.name}'; region names must be unique")
+            seen.add(r.name)
+            if r.kind not in REGION_KINDS:
+                raise ProgramError(f"program '{self.name}': region '{r.name}' has kind "
+                                   f"{r.kind!r}; expected one of {REGION_KINDS}")
+            if r.offset < 0 or any(d < 0 for d in r.shape):
+                raise ProgramError(f"program '{self.name}': region '{r.name}' has a negative "
+                                   f"offset or dimension (offset {r.offset}, shape "
+                                   f"{list(r.shape)})")
+            end = r.offset + r.nbytes
+            if end > cfg.dram_bytes:
+                raise ProgramError(
+                    f"program '{self.name}': DRAM region '{r.name}' ({r.kind}, {r.nbytes:,} "
+                    f"bytes at offset {r.offset:,}) ends at byte {end:,}, past the "
+                    f"{cfg.dram_bytes:,}-byte DRAM of '{cfg.name}' (dram.size_mib = "
+                    f"{cfg.dram_bytes >> 20}); shrink the region or use a part with more DRAM")
+            if r.data is not None and len(r.data) != r.nbytes:
+                raise ProgramError(f"program '{self.name}': region '{r.name}' holds "
+                                   f"{len(r.data)} bytes of data for {r.nbytes} bytes of "
+                                   f"{r.dtype}{list(r.shape)}")
+            if r.nbytes:
+                spans.append((r.offset, end, r))
+        spans.sort(key=lambda s: (s[0], s[1]))
+        for (_, a_end, a), (b_lo, _, b) in zip(spans, spans[1:]):
+            if b_lo < a_end:
+                raise ProgramError(
+                    f"program '{self.name}': DRAM regions '{a.name}' ({a.kind}, bytes "
+                    f"[{a.offset:,}, {a_end:,})) and '{b.name}' ({b.kind}, from byte {b_lo:,}) "
+                    f"overlap; every region needs bytes of its own")
+
     # --- serialization
     def to_bytes(self, cfg: "HardwareConfig") -> bytes:
         self.check_config(cfg)
+        self.check_layout(cfg)
         header = json.dumps({"name": self.name, "instruction_bits": self.instruction_bits,
                              "count": len(self.instructions),
                              "regions": [r.header() for r in self.regions],
                              "meta": self.meta}).encode()
         parts = [MAGIC, struct.pack("<I", VERSION), self.fingerprint,
-                 struct.pack("<I", len(header)), header,
+                 struct.pack("<I", len(header)), b"\0\0\0\0", header,
                  self._encoded(cfg)]
         parts += [r.data for r in self.regions if r.data is not None]
-        return b"".join(parts)
+        data = bytearray(b"".join(parts))
+        struct.pack_into("<I", data, _CRC_AT, container_checksum(data))
+        return bytes(data)
 
     def _encoded(self, cfg: "HardwareConfig") -> bytes:
         """The instruction words (kept from the builder or the decoder when still valid)."""
@@ -130,20 +187,13 @@ class Program:
 
     @classmethod
     def from_bytes(cls, data: bytes, cfg: "HardwareConfig") -> "Program":
-        """Parse a container; refuses one built for a different config."""
+        """Parse a container; refuses a corrupt one and one built for a different config."""
         view = memoryview(data)
-        if bytes(view[:8]) != MAGIC:
-            raise ProgramError("not a DSA program (bad magic)")
-        if len(data) < 32:
-            raise ProgramError("truncated DSA program header")
-        (version,) = struct.unpack_from("<I", data, 8)
-        if version != VERSION:
-            raise ProgramError(f"DSA program format version {version}; this build reads {VERSION}")
+        head = read_header(data)
         fingerprint = bytes(view[12:28])
         (hlen,) = struct.unpack_from("<I", data, 28)
-        pos = 32
+        pos = PREFIX_BYTES
         try:
-            head = json.loads(bytes(view[pos:pos + hlen]))
             prog = cls(name=str(head["name"]), fingerprint=fingerprint,
                        instruction_bits=int(head["instruction_bits"]), instructions=[],
                        meta=dict(head.get("meta", {})))
@@ -158,10 +208,8 @@ class Program:
             raise ProgramError(f"corrupt DSA program header: {type(e).__name__}: {e}") from e
         pos += hlen
         prog.check_config(cfg)
-        for r in regions:
-            if r.kind not in REGION_KINDS:
-                raise ProgramError(f"corrupt DSA program header: region '{r.name}' has kind "
-                                   f"{r.kind!r}")
+        prog.regions = regions
+        prog.check_layout(cfg)  # before any region size is trusted
         nwords = count * cfg.instruction_bits // 8
         if pos + nwords > len(data):
             raise ProgramError("truncated DSA program: instruction words missing")
@@ -175,7 +223,45 @@ class Program:
                     raise ProgramError(f"truncated DSA program: data of region '{r.name}' missing")
                 r.data = bytes(view[pos:pos + r.nbytes])
                 pos += r.nbytes
-            prog.regions.append(r)
         if pos != len(data):
             raise ProgramError(f"DSA program has {len(data) - pos} trailing bytes")
         return prog
+
+
+def container_checksum(data: bytes | bytearray | memoryview) -> int:
+    """CRC32 of a container: every byte except the four that hold the checksum."""
+    view = memoryview(data)
+    return zlib.crc32(view[_CRC_AT + 4:], zlib.crc32(view[:_CRC_AT]))
+
+
+def read_header(data: bytes) -> dict[str, Any]:
+    """The JSON header of a container, after checking its magic, format version and
+    checksum (nothing in it is trusted before that)."""
+    view = memoryview(data)
+    if bytes(view[:8]) != MAGIC:
+        raise ProgramError("not a DSA program (bad magic)")
+    if len(data) < 12:
+        raise ProgramError("truncated DSA program header")
+    (version,) = struct.unpack_from("<I", data, 8)
+    if version != VERSION:
+        why = ("it predates the integrity checksum" if version < VERSION
+               else "it was written by a newer dsa-tvm")
+        raise ProgramError(f"DSA program format version {version}; this build reads version "
+                           f"{VERSION} only ({why}): rebuild the program (recompile the model, "
+                           f"re-save the container) with this dsa-tvm")
+    if len(data) < PREFIX_BYTES:
+        raise ProgramError("truncated DSA program header")
+    (stored,) = struct.unpack_from("<I", data, _CRC_AT)
+    actual = container_checksum(data)
+    if stored != actual:
+        raise ProgramError(f"corrupt DSA program: checksum mismatch (stored CRC32 {stored:#010x}, "
+                           f"computed {actual:#010x} over {len(data):,} bytes); the container was "
+                           f"truncated or changed after it was written. Rebuild or re-copy it")
+    (hlen,) = struct.unpack_from("<I", data, 28)
+    try:
+        head = json.loads(bytes(view[PREFIX_BYTES:PREFIX_BYTES + hlen]))
+        if not isinstance(head, dict):
+            raise TypeError(f"the header is a {type(head).__name__}, not an object")
+    except (ValueError, TypeError) as e:
+        raise ProgramError(f"corrupt DSA program header: {type(e).__name__}: {e}") from e
+    return head

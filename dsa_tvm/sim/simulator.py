@@ -21,6 +21,7 @@ from ..isa.program import Program
 from .counters import collect_counters, format_counters
 from .errors import HazardError, SimulationError
 from .functional import Machine
+from .limits import check_functional
 from .timing import Schedule, schedule
 from .trace import trace_events, write_trace
 from .validate import validate_program
@@ -101,6 +102,8 @@ class Simulator:
             program = self.load_program(bytes(program))
         footprints = validate_program(program, cfg)
         instrs = program.instructions
+        if not timing_only:
+            check_functional(program, cfg)  # before the DRAM image and any plan is allocated
         machine = None if timing_only else Machine(cfg, program)
         if machine is not None:
             self._place_inputs(machine, program, inputs or {})

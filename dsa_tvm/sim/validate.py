@@ -1,10 +1,10 @@
 """Static checks of a program against a config, before anything runs.
 
 Every address a loop nest or DMA transfer can reach is known from its fields,
-so out-of-range scratchpad or DRAM accesses, illegal token flags, empty loops
-and malformed immediates are rejected up front with the instruction index and
-the reason; an instruction object that appears several times (a decoded program
-shares one object among equal words) is checked once. The encoder's field-width
+so out-of-range scratchpad or DRAM accesses, illegal token flags, empty loops,
+malformed immediates and nests too large to count are rejected up front with the
+instruction index and the reason; an instruction object that appears several times
+(a decoded program shares one object among equal words) is checked once. The encoder's field-width
 checks run only for programs that do not already vouch for them (see
 ``Program.mark_fields_checked``: decoded, encoded and builder-made programs do).
 """
@@ -29,6 +29,7 @@ from ..isa.instructions import (
 )
 from ..isa.semantics import REQUANT_IMM_RESERVED
 from .errors import SimulationError
+from .limits import check_cycle_total, check_nest_points
 
 if TYPE_CHECKING:
     from ..hw.config import HardwareConfig
@@ -61,12 +62,15 @@ def _check_dram(i: int, ins: Load | Store, cfg: "HardwareConfig",
 
 
 def validate_program(program: "Program", cfg: "HardwareConfig") -> list[Footprint]:
-    """Raise SimulationError on the first bad instruction; return every footprint."""
+    """Raise SimulationError on the first bad instruction (ProgramError for a bad DRAM
+    layout); return every footprint."""
     program.check_config(cfg)
+    program.check_layout(cfg)
     ins_list = program.instructions
     if not ins_list or not isinstance(ins_list[-1], Finish):
         raise SimulationError(len(ins_list) - 1 if ins_list else None,
                               "program does not end with FINISH")
+    check_cycle_total(program)
     check = not program.fields_checked(cfg)
     fps = []
     bounds = [(r.offset, r.offset + r.nbytes, r.kind, r.name) for r in program.regions]
@@ -97,6 +101,7 @@ def validate_program(program: "Program", cfg: "HardwareConfig") -> list[Footprin
                 if lp.extent < 1:
                     raise SimulationError(i, f"{ins.opcode.name} loop level {k} has extent "
                                              f"{lp.extent}; extents must be >= 1")
+            check_nest_points(i, ins)
         if isinstance(ins, Alu):
             if ins.use_imm and ins.op in TENSOR_ONLY_OPS:
                 raise SimulationError(i, f"ALU {ins.op.name} reads per-lane parameters from the "
