@@ -1,0 +1,134 @@
+"""QOperator int8 models (QLinearConv, QLinearAdd, QGemm, ConvInteger, ...) rewritten as QDQ.
+
+onnxruntime's ``quantize_static(..., quant_format=QuantFormat.QOperator)`` and
+``quantize_dynamic`` write integer operators that TVM 0.27's ONNX importer rejects.
+:func:`to_qdq` replaces each by the equivalent ``DequantizeLinear -> float op ->
+QuantizeLinear`` group (the table is ``qoperator_ops``), then shifts uint8 tensors to
+int8 (exact), so the model imports and the DSA's patterns offload it like any QDQ model.
+
+    from dsa_tvm.frontend.qoperator import has_qoperator, to_qdq
+    qdq, notes = to_qdq(onnx.load("model_qop.onnx"))     # notes: what was rewritten
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+
+import onnx
+from onnx import version_converter
+
+from ..quant.onnx_graph import MIN_OPSET, Graph, load
+from .qoperator_graph import Emitter, QOperatorError, shift_uint8
+from .qoperator_ops import MS, PASSTHROUGH, QUANTIZED_OUTPUT, REWRITES
+
+__all__ = ["QOperatorError", "has_qoperator", "to_qdq"]
+
+#: integer ops TVM's importer reads itself (checked against onnxruntime in the tests)
+NATIVE = frozenset({"MatMulInteger", "DynamicQuantizeLinear"})
+
+
+def _is_qoperator(node: onnx.NodeProto) -> bool:
+    dom = "" if node.domain == "ai.onnx" else node.domain
+    if (dom, node.op_type) in REWRITES:
+        return True
+    return node.op_type.startswith("QLinear") or (dom == MS and node.op_type in ("QGemm", "QAttention"))
+
+
+def has_qoperator(model: onnx.ModelProto) -> bool:
+    """True if ``model`` has integer ops TVM's importer cannot read (QLinear*, QGemm, ConvInteger)."""
+    return any(_is_qoperator(n) for n in model.graph.node)
+
+
+def _ensure_opset(model: onnx.ModelProto, notes: list[str]) -> onnx.ModelProto:
+    """Per-channel DequantizeLinear needs opset 13; older models are converted first."""
+    ver = next((o.version for o in model.opset_import if o.domain in ("", "ai.onnx")), 0)
+    if ver >= MIN_OPSET:
+        return model
+    try:
+        out = version_converter.convert_version(model, MIN_OPSET)
+    except Exception as e:  # noqa: BLE001 - reported with the cause
+        raise QOperatorError(f"opset {ver}: the QDQ form needs opset >= {MIN_OPSET} (per-channel "
+                             f"DequantizeLinear) and onnx.version_converter failed: {e}") from e
+    notes.append(f"converted opset {ver} -> {MIN_OPSET} (per-channel DequantizeLinear)")
+    return out
+
+
+def _quant_params(node: onnx.NodeProto, qparams: dict[str, tuple[str, str]]) -> None:
+    """Record (scale, zero point) of the quantized tensors ``node`` produces."""
+    where = QUANTIZED_OUTPUT.get(node.op_type)
+    if node.op_type == "DynamicQuantizeLinear":
+        qparams[node.output[0]] = (node.output[1], node.output[2])
+    elif where is not None:
+        s, z = where
+        zp = node.input[z] if z < len(node.input) else ""
+        if s < len(node.input) and node.input[s]:
+            qparams[node.output[0]] = (node.input[s], zp)
+
+
+def _passthrough(node: onnx.NodeProto, em: Emitter, scale: str, zp: str,
+                 qparams: dict[str, tuple[str, str]]) -> None:
+    base = node.output[0]
+    x = em.dq(node.input[0], scale, zp, base + "_in")
+    outs = em.node(node.op_type, [x, *node.input[1:]], base + "_" + node.op_type.lower(),
+                   n_out=len(node.output), attrs=list(node.attribute))
+    for o, y in zip(node.output, outs, strict=True):
+        em.q(y, scale, zp, o)
+        qparams[o] = (scale, zp)
+
+
+def to_qdq(model: onnx.ModelProto) -> tuple[onnx.ModelProto, list[str]]:
+    """The QDQ equivalent of a QOperator model, and notes on what was rewritten.
+
+    Raises :class:`QOperatorError` for a node that cannot be rewritten (a missing scale,
+    a quantized op without a rewrite), naming the node and the cause.
+    """
+    notes: list[str] = []
+    model = _ensure_opset(load(model), notes)
+    unknown = sorted({f"{n.domain + '.' if n.domain else ''}{n.op_type}" for n in model.graph.node
+                      if _is_qoperator(n) and ("" if n.domain == "ai.onnx" else n.domain, n.op_type)
+                      not in REWRITES})
+    if unknown:
+        raise QOperatorError(f"no QDQ rewrite for {', '.join(unknown)}: these quantized operators "
+                             f"cannot be imported; quantize the FP32 model to QDQ instead "
+                             f"(dsa_tvm.quant.quantize_onnx or quantize_static(quant_format=QDQ))")
+    g = Graph(model)
+    em = Emitter(g)
+    rewritten: Counter = Counter()
+    passed: Counter = Counter()
+    qparams: dict[str, tuple[str, str]] = {}
+    for n in model.graph.node:
+        key = ("" if n.domain == "ai.onnx" else n.domain, n.op_type)
+        _quant_params(n, qparams)
+        if key in REWRITES:
+            REWRITES[key](n, em)
+            rewritten[n.op_type] += 1
+        elif key[0] == "" and n.op_type in PASSTHROUGH and n.input[0] in qparams:
+            _passthrough(n, em, *qparams[n.input[0]], qparams)
+            passed[n.op_type] += 1
+        else:
+            em.nodes.append(n)
+    del model.graph.node[:]
+    model.graph.node.extend(em.nodes)
+    model.graph.initializer.extend(em.new_inits)
+    del model.graph.value_info[:]  # quantized tensors change type (uint8 -> int8); TVM re-infers
+    if not any(n.domain == MS for n in model.graph.node):
+        keep = [o for o in model.opset_import if o.domain != MS]
+        del model.opset_import[:]
+        model.opset_import.extend(keep)
+    if rewritten:
+        notes.append("rewritten to QDQ: " + ", ".join(f"{k} x{v}" for k, v in sorted(rewritten.items())))
+    if passed:
+        notes.append("quantized data movement as DQ -> op -> Q (same parameters, exact): "
+                     + ", ".join(f"{k} x{v}" for k, v in sorted(passed.items())))
+    if rewritten.get("ConvInteger"):
+        notes.append(f"ConvInteger x{rewritten['ConvInteger']}: no quantized output, so no QDQ "
+                     "form: computed exactly on the CPU (float64 conv of the centered integers)")
+    native = Counter(n.op_type for n in model.graph.node if n.op_type in NATIVE)
+    if native:
+        notes.append("imported by TVM as they are (CPU, runtime scales): "
+                     + ", ".join(f"{k} x{v}" for k, v in sorted(native.items())))
+    shifted = shift_uint8(model)
+    if shifted:
+        notes.append(f"uint8 -> int8 (q - 128, zero point - 128, exact): {shifted['activation']} "
+                     f"activation tensors, {shifted['constant']} constants")
+    return model, notes
