@@ -17,19 +17,23 @@ from collections import Counter
 import onnx
 from onnx import version_converter
 
-from ..quant.onnx_graph import MIN_OPSET, Graph, load
+from ..quant.onnx_graph import MIN_OPSET, Graph, load, with_shapes
 from .qoperator_graph import Emitter, QOperatorError, shift_uint8
-from .qoperator_ops import MS, PASSTHROUGH, QUANTIZED_OUTPUT, REWRITES
+from .qoperator_ops import MS, PASSTHROUGH, QUANTIZED_OUTPUT, REWRITES, Rewrite
+from .qoperator_softmax import qlinear_softmax
 
 __all__ = ["QOperatorError", "has_qoperator", "to_qdq"]
 
 #: integer ops TVM's importer reads itself (checked against onnxruntime in the tests)
 NATIVE = frozenset({"MatMulInteger", "DynamicQuantizeLinear"})
 
+#: every op the rewrite handles: (domain, op type) -> rewrite
+TABLE: dict[tuple[str, str], Rewrite] = {**REWRITES, (MS, "QLinearSoftmax"): qlinear_softmax}
+
 
 def _is_qoperator(node: onnx.NodeProto) -> bool:
     dom = "" if node.domain == "ai.onnx" else node.domain
-    if (dom, node.op_type) in REWRITES:
+    if (dom, node.op_type) in TABLE:
         return True
     return node.op_type.startswith("QLinear") or (dom == MS and node.op_type in ("QGemm", "QAttention"))
 
@@ -86,12 +90,12 @@ def to_qdq(model: onnx.ModelProto) -> tuple[onnx.ModelProto, list[str]]:
     model = _ensure_opset(load(model), notes)
     unknown = sorted({f"{n.domain + '.' if n.domain else ''}{n.op_type}" for n in model.graph.node
                       if _is_qoperator(n) and ("" if n.domain == "ai.onnx" else n.domain, n.op_type)
-                      not in REWRITES})
+                      not in TABLE})
     if unknown:
         raise QOperatorError(f"no QDQ rewrite for {', '.join(unknown)}: these quantized operators "
                              f"cannot be imported; quantize the FP32 model to QDQ instead "
                              f"(dsa_tvm.quant.quantize_onnx or quantize_static(quant_format=QDQ))")
-    g = Graph(model)
+    g = Graph(with_shapes(model))
     em = Emitter(g)
     rewritten: Counter = Counter()
     passed: Counter = Counter()
@@ -99,8 +103,8 @@ def to_qdq(model: onnx.ModelProto) -> tuple[onnx.ModelProto, list[str]]:
     for n in model.graph.node:
         key = ("" if n.domain == "ai.onnx" else n.domain, n.op_type)
         _quant_params(n, qparams)
-        if key in REWRITES:
-            REWRITES[key](n, em)
+        if key in TABLE:
+            TABLE[key](n, em)
             rewritten[n.op_type] += 1
         elif key[0] == "" and n.op_type in PASSTHROUGH and n.input[0] in qparams:
             _passthrough(n, em, *qparams[n.input[0]], qparams)
