@@ -78,7 +78,7 @@ def qlinear_softmax(node: onnx.NodeProto, em: Emitter) -> None:
     (s64,) = em.node("ReduceSum", [e64, em.const(np.array([-1], np.int64), base + "_ax")], base + "_sum",
                      keepdims=1)
     (vsum,) = em.node("Cast", [s64], base + "_sum32", to=TensorProto.FLOAT)
-    inv = np.float32(math.floor(1.0 / float(np.float32(ys))))
+    inv = np.floor(np.float32(1.0) / np.float32(ys))  # in float32, as ORT computes it
     (num,) = em.node("Mul", [e, em.const(inv, base + "_inv_scale")], base + "_num")
     (r,) = em.node("Round", [em.node("Div", [num, vsum], base + "_div")[0]], base + "_round")
     (ri,) = em.node("Cast", [r], base + "_r32", to=TensorProto.INT32)
