@@ -319,30 +319,41 @@ def _prefix(model: onnx.ModelProto, n: int) -> onnx.ModelProto:
 
 
 def test_uint8_shift_is_exact_and_keeps_uint8_outputs():
+    """Q output, constant and graph input move to int8 for their DQ readers; a uint8 graph
+    output is quantized to int8 and shifted back to uint8 for the output."""
     rng = np.random.default_rng(0)
-    s = numpy_helper.from_array(np.array(0.05, np.float32), "s")
-    z = numpy_helper.from_array(np.array(200, np.uint8), "z")
-    w = numpy_helper.from_array(rng.integers(0, 256, (4,)).astype(np.uint8), "w")
+    inits = [numpy_helper.from_array(np.array(0.05, np.float32), "s"),
+             numpy_helper.from_array(np.array(200, np.uint8), "z"),
+             numpy_helper.from_array(np.array(90, np.uint8), "z2"),
+             numpy_helper.from_array(rng.integers(0, 256, (4,)).astype(np.uint8), "w")]
     nodes = [helper.make_node("QuantizeLinear", ["x", "s", "z"], ["xq"]),
              helper.make_node("DequantizeLinear", ["xq", "s", "z"], ["xd"]),
-             helper.make_node("DequantizeLinear", ["w", "s", "z"], ["wd"]),
-             helper.make_node("Add", ["xd", "wd"], ["y"]),
-             helper.make_node("QuantizeLinear", ["y", "s", "z"], ["yq"])]
-    g = helper.make_graph(nodes, "g", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [4])],
-                          [helper.make_tensor_value_info("yq", TensorProto.UINT8, [4])], [s, z, w])
+             helper.make_node("DequantizeLinear", ["w", "s", "z2"], ["wd"]),
+             helper.make_node("DequantizeLinear", ["u", "s"], ["ud"]),  # no zero point: 0
+             helper.make_node("Add", ["xd", "wd"], ["a"]),
+             helper.make_node("Add", ["a", "ud"], ["y"]),
+             helper.make_node("QuantizeLinear", ["y", "s", "z"], ["yq"]),
+             helper.make_node("DequantizeLinear", ["yq", "s", "z"], ["yd"])]
+    g = helper.make_graph(nodes, "g", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [4]),
+                                       helper.make_tensor_value_info("u", TensorProto.UINT8, [4])],
+                          [helper.make_tensor_value_info("yq", TensorProto.UINT8, [4]),
+                           helper.make_tensor_value_info("yd", TensorProto.FLOAT, [4])], inits)
     m = helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)])
     m.ir_version = 8
-    feed = {"x": rng.uniform(-12, 4, 4).astype(np.float32)}
-    ref = run_onnxruntime(m, feed, optimize=False)[0]
+    feed = {"x": rng.uniform(-12, 4, 4).astype(np.float32),
+            "u": rng.integers(0, 256, 4).astype(np.uint8)}
+    ref = run_onnxruntime(m, feed, optimize=False)
     shifted = onnx.ModelProto()
     shifted.CopyFrom(m)
     counts = shift_uint8(shifted)
-    assert counts == {"activation": 1, "constant": 1}
+    assert counts == {"activation": 2, "constant": 1, "graph input": 1}
     types = {i.name: i.data_type for i in shifted.graph.initializer}
-    q0 = shifted.graph.node[0]
-    assert types[q0.input[2]] == TensorProto.INT8          # xq shifted
-    assert types[shifted.graph.node[-1].input[2]] == TensorProto.UINT8  # the graph output kept
-    np.testing.assert_array_equal(run_onnxruntime(shifted, feed, optimize=False)[0], ref)
+    dqs = [n for n in shifted.graph.node if n.op_type == "DequantizeLinear"]
+    assert all(types[n.input[2]] == TensorProto.INT8 for n in dqs)
+    got = run_onnxruntime(shifted, feed, optimize=False)
+    assert got[0].dtype == np.uint8
+    for a, b in zip(got, ref, strict=True):
+        np.testing.assert_array_equal(a, b)
 
 
 # ----------------------------------------------------------------------------- bad input
@@ -372,3 +383,30 @@ def test_quantized_op_without_rewrite_is_named():
     assert has_qoperator(o.model)
     with pytest.raises(QOperatorError, match="no QDQ rewrite for com.microsoft.QLinearWhere"):
         to_qdq(o.model)
+
+
+def test_uint8_graph_input_and_output_offload():
+    """Converted TFLite models take and return uint8 codes: the conv still runs on the DSA,
+    bit-exact against ORT, and the graph output stays uint8."""
+    o = one_op("QLinearConv", "u8", 2)
+    m = o.model
+    q_in, dq_out = m.graph.node[0], m.graph.node[-1]
+    conv = m.graph.node[1]
+    conv.input[0] = "x"
+    conv.output[0] = "yq"
+    del m.graph.node[-1]
+    del m.graph.node[0]
+    del m.graph.input[:]
+    del m.graph.output[:]
+    m.graph.input.append(helper.make_tensor_value_info("x", TensorProto.UINT8, [1, 8, 6, 6]))
+    m.graph.output.append(helper.make_tensor_value_info("yq", TensorProto.UINT8, None))
+    assert q_in.op_type == "QuantizeLinear" and dq_out.op_type == "DequantizeLinear"
+    x = np.random.default_rng(1).integers(0, 256, (1, 8, 6, 6)).astype(np.uint8)
+    ref = run_onnxruntime(m, {"x": x}, optimize=False)[0]
+    qdq, notes = to_qdq(m)
+    assert any("1 graph input" in n for n in notes), notes
+    ex, report = _compile(qdq)
+    got = _run(ex, {"x": x})
+    assert got.dtype == np.uint8
+    np.testing.assert_array_equal(got, ref)
+    assert _mac_share(report) == 1.0, str(report)

@@ -133,6 +133,6 @@ def to_qdq(model: onnx.ModelProto) -> tuple[onnx.ModelProto, list[str]]:
                      + ", ".join(f"{k} x{v}" for k, v in sorted(native.items())))
     shifted = shift_uint8(model)
     if shifted:
-        notes.append(f"uint8 -> int8 (q - 128, zero point - 128, exact): {shifted['activation']} "
-                     f"activation tensors, {shifted['constant']} constants")
+        notes.append("uint8 -> int8 (q - 128, zero point - 128, exact): "
+                     + ", ".join(f"{v} {k} tensor(s)" for k, v in sorted(shifted.items())))
     return model, notes

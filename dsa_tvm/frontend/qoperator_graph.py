@@ -97,78 +97,124 @@ def _dtype_of(g: Graph, name: str) -> int | None:
     return None
 
 
-def _to_int8(g: Graph, name: str, cache: dict[str, str], new_inits: list, em_used: set) -> str:
-    """The int8 twin (value - 128) of a uint8 constant, created once per name."""
-    if name not in cache:
-        v = g.const(name).astype(np.int16) - 128
-        twin = f"{name}_s8"
-        while twin in em_used:
-            twin += "_"
-        em_used.add(twin)
-        t = numpy_helper.from_array(v.astype(np.int8), twin)
-        new_inits.append(t)
-        g.inits[twin] = t
-        cache[name] = twin
-    return cache[name]
+class _Shift:
+    """State of one :func:`shift_uint8` run: the graph index, int8 twins, new nodes."""
+
+    def __init__(self, model: onnx.ModelProto):
+        self.model = model
+        self.g = Graph(model)
+        self.outputs = set(self.g.outputs)
+        self.twins: dict[str, str] = {}
+        self.new_inits: list[onnx.TensorProto] = []
+        self.used = set(self.g.inits) | set(self.g.producer) | set(self.g.inputs)
+        self.counts: Counter = Counter()
+
+    def name(self, base: str) -> str:
+        name = base
+        while name in self.used:
+            name += "_"
+        self.used.add(name)
+        return name
+
+    def int8_const(self, name: str) -> str:
+        """The int8 twin (value - 128) of a uint8 constant, created once per name."""
+        if name not in self.twins:
+            v = (self.g.const(name).astype(np.int16) - 128).astype(np.int8)
+            twin = self.name(f"{name}_s8")
+            self.g.inits[twin] = numpy_helper.from_array(v, twin)
+            self.new_inits.append(self.g.inits[twin])
+            self.twins[name] = twin
+        return self.twins[name]
+
+    def zp_u8(self, node: onnx.NodeProto) -> str | None:
+        """The uint8 zero point constant of a Q/DQ node (one is made when absent), else None."""
+        if len(node.input) < 3 or not node.input[2]:
+            to = next((a.i for a in node.attribute if a.name == "output_dtype"), 0)
+            if node.op_type == "QuantizeLinear" and to not in (0, TensorProto.UINT8):
+                return None
+            name = self.name("zero_point_u8")
+            self.g.inits[name] = numpy_helper.from_array(np.array(0, np.uint8), name)
+            return name
+        return node.input[2] if _dtype_of(self.g, node.input[2]) == TensorProto.UINT8 else None
+
+    def dq_readers(self, t: str) -> list[onnx.NodeProto]:
+        return [c for c in self.g.consumers.get(t, [])
+                if c.op_type == "DequantizeLinear" and c.domain in ("", "ai.onnx") and c.input[0] == t
+                and (len(c.input) < 3 or not c.input[2]
+                     or _dtype_of(self.g, c.input[2]) == TensorProto.UINT8)]
+
+    def only_dq_read(self, t: str, readers: list[onnx.NodeProto]) -> bool:
+        return t not in self.outputs and len(readers) == len(self.g.consumers.get(t, []))
+
+    def rewire(self, readers: list[onnx.NodeProto], t8: str) -> None:
+        for c in readers:
+            zp = self.zp_u8(c)
+            while len(c.input) < 3:
+                c.input.append("")
+            c.input[0], c.input[2] = t8, self.int8_const(zp)
+
+
+def _shift_nodes(sh: _Shift, src: str, dst: str, offset: int, to: int) -> list[onnx.NodeProto]:
+    """dst = src + offset as ``to`` (uint8 <-> int8 codes), through int32."""
+    i32, c, s = sh.name(f"{src}_i32"), sh.name(f"{src}_offset"), sh.name(f"{src}_shifted")
+    sh.new_inits.append(numpy_helper.from_array(np.array(offset, np.int32), c))
+    return [helper.make_node("Cast", [src], [i32], to=TensorProto.INT32),
+            helper.make_node("Add", [i32, c], [s]),
+            helper.make_node("Cast", [s], [dst], to=to)]
 
 
 def shift_uint8(model: onnx.ModelProto) -> Counter:
-    """Move uint8 tensors read only by DequantizeLinear to int8, in place; returns counts.
+    """Move uint8 tensors that DequantizeLinear reads to int8, in place; returns counts.
 
-    A tensor qualifies when it is a uint8 constant or the output of a QuantizeLinear with
-    a uint8 constant zero point, is not a graph output, and every consumer is a
-    DequantizeLinear with a constant (or absent) zero point. Each such DequantizeLinear
-    gets zero point ``z - 128``: ``(q - 128) - (z - 128) = q - z``, the same values.
+    ``q - 128`` with zero point ``z - 128`` dequantizes to the same values. Shifted: the
+    outputs of QuantizeLinear with a constant (or absent) uint8 zero point, uint8
+    constants and uint8 graph inputs, for their DequantizeLinear readers. A quantized
+    tensor that something else also reads (a graph output, another op) is still
+    quantized to int8 (where the DSA computes it) and shifted back (``q + 128``) on the CPU
+    for those readers; a uint8 graph input is shifted (``x - 128``) on the CPU.
     """
-    g = Graph(model)
-    outputs = set(g.outputs)
-    cache: dict[str, str] = {}
-    new_inits: list[onnx.TensorProto] = []
-    used = set(g.inits) | set(g.producer) | set(g.inputs)
-    zero_u8 = None
-    counts: Counter = Counter()
-
-    def readers_ok(t: str) -> bool:
-        cons = g.consumers.get(t, [])
-        return bool(cons) and t not in outputs and all(
-            c.op_type == "DequantizeLinear" and c.domain in ("", "ai.onnx") and c.input[0] == t
-            and (len(c.input) < 3 or not c.input[2] or _dtype_of(g, c.input[2]) == TensorProto.UINT8)
-            for c in cons)
-
-    def shift_readers(t: str) -> None:
-        nonlocal zero_u8
-        for c in g.consumers[t]:
-            if len(c.input) < 3 or not c.input[2]:
-                if zero_u8 is None:
-                    zero_u8 = f"{t}_zero_point_u8"
-                    g.inits[zero_u8] = numpy_helper.from_array(np.array(0, np.uint8), zero_u8)
-                    new_inits.append(g.inits[zero_u8])
-                while len(c.input) < 3:
-                    c.input.append("")
-                c.input[2] = zero_u8
-            c.input[2] = _to_int8(g, c.input[2], cache, new_inits, used)
-
+    sh = _Shift(model)
+    g = sh.g
+    nodes: list[onnx.NodeProto] = []
+    for inp in model.graph.input:
+        readers = sh.dq_readers(inp.name)
+        if inp.type.tensor_type.elem_type != TensorProto.UINT8 or inp.name in g.inits or not readers:
+            continue
+        t8 = sh.name(f"{inp.name}_s8")
+        nodes += _shift_nodes(sh, inp.name, t8, -128, TensorProto.INT8)
+        sh.rewire(readers, t8)
+        sh.counts["graph input"] += 1
     for n in list(model.graph.node):
-        if n.op_type != "QuantizeLinear" or n.domain not in ("", "ai.onnx") or len(n.input) < 3:
+        zp = sh.zp_u8(n) if n.op_type == "QuantizeLinear" and n.domain in ("", "ai.onnx") else None
+        if zp is None:
+            nodes.append(n)
             continue
-        t = n.output[0]
-        if _dtype_of(g, n.input[2]) != TensorProto.UINT8 or not readers_ok(t):
-            continue
-        n.input[2] = _to_int8(g, n.input[2], cache, new_inits, used)
-        shift_readers(t)
-        counts["activation"] += 1
+        t, zp8 = n.output[0], sh.int8_const(zp)
+        readers = sh.dq_readers(t)
+        while len(n.input) < 3:
+            n.input.append("")
+        n.input[2] = zp8
+        nodes.append(n)
+        if sh.only_dq_read(t, readers):
+            sh.rewire(readers, t)
+        else:  # the int8 codes for the DQ readers, q + 128 back to uint8 for the others
+            t8 = sh.name(f"{t}_s8")
+            n.output[0] = t8
+            nodes += _shift_nodes(sh, t8, t, +128, TensorProto.UINT8)
+            sh.rewire(readers, t8)
+        sh.counts["activation"] += 1
     for name in list(g.inits):
-        t = g.inits[name]
-        if (t.data_type == TensorProto.UINT8 and name not in cache.values() and name != zero_u8
-                and name in g.consumers and readers_ok(name)):
-            twin = _to_int8(g, name, cache, new_inits, used)
-            for c in g.consumers[name]:
-                c.input[0] = twin
-            shift_readers(name)
-            counts["constant"] += 1
-    model.graph.initializer.extend(new_inits)
+        if name in sh.twins.values() or g.inits[name].data_type != TensorProto.UINT8:
+            continue
+        readers = sh.dq_readers(name)
+        if readers:
+            sh.rewire(readers, sh.int8_const(name))
+            sh.counts["constant"] += 1
+    del model.graph.node[:]
+    model.graph.node.extend(nodes)
+    model.graph.initializer.extend(sh.new_inits)
     _drop_unused_initializers(model)
-    return counts
+    return sh.counts
 
 
 def _drop_unused_initializers(model: onnx.ModelProto) -> None:
