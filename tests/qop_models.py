@@ -151,3 +151,46 @@ def one_op(op: str, dtype: str = "u8", seed: int = 0, shape: tuple[int, ...] = (
 OPS = ("QLinearConv", "QLinearMatMul", "QGemm", "QLinearAdd", "QLinearMul", "QLinearConcat",
        "QLinearGlobalAveragePool", "QLinearAveragePool", "QLinearSigmoid", "QLinearLeakyRelu",
        "QLinearSoftmax")
+
+
+def torch_resnet(seed: int = 0) -> onnx.ModelProto:
+    """A small ResNet written in torch (stem, three basic blocks with residual adds, one
+    strided with a 1x1 projection, GAP, linear), exported to ONNX (opset 17, TorchScript
+    exporter) and simplified with onnxslim (ORT's quantizer cannot read the exporter's
+    Identity-fed weights)."""
+    import io
+
+    import onnxslim
+    import torch
+    from torch import nn
+
+    class Block(nn.Module):
+        def __init__(self, cin: int, cout: int, stride: int):
+            super().__init__()
+            self.c1, self.b1 = nn.Conv2d(cin, cout, 3, stride, 1, bias=False), nn.BatchNorm2d(cout)
+            self.c2, self.b2 = nn.Conv2d(cout, cout, 3, 1, 1, bias=False), nn.BatchNorm2d(cout)
+            self.sc = (nn.Identity() if stride == 1 and cin == cout else
+                       nn.Sequential(nn.Conv2d(cin, cout, 1, stride, bias=False), nn.BatchNorm2d(cout)))
+
+        def forward(self, x):
+            y = self.b2(self.c2(torch.relu(self.b1(self.c1(x)))))
+            return torch.relu(y + self.sc(x))
+
+    class Net(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.stem = nn.Sequential(nn.Conv2d(3, 16, 3, 1, 1, bias=False), nn.BatchNorm2d(16),
+                                      nn.ReLU(), nn.MaxPool2d(2))
+            self.layers = nn.Sequential(Block(16, 16, 1), Block(16, 32, 2), Block(32, 32, 1))
+            self.fc = nn.Linear(32, 10)
+
+        def forward(self, x):
+            x = nn.functional.adaptive_avg_pool2d(self.layers(self.stem(x)), 1)
+            return self.fc(torch.flatten(x, 1))
+
+    torch.manual_seed(seed)
+    net = Net().eval()
+    buf = io.BytesIO()
+    torch.onnx.export(net, (torch.randn(1, 3, 32, 32),), buf, opset_version=OPSET, dynamo=False,
+                      input_names=["input"], output_names=["logits"])
+    return onnxslim.slim(onnx.load_from_string(buf.getvalue()))

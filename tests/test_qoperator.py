@@ -33,7 +33,7 @@ from dsa_tvm.models import calibration_data, resnet18, run_onnxruntime, small_cn
 from dsa_tvm.models.quantize import _reader
 from dsa_tvm.runtime import take_launches
 
-from .qop_models import OPS, one_op
+from .qop_models import OPS, one_op, torch_resnet
 
 #: a host slow enough that every region of these small models is worth offloading
 SLOW_HOST_GMACS = 0.01
@@ -181,6 +181,27 @@ def test_rewritten_graph_on_ort_equals_qoperator(resnet, resnet_fp32):
         a = run_onnxruntime(resnet.qop, f, optimize=False)[0]
         b = run_onnxruntime(resnet.qdq, f, optimize=False)[0]
         assert _steps(a, b, resnet.step)[0] <= 1.0 + 1e-3
+
+
+def test_torch_resnet_qoperator_on_the_dsa():
+    """A ResNet written in torch, exported, quantized by ORT (QOperator, per-channel, uint8
+    activations): imports, every MAC on the DSA, within one step of ORT."""
+    pytest.importorskip("torch")
+    fp32 = torch_resnet()
+    qop = _ort_quantize(fp32, calibration_data(fp32, n=4), "u8")
+    assert {"QLinearConv", "QLinearAdd", "QGemm"} <= {n.op_type for n in qop.graph.node}
+    qdq, _ = to_qdq(qop)
+    ex, report = _compile(qdq)
+    assert _mac_share(report) == 1.0, str(report)
+    feeds = calibration_data(fp32, n=2, seed=9)
+    got = np.stack([_run(ex, f) for f in feeds])
+    ref = np.stack([run_onnxruntime(qop, f, optimize=False)[0] for f in feeds])
+    step = _output_step(qop)
+    assert np.ptp(ref) > 10 * step
+    worst, frac = _steps(got, ref, step)
+    print(f"torch ResNet (QOperator) on the DSA vs ORT: max {worst:.2f} steps, {frac:.4f} of "
+          f"{got.size} differ")
+    assert worst <= 1.0 + 1e-3 and frac < 0.05
 
 
 # ----------------------------------------------------------------------------- dynamic
