@@ -431,3 +431,42 @@ def test_uint8_graph_input_and_output_offload():
     assert got.dtype == np.uint8
     np.testing.assert_array_equal(got, ref)
     assert _mac_share(report) == 1.0, str(report)
+
+
+def test_requantize_ties_are_the_one_step():
+    """Where the one step comes from: x_scale * w_scale / y_scale = 1/2 puts every odd
+    accumulator on a tie. ORT rounds half to even, the DSA's REQUANT half up: the DSA
+    output is exactly the half-up rounding, ORT's the half-even one, one step apart on the
+    ties with an even floor and equal everywhere else."""
+    rng = np.random.default_rng(4)
+    w = rng.integers(-2, 3, (6, 4, 3, 3)).astype(np.int8)
+    c = {"xs": np.array(0.5, np.float32), "xz": np.array(0, np.int8), "w": w,
+         "ws": np.array(1.0, np.float32), "wz": np.array(0, np.int8),
+         "ys": np.array(1.0, np.float32), "yz": np.array(0, np.int8)}
+    nodes = [helper.make_node("QuantizeLinear", ["x", "xs", "xz"], ["xq"]),
+             helper.make_node("QLinearConv", ["xq", "xs", "xz", "w", "ws", "wz", "ys", "yz"], ["yq"],
+                              pads=[1, 1, 1, 1]),
+             helper.make_node("DequantizeLinear", ["yq", "ys", "yz"], ["y"])]
+    x_info = helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 4, 5, 5])
+    g = helper.make_graph(nodes, "ties", [x_info],
+                          [helper.make_tensor_value_info("y", TensorProto.FLOAT, None)],
+                          [numpy_helper.from_array(v, k) for k, v in c.items()])
+    m = helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)])
+    m.ir_version = 8
+    xq = rng.integers(-4, 5, (1, 4, 5, 5))
+    feed = {"x": (xq * 0.5).astype(np.float32)}
+    cols = np.lib.stride_tricks.sliding_window_view(np.pad(xq, ((0, 0), (0, 0), (1, 1), (1, 1))),
+                                                    (3, 3), axis=(2, 3))
+    acc = np.einsum("bchwij,ocij->bohw", cols, w.astype(np.int64))
+    half_even = np.clip(np.round(acc / 2), -128, 127)
+    half_up = np.clip(np.floor(acc / 2 + 0.5), -128, 127)
+    assert (half_even != half_up).any()
+    ort = run_onnxruntime(m, feed, optimize=False)[0]
+    np.testing.assert_array_equal(ort, half_even)
+    qdq, _ = to_qdq(m)
+    ex, report = _compile(qdq)
+    assert _mac_share(report) == 1.0, str(report)
+    got = _run(ex, feed)
+    np.testing.assert_array_equal(got, half_up)
+    print(f"ties: {int((acc % 2 != 0).sum())} of {acc.size} outputs, "
+          f"{int((got != ort).sum())} one step apart")
