@@ -470,3 +470,16 @@ def test_requantize_ties_are_the_one_step():
     np.testing.assert_array_equal(got, half_up)
     print(f"ties: {int((acc % 2 != 0).sum())} of {acc.size} outputs, "
           f"{int((got != ort).sum())} one step apart")
+
+
+def test_old_opset_is_converted():
+    """Opset 10-12 models (QLinearConv exists since 10) are converted to 13 first:
+    per-channel DequantizeLinear needs it."""
+    o = one_op("QLinearConv", "u8", 5)
+    for oi in o.model.opset_import:
+        if oi.domain == "":
+            oi.version = 11
+    ref = run_onnxruntime(o.model, o.feed, optimize=False)[0]
+    qdq, notes = to_qdq(o.model)
+    assert "converted opset 11 -> 13" in notes[0]
+    assert _steps(run_onnxruntime(qdq, o.feed, optimize=False)[0], ref, o.step)[0] <= 1.0 + 1e-3
