@@ -485,3 +485,52 @@ def test_old_opset_is_converted():
     qdq, notes = to_qdq(o.model)
     assert "converted opset 11 -> 13" in notes[0]
     assert _steps(run_onnxruntime(qdq, o.feed, optimize=False)[0], ref, o.step)[0] <= 1.0 + 1e-3
+
+
+def _data_movement_model(op: str, dtype: str) -> tuple[onnx.ModelProto, dict]:
+    """x -> Q -> ``op`` on the codes -> DQ: what ORT's QOperator quantizer leaves between QLinear ops."""
+    np_dt = np.uint8 if dtype == "u8" else np.int8
+    zp = 150 if dtype == "u8" else 20
+    inits = {"s": np.array(0.04, np.float32), "z": np.array(zp, np_dt)}
+    ins, attrs = ["xq"], {}
+    if op == "MaxPool":
+        attrs = {"kernel_shape": [3, 3], "pads": [1, 1, 1, 1], "strides": [2, 2]}
+    elif op.startswith("Pad"):
+        inits["pads"] = np.array([0, 0, 1, 2, 0, 0, 2, 1], np.int64)
+        ins += ["pads"]
+        if op == "Pad":
+            inits["c"] = np.array(zp - 7, np_dt)       # a pad code that is not the zero point
+            ins += ["c"]
+        attrs = {"mode": "reflect"} if op == "PadReflect" else {}
+        op = "Pad"
+    elif op == "Resize":
+        inits["scales"] = np.array([1, 1, 2, 2], np.float32)
+        ins += ["", "scales"]
+        attrs = {"mode": "nearest"}
+    elif op == "Transpose":
+        attrs = {"perm": [0, 2, 3, 1]}
+    elif op == "Reshape":
+        inits["shape"] = np.array([1, -1], np.int64)
+        ins += ["shape"]
+    nodes = [helper.make_node("QuantizeLinear", ["x", "s", "z"], ["xq"]),
+             helper.make_node(op, ins, ["yq"], **attrs),
+             helper.make_node("DequantizeLinear", ["yq", "s", "z"], ["y"])]
+    g = helper.make_graph(nodes, op, [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 4, 5, 6])],
+                          [helper.make_tensor_value_info("y", TensorProto.FLOAT, None)],
+                          [numpy_helper.from_array(v, k) for k, v in inits.items()])
+    m = helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)])
+    m.ir_version = 8
+    return m, {"x": np.random.default_rng(2).normal(0, 3, (1, 4, 5, 6)).astype(np.float32)}
+
+
+@pytest.mark.parametrize("dtype", ["u8", "s8"])
+@pytest.mark.parametrize("op", ["MaxPool", "Pad", "PadZero", "PadReflect", "Resize", "Transpose",
+                                "Reshape"])
+def test_data_movement_on_codes_is_exact(op, dtype):
+    m, feed = _data_movement_model(op, dtype)
+    ref = run_onnxruntime(m, feed, optimize=False)[0]
+    qdq, notes = to_qdq(m)
+    assert any("data movement" in n for n in notes), notes
+    np.testing.assert_array_equal(run_onnxruntime(qdq, feed, optimize=False)[0], ref)
+    ex, _ = _compile(qdq, "llvm")
+    np.testing.assert_array_equal(_run(ex, feed), ref)

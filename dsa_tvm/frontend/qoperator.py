@@ -14,6 +14,7 @@ from __future__ import annotations
 
 from collections import Counter
 
+import numpy as np
 import onnx
 from onnx import version_converter
 
@@ -70,14 +71,34 @@ def _quant_params(node: onnx.NodeProto, qparams: dict[str, tuple[str, str]]) -> 
 
 
 def _passthrough(node: onnx.NodeProto, em: Emitter, scale: str, zp: str,
-                 qparams: dict[str, tuple[str, str]]) -> None:
+                 qparams: dict[str, tuple[str, str]]) -> bool:
+    """DQ -> op -> Q with the input's parameters; False (node kept as is) when not exact."""
     base = node.output[0]
+    rest = list(node.input[1:])
+    if node.op_type == "Pad" and _attr_str(node, "mode", "constant") == "constant":
+        # the pad value is a code (0 when absent): its float value is (c - z) * s
+        s_val, z_val = em.value(scale), em.value(zp) if zp else np.zeros((), np.uint8)
+        c_val = em.value(rest[1]) if len(rest) > 1 and rest[1] else np.zeros((), np.int64)
+        if s_val is None or z_val is None or c_val is None or s_val.size != 1:
+            return False
+        pad = np.float32((int(c_val) - int(z_val)) * np.float32(s_val))
+        rest = [rest[0], em.const(np.array(pad, np.float32), base + "_pad_value"), *rest[2:]]
+    if node.op_type == "Resize" and _attr_str(node, "mode", "nearest") != "nearest":
+        return False  # interpolating codes is arithmetic: no exact DQ -> op -> Q form
     x = em.dq(node.input[0], scale, zp, base + "_in")
-    outs = em.node(node.op_type, [x, *node.input[1:]], base + "_" + node.op_type.lower(),
+    outs = em.node(node.op_type, [x, *rest], base + "_" + node.op_type.lower(),
                    n_out=len(node.output), attrs=list(node.attribute))
     for o, y in zip(node.output, outs, strict=True):
         em.q(y, scale, zp, o)
         qparams[o] = (scale, zp)
+    return True
+
+
+def _attr_str(node: onnx.NodeProto, name: str, default: str) -> str:
+    for a in node.attribute:
+        if a.name == name:
+            return a.s.decode()
+    return default
 
 
 def to_qdq(model: onnx.ModelProto) -> tuple[onnx.ModelProto, list[str]]:
@@ -106,8 +127,8 @@ def to_qdq(model: onnx.ModelProto) -> tuple[onnx.ModelProto, list[str]]:
         if key in TABLE:
             TABLE[key](n, em)
             rewritten[n.op_type] += 1
-        elif key[0] == "" and n.op_type in PASSTHROUGH and n.input[0] in qparams:
-            _passthrough(n, em, *qparams[n.input[0]], qparams)
+        elif (key[0] == "" and n.op_type in PASSTHROUGH and n.input[0] in qparams
+              and _passthrough(n, em, *qparams[n.input[0]], qparams)):
             passed[n.op_type] += 1
         else:
             em.nodes.append(n)

@@ -267,10 +267,11 @@ REWRITES: dict[tuple[str, str], Rewrite] = {
 }
 
 #: ops that move quantized codes without arithmetic: DQ -> op -> Q with the input's
-#: parameters is the same function (data is input 0; the others are shapes/indices)
+#: parameters is the same function (data is input 0; the others are shapes/indices; a
+#: constant Pad's value becomes its float value, Resize only in nearest mode)
 PASSTHROUGH = frozenset({"MaxPool", "Flatten", "Reshape", "Transpose", "Squeeze", "Unsqueeze",
                          "Identity", "Slice", "Split", "DepthToSpace", "SpaceToDepth", "Expand",
-                         "Tile", "Gather"})
+                         "Tile", "Gather", "Pad", "Resize"})
 
 #: ops whose (non-float) outputs are quantized codes, and the inputs holding their parameters
 QUANTIZED_OUTPUT: dict[str, tuple[int, int]] = {
