@@ -144,10 +144,12 @@ def one_op(op: str, dtype: str = "u8", seed: int = 0, shape: tuple[int, ...] = (
     elif op in ("QLinearGlobalAveragePool", "QLinearSigmoid", "QLinearLeakyRelu", "QLinearAveragePool",
                 "QLinearSoftmax"):
         ys, yz = b.sz(yq)
-        attrs = {"QLinearGlobalAveragePool": {"channels_last": 0},
+        nhwc = int(kw.get("channels_last", 0))
+        attrs = {"QLinearGlobalAveragePool": {"channels_last": nhwc},
                  "QLinearLeakyRelu": {"alpha": 0.1},
                  "QLinearAveragePool": {"kernel_shape": [3, 3], "strides": [2, 2], "pads": [1] * 4,
-                                        "count_include_pad": kw.get("count_include_pad", 1)},
+                                        "count_include_pad": kw.get("count_include_pad", 1),
+                                        "channels_last": nhwc},
                  "QLinearSoftmax": {"axis": -1, "opset": 13}}.get(op, {})
         if op == "QLinearSoftmax":  # probabilities: ORT's quantizer uses 1/256
             ys, yz = b.sz(QParams(1 / 256, 0 if dtype == "u8" else -128))

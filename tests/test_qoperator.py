@@ -534,3 +534,41 @@ def test_data_movement_on_codes_is_exact(op, dtype):
     np.testing.assert_array_equal(run_onnxruntime(qdq, feed, optimize=False)[0], ref)
     ex, _ = _compile(qdq, "llvm")
     np.testing.assert_array_equal(_run(ex, feed), ref)
+
+
+def test_ms_qlinearconv_channels_last():
+    """com.microsoft QLinearConv in NHWC (what ORT's NHWC transformer writes; OIHW weights)."""
+    rng = np.random.default_rng(0)
+    c = {"xs": np.array(0.05, np.float32), "xz": np.array(120, np.uint8),
+         "w": rng.integers(-127, 128, (6, 4, 3, 3)).astype(np.int8),
+         "ws": rng.uniform(0.002, 0.01, 6).astype(np.float32), "wz": np.zeros(6, np.int8),
+         "ys": np.array(0.3, np.float32), "yz": np.array(100, np.uint8),
+         "b": rng.integers(-500, 500, 6).astype(np.int32)}
+    nodes = [helper.make_node("QuantizeLinear", ["x", "xs", "xz"], ["xq"]),
+             helper.make_node("QLinearConv", ["xq", "xs", "xz", "w", "ws", "wz", "ys", "yz", "b"], ["yq"],
+                              domain="com.microsoft", pads=[1, 1, 1, 1], channels_last=1),
+             helper.make_node("DequantizeLinear", ["yq", "ys", "yz"], ["y"])]
+    x_info = helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 5, 5, 4])
+    g = helper.make_graph(nodes, "nhwc", [x_info],
+                          [helper.make_tensor_value_info("y", TensorProto.FLOAT, None)],
+                          [numpy_helper.from_array(v, k) for k, v in c.items()])
+    m = helper.make_model(g, opset_imports=[helper.make_opsetid("", 17),
+                                            helper.make_opsetid("com.microsoft", 1)])
+    m.ir_version = 8
+    feed = {"x": rng.normal(0, 2, (1, 5, 5, 4)).astype(np.float32)}
+    ref = run_onnxruntime(m, feed, optimize=False)[0]
+    assert np.ptp(ref) > 10 * 0.3
+    qdq, _ = to_qdq(m)
+    ex, report = _compile(qdq)
+    assert _mac_share(report) == 1.0, str(report)
+    assert _steps(_run(ex, feed), ref, 0.3)[0] <= 1.0 + 1e-3
+
+
+@pytest.mark.parametrize("op", ["QLinearGlobalAveragePool", "QLinearAveragePool"])
+def test_ms_pools_channels_last(op):
+    o = one_op(op, "u8", 3, shape=(1, 6, 7, 8), channels_last=1)
+    ref = run_onnxruntime(o.model, o.feed, optimize=False)[0]
+    qdq, _ = to_qdq(o.model)
+    ex, report = _compile(qdq)
+    assert [d for d in report.regions if d.target == "dsa"], str(report)
+    assert _steps(_run(ex, o.feed), ref, o.step)[0] <= 1.0 + 1e-3

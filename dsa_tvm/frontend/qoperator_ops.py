@@ -84,15 +84,42 @@ def _bias(em: Emitter, b: str, x_scale: str, w_scale: str, base: str) -> str:
     return em.dq(b, scale, zp, base + "_bias", axis=0)
 
 
+def _transpose_codes(em: Emitter, codes: str, scale: str, zp: str, perm: list[int], out: str) -> str:
+    """Transpose quantized codes as DQ -> Transpose -> Q (same parameters: exact, and the
+    DSA's canonicalization moves the int8 tensor itself)."""
+    (t,) = em.node("Transpose", [em.dq(codes, scale, zp, out + "_in")], out + "_t", perm=perm)
+    return em.q(t, scale, zp, out)
+
+
+def _maybe_nhwc(node: onnx.NodeProto, em: Emitter, rank: int, x: tuple[str, str, str],
+                y: tuple[str, str], body: Callable[[str, str], None]) -> None:
+    """Run ``body(x_codes, out_name)`` (an NCHW DQ -> op -> Q group); for com.microsoft's
+    ``channels_last=1`` form, between transposes of the NHWC codes."""
+    if not int(_attr(node, "channels_last", 0)):
+        body(x[0], node.output[0])
+        return
+    base = node.output[0]
+    xn = _transpose_codes(em, *x, [0, rank - 1, *range(1, rank - 1)], em.fresh(base + "_x_nchw"))
+    yn = em.fresh(base + "_nchw")
+    body(xn, yn)
+    _transpose_codes(em, yn, *y, [0, *range(2, rank), 1], node.output[0])
+
+
 def qlinear_conv(node: onnx.NodeProto, em: Emitter) -> None:
+    """QLinearConv (and com.microsoft's, NHWC with OIHW weights when channels_last=1)."""
     i = SPECS["QLinearConv"].read(node, em)
     base = node.output[0]
-    ins = [em.dq(i["x"], i["x_scale"], i["x_zero_point"], base + "_x"),
-           em.dq(i["w"], i["w_scale"], i["w_zero_point"], base + "_w", axis=0)]
-    if i["B"]:
-        ins.append(_bias(em, i["B"], i["x_scale"], i["w_scale"], base))
-    (y,) = em.node("Conv", ins, base + "_conv", attrs=_attrs(node))
-    em.q(y, i["y_scale"], i["y_zero_point"], node.output[0])
+    w = em.dq(i["w"], i["w_scale"], i["w_zero_point"], base + "_w", axis=0)
+    b = _bias(em, i["B"], i["x_scale"], i["w_scale"], base) if i["B"] else None
+
+    def body(x: str, out: str) -> None:
+        ins = [em.dq(x, i["x_scale"], i["x_zero_point"], base + "_x"), w] + ([b] if b else [])
+        (y,) = em.node("Conv", ins, base + "_conv", attrs=_attrs(node, drop=("channels_last",)))
+        em.q(y, i["y_scale"], i["y_zero_point"], out)
+
+    w_shape = em.g.shape(i["w"])
+    _maybe_nhwc(node, em, len(w_shape) if w_shape else 4,
+                (i["x"], i["x_scale"], i["x_zero_point"]), (i["y_scale"], i["y_zero_point"]), body)
 
 
 def qlinear_matmul(node: onnx.NodeProto, em: Emitter) -> None:
@@ -146,35 +173,26 @@ def _unary(spec: str, float_op: Callable[[onnx.NodeProto, Emitter, str, str], st
     def rewrite(node: onnx.NodeProto, em: Emitter) -> None:
         i = SPECS[spec].read(node, em)
         base = node.output[0]
-        x = em.dq(i["X"], i["X_scale"], i["X_zero_point"], base + "_x")
-        y = float_op(node, em, x, base)
-        em.q(y, i["Y_scale"], i["Y_zero_point"], node.output[0])
+
+        def body(x: str, out: str) -> None:
+            y = float_op(node, em, em.dq(x, i["X_scale"], i["X_zero_point"], base + "_x"), base)
+            em.q(y, i["Y_scale"], i["Y_zero_point"], out)
+
+        kernel = _attr(node, "kernel_shape")
+        shape = em.g.shape(i["X"])
+        rank = len(kernel) + 2 if kernel else len(shape) if shape else 4
+        _maybe_nhwc(node, em, rank, (i["X"], i["X_scale"], i["X_zero_point"]),
+                    (i["Y_scale"], i["Y_zero_point"]), body)
     return rewrite
 
 
-def _nhwc(node: onnx.NodeProto, em: Emitter, x: str, base: str, rank: int, body) -> str:
-    """Run ``body`` (an NCHW op) on an NHWC tensor of ``rank`` through two transposes."""
-    to_nchw = [0, rank - 1, *range(1, rank - 1)]
-    to_nhwc = [0, *range(2, rank), 1]
-    (t,) = em.node("Transpose", [x], base + "_nchw", perm=to_nchw)
-    (y,) = em.node("Transpose", [body(t)], base + "_nhwc", perm=to_nhwc)
-    return y
-
-
 def _global_avg(node: onnx.NodeProto, em: Emitter, x: str, base: str) -> str:
-    pool = lambda t: em.node("GlobalAveragePool", [t], base + "_gap")[0]  # noqa: E731
-    if int(_attr(node, "channels_last", 0)):
-        shape = em.g.shape(node.input[0])
-        return _nhwc(node, em, x, base, len(shape) if shape else 4, pool)
-    return pool(x)
+    return em.node("GlobalAveragePool", [x], base + "_gap")[0]
 
 
 def _avg_pool(node: onnx.NodeProto, em: Emitter, x: str, base: str) -> str:
     attrs = _attrs(node, drop=("channels_last",))
-    pool = lambda t: em.node("AveragePool", [t], base + "_avgpool", attrs=attrs)[0]  # noqa: E731
-    if int(_attr(node, "channels_last", 0)):
-        return _nhwc(node, em, x, base, len(_attr(node, "kernel_shape")) + 2, pool)
-    return pool(x)
+    return em.node("AveragePool", [x], base + "_avgpool", attrs=attrs)[0]
 
 
 def _sigmoid(node: onnx.NodeProto, em: Emitter, x: str, base: str) -> str:
