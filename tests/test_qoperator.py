@@ -29,7 +29,7 @@ import dsa_tvm
 from dsa_tvm.codegen.reference import run_region
 from dsa_tvm.frontend.qoperator import QOperatorError, has_qoperator, to_qdq
 from dsa_tvm.frontend.qoperator_graph import shift_uint8
-from dsa_tvm.models import calibration_data, resnet18, run_onnxruntime, small_cnn
+from dsa_tvm.models import calibration_data, resnet18, run_onnxruntime, small_cnn, transformer_encoder
 from dsa_tvm.models.quantize import _reader
 from dsa_tvm.runtime import take_launches
 
@@ -202,6 +202,24 @@ def test_torch_resnet_qoperator_on_the_dsa():
     print(f"torch ResNet (QOperator) on the DSA vs ORT: max {worst:.2f} steps, {frac:.4f} of "
           f"{got.size} differ")
     assert worst <= 1.0 + 1e-3 and frac < 0.05
+
+
+def test_transformer_encoder_qoperator_on_the_dsa():
+    """ORT's QOperator encoder block: QLinearMatMul (projections and both attention matmuls),
+    QLinearAdd/Mul, QLinearSoftmax (its shape known only once the ops before it are plain
+    ONNX): every MAC on the DSA, output (after a float LayerNorm) matching ORT."""
+    fp32 = transformer_encoder(seq_len=16, hidden=64, heads=2, ffn=128)
+    qop = _ort_quantize(fp32, calibration_data(fp32, n=4), "u8")
+    assert {"QLinearMatMul", "QLinearSoftmax"} <= {n.op_type for n in qop.graph.node}
+    qdq, notes = to_qdq(qop)
+    assert any("QLinearSoftmax x1" in n for n in notes)
+    ex, report = _compile(qdq)
+    assert _mac_share(report) == 1.0, str(report)
+    for f in calibration_data(fp32, n=2, seed=21):
+        ref = run_onnxruntime(qop, f, optimize=False)[0]
+        got = _run(ex, f)
+        print(f"encoder: max |DSA - ORT| {np.abs(got - ref).max():.2e} (output range {np.ptp(ref):.2f})")
+        np.testing.assert_allclose(got, ref, atol=1e-3 * np.ptp(ref))
 
 
 # ----------------------------------------------------------------------------- dynamic

@@ -30,6 +30,9 @@ NATIVE = frozenset({"MatMulInteger", "DynamicQuantizeLinear"})
 
 #: every op the rewrite handles: (domain, op type) -> rewrite
 TABLE: dict[tuple[str, str], Rewrite] = {**REWRITES, (MS, "QLinearSoftmax"): qlinear_softmax}
+#: rewrites that need their input's static shape: run once the graph before them is plain
+#: ONNX (shape inference cannot see through com.microsoft ops)
+NEEDS_SHAPE = frozenset({(MS, "QLinearSoftmax")})
 
 
 def _is_qoperator(node: onnx.NodeProto) -> bool:
@@ -101,6 +104,34 @@ def _attr_str(node: onnx.NodeProto, name: str, default: str) -> str:
     return default
 
 
+def _key(n: onnx.NodeProto) -> tuple[str, str]:
+    return ("" if n.domain == "ai.onnx" else n.domain, n.op_type)
+
+
+def _expand_shaped(model: onnx.ModelProto, em: Emitter) -> None:
+    """Rewrite the NEEDS_SHAPE nodes left in ``em.nodes``, in rounds: shape inference on the
+    graph rewritten so far gives the inputs of those whose producers are plain ONNX now."""
+    while any(_key(n) in NEEDS_SHAPE for n in em.nodes):
+        tmp = onnx.ModelProto()
+        tmp.CopyFrom(model)
+        del tmp.graph.node[:]
+        tmp.graph.node.extend(em.nodes)
+        tmp.graph.initializer.extend(em.new_inits)
+        em.g.shapes.update({k: v for k, v in Graph(with_shapes(tmp)).shapes.items() if v})
+        pending = [n for n in em.nodes if _key(n) in NEEDS_SHAPE]
+        ready = [n for n in pending if em.g.shape(n.input[0])] or pending[:1]  # else: its error
+        out: list[onnx.NodeProto] = []
+        for n in em.nodes:
+            if any(n is r for r in ready):
+                saved, em.nodes = em.nodes, []
+                TABLE[_key(n)](n, em)
+                out += em.nodes
+                em.nodes = saved
+            else:
+                out.append(n)
+        em.nodes = out
+
+
 def to_qdq(model: onnx.ModelProto) -> tuple[onnx.ModelProto, list[str]]:
     """The QDQ equivalent of a QOperator model, and notes on what was rewritten.
 
@@ -124,7 +155,10 @@ def to_qdq(model: onnx.ModelProto) -> tuple[onnx.ModelProto, list[str]]:
     for n in model.graph.node:
         key = ("" if n.domain == "ai.onnx" else n.domain, n.op_type)
         _quant_params(n, qparams)
-        if key in TABLE:
+        if key in NEEDS_SHAPE:
+            em.nodes.append(n)  # expanded by _expand_shaped once shapes are known
+            rewritten[n.op_type] += 1
+        elif key in TABLE:
             TABLE[key](n, em)
             rewritten[n.op_type] += 1
         elif (key[0] == "" and n.op_type in PASSTHROUGH and n.input[0] in qparams
@@ -132,6 +166,7 @@ def to_qdq(model: onnx.ModelProto) -> tuple[onnx.ModelProto, list[str]]:
             passed[n.op_type] += 1
         else:
             em.nodes.append(n)
+    _expand_shaped(model, em)
     del model.graph.node[:]
     model.graph.node.extend(em.nodes)
     model.graph.initializer.extend(em.new_inits)
