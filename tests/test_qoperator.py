@@ -590,3 +590,19 @@ def test_ms_pools_channels_last(op):
     ex, report = _compile(qdq)
     assert [d for d in report.regions if d.target == "dsa"], str(report)
     assert _steps(_run(ex, o.feed), ref, o.step)[0] <= 1.0 + 1e-3
+
+
+def test_ms_quantize_dequantize_become_standard():
+    """com.microsoft Quantize/DequantizeLinear (ORT's UseQDQContribOps) on 8-bit tensors."""
+    o = one_op("QLinearAdd", "u8", 1)
+    for n in o.model.graph.node:
+        if n.op_type in ("QuantizeLinear", "DequantizeLinear"):
+            n.domain = "com.microsoft"
+    assert has_qoperator(o.model)
+    ref = run_onnxruntime(o.model, o.feed, optimize=False)[0]
+    qdq, _ = to_qdq(o.model)
+    assert all(n.domain == "" for n in qdq.graph.node)
+    assert all(op.domain != "com.microsoft" for op in qdq.opset_import)
+    ex, report = _compile(qdq)
+    assert [d for d in report.regions if d.target == "dsa"], str(report)  # the add offloads
+    np.testing.assert_array_equal(_run(ex, o.feed), ref)

@@ -296,5 +296,5 @@ QUANTIZED_OUTPUT: dict[str, tuple[int, int]] = {
     "QuantizeLinear": (1, 2), "QLinearConv": (6, 7), "QLinearMatMul": (6, 7), "QGemm": (7, 8),
     "QLinearAdd": (6, 7), "QLinearMul": (6, 7), "QLinearGlobalAveragePool": (3, 4),
     "QLinearAveragePool": (3, 4), "QLinearSigmoid": (3, 4), "QLinearLeakyRelu": (3, 4),
-    "QLinearConcat": (0, 1),
+    "QLinearConcat": (0, 1), "QLinearSoftmax": (3, 4),
 }
