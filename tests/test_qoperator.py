@@ -606,3 +606,14 @@ def test_ms_quantize_dequantize_become_standard():
     ex, report = _compile(qdq)
     assert [d for d in report.regions if d.target == "dsa"], str(report)  # the add offloads
     np.testing.assert_array_equal(_run(ex, o.feed), ref)
+
+
+def test_qdq_model_passes_through(tmp_path):
+    from .qdq_models import chain_net
+
+    m = onnx.load(chain_net(tmp_path))
+    assert not has_qoperator(m)
+    qdq, notes = to_qdq(m)
+    assert notes == []
+    assert [(n.op_type, list(n.input)) for n in qdq.graph.node] == \
+        [(n.op_type, list(n.input)) for n in m.graph.node]
