@@ -132,28 +132,14 @@ def _expand_shaped(model: onnx.ModelProto, em: Emitter) -> None:
         em.nodes = out
 
 
-def to_qdq(model: onnx.ModelProto) -> tuple[onnx.ModelProto, list[str]]:
-    """The QDQ equivalent of a QOperator model, and notes on what was rewritten.
-
-    Raises :class:`QOperatorError` for a node that cannot be rewritten (a missing scale,
-    a quantized op without a rewrite), naming the node and the cause.
-    """
-    notes: list[str] = []
-    model = _ensure_opset(load(model), notes)
-    unknown = sorted({f"{n.domain + '.' if n.domain else ''}{n.op_type}" for n in model.graph.node
-                      if _is_qoperator(n) and ("" if n.domain == "ai.onnx" else n.domain, n.op_type)
-                      not in TABLE})
-    if unknown:
-        raise QOperatorError(f"no QDQ rewrite for {', '.join(unknown)}: these quantized operators "
-                             f"cannot be imported; quantize the FP32 model to QDQ instead "
-                             f"(dsa_tvm.quant.quantize_onnx or quantize_static(quant_format=QDQ))")
-    g = Graph(with_shapes(model))
-    em = Emitter(g)
+def _rewrite(model: onnx.ModelProto) -> tuple[Emitter, Counter, Counter]:
+    """Replace every QOperator node (and data movement on codes) in graph order."""
+    em = Emitter(Graph(with_shapes(model)))
     rewritten: Counter = Counter()
     passed: Counter = Counter()
     qparams: dict[str, tuple[str, str]] = {}
     for n in model.graph.node:
-        key = ("" if n.domain == "ai.onnx" else n.domain, n.op_type)
+        key = _key(n)
         _quant_params(n, qparams)
         if key in NEEDS_SHAPE:
             em.nodes.append(n)  # expanded by _expand_shaped once shapes are known
@@ -167,6 +153,28 @@ def to_qdq(model: onnx.ModelProto) -> tuple[onnx.ModelProto, list[str]]:
         else:
             em.nodes.append(n)
     _expand_shaped(model, em)
+    return em, rewritten, passed
+
+
+def _counts(c: Counter) -> str:
+    return ", ".join(f"{k} x{v}" for k, v in sorted(c.items()))
+
+
+def to_qdq(model: onnx.ModelProto) -> tuple[onnx.ModelProto, list[str]]:
+    """The QDQ equivalent of a QOperator model, and notes on what was rewritten.
+
+    Raises :class:`QOperatorError` for a node that cannot be rewritten (a missing scale,
+    a quantized op without a rewrite), naming the node and the cause.
+    """
+    notes: list[str] = []
+    model = _ensure_opset(load(model), notes)
+    unknown = sorted({f"{n.domain + '.' if n.domain else ''}{n.op_type}" for n in model.graph.node
+                      if _is_qoperator(n) and _key(n) not in TABLE})
+    if unknown:
+        raise QOperatorError(f"no QDQ rewrite for {', '.join(unknown)}: these quantized operators "
+                             f"cannot be imported; quantize the FP32 model to QDQ instead "
+                             f"(dsa_tvm.quant.quantize_onnx or quantize_static(quant_format=QDQ))")
+    em, rewritten, passed = _rewrite(model)
     del model.graph.node[:]
     model.graph.node.extend(em.nodes)
     model.graph.initializer.extend(em.new_inits)
@@ -176,17 +184,18 @@ def to_qdq(model: onnx.ModelProto) -> tuple[onnx.ModelProto, list[str]]:
         del model.opset_import[:]
         model.opset_import.extend(keep)
     if rewritten:
-        notes.append("rewritten to QDQ: " + ", ".join(f"{k} x{v}" for k, v in sorted(rewritten.items())))
+        notes.append(f"rewritten to QDQ: {_counts(rewritten)}")
     if passed:
-        notes.append("quantized data movement as DQ -> op -> Q (same parameters, exact): "
-                     + ", ".join(f"{k} x{v}" for k, v in sorted(passed.items())))
+        notes.append(f"quantized data movement as DQ -> op -> Q (same parameters, exact): {_counts(passed)}")
     if rewritten.get("ConvInteger"):
         notes.append(f"ConvInteger x{rewritten['ConvInteger']}: no quantized output, so no QDQ "
                      "form: computed exactly on the CPU (float64 conv of the centered integers)")
+    if rewritten.get("QLinearSoftmax"):
+        notes.append(f"QLinearSoftmax x{rewritten['QLinearSoftmax']}: no exact QDQ form: computed "
+                     "on the CPU as onnxruntime's kernel does (exp table, floor(1 / y_scale))")
     native = Counter(n.op_type for n in model.graph.node if n.op_type in NATIVE)
     if native:
-        notes.append("imported by TVM as they are (CPU, runtime scales): "
-                     + ", ".join(f"{k} x{v}" for k, v in sorted(native.items())))
+        notes.append(f"imported by TVM as they are (CPU, runtime scales): {_counts(native)}")
     shifted = shift_uint8(model)
     if shifted:
         notes.append("uint8 -> int8 (q - 128, zero point - 128, exact): "
