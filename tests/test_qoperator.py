@@ -617,3 +617,19 @@ def test_qdq_model_passes_through(tmp_path):
     assert notes == []
     assert [(n.op_type, list(n.input)) for n in qdq.graph.node] == \
         [(n.op_type, list(n.input)) for n in m.graph.node]
+
+
+def test_quantize_passes_a_qoperator_model_through_as_qdq():
+    """dsa_tvm.quant.quantize_onnx takes an int8 model as already quantized; a QOperator one
+    used to pass through as is, and to_relax() then failed in TVM's importer
+    (OpNotImplemented: QLinearConv). Now it is rewritten to QDQ on the way."""
+    from dsa_tvm.quant import quantize_onnx
+
+    o = one_op("QLinearConv", "u8", 6)
+    qm = quantize_onnx(o.model, None, verbose=False)
+    assert qm.passthrough and not has_qoperator(qm.model)
+    ex = tvm.compile(qm.to_relax(), target=dsa_tvm.target(
+        dsa_tvm.load_config("default").replace(cpu_gmacs=SLOW_HOST_GMACS)))
+    assert _mac_share(dsa_tvm.last_compile_report()) == 1.0
+    ref = run_onnxruntime(o.model, o.feed, optimize=False)[0]
+    assert _steps(_run(ex, o.feed), ref, o.step)[0] <= 1.0 + 1e-3
