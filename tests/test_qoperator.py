@@ -633,3 +633,35 @@ def test_quantize_passes_a_qoperator_model_through_as_qdq():
     assert _mac_share(dsa_tvm.last_compile_report()) == 1.0
     ref = run_onnxruntime(o.model, o.feed, optimize=False)[0]
     assert _steps(_run(ex, o.feed), ref, o.step)[0] <= 1.0 + 1e-3
+
+
+@pytest.mark.parametrize("per_column", [False, True])
+@pytest.mark.parametrize("op", ["DynamicQuantizeMatMul", "MatMulIntegerToFloat"])
+def test_ort_fused_integer_matmuls(op, per_column):
+    """What ORT's optimizer saves for quantize_dynamic models: MatMulInteger fused with its
+    float scaling (and the dynamic quantization of A). Matches ORT to float rounding."""
+    rng = np.random.default_rng(7)
+    k, n = 24, 10
+    shape = (n,) if per_column else ()
+    c = {"B": rng.integers(-127, 128, (k, n)).astype(np.int8),
+         "b_scale": rng.uniform(0.005, 0.02, shape).astype(np.float32),
+         "b_zp": np.zeros(shape, np.int8), "bias": rng.normal(0, 1, n).astype(np.float32)}
+    if op == "DynamicQuantizeMatMul":
+        x = rng.normal(0, 2, (3, k)).astype(np.float32)
+        ins, x_type = ["x", "B", "b_scale", "b_zp", "bias"], TensorProto.FLOAT
+    else:
+        x = rng.integers(0, 256, (3, k)).astype(np.uint8)
+        c.update(a_scale=np.array(0.03, np.float32), a_zp=np.array(117, np.uint8))
+        ins, x_type = ["x", "B", "a_scale", "b_scale", "a_zp", "b_zp", "bias"], TensorProto.UINT8
+    g = helper.make_graph([helper.make_node(op, ins, ["y"], domain="com.microsoft")], op,
+                          [helper.make_tensor_value_info("x", x_type, [3, k])],
+                          [helper.make_tensor_value_info("y", TensorProto.FLOAT, None)],
+                          [numpy_helper.from_array(v, name) for name, v in c.items()])
+    m = helper.make_model(g, opset_imports=[helper.make_opsetid("", 17),
+                                            helper.make_opsetid("com.microsoft", 1)])
+    m.ir_version = 8
+    ref = run_onnxruntime(m, {"x": x}, optimize=False)[0]
+    qdq, notes = to_qdq(m)
+    assert any(op in n for n in notes)
+    ex, _ = _compile(qdq, "llvm")
+    np.testing.assert_allclose(_run(ex, {"x": x}), ref, rtol=1e-6, atol=1e-6 * np.ptp(ref))

@@ -245,6 +245,33 @@ def conv_integer(node: onnx.NodeProto, em: Emitter) -> None:
     em.node("Cast", [y], base + "_int32", outputs=[node.output[0]], to=onnx.TensorProto.INT32)
 
 
+def _integer_matmul_to_float(em: Emitter, node: onnx.NodeProto, a: str, a_zp: str, b: str, b_zp: str,
+                             a_scale: str, b_scale: str, bias: str) -> None:
+    """MatMulInteger (TVM imports it), then acc * (a_scale * b_scale) (+ bias) in float."""
+    base = node.output[0]
+    (acc,) = em.node("MatMulInteger", [a, b, a_zp, b_zp], base + "_acc")
+    (f,) = em.node("Cast", [acc], base + "_accf", to=onnx.TensorProto.FLOAT)
+    scaled = [node.output[0]] if not bias else None
+    (y,) = em.node("Mul", [f, em.mul(a_scale, b_scale, base + "_scale")], base + "_mul", outputs=scaled)
+    if bias:
+        em.node("Add", [y, bias], base + "_bias", outputs=[node.output[0]])
+
+
+def matmul_integer_to_float(node: onnx.NodeProto, em: Emitter) -> None:
+    """com.microsoft MatMulIntegerToFloat (ORT's fusion of MatMulInteger + Cast + Mul)."""
+    i = SPECS["MatMulIntegerToFloat"].read(node, em)
+    _integer_matmul_to_float(em, node, i["A"], i["a_zero_point"], i["B"], i["b_zero_point"],
+                             i["a_scale"], i["b_scale"], i["bias"])
+
+
+def dynamic_quantize_matmul(node: onnx.NodeProto, em: Emitter) -> None:
+    """com.microsoft DynamicQuantizeMatMul: A quantized to uint8 at run time (DynamicQuantizeLinear)."""
+    i = SPECS["DynamicQuantizeMatMul"].read(node, em)
+    aq, a_scale, a_zp = em.node("DynamicQuantizeLinear", [i["A"]], node.output[0] + "_a", n_out=3)
+    _integer_matmul_to_float(em, node, aq, a_zp, i["B"], i["b_zero_point"], a_scale, i["b_scale"],
+                             i["bias"])
+
+
 def _std_qdq(node: onnx.NodeProto, em: Emitter) -> None:
     """com.microsoft Quantize/DequantizeLinear on 8-bit tensors: the standard op."""
     em.node(node.op_type, list(node.input), node.output[0], outputs=list(node.output),
@@ -264,6 +291,9 @@ SPECS: dict[str, Spec] = {
                         "C_scale", "C_zero_point?")),
     "QLinearUnary": Spec(("X", "X_scale", "X_zero_point?", "Y_scale", "Y_zero_point?")),
     "ConvInteger": Spec(("x", "w", "x_zero_point?", "w_zero_point?")),
+    "MatMulIntegerToFloat": Spec(("A", "B", "a_scale", "b_scale", "a_zero_point?", "b_zero_point?",
+                                  "bias?")),
+    "DynamicQuantizeMatMul": Spec(("A", "B", "b_scale", "b_zero_point?", "bias?")),
 }
 
 #: (domain, op type) -> rewrite. The standard domain is "".
@@ -280,6 +310,8 @@ REWRITES: dict[tuple[str, str], Rewrite] = {
     (MS, "QLinearSigmoid"): _unary("QLinearUnary", _sigmoid),
     (MS, "QLinearLeakyRelu"): _unary("QLinearUnary", _leaky_relu),
     (MS, "QLinearConcat"): qlinear_concat,
+    (MS, "MatMulIntegerToFloat"): matmul_integer_to_float,
+    (MS, "DynamicQuantizeMatMul"): dynamic_quantize_matmul,
     (MS, "QuantizeLinear"): _std_qdq,
     (MS, "DequantizeLinear"): _std_qdq,
 }
