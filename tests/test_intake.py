@@ -5,9 +5,6 @@ the converter cannot reach, a shape for no input, a missing initializer, an open
 
 from __future__ import annotations
 
-import sys
-import types
-
 import numpy as np
 import onnx
 import pytest
@@ -237,26 +234,18 @@ def test_compare_rules():
 # ----------------------------------------------------------------------------- QOperator models
 
 
-def test_qoperator_models_go_through_to_qdq_first(monkeypatch):
-    """``to_qdq`` (branch qop) is called before simplification and its notes kept; the FP32
-    check then compares against its QDQ result."""
-    calls = []
+def test_qoperator_models_go_through_to_qdq_first():
+    """A QOperator model (QLinearConv, uint8 activations) is rewritten into QDQ before
+    simplification and its notes kept (the rewrite's exactness against onnxruntime is
+    tests/test_qoperator.py's)."""
+    from .qop_models import one_op
 
-    def to_qdq(model):
-        calls.append([n.op_type for n in model.graph.node])
-        return exporter_style(opset=13, batch=1), ["rewrote 1 MatMulInteger into QDQ"]
-
-    monkeypatch.setitem(sys.modules, "dsa_tvm.frontend.qoperator",
-                        types.SimpleNamespace(to_qdq=to_qdq, has_qoperator=lambda m: True))
-    g = helper.make_graph([helper.make_node("MatMulInteger", ["a", "b"], ["y"])], "q",
-                          [helper.make_tensor_value_info("a", TensorProto.UINT8, [2, 2]),
-                           helper.make_tensor_value_info("b", TensorProto.UINT8, [2, 2])],
-                          [helper.make_tensor_value_info("y", TensorProto.INT32, [2, 2])])
-    taken = load_onnx(helper.make_model(g, opset_imports=[helper.make_opsetid("", 13)]))
-    assert calls == [["MatMulInteger"]]
-    assert taken.notes[0] == "rewrote 1 MatMulInteger into QDQ"
-    assert "MatMulInteger" not in {n.op_type for n in taken.model.graph.node}
-    assert "outputs checked against the QDQ rewrite of the model" in taken.notes[-1]
+    case = one_op("QLinearConv", "u8")
+    taken = load_onnx(case.model)
+    ops = {n.op_type for n in taken.model.graph.node}
+    assert "QLinearConv" not in ops and {"QuantizeLinear", "DequantizeLinear", "Conv"} <= ops
+    assert any("QLinearConv" in n for n in taken.notes), taken.notes
+    assert taken.notes[-1].startswith("nothing else changed"), taken.notes
 
 
 # ----------------------------------------------------------------------------- bad input

@@ -26,12 +26,6 @@ from .validate import IntakeError, check_graph, read_model
 #: the opset intake upgrades to: the first with per-axis Quantize/DequantizeLinear
 TARGET_OPSET = 13
 
-#: int8 ops of ONNX's QOperator form, rewritten into QDQ by ``qoperator.to_qdq``
-QOPERATOR_OPS = frozenset({
-    "QLinearConv", "QLinearMatMul", "QLinearAdd", "QLinearMul", "QLinearGlobalAveragePool",
-    "QLinearAveragePool", "QLinearConcat", "QLinearSigmoid", "QLinearLeakyRelu", "QLinearSoftmax",
-    "ConvInteger", "MatMulInteger", "DynamicQuantizeLinear"})
-
 #: onnxslim fusions intake leaves out. Conv+BatchNormalization: the quantizer folds batch
 #: norms itself and lists them in its summary (TVM's importer reads BatchNormalization).
 #: MatMul+Add -> Gemm (with Reshapes around 3-D inputs): the quantizer's outlier split and the
@@ -71,8 +65,12 @@ def load_onnx(model: "onnx.ModelProto | str | Path | Intake", shapes: Shapes | N
     check_graph(m, source)
     notes: list[str] = []
     given = "the model as given"
-    if any(n.op_type in QOPERATOR_OPS for n in m.graph.node):
-        m, given = _to_qdq(m, source, notes), "the QDQ rewrite of the model"
+    from .qoperator import has_qoperator, to_qdq  # here: it imports dsa_tvm.quant, which imports us
+
+    if has_qoperator(m):  # QLinearConv & co: TVM's importer reads only the QDQ form
+        m, qnotes = to_qdq(m)
+        notes.extend(qnotes)
+        given = "the QDQ rewrite of the model"
     reference = m
     m, upgraded = _upgrade_opset(m, source, notes)
     fixed = _fix_shapes(m, shapes or {}, source, notes)
@@ -84,7 +82,8 @@ def load_onnx(model: "onnx.ModelProto | str | Path | Intake", shapes: Shapes | N
         check_graph(slimmed, f"{source} (after intake)")
         _check_fp32((reference, given), m, slimmed, final_shapes, source, notes)
     else:
-        notes.append("accepted as given (opset >= 13, static shapes, nothing to simplify)")
+        what = "accepted as given" if given == "the model as given" else "nothing else changed"
+        notes.append(f"{what} (opset >= 13, static shapes, nothing to simplify)")
     return Intake(slimmed, notes, final_shapes, source)
 
 
@@ -108,19 +107,6 @@ def _dims(value: "Iterable[int] | str", name: str) -> tuple[int, ...]:
     if not dims or any(d <= 0 for d in dims):
         raise IntakeError(f"shape for input '{name}': {value!r} needs positive dimensions")
     return dims
-
-
-def _to_qdq(m: onnx.ModelProto, source: str, notes: list[str]) -> onnx.ModelProto:
-    ops = sorted({n.op_type for n in m.graph.node} & QOPERATOR_OPS)
-    try:
-        from .qoperator import to_qdq
-    except ImportError as e:
-        raise IntakeError(f"{source}: QOperator int8 ops ({', '.join(ops)}) and no QOperator -> QDQ "
-                          f"rewrite in this build ({e}): quantize the FP32 model with dsa_tvm.quantize "
-                          "instead") from e
-    m, qnotes = to_qdq(m)
-    notes.extend(qnotes)
-    return m
 
 
 def _default_opset(m: onnx.ModelProto) -> int | None:

@@ -166,14 +166,7 @@ def quantize_onnx(model: onnx.ModelProto | str | Path | Intake, calibration_data
     src = taken.model
     opts = QuantOptions(method, per_channel, symmetric_activations, frozenset(keep_fp32),
                         quantize_adds, percentile, bias_correction, split_outliers)
-    if is_qdq(src):
-        from ..frontend.qoperator import has_qoperator, to_qdq
-
-        if has_qoperator(src):  # QLinearConv & co: TVM imports only the QDQ form
-            src, notes = to_qdq(src)
-            if verbose:
-                print("dsa-tvm quantize: QOperator model rewritten to QDQ: " + "; ".join(notes),
-                      file=sys.stderr)
+    if is_qdq(src):  # intake has rewritten a QOperator model into QDQ already
         if verbose:
             print("dsa-tvm quantize: model is already quantized (QDQ); passing it through",
                   file=sys.stderr)
