@@ -237,16 +237,11 @@ def _check_cross_field_rules(cfg: HardwareConfig, source: str) -> None:
                           f"breaks the rule: {problem}")
 
 
-class PresetShadowWarning(UserWarning):
-    """A preset name was given and a file or folder of that name exists here too: the
-    preset was taken (a TOML file is meant only when its name ends in ``.toml``)."""
-
-
 def load_config(spec: "str | Path | HardwareConfig | None" = None) -> HardwareConfig:
     """A preset name (``"default"``, ``"edge"``, ``"large"``), a TOML file path, or a config.
 
     A name without the ``.toml`` suffix is a preset when one has that name, even if a file
-    or folder of the same name is in the current directory (a warning says so)."""
+    or folder of the same name is in the current directory (:func:`shadowed_by`)."""
     if isinstance(spec, HardwareConfig):
         return spec
     if spec is None:
@@ -255,14 +250,7 @@ def load_config(spec: "str | Path | HardwareConfig | None" = None) -> HardwareCo
     if path.suffix != ".toml":
         preset = presets_dir() / f"{path.name}.toml"
         if str(spec) == path.name and preset.is_file():
-            if path.exists():
-                import warnings
-
-                kind = "folder" if path.is_dir() else "file"
-                warnings.warn(f"'{spec}' is taken as the bundled preset, not the {kind} "
-                              f"'{path.resolve()}' (name a TOML file with its .toml suffix)",
-                              PresetShadowWarning, stacklevel=2)
-            path = preset
+            path = preset   # even if a file or folder here has that name (see shadowed_by)
         elif not path.is_file():
             what = "a folder, not a hardware description" if path.is_dir() else "not found"
             raise ConfigError(f"unknown hardware preset '{spec}' ({what}); use one of the "
@@ -279,3 +267,13 @@ def load_config(spec: "str | Path | HardwareConfig | None" = None) -> HardwareCo
     except tomllib.TOMLDecodeError as e:
         raise ConfigError(f"{path}: not valid TOML: {e}") from e
     return config_from_dict(data, source=str(path))
+
+
+def shadowed_by(spec: str) -> Path | None:
+    """The file or folder in the current directory that has the name of preset ``spec``
+    (``load_config`` takes the preset; a caller may say so), else None."""
+    path = Path(spec)
+    if (path.suffix != ".toml" and spec == path.name and path.exists()
+            and (presets_dir() / f"{spec}.toml").is_file()):
+        return path.resolve()
+    return None
