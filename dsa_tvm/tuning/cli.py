@@ -71,8 +71,8 @@ def _say_interrupted(records: Path, new: int) -> int:
     import sys
 
     print(f"dsa-tvm: error: interrupted; {new} new tuning record(s) measured before it are "
-          f"kept in {records} (compile with them: dsa_tvm.tuned({str(records.parent)!r}); the "
-          f"same command tunes further, measured candidates are not measured again)",
+          f"kept in {records}; compile with them (dsa_tvm.tuned({str(records.parent)!r})) or run "
+          f"the same command again to continue from them",
           file=sys.stderr)
     return INTERRUPTED
 
