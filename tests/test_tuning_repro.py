@@ -62,7 +62,7 @@ def test_a_seed_repeats_the_run_whatever_numpy_drew_before(tmp_path):
         work = tmp_path / f"run{i}"
         r = tune_task(task, 8, open_database(work), work / "task", seed=3, workers=1,
                       progress=False)
-        pass   # host state restored
+        assert np.array_equal(np.random.get_state()[1], state)   # host state restored
         runs.append((r.best_knobs, r.best_cycles, measured_in_order(work, task)))
     assert runs[0] == runs[1]
     assert len(runs[0][2]) == 8 and len({k for k, _ in runs[0][2]}) >= 7
