@@ -248,12 +248,29 @@ def main(argv: list[str] | None = None) -> int:
         return args.fn(args)
     except KeyboardInterrupt:
         print("dsa-tvm: error: interrupted", file=sys.stderr)
-        return 130
+        return interrupted()
     except Exception as e:  # noqa: BLE001 - every failure ends in one line (see error_line)
         if os.environ.get("DSA_TVM_TRACEBACK"):
             raise
         print(f"dsa-tvm: error: {error_line(e)}", file=sys.stderr)
         return 2
+
+
+def interrupted() -> int:
+    """Exit code 130 for a handled Ctrl-C, and make the interpreter honour it.
+
+    CPython 3.11 sets ``_Py_UnhandledKeyboardInterrupt`` when a KeyboardInterrupt leaves
+    code run through ``exec``/``eval`` of a string, even if a caller handles it, and then
+    ends the process by SIGINT instead of with the exit code (seen with tuning
+    interrupted inside TVM). The flag is cleared here; where the symbol does not exist
+    (other Python versions) nothing is done."""
+    import ctypes
+
+    try:
+        ctypes.c_int.in_dll(ctypes.pythonapi, "_Py_UnhandledKeyboardInterrupt").value = 0
+    except (ValueError, AttributeError):
+        pass
+    return 130
 
 
 def error_line(e: BaseException) -> str:

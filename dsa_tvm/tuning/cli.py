@@ -16,8 +16,6 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
-INTERRUPTED = 130
-
 
 def cmd_tune(args: argparse.Namespace) -> int:
     from ..cli import CliError, read_model
@@ -70,11 +68,13 @@ def _lines(path: Path) -> int:
 def _say_interrupted(records: Path, new: int) -> int:
     import sys
 
+    from ..cli import interrupted
+
     print(f"dsa-tvm: error: interrupted; {new} new tuning record(s) measured before it are "
           f"kept in {records}; compile with them (dsa_tvm.tuned({str(records.parent)!r})) or run "
           f"the same command again to continue from them",
           file=sys.stderr)
-    return INTERRUPTED
+    return interrupted()
 
 
 @contextmanager
