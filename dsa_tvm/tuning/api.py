@@ -103,7 +103,9 @@ def tune(mod, work_dir: str | Path, trials: int = 64,
     ``runner``: None measures in this process; ``dsa_tvm.tuning.rpc.rpc_runner(...)``
     measures on RPC servers. ``progress`` gets one line per task (default: stderr).
     ``workers``: processes that build (and, locally, measure) candidates; default one
-    per core."""
+    per core. ``seed``: the same seed repeats the run exactly, with one worker (what
+    was random, :mod:`.isolate`); None: a different run each time. ``trials`` and
+    ``workers`` below 1 are a ValueError."""
     from .apply import open_database
     from .tuner import check_budget, tune_task
 
