@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 import time
 from pathlib import Path
@@ -10,7 +11,7 @@ from pathlib import Path
 import numpy as np
 
 from .frontend.intake import IntakeError, add_shape_arg, parse_shape_args
-from .hw.config import ConfigError, load_config, preset_names
+from .hw.config import ConfigError, load_config, preset_names, shadowed_by
 from .isa.disasm import disassemble
 from .isa.encoding import IsaError
 from .isa.program import ProgramError
@@ -18,8 +19,71 @@ from .sim.errors import SimulationError
 from .sim.simulator import Simulator
 
 
+class CliError(Exception):
+    """A bad argument or input: ``main`` prints it as one ``dsa-tvm: error:`` line (exit 2).
+    The message says the cause, then after ``; `` the fix."""
+
+
+def read_model(spec: str):
+    """The ONNX model file ``spec`` read and parsed (None for a bundled model name); the
+    intake's error naming the cause for a folder, a missing, unreadable or truncated file."""
+    from .frontend.validate import read_model as read_onnx
+
+    p = Path(spec)
+    if p.suffix != ".onnx" and not p.exists():
+        return None  # a bundled model name (flow.load_model lists them if it is unknown)
+    return read_onnx(p)[0]
+
+
+def model_inputs(model) -> list[str]:
+    """Graph inputs that are fed at run time (not initializers)."""
+    inits = {i.name for i in model.graph.initializer}
+    return [i.name for i in model.graph.input if i.name not in inits]
+
+
+def _read_program(path: str) -> bytes:
+    p = Path(path)
+    if p.is_dir():
+        raise CliError(f"program '{path}' is a folder; pass a program container file "
+                       f"(dsa-tvm demo --save prog.dsa writes one)")
+    if not p.is_file():
+        raise CliError(f"program file '{path}' not found; check the path")
+    return p.read_bytes()
+
+
+def _read_inputs(path: str, prog) -> dict[str, np.ndarray]:
+    """Input arrays by region name from an ``.npz``; CliError for anything else."""
+    names = ", ".join(r.name for r in prog.regions_of("input")) or "none"
+    fix = f"pass an .npz of arrays named by input region ({names}), e.g. np.savez('in.npz', ...)"
+    p = Path(path)
+    if not p.is_file():
+        raise CliError(f"inputs file '{path}' {'is a folder' if p.is_dir() else 'not found'}; "
+                       f"{fix}")
+    try:
+        got = np.load(p, allow_pickle=False)
+    except (ValueError, OSError, EOFError) as e:
+        raise CliError(f"'{path}' is not a NumPy file ({e}); {fix}") from None
+    if not isinstance(got, np.lib.npyio.NpzFile):
+        raise CliError(f"'{path}' holds one unnamed array; {fix}")
+    try:
+        return dict(got)
+    except (ValueError, OSError, EOFError) as e:
+        raise CliError(f"'{path}' is a damaged .npz ({e}); {fix}") from None
+
+
+def hw_spec(text: str) -> str:
+    """``--hw``: a preset name means the preset even when a file or folder here has that
+    name (a TOML file is named with its ``.toml`` suffix); a warning line says so."""
+    other = shadowed_by(text)
+    if other is not None:
+        kind = "folder" if other.is_dir() else "file"
+        print(f"dsa-tvm: warning: --hw {text} is the bundled preset '{text}', not the {kind} "
+              f"{other} (give a TOML file with its .toml suffix)", file=sys.stderr)
+    return text
+
+
 def _hw_arg(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--hw", default="default",
+    p.add_argument("--hw", default="default", type=hw_spec,
                    help=f"hardware preset ({', '.join(preset_names())}) or a .toml file")
 
 
@@ -52,8 +116,13 @@ def cmd_run_model(args: argparse.Namespace) -> int:
     """Compile a model for the DSA, run it on the simulator, print the reports."""
     from .flow import run_model
 
-    shapes = parse_shape_args(args.shape)
-    res = run_model(args.model, args.hw, seed=args.seed, shapes=shapes)
+    model = read_model(args.model)
+    if model is not None and len(model_inputs(model)) != 1:
+        names = model_inputs(model)
+        raise CliError(f"'{args.model}' has {len(names)} inputs ({', '.join(names)}) and dsa-tvm "
+                       f"run feeds one; compile it from Python (tvm.compile(mod, "
+                       f"target=dsa_tvm.target(...))) and feed every input to the VM")
+    res = run_model(args.model, args.hw, seed=args.seed, shapes=parse_shape_args(args.shape))
     print(res.compile_report)
     print()
     print(res.run_report)
@@ -86,16 +155,19 @@ def cmd_hw(args: argparse.Namespace) -> int:
 
 def cmd_disasm(args: argparse.Namespace) -> int:
     cfg = load_config(args.hw)
-    prog = Simulator(cfg).load_program(Path(args.program).read_bytes())
+    prog = Simulator(cfg).load_program(_read_program(args.program))
     print(disassemble(prog, cfg, with_words=args.words))
     return 0
 
 
 def cmd_run(args: argparse.Namespace) -> int:
+    if args.timing_only and args.outputs:
+        raise CliError("--timing-only skips the data work, so there are no outputs to write to "
+                       "--outputs; drop one of the two")
     cfg = load_config(args.hw)
     sim = Simulator(cfg)
-    prog = sim.load_program(Path(args.program).read_bytes())
-    inputs = dict(np.load(args.inputs)) if args.inputs else {}
+    prog = sim.load_program(_read_program(args.program))
+    inputs = _read_inputs(args.inputs, prog) if args.inputs else {}
     if not inputs and not args.timing_only:
         inputs = {r.name: np.zeros(r.shape, r.dtype) for r in prog.regions_of("input")}
     res = sim.run(prog, inputs, timing_only=args.timing_only)
@@ -132,7 +204,7 @@ def build_parser() -> argparse.ArgumentParser:
     _hw_arg(m)
     m.set_defaults(fn=cmd_run_model)
     h = sub.add_parser("hw", help="show hardware presets or one description")
-    h.add_argument("preset", nargs="?")
+    h.add_argument("preset", nargs="?", type=hw_spec)
     h.set_defaults(fn=cmd_hw)
     s = sub.add_parser("disasm", help="print a program container as a listing")
     s.add_argument("program")
@@ -165,10 +237,53 @@ def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     try:
         return args.fn(args)
-    except (ConfigError, IsaError, ProgramError, SimulationError, FileNotFoundError, IntakeError) as e:
-        print(f"dsa-tvm: error: {e}", file=sys.stderr)
+    except KeyboardInterrupt:
+        print("dsa-tvm: error: interrupted", file=sys.stderr)
+        return interrupted()
+    except Exception as e:  # noqa: BLE001 - every failure ends in one line (see error_line)
+        if os.environ.get("DSA_TVM_TRACEBACK"):
+            raise
+        print(f"dsa-tvm: error: {error_line(e)}", file=sys.stderr)
         return 2
 
 
+def interrupted() -> int:
+    """Exit code 130 for a handled Ctrl-C, and make the interpreter honour it.
+
+    CPython 3.11 sets ``_Py_UnhandledKeyboardInterrupt`` when a KeyboardInterrupt leaves
+    code run through ``exec``/``eval`` of a string, even if a caller handles it, and then
+    ends the process by SIGINT instead of with the exit code (seen with tuning
+    interrupted inside TVM). The flag is cleared here; where the symbol does not exist
+    (other Python versions) nothing is done."""
+    import ctypes
+
+    try:
+        ctypes.c_int.in_dll(ctypes.pythonapi, "_Py_UnhandledKeyboardInterrupt").value = 0
+    except (ValueError, AttributeError):
+        pass
+    return 130
+
+
+def error_line(e: BaseException) -> str:
+    """The one line ``main`` prints for an exception: the cause and, after ``; ``, the fix."""
+    from .tuning.apply import DatabaseError
+    from .tuning.rpc import TrackerError
+
+    known = (CliError, ConfigError, IsaError, ProgramError, SimulationError, DatabaseError,
+             TrackerError, IntakeError)
+    if isinstance(e, known):
+        return " ".join(str(e).split())
+    if isinstance(e, OSError):
+        where = f" '{e.filename}'" if e.filename else ""
+        if isinstance(e, FileNotFoundError) and not e.filename:
+            return " ".join(str(e).split())   # our own "no ... found" messages
+        return f"{e.strerror or e}{where}; check the path and its permissions"
+    first = (str(e).strip().splitlines() or [""])[0][:200]
+    return (f"unexpected {type(e).__name__}: {first}; this is a bug in dsa-tvm: rerun with "
+            f"DSA_TVM_TRACEBACK=1 for the traceback and report it")
+
+
 if __name__ == "__main__":
-    sys.exit(main())
+    from dsa_tvm.cli import main as package_main  # one CliError class for every subcommand
+
+    sys.exit(package_main())

@@ -25,9 +25,9 @@ def read_model(model: onnx.ModelProto | str | Path) -> tuple[onnx.ModelProto, st
         return m, m.graph.name or "the model"
     p = Path(str(model))
     if not p.exists():
-        raise FileNotFoundError(f"no ONNX file '{p}'")
+        raise FileNotFoundError(f"no ONNX file '{p}'; check the path")
     if p.is_dir():
-        raise IntakeError(f"'{p}' is a directory, not an ONNX file")
+        raise IntakeError(f"'{p}' is a folder, not an ONNX file; pass the .onnx file itself")
     try:
         m = onnx.load(str(p))
     except Exception as e:  # noqa: BLE001 - protobuf raises DecodeError, external data OSError, ...

@@ -26,12 +26,15 @@ class ConfigError(ValueError):
 
 
 def presets_dir() -> Path:
-    """The folder of bundled presets (`target/` at the top of the project)."""
+    """The folder of bundled presets: ``dsa_tvm/_presets`` in an installed wheel (the build
+    copies ``target/*.toml`` there, see ``setup.py``), else ``target/`` at the top of the
+    source tree (the presets' source of truth)."""
     here = Path(__file__).resolve().parent
-    for cand in (here.parents[1] / "target", here.parent / "_presets"):
-        if cand.is_dir():
+    for cand in (here.parent / "_presets", here.parents[1] / "target"):
+        if cand.is_dir() and any(cand.glob("*.toml")):
             return cand
-    raise ConfigError("cannot find the bundled presets folder 'target/'")
+    raise ConfigError("cannot find the bundled presets folder 'target/' (nor dsa_tvm/_presets); "
+                      "reinstall dsa-tvm (pip install .) or run from its source tree")
 
 
 def preset_names() -> list[str]:
@@ -235,21 +238,42 @@ def _check_cross_field_rules(cfg: HardwareConfig, source: str) -> None:
 
 
 def load_config(spec: "str | Path | HardwareConfig | None" = None) -> HardwareConfig:
-    """A preset name (``"default"``, ``"edge"``, ``"large"``), a TOML file path, or a config."""
+    """A preset name (``"default"``, ``"edge"``, ``"large"``), a TOML file path, or a config.
+
+    A name without the ``.toml`` suffix is a preset when one has that name, even if a file
+    or folder of the same name is in the current directory (:func:`shadowed_by`)."""
     if isinstance(spec, HardwareConfig):
         return spec
     if spec is None:
         spec = "default"
     path = Path(spec)
-    if path.suffix != ".toml" and not path.exists():
-        path = presets_dir() / f"{spec}.toml"
-        if not path.exists():
-            raise ConfigError(f"unknown hardware preset '{spec}' "
-                              f"(presets: {', '.join(preset_names())}; or pass a .toml file)")
+    if path.suffix != ".toml":
+        preset = presets_dir() / f"{path.name}.toml"
+        if str(spec) == path.name and preset.is_file():
+            path = preset   # even if a file or folder here has that name (see shadowed_by)
+        elif not path.is_file():
+            what = "a folder, not a hardware description" if path.is_dir() else "not found"
+            raise ConfigError(f"unknown hardware preset '{spec}' ({what}); use one of the "
+                              f"presets {', '.join(preset_names())} or a .toml file")
+    if path.is_dir():
+        raise ConfigError(f"hardware description '{path}' is a folder; pass a .toml file or one "
+                          f"of the presets {', '.join(preset_names())}")
     if not path.exists():
         raise ConfigError(f"hardware description file not found: {path}")
     try:
         data = tomllib.loads(path.read_text())
+    except (OSError, UnicodeDecodeError) as e:
+        raise ConfigError(f"{path}: cannot read the hardware description: {e}") from e
     except tomllib.TOMLDecodeError as e:
         raise ConfigError(f"{path}: not valid TOML: {e}") from e
     return config_from_dict(data, source=str(path))
+
+
+def shadowed_by(spec: str) -> Path | None:
+    """The file or folder in the current directory that has the name of preset ``spec``
+    (``load_config`` takes the preset; a caller may say so), else None."""
+    path = Path(spec)
+    if (path.suffix != ".toml" and spec == path.name and path.exists()
+            and (presets_dir() / f"{spec}.toml").is_file()):
+        return path.resolve()
+    return None

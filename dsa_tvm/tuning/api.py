@@ -103,17 +103,20 @@ def tune(mod, work_dir: str | Path, trials: int = 64,
     ``runner``: None measures in this process; ``dsa_tvm.tuning.rpc.rpc_runner(...)``
     measures on RPC servers. ``progress`` gets one line per task (default: stderr).
     ``workers``: processes that build (and, locally, measure) candidates; default one
-    per core."""
+    per core. ``seed``: the same seed repeats the run exactly, with one worker (what
+    was random, :mod:`.isolate`); None: a different run each time. ``trials`` and
+    ``workers`` below 1 are a ValueError."""
     from .apply import open_database
-    from .tuner import tune_task
+    from .tuner import check_budget, tune_task
 
+    check_budget(trials, workers)
     say = progress or (lambda line: print(line, file=sys.stderr, flush=True))
     cfg = load_config(hw)
     work_dir = Path(work_dir)
+    db = open_database(work_dir)   # a bad work_dir fails before the task extraction
     t0 = time.perf_counter()
     tasks, layers = extract_tasks(mod, cfg)
     report = TuneReport(cfg.name, str(work_dir), layers=layers)
-    db = open_database(work_dir)
     say(f"{len(tasks)} DSA tasks for '{cfg.name}', {trials} trials each")
     for i, task in enumerate(tasks):
         r = tune_task(task, trials, db, work_dir / "tasks" / f"{i:03d}", runner=runner, seed=seed,

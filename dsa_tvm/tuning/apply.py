@@ -21,23 +21,73 @@ from pathlib import Path
 
 from .task import Task
 
+WORKLOADS = "database_workload.json"
+RECORDS = "database_tuning_record.json"
+
+
+class DatabaseError(ValueError):
+    """A tuning work_dir cannot be used; the message names the file and the fix."""
+
 
 def open_database(work_dir: str | Path):
-    """The JSON database a tuning run writes into ``work_dir``."""
+    """The JSON database a tuning run writes into ``work_dir`` (made if missing).
+
+    DatabaseError if ``work_dir`` is a file, cannot be written, or a line of its
+    database files is not JSON (a run killed mid-write): the message names the file
+    and line."""
     from tvm.s_tir.meta_schedule.database import JSONDatabase
 
     work_dir = Path(work_dir)
-    work_dir.mkdir(parents=True, exist_ok=True)
-    return JSONDatabase(path_workload=str(work_dir / "database_workload.json"),
-                        path_tuning_record=str(work_dir / "database_tuning_record.json"))
+    if work_dir.exists() and not work_dir.is_dir():
+        raise DatabaseError(f"tuning work dir '{work_dir}' is a file; pass a folder "
+                            f"(it is made if missing)")
+    try:
+        work_dir.mkdir(parents=True, exist_ok=True)
+        for name in (WORKLOADS, RECORDS):
+            (work_dir / name).touch()    # JSONDatabase would make them; fail here, clearly
+    except OSError as e:
+        raise DatabaseError(f"cannot write the tuning database in '{work_dir}' "
+                            f"({e.strerror or e}); pass a folder you can write to") from e
+    for name in (WORKLOADS, RECORDS):
+        check_json_lines(work_dir / name)
+    return JSONDatabase(path_workload=str(work_dir / WORKLOADS),
+                        path_tuning_record=str(work_dir / RECORDS))
+
+
+def check_json_lines(path: Path) -> None:
+    """DatabaseError naming the first line of ``path`` that is not one JSON value."""
+    import json
+
+    with open(path, encoding="utf-8", errors="replace") as f:
+        for i, line in enumerate(f, 1):
+            if not line.strip():
+                continue
+            try:
+                json.loads(line)
+            except json.JSONDecodeError as e:
+                raise DatabaseError(
+                    f"{path}, line {i}: not a complete database record ({e.msg}; the tuning "
+                    f"run writing it was probably interrupted); delete that line (or the "
+                    f"file, to start over)") from None
 
 
 @contextmanager
 def tuned(database):
-    """Compile with the records of ``database`` (a Database or a tuning work_dir)."""
-    db = open_database(database) if isinstance(database, (str, Path)) else database
-    with db:
-        yield db
+    """Compile with the records of ``database`` (a Database or a tuning work_dir).
+
+    A work_dir must hold a tuning database (FileNotFoundError otherwise: a
+    mistyped path would silently compile with the default schedules)."""
+    if isinstance(database, (str, Path)):
+        folder = Path(database)
+        if not (folder / RECORDS).is_file():
+            what = ("does not exist" if not folder.exists() else
+                    f"has no {RECORDS}" if folder.is_dir() else "is not a folder")
+            raise FileNotFoundError(f"no tuning database: '{folder}' {what}; pass the "
+                                    f"work_dir a tuning run wrote (dsa_tvm.tune(mod, "
+                                    f"work_dir=...) or dsa-tvm tune --work-dir)")
+        database = open_database(folder)
+    with database:
+        yield database
 
 
 class TunedKnobs:

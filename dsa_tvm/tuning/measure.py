@@ -106,7 +106,11 @@ def worker_pool(workers: int) -> PopenPoolExecutor | None:
 
 
 def _warm_worker() -> None:
-    """Import the lowering and the simulator once, when the worker starts."""
+    """Import the lowering and the simulator once, when the worker starts; leave Ctrl-C
+    to the tuning process (it ends the run and the pool; a worker would only print)."""
+    import signal
+
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
     from tir_schedules import space  # noqa: F401
 
     from ..sim import simulator  # noqa: F401

@@ -92,6 +92,65 @@ def rpc_runner(host: str, port: int, key: str = "dsa", max_workers: int = 2) -> 
     return RPCSimRunner(host, port, key, max_workers)
 
 
+class TrackerError(ConnectionError):
+    """The tracker cannot be used for tuning; the message names the cause and the fix."""
+
+
+def parse_address(address: str) -> tuple[str, int]:
+    """``HOST:PORT`` -> (host, port); TrackerError naming the expected form otherwise."""
+    host, sep, port = address.strip().rpartition(":")
+    if not sep or not host or not port.isdigit() or not 0 < int(port) < 65536:
+        raise TrackerError(f"'{address}' is not a tracker address; give it as HOST:PORT, "
+                           f"e.g. 127.0.0.1:9190")
+    return host, int(port)
+
+
+def probe_tracker(host: str, port: int, key: str, timeout: float = 5.0) -> dict:
+    """The tracker's queue entry for ``key`` (free and pending servers), within ``timeout``
+    seconds; TrackerError if nothing answers at ``host:port``, it is not a TVM RPC tracker,
+    or no server is registered under ``key`` (each measurement would wait for one forever).
+
+    ``rpc.connect_tracker`` retries for a minute and its requests block without limit;
+    this is one connection with a deadline, asked once."""
+    import socket
+    import struct
+
+    from tvm.rpc import base
+
+    where = f"{host}:{port}"
+    try:
+        sock = socket.create_connection((host, port), timeout=timeout)
+    except OSError as e:
+        raise TrackerError(f"no RPC tracker answers at {where} ({e.strerror or e}); start one "
+                           f"(python -m dsa_tvm.tuning.rpc tracker --port {port}) or fix "
+                           f"--rpc") from None
+    try:
+        sock.settimeout(timeout)
+        sock.sendall(struct.pack("<i", base.RPC_TRACKER_MAGIC))
+        magic = struct.unpack("<i", base.recvall(sock, 4))[0]
+        if magic != base.RPC_TRACKER_MAGIC:
+            raise TrackerError(f"{where} is not a TVM RPC tracker; give the tracker's "
+                               f"HOST:PORT to --rpc")
+        base.sendjson(sock, [base.TrackerCode.SUMMARY])
+        code, summary = base.recvjson(sock)
+    except (OSError, RuntimeError, ValueError, struct.error) as e:
+        raise TrackerError(f"{where} did not answer as a TVM RPC tracker within {timeout:g} s "
+                           f"({e}); give the tracker's HOST:PORT to --rpc") from None
+    finally:
+        sock.close()
+    if code != base.TrackerCode.SUCCESS:
+        raise TrackerError(f"the tracker at {where} refused its summary ({summary}); restart it")
+    queue = summary.get("queue_info", {}).get(key, {})
+    servers = [s for s in summary.get("server_info", []) if s.get("key") == f"server:{key}"]
+    if not queue.get("free", 0) and not servers:
+        keys = ", ".join(sorted(summary.get("queue_info", {}))) or "none"
+        raise TrackerError(f"no RPC server is registered with the tracker at {where} under "
+                           f"key '{key}' (keys there: {keys}); start one (python -m "
+                           f"dsa_tvm.tuning.rpc serve --tracker {where} --key {key}) or fix "
+                           f"--rpc-key")
+    return queue
+
+
 def wait_for_servers(host: str, port: int, key: str, count: int, timeout: float = 120.0) -> None:
     """Block until ``count`` servers with ``key`` are registered with the tracker."""
     from tvm import rpc

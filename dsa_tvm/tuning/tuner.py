@@ -9,7 +9,6 @@ is the result; ``dsa_tvm.tuning.apply`` reads the same database at compile time.
 
 from __future__ import annotations
 
-import logging
 import os
 import sys
 import time
@@ -82,6 +81,17 @@ def commit_knobs(db, task: Task, knobs, cycles: int) -> None:
         target_of(task.cfg), ArgInfo.from_prim_func(mod["main"])))
 
 
+def check_budget(trials: int, workers: int | None) -> None:
+    """ValueError naming the fix unless ``trials`` >= 1 and ``workers`` is None or >= 1."""
+    if not isinstance(trials, int) or isinstance(trials, bool) or trials < 1:
+        raise ValueError(f"trials must be a whole number >= 1 (got {trials!r}); 1 measures only "
+                         f"the default schedule")
+    if workers is not None and (not isinstance(workers, int) or isinstance(workers, bool)
+                                or workers < 1):
+        raise ValueError(f"workers must be a whole number >= 1 (got {workers!r}); leave it unset "
+                         f"for one per core")
+
+
 def default_workers() -> int:
     """Worker processes for building and measuring candidates: one per core."""
     return max(1, os.cpu_count() or 1)
@@ -100,10 +110,12 @@ def tune_task(task: Task, trials: int, db, work_dir: str | Path, runner=None,
     from tvm.s_tir.meta_schedule.measure_callback import MeasureCallback
 
     from .features import KnobFeatures
+    from .isolate import own_loggers, seeded_rngs
     from .measure import DSABuilder, SimRunner, secs_to_cycles
     from .progress import TrialProgress
     from .search import searchable, space, strategy
 
+    check_budget(trials, workers)
     t0 = time.perf_counter()
     work_dir = Path(work_dir)
     work_dir.mkdir(parents=True, exist_ok=True)
@@ -114,12 +126,11 @@ def tune_task(task: Task, trials: int, db, work_dir: str | Path, runner=None,
     before = len(workload_records(db, task))
     search = min(trials - 1, len([k for k in searchable(task) if k != default]))
     if search > 0:
-        _quiet_metaschedule()
         builder = DSABuilder(str(work_dir / "artifacts"), workers=workers)
         (work_dir / "artifacts").mkdir(exist_ok=True)
         bar = TrialProgress(task.name, search, task.cfg.mhz, default_cycles, progress)
         try:
-            with without_stock_intrinsics():
+            with without_stock_intrinsics(), own_loggers(), seeded_rngs(seed):
                 ms.tune_tir(task.workload(), target_of(task.cfg), str(work_dir / "ms"),
                             max_trials_global=search, num_trials_per_iter=min(per_iter, search),
                             builder=builder, runner=runner or SimRunner(workers), database=db,
@@ -138,12 +149,6 @@ def tune_task(task: Task, trials: int, db, work_dir: str | Path, runner=None,
     best_cycles = secs_to_cycles(task.cfg, float(best.run_secs[0]))
     return TaskResult(task, default, default_cycles, best_knobs, best_cycles,
                       1 + len(records) - before, time.perf_counter() - t0)
-
-
-def _quiet_metaschedule() -> None:
-    """MetaSchedule logs every iteration at INFO to the console; keep its log files only."""
-    for name in ("tvm.s_tir.meta_schedule", "tvm.meta_schedule"):
-        logging.getLogger(name).setLevel(logging.WARNING)
 
 
 _INTRIN = "tvm.s_tir.tensor_intrin"
