@@ -23,6 +23,7 @@ from tvm.relax.transform import FusionPattern, PatternCheckContext
 
 from dsa_tvm.codegen.layers import Region
 from dsa_tvm.hw.config import HardwareConfig, load_config
+from dsa_tvm.onnx_names import node_name
 
 from .canonicalize import prepare
 from .patterns import CODEGENS, NotAMatch, PatternSpec, describe, pattern_specs
@@ -58,6 +59,7 @@ class CpuOp:
     op: str
     reason: str
     macs: int = 0     # multiply-accumulates of a MAC_OPS op left on the CPU
+    onnx_node: str = ""  # the ONNX node the op came from, when the importer kept its name
 
 
 @dataclass
@@ -90,7 +92,8 @@ class PartitionReport:
                          + (f"  [lowering failed: {r.error}]" if r.error else ""))
             lines += [f"    {ly}" for ly in r.layers]
         for c in self.cpu_ops:
-            lines.append(f"  CPU {c.var} = {c.op}: {c.reason}")
+            node = f" (ONNX {c.onnx_node})" if c.onnx_node else ""
+            lines.append(f"  CPU {c.var} = {c.op}{node}: {c.reason}")
         return "\n".join(lines)
 
 
@@ -192,7 +195,7 @@ def _cpu_ops(mod: tvm.IRModule, reasons: dict[str, str]) -> list[CpuOp]:
                 why = f"no DSA pattern for op {name} on float data ({FLOAT_LAYER})"
             else:
                 why = f"no DSA pattern for op {name}"
-        out.append(CpuOp(var.name, name, why, _op_macs(val)))
+        out.append(CpuOp(var.name, name, why, _op_macs(val), node_name(val)))
     return out
 
 

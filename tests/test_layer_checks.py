@@ -223,3 +223,28 @@ def test_qdq_model_has_no_fp32_note(tmp_path):
         warnings.simplefilter("error", UserWarning)
         tvm.compile(mod, target="dsa")
     assert not dsa_tvm.last_compile_report().partition.notes
+
+
+# ----------------------------------------------------------------------------- ONNX names
+def test_cpu_ops_name_their_onnx_node(tmp_path):
+    """A HardSwish left on the CPU becomes add/clip/divide/multiply: each names its node."""
+    rng = np.random.default_rng(0)
+    nodes = [qm.node("Conv", ["x", "W"], ["c"], pads=[1, 1, 1, 1], name="/stem/Conv"),
+             qm.node("HardSwish", ["c"], ["h"], name="/stem/HardSwish"),
+             qm.node("Conv", ["h", "W2"], ["y"], pads=[1, 1, 1, 1], name="/body/Conv")]
+    model = qm.make_model(nodes, {"W": qm.rand(rng, 8, 4, 3, 3), "W2": qm.rand(rng, 8, 8, 3, 3)},
+                          {"x": (1, 4, 8, 8)}, {"y": None})
+    path = qm.quantize(model, tmp_path, name="hardswish")
+    mod = from_onnx(onnx.load(path), keep_params_in_input=False)
+    x = rng.standard_normal((1, 4, 8, 8)).astype(np.float32)
+    plain = relax.VirtualMachine(tvm.compile(mod, target="llvm"), tvm.cpu())
+    import onnxruntime as ort
+    so = ort.SessionOptions()
+    so.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL
+    want = ort.InferenceSession(str(path), so).run(None, {"x": x})[0]
+    np.testing.assert_allclose(plain["main"](tvm.runtime.tensor(x)).numpy(), want, atol=1e-5)
+    tvm.compile(mod, target="dsa")
+    rep = dsa_tvm.last_compile_report().partition
+    hs = {c.op for c in rep.cpu_ops if c.onnx_node == "/stem/HardSwish"}
+    assert hs == {"relax.add", "relax.clip", "relax.divide", "relax.multiply"}, str(rep)
+    assert "relax.clip (ONNX /stem/HardSwish)" in str(rep)
