@@ -107,3 +107,27 @@ def test_dense_4d_view_is_rows():
                  L.Requant(np.array([1 << 30], np.int32), np.array([31], np.int32), 0))
     why = lowering_supports(ly, load_config("default"))
     assert why is not None and "NCHW" in why, why
+
+
+def test_dense_over_the_w_axis_of_a_conv_output_stays_on_the_cpu(tmp_path):
+    """conv (NCHW image) -> MatMul over W of its output: one tensor, two DSA layouts. The
+    region runs on the CPU with the reason, and the output is the llvm build's."""
+    g = qm.QDQGraph(5)
+    rng = g.rng
+    x = g.qdq("x", 2.0 ** -4, X_ZP)
+    ws = np.full(6, 2.0 ** -7)
+    c = g.op("Conv", [x, g.weight(rng.integers(-127, 128, (6, 4, 3, 3)), ws.astype(np.float32)),
+                      g.bias(rng.integers(-99, 99, 6), (ws * 2.0 ** -4).astype(np.float32))],
+             pads=[1, 1, 1, 1])
+    c = g.qdq(c, 2.0 ** -3, 0)
+    w = g.weight(rng.integers(-127, 128, (8, 5)), np.full(5, 2.0 ** -6, np.float32), axis=1)
+    y = g.qdq(g.op("MatMul", [c, w]), 2.0 ** -2, 1)
+    path = g.save(tmp_path / "conv_then_w_dense.onnx", {"x": (1, 4, 8, 8)}, y, (1, 6, 8, 5))
+    mod = from_onnx(onnx.load(path), keep_params_in_input=False)
+    xin = rng.standard_normal((1, 4, 8, 8)).astype(np.float32)
+    want = _run(tvm.compile(mod, target=tvm.target.Target(FAST_LLVM)), xin)
+    ex = dsa_tvm.compile(mod, _always_offload("default"))
+    rep = dsa_tvm.last_compile_report()
+    assert [d.target for d in rep.regions] == ["cpu"] or not rep.regions, str(rep)
+    assert "one DSA layout cannot serve both" in str(rep), str(rep)
+    np.testing.assert_array_equal(_run(ex, xin), want)
