@@ -131,3 +131,43 @@ def test_dense_over_the_w_axis_of_a_conv_output_stays_on_the_cpu(tmp_path):
     assert [d.target for d in rep.regions] == ["cpu"] or not rep.regions, str(rep)
     assert "one DSA layout cannot serve both" in str(rep), str(rep)
     np.testing.assert_array_equal(_run(ex, xin), want)
+
+
+def test_convnext_block_quantized_by_us_matches_fp32(tmp_path):
+    """The issue's network in small: stem, depthwise 7x7, channels-last LayerNorm and two
+    Linears (GELU between), residual. Quantized by dsa_tvm.quant, every conv and Linear on
+    the DSA, the output cosine vs FP32 onnxruntime (0.85 when the Linears summed over H)."""
+    torch = pytest.importorskip("torch")
+    import onnxruntime as ort
+
+    from dsa_tvm.quant import quantize_onnx
+
+    class Block(torch.nn.Module):
+        def __init__(self, c: int):
+            super().__init__()
+            self.dw = torch.nn.Conv2d(c, c, 7, padding=3, groups=c)
+            self.ln = torch.nn.LayerNorm(c)
+            self.up, self.down = torch.nn.Linear(c, 4 * c), torch.nn.Linear(4 * c, c)
+
+        def forward(self, x):
+            y = self.ln(self.dw(x).permute(0, 2, 3, 1))
+            return x + self.down(torch.nn.functional.gelu(self.up(y))).permute(0, 3, 1, 2)
+
+    torch.manual_seed(0)
+    net = torch.nn.Sequential(torch.nn.Conv2d(3, 32, 4, stride=4), Block(32)).eval()
+    path = tmp_path / "convnext_block.onnx"
+    torch.onnx.export(net, torch.randn(1, 3, 32, 32), str(path), opset_version=17, dynamo=False,
+                      input_names=["x"])
+    calib = [np.random.default_rng(i).standard_normal((1, 3, 32, 32)).astype(np.float32)
+             for i in range(4)]
+    q = quantize_onnx(str(path), calib, preprocess="raw", show_progress=False)
+    ex = dsa_tvm.compile(q.to_relax(), _always_offload("default"))
+    rep = dsa_tvm.last_compile_report()
+    kinds = [type(ly).__name__ for d in rep.regions if d.target == "dsa" for ly in d.region.layers]
+    assert kinds.count("Dense") == 2 and kinds.count("Conv2d") == 2, str(rep)
+    take_launches()
+    got = _run(ex, calib[0])
+    assert not dsa_tvm.last_run_report().violations
+    want = ort.InferenceSession(str(path)).run(None, {"x": calib[0]})[0]
+    cos = float((got * want).sum() / np.linalg.norm(got) / np.linalg.norm(want))
+    assert cos > 0.99, cos
