@@ -126,6 +126,7 @@ NETWORKS = {
     "small_cnn": dict(input_size=16, width=8, num_classes=10),
     "mobilenet_v2": dict(input_size=32, width_mult=0.25, num_classes=10),
     "transformer_encoder": dict(seq_len=8, hidden=32, heads=2, ffn=64),
+    "resnet18": dict(input_size=32, width=16, num_classes=100),
 }
 
 
@@ -137,6 +138,7 @@ def networks():
 @pytest.mark.parametrize("preset", PRESETS)
 @pytest.mark.parametrize("name", list(NETWORKS))
 def test_bundled_networks_within_bounds(networks, name, preset):
+    """Every bundled network kind (CNN, ResNet, MobileNetV2, transformer) on every preset."""
     model = networks[name]
     ex = tvm.compile(from_onnx(model, keep_params_in_input=False),
                      target=dsa_tvm.target(_always_offload(preset)))
