@@ -13,11 +13,13 @@ from .hw.config import HardwareConfig
 
 
 def setup() -> None:
+    from .onnx_names import install as keep_onnx_node_names
     from .runtime import register as register_runtime
     from .target import register as register_target
 
     register_target()
     register_runtime()
+    keep_onnx_node_names()
 
 
 def compile(mod, hw: "str | Path | HardwareConfig | None" = None, *,  # noqa: A001

@@ -9,11 +9,13 @@ whole model (regions laid end to end).
 from __future__ import annotations
 
 import json
+import warnings
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
 from .isa.instructions import Load, Store
+from .layer_checks import violations
 from .sim.timing import dma_bytes
 
 
@@ -29,6 +31,7 @@ class LayerRow:
     dram_read: int = 0
     dram_written: int = 0
     region: str = ""
+    check: str = ""          # why the numbers are impossible (layer_checks), "" when sound
 
 
 @dataclass
@@ -48,6 +51,11 @@ class RunReport:
     def dsa_mac_share(self) -> float:
         total = sum(r.macs for r in self.rows)
         return sum(r.macs for r in self.rows if r.target == "DSA") / total if total else 0.0
+
+    @property
+    def violations(self) -> list[LayerRow]:
+        """DSA layers below their compute bound or compulsory DRAM bytes (layer_checks)."""
+        return [r for r in self.rows if r.check]
 
     def to_dict(self) -> dict[str, Any]:
         return {"hardware": self.hardware, "mhz": self.mhz, "total_cycles": self.total_cycles,
@@ -70,8 +78,12 @@ class RunReport:
             cyc = f"{r.cycles:,}" if r.target == "DSA" else "-"
             util = f"{r.utilization:.2f}" if r.target == "DSA" else "-"
             lines.append(f"{r.name[:28]:<28} {r.op[:14]:<14} {r.target:<4} {r.macs:>12,} "
-                         f"{cyc:>10} {util:>6} {r.dram_read:>10,} {r.dram_written:>10,}  {r.why}")
+                         f"{cyc:>10} {util:>6} {r.dram_read:>10,} {r.dram_written:>10,}  {r.why}"
+                         + (f"  !! IMPOSSIBLE: {r.check}" if r.check else ""))
         lines.append("-" * len(head))
+        if self.violations:
+            lines.append(f"WARNING: {len(self.violations)} layer(s) beat their compute bound or "
+                         f"compulsory DRAM bytes: their results cannot be right (marked !!)")
         lines.append(f"total: {self.total_cycles:,} DSA cycles = {self.latency_us:,.1f} us at "
                      f"{self.mhz:g} MHz over {self.regions} region launch(es); "
                      f"{self.dsa_mac_share:.1%} of MACs on the DSA")
@@ -92,8 +104,10 @@ def _layer_rows(launch, peak: int) -> list[LayerRow]:
             elif isinstance(ins, Store):
                 wr += dma_bytes(ins, res.config)
         util = ly["macs"] / (cycles * peak) if cycles else 0.0
+        bad = violations(int(ly["macs"]), cycles, rd, wr, ly.get("min_read_bytes"),
+                         ly.get("min_write_bytes"), peak)
         rows.append(LayerRow(ly["name"], ly["op"], "DSA", "offloaded", int(ly["macs"]), cycles,
-                             util, rd, wr, prog.name))
+                             util, rd, wr, prog.name, "; ".join(bad)))
     return rows
 
 
@@ -120,6 +134,10 @@ def build_report(launches: list, compile_report=None) -> RunReport:
             rep.trace_events.append(ev)
         offset += launch.result.cycles
     rep.regions = len(launches)
+    if rep.violations:
+        warnings.warn(f"DSA run report: {len(rep.violations)} layer(s) are below their compute "
+                      f"bound or compulsory DRAM bytes (first: {rep.violations[0].name}: "
+                      f"{rep.violations[0].check})", RuntimeWarning, stacklevel=2)
     if compile_report is not None:
         for d in compile_report.regions:
             if d.target == "cpu" and d.region is not None:

@@ -16,6 +16,7 @@ ever see integers. Quantization follows ``real = scale * (q - zero_point)``:
 
 from __future__ import annotations
 
+import dataclasses
 import math
 
 import numpy as np
@@ -90,6 +91,16 @@ def _batched(t: QTensor) -> QTensor:
     return QTensor(t.name, (lead,) + tuple(t.shape[-2:]), t.scale, t.zero_point)
 
 
+def _rows(t: QTensor) -> QTensor:
+    """A 4-D tensor (..., C) as the matrix (rows, C) a dense layer reads. The DSA takes
+    every 4-D tensor for an NCHW image; a dense layer over the last axis of one
+    (channels-last Linear) must see it as rows of C, as ranks 2, 3 and 5 already are."""
+    if len(t.shape) != 4:
+        return t
+    rows = int(np.prod(t.shape[:-1], dtype=np.int64))
+    return QTensor(t.name, (rows, int(t.shape[-1])), t.scale, t.zero_point)
+
+
 def layer_from_match(m: Match, name: str, inputs: list[QTensor], output: QTensor) -> Layer:
     """The integer layer description of one matched pattern."""
     k = m.kind
@@ -104,7 +115,8 @@ def layer_from_match(m: Match, name: str, inputs: list[QTensor], output: QTensor
     if k == "dense":
         w = m.weight.value.astype(np.int8)
         w = w if m.weight_transposed else np.ascontiguousarray(w.T)
-        return Dense(name, inputs[0], output, w, _bias(m, w.shape[0]), _requant(rescale_factors(m), m))
+        return Dense(name, _rows(inputs[0]), _rows(output), w, _bias(m, w.shape[0]),
+                     _requant(rescale_factors(m), m))
     if k == "batch_matmul":  # the DSA sees (B, M, K): leading dimensions flattened
         a, b, y = (_batched(t) for t in (inputs[0], inputs[1], output))
         return BatchMatmul(name, a, b, y, _requant(rescale_factors(m), m))
@@ -191,7 +203,49 @@ def region_from_function(func: relax.Function, name: str) -> Region:
         if not isinstance(r, relax.Var) or tname(r) not in tensors:
             raise LoweringError(f"region {name}: output is not produced by a layer")
         outs.append(tensors[tname(r)])
+    layers = _row_views(layers, name)
+    inputs = {t.name: t for ly in layers for t in layer_inputs(ly) if t.name in params}
+    tensors = {ly.output.name: ly.output for ly in layers}
+    outs = [tensors[t.name] for t in outs]
     missing = [p.name for p in func.params if tname(p) not in inputs]
     if missing:
         raise LoweringError(f"region {name}: parameters {missing} are not used by any layer")
     return Region(name, [inputs[tname(p)] for p in func.params], outs, layers)
+
+
+def _row_views(layers: list[Layer], region: str) -> list[Layer]:
+    """Give every tensor of the region one view: element-wise layers (Add, Rescale) that
+    touch a 4-D tensor a dense layer reads as rows read all their tensors as rows too
+    (same element order, so the same result). A 4-D tensor that a conv, pool or
+    per-channel add needs as an NCHW image and a dense layer as rows cannot be laid
+    out for both: the region stays on the CPU, saying so."""
+    rows = {t.name for ly in layers if isinstance(ly, Dense)
+            for t in (ly.input, ly.output) if len(t.shape) == 2}
+    out = list(layers)
+    changed = True
+    while changed:
+        changed = False
+        for i, ly in enumerate(out):
+            if not isinstance(ly, (Add, Rescale)):
+                continue
+            ts = layer_inputs(ly) + [ly.output]
+            if any(len(t.shape) == 4 for t in ts) and {t.name for t in ts} & rows:
+                if isinstance(ly, Add):
+                    out[i] = dataclasses.replace(ly, a=_rows(ly.a), b=_rows(ly.b),
+                                                 output=_rows(ly.output))
+                else:
+                    out[i] = dataclasses.replace(ly, input=_rows(ly.input),
+                                                 output=_rows(ly.output))
+                rows |= {t.name for t in ts}
+                changed = True
+    seen: dict[str, tuple[tuple[int, ...], str]] = {}
+    for ly in out:
+        for t in layer_inputs(ly) + [ly.output]:
+            shape, who = seen.setdefault(t.name, (tuple(t.shape), ly.name))
+            if shape != tuple(t.shape):
+                raise LoweringError(
+                    f"region {region}: tensor '{t.name}' is read as {shape} by {who} and as "
+                    f"{tuple(t.shape)} by {ly.name}: a dense layer reads a 4-D tensor as rows "
+                    f"of its last axis, an image layer as NCHW, and one DSA layout cannot "
+                    f"serve both (the region runs on the CPU)")
+    return out

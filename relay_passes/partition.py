@@ -11,6 +11,7 @@ so each op left on the CPU carries the constraint that kept it there.
 from __future__ import annotations
 
 import json
+import warnings
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
@@ -22,6 +23,7 @@ from tvm.relax.transform import FusionPattern, PatternCheckContext
 
 from dsa_tvm.codegen.layers import Region
 from dsa_tvm.hw.config import HardwareConfig, load_config
+from dsa_tvm.onnx_names import node_name
 
 from .canonicalize import prepare
 from .patterns import CODEGENS, NotAMatch, PatternSpec, describe, pattern_specs
@@ -56,7 +58,8 @@ class CpuOp:
     var: str
     op: str
     reason: str
-    macs: int = 0     # multiply-accumulates of a conv2d / matmul left on the CPU
+    macs: int = 0     # multiply-accumulates of a MAC_OPS op left on the CPU
+    onnx_node: str = ""  # the ONNX node the op came from, when the importer kept its name
 
 
 @dataclass
@@ -72,6 +75,7 @@ class PartitionReport:
     config: str
     regions: list[RegionInfo] = field(default_factory=list)
     cpu_ops: list[CpuOp] = field(default_factory=list)
+    notes: list[str] = field(default_factory=list)  # model-wide findings (e.g. not quantized)
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -82,12 +86,14 @@ class PartitionReport:
     def __str__(self) -> str:
         lines = [f"DSA partition for '{self.config}': {len(self.regions)} region(s), "
                  f"{len(self.cpu_ops)} op(s) on the CPU"]
+        lines += [f"  NOTE: {n}" for n in self.notes]
         for r in self.regions:
             lines.append(f"  region {r.name}: {len(r.layers)} layer(s), {r.macs} MACs"
                          + (f"  [lowering failed: {r.error}]" if r.error else ""))
             lines += [f"    {ly}" for ly in r.layers]
         for c in self.cpu_ops:
-            lines.append(f"  CPU {c.var} = {c.op}: {c.reason}")
+            node = f" (ONNX {c.onnx_node})" if c.onnx_node else ""
+            lines.append(f"  CPU {c.var} = {c.op}{node}: {c.reason}")
         return "\n".join(lines)
 
 
@@ -140,9 +146,37 @@ def pattern_decisions(mod: tvm.IRModule, cfg: HardwareConfig) -> dict[str, str]:
     return reasons
 
 
+#: why a float MAC layer stays on the CPU, and what to do about it
+FLOAT_LAYER = ("not quantized: the DSA runs int8 QDQ layers; quantize the model with "
+               "dsa_tvm.quantize(model, calibration_data) or `dsa-tvm quantize model.onnx "
+               "--calib DATA -o model_int8.onnx`")
+NOT_QUANTIZED = ("the model is not quantized (no quantize/dequantize ops): everything runs on "
+                 "the CPU. The DSA runs int8 QDQ models; quantize it first with "
+                 "dsa_tvm.quantize(model, calibration_data) or `dsa-tvm quantize model.onnx "
+                 "--calib DATA -o model_int8.onnx`")
+
+
+def _reads_dequantize(call: relax.Call, var2val) -> bool:
+    """Whether the op's data operand comes straight from a dequantize (a QDQ layer)."""
+    arg = call.args[0]
+    if isinstance(arg, relax.Tuple):
+        arg = arg.fields[0] if len(arg.fields) else arg
+    src = var2val.get(arg) if isinstance(arg, relax.Var) else arg
+    return isinstance(src, relax.Call) and isinstance(src.op, Op) and \
+        src.op.name == "relax.dequantize"
+
+
+def is_quantized(mod: tvm.IRModule) -> bool:
+    """Whether ``main`` has any quantize or dequantize op (a QDQ model, even in part)."""
+    qdq = {"relax.quantize", "relax.dequantize"}
+    return any(isinstance(v, relax.Call) and isinstance(v.op, Op) and v.op.name in qdq
+               for v in relax.analysis.get_var2val(mod["main"]).values())
+
+
 def _cpu_ops(mod: tvm.IRModule, reasons: dict[str, str]) -> list[CpuOp]:
     out = []
-    for var, val in relax.analysis.get_var2val(mod["main"]).items():
+    var2val = dict(relax.analysis.get_var2val(mod["main"]).items())
+    for var, val in var2val.items():
         if not isinstance(val, relax.Call):
             continue
         if isinstance(val.op, tvm.ir.GlobalVar):
@@ -157,9 +191,11 @@ def _cpu_ops(mod: tvm.IRModule, reasons: dict[str, str]) -> list[CpuOp]:
             elif name == "relax.dequantize" and isinstance(val.args[0], relax.Var) and \
                     var.name not in reasons:
                 why = "no DSA pattern for op relax.dequantize (graph output or feeds a CPU op)"
+            elif name in MAC_OPS and not _reads_dequantize(val, var2val):
+                why = f"no DSA pattern for op {name} on float data ({FLOAT_LAYER})"
             else:
                 why = f"no DSA pattern for op {name}"
-        out.append(CpuOp(var.name, name, why, _op_macs(val)))
+        out.append(CpuOp(var.name, name, why, _op_macs(val), node_name(val)))
     return out
 
 
@@ -170,20 +206,48 @@ def _shape(e: relax.Expr) -> list[int] | None:
         return None
 
 
-def _op_macs(call: relax.Call) -> int:
-    """MACs of a conv2d or matmul call (0 for other ops or unknown shapes)."""
-    if not isinstance(call.op, Op):
+_CONVS = tuple(f"relax.nn.conv{d}d" for d in (1, 2, 3))
+_CONV_TRANSPOSES = tuple(f"relax.nn.conv{d}d_transpose" for d in (1, 2, 3))
+_ATTENTIONS = ("relax.nn.attention", "relax.nn.attention_bias")
+#: the Relax ops that carry multiply-accumulates (the MAC share counts them wherever they run)
+MAC_OPS = (*_CONVS, *_CONV_TRANSPOSES, "relax.matmul", "relax.einsum", *_ATTENTIONS)
+
+
+def _einsum_macs(call: relax.Call) -> int:
+    """A contraction does one MAC per point of its full index space (two operands or more)."""
+    ops = call.args[0].fields if isinstance(call.args[0], relax.Tuple) else []
+    shapes = [_shape(o) for o in ops]
+    subs = str(call.attrs.subscripts).replace(" ", "").split("->")[0].split(",")
+    if len(ops) < 2 or any(s is None for s in shapes) or "." in "".join(subs):
         return 0
+    size: dict[str, int] = {}
+    for letters, shp in zip(subs, shapes):
+        size.update(zip(letters, shp))
+    return int(np.prod(list(size.values()), dtype=np.int64))
+
+
+def _op_macs(call: relax.Call) -> int:
+    """MACs of a Relax op that carries them (``MAC_OPS``); 0 for others or unknown shapes."""
+    if not isinstance(call.op, Op) or call.op.name not in MAC_OPS:
+        return 0
+    name = call.op.name
+    if name == "relax.einsum":
+        return _einsum_macs(call)
     out = _shape(call)
-    if call.op.name == "relax.nn.conv2d":
-        w = _shape(call.args[1])
-        if out and w:
-            return int(np.prod(out)) * int(np.prod(w[1:]))
-    if call.op.name == "relax.matmul":
-        a = _shape(call.args[0])
-        if out and a:
-            return int(np.prod(out)) * a[-1]
-    return 0
+    a = _shape(call.args[0])
+    if name in _ATTENTIONS:  # q (B, S, N, H), k (B, S_kv, N, H), v (B, S_kv, N, H_v)
+        k, v = _shape(call.args[1]), _shape(call.args[2])
+        if a and k and v:
+            return a[0] * a[2] * a[1] * k[1] * (a[3] + v[3])
+        return 0
+    w = _shape(call.args[1])
+    if not (out and a and w):
+        return 0
+    if name in _CONVS:  # weight [O, I/groups, k...]: every output reads I/groups * taps
+        return int(np.prod(out, dtype=np.int64)) * int(np.prod(w[1:], dtype=np.int64))
+    if name in _CONV_TRANSPOSES:  # weight [I, O/groups, k...]: every input feeds O/groups * taps
+        return int(np.prod(a, dtype=np.int64)) * int(np.prod(w[1:], dtype=np.int64))
+    return int(np.prod(out, dtype=np.int64)) * a[-1]  # matmul
 
 
 def region_functions(mod: tvm.IRModule) -> list[tuple[tvm.ir.GlobalVar, relax.Function]]:
@@ -228,6 +292,9 @@ def partition_for_dsa(mod: tvm.IRModule, cfg: HardwareConfig | str | None = None
         except Exception as e:  # reported, and offload keeps it on the CPU
             report.regions.append(RegionInfo(name, [], 0, f"{type(e).__name__}: {e}"))
     report.cpu_ops = _cpu_ops(part, reasons)
+    if not is_quantized(mod):
+        report.notes.append(NOT_QUANTIZED)
+        warnings.warn(f"DSA compile: {NOT_QUANTIZED}", UserWarning, stacklevel=2)
     return part, report
 
 

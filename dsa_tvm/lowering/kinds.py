@@ -93,6 +93,10 @@ def _conv_recipe(layer: Conv2d | Dense, cfg: HardwareConfig, consts: bool,
         _check_out_hw(layer, shape.out_hw)
         w = layer.weight
     elif isinstance(layer, Dense):
+        if len(layer.input.shape) == 4 or len(layer.output.shape) == 4:
+            raise UnsupportedLayer(f"{layer.name}: dense on 4-D {layer.input.shape}: the DSA "
+                                   f"lays 4-D tensors out as NCHW images; give the layer the "
+                                   f"(rows, K) view (relay_passes.lower does)")
         _, k, rows, _ = image_dims(layer.input.shape)
         shape = ConvShape(1, rows, 1, ceil_div(k, bi), ceil_div(layer.weight.shape[0], bo), 1, 1,
                           (1, 1), (0, 0, 0, 0), (1, 1), bi, bo, layer.input.zero_point,

@@ -24,6 +24,7 @@ from ..hw.config import HardwareConfig
 from ..isa.builder import ProgramBuilder
 from ..isa.program import Program
 from ..isa.sync import insert_dependencies
+from ..layer_checks import layer_bounds
 from .fold_input import fold_region_inputs
 from .host_pack import PARAMS, ROWSUM, batch_dims
 from .kinds import UnsupportedLayer, recipe
@@ -134,6 +135,8 @@ def compile_region(region: Region, cfg: HardwareConfig,
             TirWalker(cfg, b, regions).run(func)
         layers_meta.append({"name": layer.name, "op": type(layer).__name__, "first": first,
                             "last": len(b.instructions) - 1, "macs": layer.macs,
+                            **dict(zip(("min_read_bytes", "min_write_bytes"),
+                                       layer_bounds(layer))),
                             "knobs": dict(knobs.__dict__)})
         plans.append(LayerPlan(layer, r.shape, knobs, time.perf_counter() - t0))
     b.finish()
