@@ -330,4 +330,5 @@ def quantize_relax(mod: tvm.IRModule, feeds: list[dict[str, np.ndarray]], method
     qps = fit_biases(plan, qps, per_channel, means, symmetric_activations)
     out = tvm.IRModule(dict(mod.functions))
     out["main"] = _InsertQDQ(mod, plan, qps, per_channel, means).visit_expr(mod["main"])
+    plan.fp32 = plan.fp32_ops(mod["main"])
     return relax.transform.Normalize()(out), plan

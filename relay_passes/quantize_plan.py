@@ -56,6 +56,8 @@ class Plan:
     #: var -> the var whose group it belongs to (union-find parent)
     parent: dict[relax.Var, relax.Var] = field(default_factory=dict)
     kept_fp32: dict[str, str] = field(default_factory=dict)  # anchor name -> why
+    #: (op, why) -> bindings left FP32, filled by ``quantize_relax`` (:meth:`fp32_ops`)
+    fp32: dict[tuple[str, str], list[str]] = field(default_factory=dict)
 
     def root(self, v: relax.Var) -> relax.Var:
         while self.parent.get(v, v) is not v:
@@ -75,6 +77,25 @@ class Plan:
             for v in c.inputs + [c.output]:
                 out[v] = None
         return list(out)
+
+    def fp32_ops(self, func: relax.Function) -> dict[tuple[str, str], list[str]]:
+        """(op, why) -> the bindings of ``func`` (the function the plan was made on) that
+        stay FP32: every op no chain quantizes or absorbs, so the summary hides none."""
+        absorbed: set[relax.Var] = set()
+        for c in self.chains:
+            absorbed |= {c.anchor, c.output, *c.folded}
+            absorbed |= {v for v in (c.bias_var, c.pre_activation) if v is not None}
+        out: dict[tuple[str, str], list[str]] = {}
+        for blk in func.body.blocks:
+            for b in blk.bindings:
+                op = _op(b.value)
+                if not op or b.var in absorbed:
+                    continue
+                why = self.kept_fp32.get(b.var.name) or (
+                    "an anchor no int8 chain could take" if op in ANCHORS
+                    else "no int8 form on the DSA (conv/dense/matmul, adds, pooling, ReLU/Clip)")
+                out.setdefault((op, why), []).append(b.var.name)
+        return out
 
     def observed(self, v: relax.Var) -> relax.Var:
         """What calibration records for ``v``: the pre-activation of a fused ReLU/Clip

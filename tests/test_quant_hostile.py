@@ -339,3 +339,20 @@ def test_any_magnitude_quantizes_to_a_sane_model(exponent, seed):
         if k.endswith("B_int32"):
             assert np.abs(v.astype(np.int64)).max() < 2 ** 30, k
     assert int8_vs_fp32(qm, feeds(2, scale, seed + 1)) > 0.98
+
+
+def test_relax_path_lists_every_fp32_op_with_its_reason(capsys):
+    """The Relax path (dsa_tvm.quantize on an FP32 IRModule) names each op it leaves in
+    FP32, not only a count: the tail Sigmoid, and a conv kept on request."""
+    from relay_passes.quantize import quantize_relax
+
+    mod = from_onnx(conv_net("Sigmoid"), keep_params_in_input=False)
+    dsa_tvm.quantize(mod, feeds(3), show_progress=False)
+    err = capsys.readouterr().err
+    assert "FP32: relax.sigmoid x1" in err and "no int8 form on the DSA" in err, err
+    _, plan = quantize_relax(mod, feeds(3))
+    assert [op for op, _ in plan.fp32] == ["relax.sigmoid"], plan.fp32
+    keep = next(c.anchor.name for c in plan.chains if c.kind == "conv2d")
+    _, plan = quantize_relax(mod, feeds(3), keep_fp32=frozenset({keep}))
+    assert [keep] in [names for (op, why), names in plan.fp32.items()
+                      if op == "relax.nn.conv2d" and why == "kept in FP32 on request"], plan.fp32

@@ -282,4 +282,7 @@ def _quantize_relax_module(mod, calibration_data, method: str = "minmax", per_ch
     if verbose:
         print(f"dsa_tvm.quantize: {len(plan.chains)} layers quantized ({method}), "
               f"{len(plan.kept_fp32)} kept in FP32", file=sys.stderr)
+        for (op, why), names in plan.fp32.items():
+            shown = ", ".join(names[:6]) + (", ..." if len(names) > 6 else "")
+            print(f"  FP32: {op} x{len(names)} ({shown}): {why}", file=sys.stderr)
     return qmod
