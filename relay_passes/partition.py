@@ -24,8 +24,17 @@ from dsa_tvm.codegen.layers import Region
 from dsa_tvm.hw.config import HardwareConfig, load_config
 
 from .canonicalize import prepare
-from .patterns import CODEGENS, NotAMatch, PatternSpec, describe, pattern_specs
+from .patterns import (
+    CODEGENS,
+    Match,
+    NotAMatch,
+    PatternSpec,
+    UnsupportedShape,
+    describe,
+    pattern_specs,
+)
 from .supported import check
+from .walkable import merge_blockers
 
 CODEGEN = "dsa"
 
@@ -72,6 +81,7 @@ class PartitionReport:
     config: str
     regions: list[RegionInfo] = field(default_factory=list)
     cpu_ops: list[CpuOp] = field(default_factory=list)
+    notes: list[str] = field(default_factory=list)  # whole-program decisions (e.g. no merging)
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -82,6 +92,7 @@ class PartitionReport:
     def __str__(self) -> str:
         lines = [f"DSA partition for '{self.config}': {len(self.regions)} region(s), "
                  f"{len(self.cpu_ops)} op(s) on the CPU"]
+        lines += [f"  note: {n}" for n in self.notes]
         for r in self.regions:
             lines.append(f"  region {r.name}: {len(r.layers)} layer(s), {r.macs} MACs"
                          + (f"  [lowering failed: {r.error}]" if r.error else ""))
@@ -116,6 +127,11 @@ def pattern_decisions(mod: tvm.IRModule, cfg: HardwareConfig) -> dict[str, str]:
                 continue
             try:
                 m = describe(s.kind, val, var2val)
+            except UnsupportedShape as e:  # the structure matches, the shape does not
+                if first_fail is None:
+                    first_fail = (s, Match(s.kind, val, [], None, (), val, calls=e.calls or [val]),
+                                  str(e))
+                continue
             except NotAMatch:
                 continue
             ok, why = check(m, cfg)
@@ -197,16 +213,36 @@ def region_functions(mod: tvm.IRModule) -> list[tuple[tvm.ir.GlobalVar, relax.Fu
     return order
 
 
-def partition_only(mod: tvm.IRModule, cfg: HardwareConfig, prepared: bool = False) -> tvm.IRModule:
+def _has_composites(mod: tvm.IRModule) -> bool:
+    return any(isinstance(f, relax.Function) and f.attrs is not None and "Composite" in f.attrs
+               for f in mod.functions.values())
+
+
+def partition_only(mod: tvm.IRModule, cfg: HardwareConfig, prepared: bool = False,
+                   notes: list[str] | None = None) -> tvm.IRModule:
     """Canonicalize (unless ``prepared``), fuse the DSA patterns, merge them into regions.
 
     ``annotate_codegen`` stays False: MergeCompositeFunctions only merges bare
-    composites (with True every layer would become its own region)."""
+    composites (with True every layer would become its own region). A program
+    MergeCompositeFunctions cannot walk (``walkable.merge_blockers``: MatchCast, If,
+    symbolic dimensions as values) keeps each DSA layer a region of its own
+    instead; why goes to ``notes`` (the partition report's)."""
     if not prepared:
         mod = prepare(mod)
-    mod = relax.transform.FuseOpsByPattern(fusion_patterns(cfg), bind_constants=True,
-                                           annotate_codegen=False)(mod)
-    return relax.transform.MergeCompositeFunctions()(mod)
+    fused = relax.transform.FuseOpsByPattern(fusion_patterns(cfg), bind_constants=True,
+                                             annotate_codegen=False)(mod)
+    if not _has_composites(fused):
+        return fused  # no DSA layer: nothing to merge
+    blockers = merge_blockers(fused)
+    if not blockers:
+        return relax.transform.MergeCompositeFunctions()(fused)
+    if notes is not None:
+        shown = "; ".join(blockers[:3]) + (f"; and {len(blockers) - 3} more"
+                                            if len(blockers) > 3 else "")
+        notes.append("DSA layers not merged into multi-layer regions (each is a region of its "
+                     f"own): MergeCompositeFunctions cannot walk {shown}")
+    return relax.transform.FuseOpsByPattern(fusion_patterns(cfg), bind_constants=True,
+                                            annotate_codegen=True)(mod)
 
 
 def partition_for_dsa(mod: tvm.IRModule, cfg: HardwareConfig | str | None = None
@@ -217,8 +253,8 @@ def partition_for_dsa(mod: tvm.IRModule, cfg: HardwareConfig | str | None = None
     cfg = load_config(cfg)
     mod = prepare(mod)
     reasons = pattern_decisions(mod, cfg)
-    part = partition_only(mod, cfg, prepared=True)
     report = PartitionReport(cfg.name)
+    part = partition_only(mod, cfg, prepared=True, notes=report.notes)
     for i, (_gv, f) in enumerate(region_functions(part)):
         name = f"dsa_region{i}"  # the name offload_regions gives the same region
         try:
