@@ -203,14 +203,21 @@ def _op_macs(call: relax.Call) -> int:
 
 
 def region_functions(mod: tvm.IRModule) -> list[tuple[tvm.ir.GlobalVar, relax.Function]]:
-    """The DSA region functions of a partitioned module, in call order of ``main``."""
-    order = []
-    for val in relax.analysis.get_var2val(mod["main"]).values():
-        if isinstance(val, relax.Call) and isinstance(val.op, tvm.ir.GlobalVar):
-            f = mod[val.op]
-            if f.attrs is not None and f.attrs.get("Codegen") in CODEGENS:
-                order.append((val.op, f))
-    return order
+    """The DSA region functions of a partitioned module, in call order: ``main``'s first,
+    then those called from the module's other functions (private ones, by name)."""
+    callers = sorted((gv for gv, f in mod.functions.items() if isinstance(f, relax.Function)
+                      and not (f.attrs is not None and ("Codegen" in f.attrs
+                                                         or "Composite" in f.attrs))),
+                     key=lambda gv: (gv.name_hint != "main", gv.name_hint))
+    order: dict[tvm.ir.GlobalVar, relax.Function] = {}
+    for caller in callers:
+        for val in relax.analysis.get_var2val(mod[caller]).values():
+            if isinstance(val, relax.Call) and isinstance(val.op, tvm.ir.GlobalVar) \
+                    and val.op not in order:
+                f = mod[val.op]
+                if f.attrs is not None and f.attrs.get("Codegen") in CODEGENS:
+                    order[val.op] = f
+    return list(order.items())
 
 
 def _has_composites(mod: tvm.IRModule) -> bool:

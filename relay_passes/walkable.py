@@ -5,7 +5,8 @@ bindings of dataflow values and raises on anything else, even where no DSA
 layer is near: ``relax.MatchCast`` (every shape the importer computes at run
 time: Squeeze/Unsqueeze with axes as inputs, Expand, Tile, Range, NonZero,
 Unique), ``relax.If`` (ONNX If), and a symbolic dimension passed as a value
-(``R.arange(0, n)`` for a zero-size or dynamic dimension). The partitioner
+(``R.arange(0, n)`` for a zero-size or dynamic dimension), a call into another
+function outside a dataflow block (a private function's caller). The partitioner
 asks :func:`merge_blockers` first and, for a program that has one, keeps every
 DSA layer a region of its own instead of merging them (``partition.partition_only``),
 with the blocker named in the partition report.
@@ -54,6 +55,11 @@ def function_blockers(name: str, func: relax.Function) -> list[str]:
         for blk in body.blocks:
             for b in blk.bindings:
                 v = b.var.name
+                if not isinstance(blk, relax.DataflowBlock) and isinstance(b.value, relax.Call) \
+                        and isinstance(b.value.op, tvm.ir.GlobalVar):
+                    found.append(f"{name}: {v} = {b.value.op.name_hint}(...) outside a dataflow "
+                                 "block (a call into another function)")
+                    continue
                 if isinstance(b, relax.MatchCast):
                     found.append(f"{name}: {v} = relax.MatchCast (a shape known only at run time)")
                     continue
