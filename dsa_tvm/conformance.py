@@ -100,10 +100,23 @@ def identical(a: Any, b: Any) -> bool:
     return bool(np.array_equal(a, b)) or a.tobytes() == b.tobytes()
 
 
+def _array(value: Any) -> Any:
+    """An expected output as numpy (cases give some as TensorProto), sequences as lists."""
+    import onnx
+    import onnx.numpy_helper
+
+    if isinstance(value, onnx.TensorProto):
+        return onnx.numpy_helper.to_array(value)
+    if isinstance(value, (list, tuple)):
+        return [_array(v) for v in value]
+    return value
+
+
 def _run_all(rep, case) -> tuple[list, str]:
     """The rep's outputs on every data set of ``case``, and the first mismatch ('' if none)."""
     outs, why = [], ""
     for k, (inputs, expected) in enumerate(case.data_sets):
+        expected = [_array(e) for e in expected]
         got = rep.run(inputs)
         outs.append(got)
         if not why:

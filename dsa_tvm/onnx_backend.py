@@ -22,6 +22,7 @@ from typing import Any
 
 import numpy as np
 import onnx
+import onnx.numpy_helper
 from onnx.backend.base import Backend, BackendRep
 
 DEVICES = ("CPU",)  # DSA regions run on the bundled simulator, launched from the host
@@ -58,6 +59,17 @@ def _to_numpy(value: Any) -> Any:
     return value
 
 
+def _to_vm(value: Any) -> Any:
+    """A feed as the VM takes it: arrays to tensors, ONNX sequences (lists) to tuples of them."""
+    import tvm
+
+    if isinstance(value, (list, tuple)):
+        return [_to_vm(v) for v in value]
+    if isinstance(value, onnx.TensorProto):
+        value = onnx.numpy_helper.to_array(value)
+    return tvm.runtime.tensor(np.asarray(value).copy(order="C"))
+
+
 class DsaBackendRep(BackendRep):
     """A compiled model: ``run(inputs)`` returns the outputs in graph order."""
 
@@ -76,17 +88,16 @@ class DsaBackendRep(BackendRep):
             missing = [n for n in self.inputs if n not in inputs]
             if missing:
                 raise ValueError(f"missing inputs {missing}; the model takes {self.inputs}")
-            return [np.asarray(inputs[n]) for n in self.inputs]
+            return [inputs[n] for n in self.inputs]
         feeds = [inputs] if isinstance(inputs, np.ndarray) else list(inputs)
         if len(feeds) != len(self.inputs):
             raise ValueError(f"{len(feeds)} inputs given; the model takes {len(self.inputs)}: "
                              f"{self.inputs}")
-        return [np.asarray(f) for f in feeds]
+        return feeds
 
     def run(self, inputs: Any, **kwargs: Any) -> tuple[Any, ...]:  # noqa: ARG002
-        import tvm
 
-        args = [tvm.runtime.tensor(f.copy(order="C")) for f in self._feeds(inputs)]
+        args = [_to_vm(f) for f in self._feeds(inputs)]
         result = self.vm["main"](*args)
         if len(self.outputs) == 1:
             return (_to_numpy(result),)

@@ -18,6 +18,7 @@ import numpy as np
 import tvm
 from tvm import relax
 from tvm.ir import Op
+from tvm.relax.dpl import WildcardPattern
 from tvm.relax.transform import FusionPattern, PatternCheckContext
 
 from dsa_tvm.codegen.layers import Region
@@ -110,11 +111,21 @@ def _op_name(call: relax.Call) -> str:
     return getattr(call.op, "name_hint", str(call.op))
 
 
+_ANCHORS = ("relax.nn.conv2d", "relax.matmul", "relax.nn.max_pool2d", "relax.nn.avg_pool2d",
+            "relax.mean", "relax.add", "relax.nn.relu", "relax.clip")
+
+
+def _anchor_rank(call: relax.Call) -> int:
+    """The op a pattern is named after ranks first (a rescale is its quantize)."""
+    name = call.op.name
+    return _ANCHORS.index(name) if name in _ANCHORS else len(_ANCHORS)
+
+
 def pattern_decisions(mod: tvm.IRModule, cfg: HardwareConfig) -> dict[str, str]:
     """var name -> why the DSA does not take it, for every binding of a failed pattern match."""
     func = mod["main"]
     var2val = dict(relax.analysis.get_var2val(func).items())
-    bound = {id(v): k for k, v in var2val.items()}
+    bound = {hash(v): k for k, v in var2val.items()}  # hash: the node, not the wrapper
     specs = pattern_specs()
     reasons: dict[str, str] = {}
     for var, val in var2val.items():
@@ -129,7 +140,12 @@ def pattern_decisions(mod: tvm.IRModule, cfg: HardwareConfig) -> dict[str, str]:
                 m = describe(s.kind, val, var2val)
             except UnsupportedShape as e:  # the structure matches, the shape does not
                 if first_fail is None:
-                    first_fail = (s, Match(s.kind, val, [], None, (), val, calls=e.calls or [val]),
+                    matched = s.pattern.extract_matched_expr(val, var2val) or {}
+                    calls = [c for pat, c in matched.items() if isinstance(c, relax.Call)
+                             and not isinstance(pat, WildcardPattern) and isinstance(c.op, Op)
+                             and c.op.name != "relax.dequantize"]
+                    anchor = min(calls, key=_anchor_rank, default=val)
+                    first_fail = (s, Match(s.kind, anchor, [], None, (), val, calls=calls),
                                   str(e))
                 continue
             except NotAMatch:
@@ -143,10 +159,10 @@ def pattern_decisions(mod: tvm.IRModule, cfg: HardwareConfig) -> dict[str, str]:
         if first_fail is None:
             continue
         s, m, why = first_fail
-        anchor = bound.get(id(m.op))
+        anchor = bound.get(hash(m.op))
         aname = anchor.name if anchor is not None else var.name
         for c in m.calls:
-            v = bound.get(id(c))
+            v = bound.get(hash(c))
             if v is None:
                 continue
             if v is anchor:
