@@ -270,3 +270,49 @@ def test_conformance_comparisons():
     assert "dtype float64" in mismatch(a, a.astype(np.float64), 1e-3, 1e-7)
     assert "expected a sequence of 2" in mismatch([a, a], a, 1e-3, 1e-7)
     assert identical([a, a], [a.copy(), a.copy()]) and not identical([a], a)
+
+
+def test_internal_error_in_partitioning_is_reported_not_raised(chain, monkeypatch):
+    import relay_passes
+
+    def broken(*_a, **_k):
+        raise RuntimeError("partitioner bug 1234")
+
+    monkeypatch.setattr(relay_passes, "partition_for_dsa", broken)
+    mod = import_onnx(chain)
+    with pytest.warns(RuntimeWarning, match="partitioner bug 1234"):
+        got = _run(mod, "dsa", _x())
+    report = dsa_tvm.last_compile_report()
+    assert "RuntimeError: partitioner bug 1234" in report.error and not report.regions
+    np.testing.assert_array_equal(got, _run(mod, "llvm", _x()))
+
+
+def test_internal_error_in_region_lowering_is_reported(chain, monkeypatch):
+    from dsa_tvm.lowering import region as lowering_region
+
+    def broken(*_a, **_k):
+        raise IndexError("lowering bug 5678")
+
+    monkeypatch.setattr(lowering_region, "compile_region", broken)
+    with pytest.warns(RuntimeWarning, match="lowering bug 5678"):
+        got = _run(import_onnx(chain), _slow_host(), _x())
+    report = dsa_tvm.last_compile_report()
+    assert report.regions and all(r.target == "cpu" and "IndexError: lowering bug 5678" in r.reason
+                                  for r in report.regions), str(report)
+    np.testing.assert_array_equal(got, _run(import_onnx(chain), "llvm", _x()))
+
+
+def test_regions_inside_a_private_function(chain):
+    """main calls a private function holding the QDQ chain. Failed before: MergeCompositeFunctions
+    raised "Variable lv could not be found in any group"; now its layers offload from there."""
+    inner = import_onnx(chain)["main"].without_attr("global_symbol")
+    bb = relax.BlockBuilder()
+    gv = bb.add_func(inner, "inner")
+    x = relax.Var("x", relax.TensorType((1, 3, 8, 8), "float32"))
+    with bb.function("main", [x]):
+        bb.emit_func_output(bb.emit(relax.Call(gv, [x])))
+    mod = bb.get()
+    got = _run(mod, _slow_host(), _x())
+    report = dsa_tvm.last_compile_report()
+    assert sum(r.target == "dsa" for r in report.regions) >= 2, str(report)
+    assert np.abs(got - _run(mod, "llvm", _x())).max() <= _output_step(chain) * 1.01
