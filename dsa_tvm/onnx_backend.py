@@ -114,15 +114,20 @@ class DsaBackend(Backend):
     @classmethod
     def prepare(cls, model: onnx.ModelProto, device: str = "CPU", target: Any = "dsa",
                 hardware: Any = None, shapes: Mapping[str, Sequence[int]] | None = None,
-                quantize: Any = None, **kwargs: Any) -> DsaBackendRep:
+                quantize: Any = None, quant_options: Mapping[str, Any] | None = None,
+                **kwargs: Any) -> DsaBackendRep:
+        """Import and compile ``model``; ``quant_options`` go to ``quantize_onnx``."""
+        if kwargs:
+            raise TypeError(f"unknown options {sorted(kwargs)}; the DSA backend takes target, "
+                            "hardware, shapes, quantize and quant_options")
         if not cls.supports_device(device):
             raise ValueError(f"device '{device}' is not supported: the DSA backend runs on "
                              f"{DEVICES} (DSA regions are simulated from the host)")
         if quantize is not None:
             from .quant import quantize_onnx
 
-            model = quantize_onnx(model, quantize, show_progress=False,
-                                  **kwargs.pop("quant_options", {})).model
+            opts = {"show_progress": False, **(quant_options or {})}
+            model = quantize_onnx(model, quantize, **opts).model
         return compile_module(import_onnx(model, shapes), model, _target(target, hardware))
 
     @classmethod

@@ -187,6 +187,8 @@ def test_backend_contract(chain):
     assert backend.supports_device("CPU") and not backend.supports_device("CUDA")
     with pytest.raises(ValueError, match="device 'CUDA' is not supported"):
         backend.prepare(chain, device="CUDA")
+    with pytest.raises(TypeError, match=r"unknown options \['hw'\]"):
+        backend.prepare(chain, hw="edge")
     with pytest.raises(ValueError, match="hardware=.* describes a DSA"):
         backend.prepare(chain, target="llvm", hardware="edge")
     rep = backend.prepare(chain, hardware="edge")
