@@ -166,10 +166,6 @@ class UnsupportedShape(NotAMatch):
     """A tensor of the match has a shape the DSA cannot take: symbolic (dynamic batch,
     data-dependent), unknown, or with a zero-size dimension. The match stays on the CPU."""
 
-    def __init__(self, why: str):
-        super().__init__(why)
-        self.calls: list[relax.Call] = []  # the calls read before the shape was met
-
 
 def shape_of(expr: relax.Expr) -> tuple[int, ...]:
     """Static shape of a tensor expression; UnsupportedShape when it has none.
@@ -256,14 +252,6 @@ def describe(kind: str, root: relax.Expr,
     """Read the match of pattern ``kind`` rooted at quantize ``root``; NotAMatch if it is not one."""
     get = lookup if callable(lookup) else (lambda v: lookup.get(v))
     r = _Reader(get)
-    try:
-        return _describe(kind, root, r)
-    except UnsupportedShape as e:
-        e.calls = list(dict.fromkeys(r.calls))
-        raise
-
-
-def _describe(kind: str, root: relax.Expr, r: _Reader) -> Match:
     q = r.need(root, "relax.quantize")
     out, out_shape = r.qparams(q), shape_of(q)
     body = q.args[0]
