@@ -40,8 +40,8 @@ def main(argv: list[str] | None = None) -> int:
     results = C.sweep(cases, args.hw, progress=show)
     wall = time.perf_counter() - t0
     for k, v in C.summary(results).items():
-        print(f"{k:>12}: {v}")
-    print(f"{'seconds':>12}: {wall:.1f} ({t_cases:.1f} generating the cases)")
+        print(f"{k:>30}: {v}")
+    print(f"{'seconds':>30}: {wall:.1f} ({t_cases:.1f} generating the cases)")
     if args.write_expected:
         if args.k:
             print("--write-expected needs the whole suite (no -k)", file=sys.stderr)

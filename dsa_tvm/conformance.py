@@ -241,7 +241,7 @@ def summary(results: list[CaseResult]) -> dict[str, int]:
             "llvm wrong": sum(r.llvm == "wrong" for r in results),
             "dsa breaks": sum(r.dsa != "wrong" for r in dsa_breaks(results)),
             "dsa wrong": sum(r.dsa == "wrong" for r in llvm_runs),
-            "offloaded": sum(r.offloaded > 0 for r in results)}
+            "cases with a region offloaded": sum(r.offloaded > 0 for r in results)}
 
 
 def as_dicts(results: list[CaseResult]) -> list[dict[str, Any]]:
