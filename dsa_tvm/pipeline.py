@@ -44,15 +44,19 @@ class CompileReport:
     partition: Any = None                        # relay_passes.PartitionReport
     regions: list[RegionDecision] = field(default_factory=list)
     seconds: float = 0.0
+    error: str = ""   # an internal error that kept the whole program on the CPU
+
 
     def to_dict(self) -> dict[str, Any]:
-        return {"hardware": self.hardware, "seconds": self.seconds,
+        return {"hardware": self.hardware, "seconds": self.seconds, "error": self.error,
                 "regions": [{k: v for k, v in r.__dict__.items() if k != "region"}
                             for r in self.regions],
                 "partition": self.partition.to_dict() if self.partition is not None else None}
 
     def __str__(self) -> str:
         lines = [f"DSA compile for '{self.hardware}' in {self.seconds:.2f} s"]
+        if self.error:
+            lines.append(f"  everything on the CPU: {self.error}")
         for r in self.regions:
             nums = ""
             if r.dsa_us is not None and r.cpu_us is not None:
@@ -127,6 +131,19 @@ def cpu_estimate_us(ops: int, cfg: HardwareConfig) -> float:
     return ops / (cfg.cpu_gmacs * 1e3)
 
 
+def internal_error(stage: str, e: BaseException) -> str:
+    """The report line (and a warning) for a bug of ours that a compile survived on the CPU."""
+    import traceback
+    import warnings
+
+    where = traceback.extract_tb(e.__traceback__)[-1] if e.__traceback__ else None
+    at = f" at {where.filename.rsplit('/', 1)[-1]}:{where.lineno}" if where else ""
+    msg = (f"internal error while {stage} (a dsa-tvm bug; the CPU build runs it): "
+           f"{type(e).__name__}: {e}{at}")
+    warnings.warn(msg, RuntimeWarning, stacklevel=3)
+    return msg
+
+
 def offload_for_dsa(mod, cfg: HardwareConfig):
     """Partition ``mod`` for ``cfg``, compile each region, offload the ones worth it."""
     from relay_passes import OffloadResult, offload_regions, partition_for_dsa
@@ -138,7 +155,13 @@ def offload_for_dsa(mod, cfg: HardwareConfig):
     t0 = time.perf_counter()
     report = CompileReport(cfg.name, cfg.mhz)
     compile_id = uuid.uuid4().hex  # in every program: a launch's report finds its compile
-    part, report.partition = partition_for_dsa(mod, cfg)
+    try:
+        part, report.partition = partition_for_dsa(mod, cfg)
+    except Exception as e:  # noqa: BLE001 - a bug in our partitioner: all on the CPU, said loudly
+        report.error = internal_error("partitioning", e)
+        report.seconds = time.perf_counter() - t0
+        _remember(compile_id, report)
+        return mod
     sim = Simulator(cfg)
     choose_knobs = current_chooser()  # tuned schedules when a MetaSchedule database is in scope
 
@@ -151,6 +174,9 @@ def offload_for_dsa(mod, cfg: HardwareConfig):
             prog, d.dsa_cycles, d.schedules = _region_program(region, cfg, choose_knobs, sim)
         except UnsupportedLayer as e:
             d.reason = f"codegen: {e}"
+            return None
+        except Exception as e:  # noqa: BLE001 - a bug in our lowering: CPU, said loudly
+            d.reason = internal_error("lowering this region", e)
             return None
         finally:
             d.compile_s = time.perf_counter() - t1

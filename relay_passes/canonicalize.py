@@ -51,10 +51,27 @@ class _DedupDequantize(PyExprMutator):
         super().__init__(mod)
         self.shared = shared
         self.copies: dict[relax.Var, int] = {}
+        self.in_dataflow = False
+
+    # Copies go only into dataflow blocks (where the patterns fuse): a consumer outside
+    # one (an If branch) keeps the shared dequantize, which stays a block output.
+    def visit_dataflow_block_(self, block: relax.DataflowBlock) -> relax.BindingBlock:  # noqa: N802
+        outer, self.in_dataflow = self.in_dataflow, True
+        try:
+            return super().visit_dataflow_block_(block)
+        finally:
+            self.in_dataflow = outer
+
+    def visit_binding_block_(self, block: relax.BindingBlock) -> relax.BindingBlock:  # noqa: N802
+        outer, self.in_dataflow = self.in_dataflow, False
+        try:
+            return super().visit_binding_block_(block)
+        finally:
+            self.in_dataflow = outer
 
     def visit_call_(self, call: relax.Call) -> relax.Expr:  # noqa: N802 (TVM visitor name)
         new = super().visit_call_(call)
-        if not any(isinstance(a, relax.Var) and a in self.shared for a in call.args):
+        if not self.in_dataflow or not any(isinstance(a, relax.Var) and a in self.shared for a in call.args):
             return new
         args = []
         for a in call.args:
@@ -195,4 +212,7 @@ def int8_data_movement(mod: tvm.IRModule) -> tvm.IRModule:
 def prepare(mod: tvm.IRModule) -> tvm.IRModule:
     """The clean-ups, in order, on a copy of ``mod``."""
     mod = tvm.IRModule(dict(mod.functions.items()), attrs=mod.attrs)
+    # the importer emits no dataflow block around control flow (ONNX If), and the
+    # patterns only fuse inside dataflow blocks: regroup the pure bindings into them
+    mod = relax.transform.ConvertToDataflow()(mod)
     return dedup_dequantize(int8_data_movement(canonicalize_clip(mod)))

@@ -19,6 +19,7 @@ import numpy as np
 import tvm
 from tvm import relax
 from tvm.ir import Op
+from tvm.relax.dpl import WildcardPattern
 from tvm.relax.transform import FusionPattern, PatternCheckContext
 
 from dsa_tvm.codegen.layers import Region
@@ -26,8 +27,17 @@ from dsa_tvm.hw.config import HardwareConfig, load_config
 from dsa_tvm.onnx_names import node_name
 
 from .canonicalize import prepare
-from .patterns import CODEGENS, NotAMatch, PatternSpec, describe, pattern_specs
+from .patterns import (
+    CODEGENS,
+    Match,
+    NotAMatch,
+    PatternSpec,
+    UnsupportedShape,
+    describe,
+    pattern_specs,
+)
 from .supported import check
+from .walkable import merge_blockers
 
 CODEGEN = "dsa"
 
@@ -75,7 +85,7 @@ class PartitionReport:
     config: str
     regions: list[RegionInfo] = field(default_factory=list)
     cpu_ops: list[CpuOp] = field(default_factory=list)
-    notes: list[str] = field(default_factory=list)  # model-wide findings (e.g. not quantized)
+    notes: list[str] = field(default_factory=list)  # whole-program findings (not quantized, no merging)
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -105,11 +115,21 @@ def _op_name(call: relax.Call) -> str:
     return getattr(call.op, "name_hint", str(call.op))
 
 
+_ANCHORS = ("relax.nn.conv2d", "relax.matmul", "relax.nn.max_pool2d", "relax.nn.avg_pool2d",
+            "relax.mean", "relax.add", "relax.nn.relu", "relax.clip")
+
+
+def _anchor_rank(call: relax.Call) -> int:
+    """The op a pattern is named after ranks first (a rescale is its quantize)."""
+    name = call.op.name
+    return _ANCHORS.index(name) if name in _ANCHORS else len(_ANCHORS)
+
+
 def pattern_decisions(mod: tvm.IRModule, cfg: HardwareConfig) -> dict[str, str]:
     """var name -> why the DSA does not take it, for every binding of a failed pattern match."""
     func = mod["main"]
     var2val = dict(relax.analysis.get_var2val(func).items())
-    bound = {id(v): k for k, v in var2val.items()}
+    bound = {hash(v): k for k, v in var2val.items()}  # hash: the node, not the wrapper
     specs = pattern_specs()
     reasons: dict[str, str] = {}
     for var, val in var2val.items():
@@ -122,6 +142,16 @@ def pattern_decisions(mod: tvm.IRModule, cfg: HardwareConfig) -> dict[str, str]:
                 continue
             try:
                 m = describe(s.kind, val, var2val)
+            except UnsupportedShape as e:  # the structure matches, the shape does not
+                if first_fail is None:
+                    matched = s.pattern.extract_matched_expr(val, var2val) or {}
+                    calls = [c for pat, c in matched.items() if isinstance(c, relax.Call)
+                             and not isinstance(pat, WildcardPattern) and isinstance(c.op, Op)
+                             and c.op.name != "relax.dequantize"]
+                    anchor = min(calls, key=_anchor_rank, default=val)
+                    first_fail = (s, Match(s.kind, anchor, [], None, (), val, calls=calls),
+                                  str(e))
+                continue
             except NotAMatch:
                 continue
             ok, why = check(m, cfg)
@@ -133,10 +163,10 @@ def pattern_decisions(mod: tvm.IRModule, cfg: HardwareConfig) -> dict[str, str]:
         if first_fail is None:
             continue
         s, m, why = first_fail
-        anchor = bound.get(id(m.op))
+        anchor = bound.get(hash(m.op))
         aname = anchor.name if anchor is not None else var.name
         for c in m.calls:
-            v = bound.get(id(c))
+            v = bound.get(hash(c))
             if v is None:
                 continue
             if v is anchor:
@@ -251,26 +281,53 @@ def _op_macs(call: relax.Call) -> int:
 
 
 def region_functions(mod: tvm.IRModule) -> list[tuple[tvm.ir.GlobalVar, relax.Function]]:
-    """The DSA region functions of a partitioned module, in call order of ``main``."""
-    order = []
-    for val in relax.analysis.get_var2val(mod["main"]).values():
-        if isinstance(val, relax.Call) and isinstance(val.op, tvm.ir.GlobalVar):
-            f = mod[val.op]
-            if f.attrs is not None and f.attrs.get("Codegen") in CODEGENS:
-                order.append((val.op, f))
-    return order
+    """The DSA region functions of a partitioned module, in call order: ``main``'s first,
+    then those called from the module's other functions (private ones, by name)."""
+    callers = sorted((gv for gv, f in mod.functions.items() if isinstance(f, relax.Function)
+                      and not (f.attrs is not None and ("Codegen" in f.attrs
+                                                         or "Composite" in f.attrs))),
+                     key=lambda gv: (gv.name_hint != "main", gv.name_hint))
+    order: dict[tvm.ir.GlobalVar, relax.Function] = {}
+    for caller in callers:
+        for val in relax.analysis.get_var2val(mod[caller]).values():
+            if isinstance(val, relax.Call) and isinstance(val.op, tvm.ir.GlobalVar) \
+                    and val.op not in order:
+                f = mod[val.op]
+                if f.attrs is not None and f.attrs.get("Codegen") in CODEGENS:
+                    order[val.op] = f
+    return list(order.items())
 
 
-def partition_only(mod: tvm.IRModule, cfg: HardwareConfig, prepared: bool = False) -> tvm.IRModule:
+def _has_composites(mod: tvm.IRModule) -> bool:
+    return any(isinstance(f, relax.Function) and f.attrs is not None and "Composite" in f.attrs
+               for f in mod.functions.values())
+
+
+def partition_only(mod: tvm.IRModule, cfg: HardwareConfig, prepared: bool = False,
+                   notes: list[str] | None = None) -> tvm.IRModule:
     """Canonicalize (unless ``prepared``), fuse the DSA patterns, merge them into regions.
 
     ``annotate_codegen`` stays False: MergeCompositeFunctions only merges bare
-    composites (with True every layer would become its own region)."""
+    composites (with True every layer would become its own region). A program
+    MergeCompositeFunctions cannot walk (``walkable.merge_blockers``: MatchCast, If,
+    symbolic dimensions as values) keeps each DSA layer a region of its own
+    instead; why goes to ``notes`` (the partition report's)."""
     if not prepared:
         mod = prepare(mod)
-    mod = relax.transform.FuseOpsByPattern(fusion_patterns(cfg), bind_constants=True,
-                                           annotate_codegen=False)(mod)
-    return relax.transform.MergeCompositeFunctions()(mod)
+    fused = relax.transform.FuseOpsByPattern(fusion_patterns(cfg), bind_constants=True,
+                                             annotate_codegen=False)(mod)
+    if not _has_composites(fused):
+        return fused  # no DSA layer: nothing to merge
+    blockers = merge_blockers(fused)
+    if not blockers:
+        return relax.transform.MergeCompositeFunctions()(fused)
+    if notes is not None:
+        shown = "; ".join(blockers[:3]) + (f"; and {len(blockers) - 3} more"
+                                            if len(blockers) > 3 else "")
+        notes.append("DSA layers not merged into multi-layer regions (each is a region of its "
+                     f"own): MergeCompositeFunctions cannot walk {shown}")
+    return relax.transform.FuseOpsByPattern(fusion_patterns(cfg), bind_constants=True,
+                                            annotate_codegen=True)(mod)
 
 
 def partition_for_dsa(mod: tvm.IRModule, cfg: HardwareConfig | str | None = None
@@ -281,8 +338,8 @@ def partition_for_dsa(mod: tvm.IRModule, cfg: HardwareConfig | str | None = None
     cfg = load_config(cfg)
     mod = prepare(mod)
     reasons = pattern_decisions(mod, cfg)
-    part = partition_only(mod, cfg, prepared=True)
     report = PartitionReport(cfg.name)
+    part = partition_only(mod, cfg, prepared=True, notes=report.notes)
     for i, (_gv, f) in enumerate(region_functions(part)):
         name = f"dsa_region{i}"  # the name offload_regions gives the same region
         try:

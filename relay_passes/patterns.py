@@ -18,6 +18,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 
 import numpy as np
+import tvm
 from tvm import relax
 from tvm.ir import Op
 from tvm.ir.expr import GenericConst
@@ -161,10 +162,29 @@ class NotAMatch(ValueError):
     """The expression does not have the structure the pattern kind promises."""
 
 
+class UnsupportedShape(NotAMatch):
+    """A tensor of the match has a shape the DSA cannot take: symbolic (dynamic batch,
+    data-dependent), unknown, or with a zero-size dimension. The match stays on the CPU."""
+
+
 def shape_of(expr: relax.Expr) -> tuple[int, ...]:
-    """Static shape of a tensor expression (every shape in these graphs is static)."""
+    """Static shape of a tensor expression; UnsupportedShape when it has none.
+
+    DSA programs are compiled for one shape, so a symbolic dimension (``N`` of a
+    dynamic batch, a data-dependent size) or a zero-size one cannot be offloaded."""
     ty = expr.ty
-    return tuple(int(d) for d in ty.shape)
+    dims = getattr(ty, "shape", None)
+    if not isinstance(ty, relax.TensorType) or dims is None:
+        raise UnsupportedShape(f"tensor of unknown shape ({ty})")
+    shape = []
+    for d in dims:
+        if not isinstance(d, tvm.tirx.IntImm):
+            raise UnsupportedShape(f"symbolic dimension {d} in shape {list(dims)} (dynamic "
+                                   "shape): DSA programs need static shapes")
+        shape.append(int(d))
+    if 0 in shape:
+        raise UnsupportedShape(f"zero-size dimension in shape {shape}: nothing to compute")
+    return tuple(shape)
 
 
 def dtype_of(expr: relax.Expr) -> str:

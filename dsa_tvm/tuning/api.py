@@ -30,6 +30,7 @@ class TuneReport:
     results: list[TaskResult] = field(default_factory=list)
     layers: dict[str, list[str]] = field(default_factory=dict)   # task name -> layer names
     seconds: float = 0.0
+    skipped: dict[str, str] = field(default_factory=dict)  # layer/op -> why it has no task
 
     def __str__(self) -> str:
         head = (f"{'task':<58} {'layers':>6} {'default cyc':>12} {'tuned cyc':>12} "
@@ -47,9 +48,14 @@ class TuneReport:
         return "\n".join(lines)
 
 
-def extract_tasks(mod, hw: "str | Path | HardwareConfig | None" = None
+def extract_tasks(mod, hw: "str | Path | HardwareConfig | None" = None,
+                  skipped: dict[str, str] | None = None
                   ) -> tuple[list[Task], dict[str, list[str]]]:
-    """The distinct DSA tasks of a Relax module and which layers each one covers."""
+    """The distinct DSA tasks of a Relax module and which layers each one covers.
+
+    ``skipped`` (when given) collects what has no task and why: layers whose DSA pattern
+    was refused (a symbolic or zero-size shape, a constraint), regions that do not
+    lower, layers without a recipe."""
     from relay_passes import partition_for_dsa, region_from_function
     from relay_passes.partition import region_functions
     from tir_schedules.space import perf_shape
@@ -57,19 +63,25 @@ def extract_tasks(mod, hw: "str | Path | HardwareConfig | None" = None
     from ..lowering.fold_input import fold_region_inputs
     from ..lowering.kinds import UnsupportedLayer, recipe
 
+    skipped = skipped if skipped is not None else {}
     cfg = load_config(hw)
-    part, _ = partition_for_dsa(mod, cfg)
+    part, report = partition_for_dsa(mod, cfg)
+    for op in report.cpu_ops:
+        if " not supported: " in op.reason and not op.reason.startswith("part of "):
+            skipped[op.var] = op.reason  # a DSA pattern that its check (or shape) refused
     tasks: dict[Task, list[str]] = {}
     for i, (_gv, func) in enumerate(region_functions(part)):
         try:
             region = region_from_function(func, f"dsa_region{i}")
-        except Exception:  # noqa: BLE001 - stays on the CPU (the compile report says why)
+        except Exception as e:  # noqa: BLE001 - stays on the CPU (the compile report says why)
+            skipped[f"dsa_region{i}"] = f"lowering failed: {type(e).__name__}: {e}"
             continue
         region, _ = fold_region_inputs(region, cfg)  # the layers as the compiler lowers them
         for layer in region.layers:
             try:
                 r = recipe(layer, cfg, consts=False)
-            except UnsupportedLayer:
+            except UnsupportedLayer as e:
+                skipped[layer.name] = f"no DSA recipe: {e}"
                 continue
             try:
                 task = Task(cfg, perf_shape(r.shape))
@@ -115,9 +127,12 @@ def tune(mod, work_dir: str | Path, trials: int = 64,
     work_dir = Path(work_dir)
     db = open_database(work_dir)   # a bad work_dir fails before the task extraction
     t0 = time.perf_counter()
-    tasks, layers = extract_tasks(mod, cfg)
-    report = TuneReport(cfg.name, str(work_dir), layers=layers)
+    skipped: dict[str, str] = {}
+    tasks, layers = extract_tasks(mod, cfg, skipped=skipped)
+    report = TuneReport(cfg.name, str(work_dir), layers=layers, skipped=skipped)
     say(f"{len(tasks)} DSA tasks for '{cfg.name}', {trials} trials each")
+    for what, why in skipped.items():
+        say(f"no task for {what}: {why}")
     for i, task in enumerate(tasks):
         r = tune_task(task, trials, db, work_dir / "tasks" / f"{i:03d}", runner=runner, seed=seed,
                       workers=workers)
