@@ -12,7 +12,10 @@ build of the same import), ``hardware`` (preset name, TOML file or
 ``HardwareConfig``; implies the dsa target), ``shapes`` (input name -> shape, for
 symbolic dimensions the DSA should see static), ``quantize`` (calibration data:
 the FP32 model is quantized to int8 QDQ with :func:`dsa_tvm.quant.quantize_onnx`
-first). The compile report of the last ``prepare`` is ``rep.compile_report``.
+first), ``intake`` (True: take the model through :func:`dsa_tvm.load_onnx` first:
+opset upgrade, fixed ``shapes``, onnxslim, the FP32 check; off by default so the ONNX
+node suite tests the importer on each op as written). The compile report of the last
+``prepare`` is ``rep.compile_report``.
 """
 
 from __future__ import annotations
@@ -115,18 +118,22 @@ class DsaBackend(Backend):
     def prepare(cls, model: onnx.ModelProto, device: str = "CPU", target: Any = "dsa",
                 hardware: Any = None, shapes: Mapping[str, Sequence[int]] | None = None,
                 quantize: Any = None, quant_options: Mapping[str, Any] | None = None,
-                **kwargs: Any) -> DsaBackendRep:
+                intake: bool = False, **kwargs: Any) -> DsaBackendRep:
         """Import and compile ``model``; ``quant_options`` go to ``quantize_onnx``."""
         if kwargs:
             raise TypeError(f"unknown options {sorted(kwargs)}; the DSA backend takes target, "
-                            "hardware, shapes, quantize and quant_options")
+                            "hardware, shapes, quantize, quant_options and intake")
         if not cls.supports_device(device):
             raise ValueError(f"device '{device}' is not supported: the DSA backend runs on "
                              f"{DEVICES} (DSA regions are simulated from the host)")
-        if quantize is not None:
+        if intake:
+            from .frontend.intake import load_onnx
+
+            model = load_onnx(model, shapes).model
+        if quantize is not None:  # quantize_onnx takes the model through intake itself
             from .quant import quantize_onnx
 
-            opts = {"show_progress": False, **(quant_options or {})}
+            opts = {"show_progress": False, "shapes": shapes, **(quant_options or {})}
             model = quantize_onnx(model, quantize, **opts).model
         return compile_module(import_onnx(model, shapes), model, _target(target, hardware))
 
