@@ -220,7 +220,8 @@ def bench_region(cfg, sim, reps, rng, region: L.Region, numpy_fn, check_referenc
 
 def bench_matmul(cfg, sim, reps, rng, n, check_reference: bool) -> dict:
     return bench_region(cfg, sim, reps, rng, dense_region(rng, n), numpy_dense,
-                        check_reference, name=f"matmul {n}x{n}x{n}", count=1)
+                        check_reference, name=f"matmul {n}^3", count=1,
+                        shape=f"{n}x{n}x{n} dense")
 
 
 def bench_conv(cfg, sim, reps, rng, layer, check_reference: bool) -> dict:
