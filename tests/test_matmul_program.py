@@ -82,3 +82,20 @@ def test_matmul_refuses_bad_qparams_and_clamps():
         matmul_program(cfg, 4, 8, 8, clamp=(5, 4))
     with pytest.raises(ValueError, match="zero point must be int8"):
         matmul_program(cfg, 4, 8, 8, output_zp=200)
+
+
+def test_pack_qparams_layout_by_hand():
+    """The output-stage table the hand-written programs read: per block of block_out
+    channels, rows bias, mult, shift; padding channels and a missing bias are zeros."""
+    cfg = load_config("edge")                        # block_out 8
+    qp = pack_qparams([10, 11, 12], [1, 2, 3], cfg, bias=[-1, -2, -3])
+    assert qp.shape == (1, 3, 8) and qp.dtype == np.int32
+    assert qp[0, 0].tolist() == [-1, -2, -3, 0, 0, 0, 0, 0]     # bias row
+    assert qp[0, 1].tolist() == [10, 11, 12, 0, 0, 0, 0, 0]     # mult row
+    assert qp[0, 2].tolist() == [1, 2, 3, 0, 0, 0, 0, 0]        # shift row
+    assert pack_qparams(np.arange(9), np.arange(9), cfg).shape == (2, 3, 8)
+    assert not pack_qparams([1], [1], cfg)[:, 0].any()          # no bias: zero row
+    with pytest.raises(ValueError):
+        pack_qparams([1, 2], [1], cfg)
+    with pytest.raises(ValueError):
+        pack_qparams([1, 2], [1, 2], cfg, bias=[1])

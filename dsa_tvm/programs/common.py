@@ -1,4 +1,4 @@
-"""Helpers shared by the hand-written programs: the per-channel output-stage table."""
+"""The per-channel output-stage table of the hand-written matmul program (``matmul``)."""
 
 from __future__ import annotations
 

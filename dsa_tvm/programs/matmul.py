@@ -1,4 +1,5 @@
-"""Hand-written tiled int8 matmul programs (demo, tests, benchmarks).
+"""Hand-written tiled int8 matmul programs: the demo and the device tests, which need a
+program without the compiler (benchmarks time compiled programs: ``bench_sim.py``).
 
 ``out[M, N] = clamp(requant(x[M, K] @ w[N, K].T + bias) + zp, lo, hi)`` with the
 per-channel fused output stage (one ALU REQUANT per tile), or the raw int32
