@@ -18,6 +18,7 @@ from .hw.config import ConfigError, HardwareConfig, load_config, preset_names
 from .isa.builder import ProgramBuilder
 from .isa.disasm import disassemble
 from .isa.program import Program
+from .lowering.options import CompileOptions, options
 from .quant import quantize
 from .sim.errors import DeadlockError, HazardError, SimulationError
 from .sim.simulator import SimResult, Simulator
@@ -29,9 +30,9 @@ setup()
 __version__ = "0.1.0"
 
 __all__ = [
-    "ConfigError", "DeadlockError", "HardwareConfig", "HazardError", "Intake", "IntakeError",
-    "Program", "ProgramBuilder",
+    "CompileOptions", "ConfigError", "DeadlockError", "HardwareConfig", "HazardError", "Intake",
+    "IntakeError", "Program", "ProgramBuilder",
     "SimResult", "SimulationError", "Simulator", "UnknownCompileError", "compile",
     "compile_report", "disassemble", "last_compile_report", "last_run_report", "load_config",
-    "load_onnx", "preset_names", "quantize", "run_report", "setup", "target", "tune", "tuned",
+    "load_onnx", "options", "preset_names", "quantize", "run_report", "setup", "target", "tune", "tuned",
 ]
