@@ -31,14 +31,15 @@ class FlowResult:
 
     def agreement(self, step: float | None) -> dict[str, float]:
         """How the DSA outputs compare with onnxruntime on the same QDQ graph."""
+        from .quant.metrics import cosine
+
         got, ref = self.outputs[0].astype(np.float64), self.reference[0].astype(np.float64)
         out = {"max_abs_diff": float(np.abs(got - ref).max())}
         if step:
             steps = np.abs(got - ref) / step
             out["max_steps"] = float(steps.max())
             out["fraction_differing"] = float((steps > 0.5).mean())
-        denom = np.linalg.norm(got) * np.linalg.norm(ref)
-        out["cosine"] = float((got.ravel() @ ref.ravel()) / denom) if denom else 1.0
+        out["cosine"] = cosine(got, ref)
         return out
 
 

@@ -37,9 +37,10 @@ from ..codegen.layers import (
     Rescale,
 )
 from ..hw.config import HardwareConfig
+from ..intmath import ceil_div
 from ..isa import semantics as sem
 from .host_pack import PARAMS, ROWSUM, batch_dims
-from .layouts import ceil_div, image_dims, pack_conv_weights, pack_output_stage
+from .layouts import image_dims, pack_conv_weights, pack_output_stage
 from .options import current_options
 
 
