@@ -319,3 +319,18 @@ def test_each_thread_keeps_the_last_run_of_a_few_executables():
     assert runs.of("b") == [b1]                          # still A's and B's last runs
     runs.add(b"r1", c1)
     assert runs.of("a") == [] and runs.of("b") == [b1] and runs.of("c") == [c1]
+
+
+def test_the_compile_id_survives_export_library(models, tmp_path):
+    """A module loaded back from ``export_library`` is the same executable: in the process
+    that compiled it, its compile report and its runs are found."""
+    ex, rep = _compile(models["conv"])
+    ex.export_library(str(tmp_path / "m.so"))
+    loaded = tvm.runtime.load_module(str(tmp_path / "m.so"))
+    assert dsa_tvm.compile_report(loaded).compile_id == rep.compile_id
+    vm = relax.VirtualMachine(loaded, tvm.cpu())
+    x = _input(models["conv"], 6)
+    _run(vm, x)
+    want = _rows(dsa_tvm.run_report(vm))
+    _run(relax.VirtualMachine(ex, tvm.cpu()), x)   # the original: same compile, same rows
+    assert _rows(dsa_tvm.run_report(ex)) == want and want
