@@ -4,12 +4,21 @@ The device layer (hardware descriptions, instruction set, simulator) imports
 no TVM; the compiler layers above it do.
 """
 
-from .api import compile, last_compile_report, last_run_report, setup  # noqa: A004
+from .api import (  # noqa: A004
+    compile,
+    compile_report,
+    last_compile_report,
+    last_run_report,
+    run_report,
+    setup,
+)
+from .compile_ids import UnknownCompileError
 from .frontend.intake import Intake, IntakeError, load_onnx
 from .hw.config import ConfigError, HardwareConfig, load_config, preset_names
 from .isa.builder import ProgramBuilder
 from .isa.disasm import disassemble
 from .isa.program import Program
+from .lowering.options import CompileOptions, options
 from .quant import quantize
 from .sim.errors import DeadlockError, HazardError, SimulationError
 from .sim.simulator import SimResult, Simulator
@@ -21,9 +30,9 @@ setup()
 __version__ = "0.1.0"
 
 __all__ = [
-    "ConfigError", "DeadlockError", "HardwareConfig", "HazardError", "Intake", "IntakeError",
-    "Program", "ProgramBuilder",
-    "SimResult", "SimulationError", "Simulator", "compile", "disassemble", "last_compile_report",
-    "last_run_report", "load_config", "load_onnx", "preset_names", "quantize", "setup", "target", "tune",
-    "tuned",
+    "CompileOptions", "ConfigError", "DeadlockError", "HardwareConfig", "HazardError", "Intake",
+    "IntakeError", "Program", "ProgramBuilder",
+    "SimResult", "SimulationError", "Simulator", "UnknownCompileError", "compile",
+    "compile_report", "disassemble", "last_compile_report", "last_run_report", "load_config",
+    "load_onnx", "options", "preset_names", "quantize", "run_report", "setup", "target", "tune", "tuned",
 ]

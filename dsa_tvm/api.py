@@ -62,8 +62,62 @@ def _import_onnx(model, shapes, calibration_data, quantize_options: dict, verbos
     return from_onnx(taken.model, keep_params_in_input=False)
 
 
+def compile_report(executable):
+    """What the DSA compile of ``executable`` decided (regions, ops left on the CPU and
+    why): ``executable`` is what ``tvm.compile(mod, target="dsa")`` returned, a
+    ``relax.VirtualMachine`` of it, or the module ``load_module`` gave back in the
+    compiling process. The newest compile's report is complete; those of the
+    ``pipeline.COMPILE_RECORDS`` compiles before it keep everything but their regions'
+    layers (``RegionDecision.region`` is None). Raises ``UnknownCompileError`` for an
+    executable this process did not compile (a file compiled elsewhere) or has forgotten."""
+    from .compile_ids import UnknownCompileError, compile_id_of
+    from .pipeline import COMPILE_RECORDS, compile_report_of
+
+    cid = compile_id_of(executable)
+    report = compile_report_of(cid)
+    if report is None:
+        raise UnknownCompileError(
+            f"no compile report for this executable (compile {cid}): it was compiled in "
+            f"another process (compile reports stay with the process that compiled, e.g. "
+            f"a module loaded from a file) or before the last {COMPILE_RECORDS} compiles, "
+            f"which are all this process keeps; compile it again here to get its report")
+    return report
+
+
+def run_report(executable):
+    """Per-layer report of the calling thread's last run of ``executable`` (a
+    ``relax.VirtualMachine``, or its executable): that run's DSA launches and the CPU
+    layers of its compile, whatever ran or was compiled since. A model without DSA
+    regions reports its CPU layers. Raises ``UnknownCompileError`` when there is nothing
+    to report: it has DSA regions but has not run in this thread (or not since
+    ``runtime.RUNS_PER_THREAD`` other executables ran), or it is unknown and never ran."""
+    from dataclasses import replace
+
+    from .compile_ids import UnknownCompileError, compile_id_of
+    from .pipeline import compile_record, compile_report_of
+    from .report import build_report
+    from .runtime import RUNS_PER_THREAD, launches_of
+
+    cid = compile_id_of(executable)
+    launches = launches_of(cid)
+    record = compile_record(cid)
+    if launches:
+        rep = build_report(launches)
+        if record is not None:
+            rep.rows += record.rows
+        return rep
+    compiled = compile_report_of(cid)
+    if compiled is not None and not any(d.target == "dsa" for d in compiled.regions):
+        return replace(record, rows=list(record.rows))  # all on the CPU: nothing launches
+    raise UnknownCompileError(
+        f"no run of this executable (compile {cid}) in this thread"
+        + ("" if compiled is not None else " and no compile report for it in this process")
+        + f": run it in this thread first (each thread keeps the last run of its "
+          f"{RUNS_PER_THREAD} most recently run executables)")
+
+
 def last_compile_report():
-    """What the last DSA compile decided (regions, ops left on the CPU and why)."""
+    """What the last DSA compile decided: ``compile_report`` of the newest executable."""
     from .pipeline import last_compile_report as last
 
     return last()
@@ -73,7 +127,7 @@ def last_run_report():
     """Per-layer report of the calling thread's last model run since the previous call:
     its DSA launches, and the CPU layers of the compile those programs came from (not of
     whatever was compiled last). With no launch (a model without DSA regions) it shows
-    the last compile's CPU layers."""
+    the last compile's CPU layers. ``run_report(vm)`` names the executable instead."""
     from .pipeline import compile_record, last_compile_report
     from .report import build_report
     from .runtime import take_launches

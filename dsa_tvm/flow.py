@@ -31,14 +31,15 @@ class FlowResult:
 
     def agreement(self, step: float | None) -> dict[str, float]:
         """How the DSA outputs compare with onnxruntime on the same QDQ graph."""
+        from .quant.metrics import cosine
+
         got, ref = self.outputs[0].astype(np.float64), self.reference[0].astype(np.float64)
         out = {"max_abs_diff": float(np.abs(got - ref).max())}
         if step:
             steps = np.abs(got - ref) / step
             out["max_steps"] = float(steps.max())
             out["fraction_differing"] = float((steps > 0.5).mean())
-        denom = np.linalg.norm(got) * np.linalg.norm(ref)
-        out["cosine"] = float((got.ravel() @ ref.ravel()) / denom) if denom else 1.0
+        out["cosine"] = cosine(got, ref)
         return out
 
 
@@ -75,7 +76,6 @@ def run_model(model: str | Path, hw: "str | Path | HardwareConfig | None" = None
 
     from . import api
     from .models.quantize import calibration_data, run_onnxruntime
-    from .runtime import take_launches
     from .target import target
 
     cfg = load_config(hw)
@@ -92,17 +92,16 @@ def run_model(model: str | Path, hw: "str | Path | HardwareConfig | None" = None
     t0 = time.perf_counter()
     ex = tvm.compile(mod, target=target(cfg))
     t["compile_s"] = time.perf_counter() - t0
-    crep = api.last_compile_report()
+    crep = api.compile_report(ex)
     vm = relax.VirtualMachine(ex, tvm.cpu())
     feed = calibration_data(onnx_model, n=1, seed=seed + 99)[0]
     (in_name, x), = feed.items()
-    take_launches()
     t0 = time.perf_counter()
     out = vm["main"](tvm.runtime.tensor(x))
     t["run_s"] = time.perf_counter() - t0
     outs = [out.numpy()] if hasattr(out, "numpy") else [o.numpy() for o in out]
     ref = run_onnxruntime(onnx_model, {in_name: x}, optimize=False)
-    rrep = api.last_run_report()
+    rrep = api.run_report(vm)
     return FlowResult(name, cfg, outs, ref, crep, rrep, t, notes, _output_step(onnx_model))
 
 

@@ -151,12 +151,12 @@ def compile_module(mod, model: onnx.ModelProto, tgt) -> DsaBackendRep:
 
     from .target import is_dsa
 
-    before = dsa_tvm.last_compile_report()
     ex = tvm.compile(mod, target=tgt)
-    report = dsa_tvm.last_compile_report()
     name = "dsa" if is_dsa(tgt) else str(tgt.kind.name)
-    return DsaBackendRep(ex, graph_inputs(model), [o.name for o in model.graph.output], name,
-                         report if report is not before else None)
+    rep = DsaBackendRep(ex, graph_inputs(model), [o.name for o in model.graph.output], name)
+    if is_dsa(tgt):
+        rep.compile_report = dsa_tvm.compile_report(rep.vm)  # this executable's, whatever else compiles
+    return rep
 
 
 def _target(target: Any, hardware: Any):

@@ -14,7 +14,7 @@ import threading
 import time
 import uuid
 from collections import OrderedDict
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from .hw.config import HardwareConfig
@@ -45,10 +45,11 @@ class CompileReport:
     regions: list[RegionDecision] = field(default_factory=list)
     seconds: float = 0.0
     error: str = ""   # an internal error that kept the whole program on the CPU
-
+    compile_id: str = ""  # in every program's meta and the module's dsa_compile_id function
 
     def to_dict(self) -> dict[str, Any]:
-        return {"hardware": self.hardware, "seconds": self.seconds, "error": self.error,
+        return {"hardware": self.hardware, "compile_id": self.compile_id,
+                "seconds": self.seconds, "error": self.error,
                 "regions": [{k: v for k, v in r.__dict__.items() if k != "region"}
                             for r in self.regions],
                 "partition": self.partition.to_dict() if self.partition is not None else None}
@@ -71,38 +72,75 @@ class CompileReport:
         return "\n".join(lines)
 
 
-#: the most recent compile's full report (its regions keep their layers, weights included,
-#: for checks against a reference); one only, replaced by the next compile
-_last_report: list[CompileReport] = []
-#: what a run report needs of each compile (its CPU layers, no weights), by compile id
-_records: OrderedDict[str, Any] = OrderedDict()
-_records_lock = threading.Lock()
-#: compiles whose CPU layers run reports can still show (the oldest are forgotten)
+#: compiles whose reports (and CPU layers for run reports) stay known; the oldest go first
 COMPILE_RECORDS = 256
 
 
+class CompileMemory:
+    """The compile reports this process remembers, by compile id, bounded.
+
+    The newest compile's report is kept in full (its regions keep their layers, weights
+    included, for checks against a reference); older ones lose the layers
+    (``RegionDecision.region`` is None) and keep their decisions, partition report and
+    CPU rows, a few KB each, so memory does not grow with the number of compiles."""
+
+    def __init__(self, limit: int = COMPILE_RECORDS) -> None:
+        self.limit = limit
+        self._lock = threading.Lock()
+        self._entries: OrderedDict[str, tuple[CompileReport, Any]] = OrderedDict()
+        self._newest: CompileReport | None = None
+
+    def add(self, report: CompileReport) -> None:
+        from .report import build_report
+
+        record = build_report([], report)  # the CPU rows, taken while the layers are here
+        light = replace(report, regions=[replace(d, region=None) for d in report.regions])
+        with self._lock:
+            self._entries[report.compile_id] = (light, record)
+            while len(self._entries) > self.limit:
+                self._entries.popitem(last=False)
+            self._newest = report
+
+    def newest(self) -> CompileReport | None:
+        return self._newest
+
+    def report(self, compile_id: str) -> CompileReport | None:
+        """The report of ``compile_id`` (the newest in full), None when unknown."""
+        with self._lock:
+            newest = self._newest
+            if newest is not None and newest.compile_id == compile_id:
+                return newest
+            hit = self._entries.get(compile_id)
+        return hit[0] if hit is not None else None
+
+    def record(self, compile_id: str | None):
+        """The CPU side of ``compile_id`` as a run report without launches, or None."""
+        with self._lock:
+            hit = self._entries.get(compile_id) if compile_id is not None else None
+        return hit[1] if hit is not None else None
+
+    def __len__(self) -> int:
+        return len(self._entries)
+
+
+_compiles = CompileMemory()
+
+
 def last_compile_report() -> CompileReport | None:
-    return _last_report[-1] if _last_report else None
+    return _compiles.newest()
+
+
+def compile_report_of(compile_id: str) -> CompileReport | None:
+    """The report of compile ``compile_id``, or None when this process did not compile it
+    (a module loaded from a file) or has forgotten it (older than COMPILE_RECORDS)."""
+    return _compiles.report(compile_id)
 
 
 def compile_record(compile_id: str | None):
     """The CPU side of compile ``compile_id`` as a run report without launches (hardware,
     clock, the layers that stayed on the CPU and why), or None when this process did not
     compile it (a module loaded from a file) or has forgotten it."""
-    with _records_lock:
-        return _records.get(compile_id) if compile_id is not None else None
-
-
-def _remember(compile_id: str, report: CompileReport) -> None:
-    """Keep ``report`` as the last one, and its CPU rows (no weights) under its id."""
-    from .report import build_report
-
-    record = build_report([], report)
-    with _records_lock:
-        _records[compile_id] = record
-        while len(_records) > COMPILE_RECORDS:
-            _records.popitem(last=False)
-        _last_report[:] = [report]
+    return _compiles.record(compile_id)
 
 
 def region_ops(region) -> int:
@@ -148,20 +186,21 @@ def offload_for_dsa(mod, cfg: HardwareConfig):
     """Partition ``mod`` for ``cfg``, compile each region, offload the ones worth it."""
     from relay_passes import OffloadResult, offload_regions, partition_for_dsa
 
+    from .compile_ids import with_compile_id
     from .lowering.region import UnsupportedLayer
     from .sim.simulator import Simulator
     from .tuning.apply import current_chooser
 
     t0 = time.perf_counter()
-    report = CompileReport(cfg.name, cfg.mhz)
     compile_id = uuid.uuid4().hex  # in every program: a launch's report finds its compile
+    report = CompileReport(cfg.name, cfg.mhz, compile_id=compile_id)
     try:
         part, report.partition = partition_for_dsa(mod, cfg)
     except Exception as e:  # noqa: BLE001 - a bug in our partitioner: all on the CPU, said loudly
         report.error = internal_error("partitioning", e)
         report.seconds = time.perf_counter() - t0
-        _remember(compile_id, report)
-        return mod
+        _compiles.add(report)
+        return with_compile_id(mod, compile_id)
     sim = Simulator(cfg)
     choose_knobs = current_chooser()  # tuned schedules when a MetaSchedule database is in scope
 
@@ -195,8 +234,8 @@ def offload_for_dsa(mod, cfg: HardwareConfig):
         if d.target == "cpu" and not d.reason:
             d.reason = result.kept.get(d.name, "kept on the CPU")
     report.seconds = time.perf_counter() - t0
-    _remember(compile_id, report)
-    return out
+    _compiles.add(report)
+    return with_compile_id(out, compile_id)
 
 
 def _region_program(region, cfg: HardwareConfig, choose_knobs, sim) -> tuple[Any, int, str]:

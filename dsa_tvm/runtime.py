@@ -11,11 +11,13 @@ State, and why it stays small and consistent under threads:
 * unpacked programs are cached by content digest (least recently used dropped
   beyond :data:`PROGRAM_CACHE_ENTRIES` programs or :data:`PROGRAM_CACHE_BYTES`
   bytes), behind a lock;
-* launches are recorded per thread, and only those of the current model run:
-  a run ends when a program of it launches again or a program of another compile
-  launches (each program carries its compile's id), so a serving loop keeps one
-  run's records, not all of them. :func:`take_launches` and
-  ``dsa_tvm.last_run_report()`` read the calling thread's run.
+* launches are recorded per thread and per compile (each program carries its
+  compile's id), and only those of each executable's last model run: a run ends when
+  a program of it launches again, and a thread keeps the runs of its
+  :data:`RUNS_PER_THREAD` most recently run executables, so a serving loop keeps one
+  run's records, not all of them. :func:`launches_of` (``dsa_tvm.run_report(vm)``)
+  reads one executable's last run, :func:`take_launches`
+  (``dsa_tvm.last_run_report()``) the newest one.
 
 TVM's ``relax.VirtualMachine`` is not thread-safe (a VM shared by threads gives
 wrong outputs and internal errors, with or without DSA regions): give every
@@ -28,13 +30,13 @@ from __future__ import annotations
 import hashlib
 import threading
 from collections import OrderedDict
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
 
-from .hw.config import HardwareConfig, config_from_dict
-from .isa.program import Program, read_header
+from .isa.program import Program, recorded_config
 from .lowering.host_pack import pack_region_input
 from .lowering.layouts import unpack_activation
 from .sim.simulator import SimResult, Simulator
@@ -43,6 +45,8 @@ LAUNCH = "dsa.launch"
 #: unpacked programs kept (the least recently launched go first beyond either bound)
 PROGRAM_CACHE_ENTRIES = 512
 PROGRAM_CACHE_BYTES = 256 << 20
+#: executables per thread whose last run is kept (the least recently run go first)
+RUNS_PER_THREAD = 8
 
 
 @dataclass
@@ -64,7 +68,9 @@ class Launch:
 class _ProgramCache:
     """Unpacked programs by the digest of their bytes, bounded, shared by all threads."""
 
-    def __init__(self) -> None:
+    def __init__(self, max_entries: int = PROGRAM_CACHE_ENTRIES,
+                 max_bytes: int = PROGRAM_CACHE_BYTES) -> None:
+        self.max_entries, self.max_bytes = max_entries, max_bytes
         self._lock = threading.Lock()
         self._entries: OrderedDict[bytes, tuple[Program, Simulator, int]] = OrderedDict()
         self._bytes = 0
@@ -76,17 +82,34 @@ class _ProgramCache:
             if hit is not None:
                 self._entries.move_to_end(key)
                 return key, hit[0], hit[1]
-        sim = Simulator(_config_of(blob))  # unpacked outside the lock: threads do not wait
+        sim = Simulator(recorded_config(blob))  # unpacked outside the lock: threads do not wait
         prog = sim.load_program(blob)
         with self._lock:
             if key not in self._entries:
                 self._entries[key] = (prog, sim, len(blob))
                 self._bytes += len(blob)
-                while len(self._entries) > 1 and (len(self._entries) > PROGRAM_CACHE_ENTRIES
-                                                  or self._bytes > PROGRAM_CACHE_BYTES):
-                    _, (_, _, n) = self._entries.popitem(last=False)
-                    self._bytes -= n
+                self._evict()
         return key, prog, sim
+
+    def _evict(self) -> None:
+        while len(self._entries) > 1 and (len(self._entries) > self.max_entries
+                                          or self._bytes > self.max_bytes):
+            _, (_, _, n) = self._entries.popitem(last=False)
+            self._bytes -= n
+
+    @contextmanager
+    def bounded(self, max_entries: int | None = None, max_bytes: int | None = None):
+        """Other bounds for a while (every thread's launches see them), then the old ones."""
+        old = self.max_entries, self.max_bytes
+        with self._lock:
+            self.max_entries = old[0] if max_entries is None else max_entries
+            self.max_bytes = old[1] if max_bytes is None else max_bytes
+            self._evict()
+        try:
+            yield self
+        finally:
+            with self._lock:
+                self.max_entries, self.max_bytes = old
 
     def __len__(self) -> int:
         return len(self._entries)
@@ -99,40 +122,53 @@ class _ProgramCache:
 
 @dataclass
 class _Run:
-    """The calling thread's current model run."""
+    """One executable's current model run in the calling thread."""
 
     launches: list[Launch] = field(default_factory=list)
     keys: set[bytes] = field(default_factory=set)
 
+
+class _ThreadRuns:
+    """The calling thread's last run of each of its ``limit`` most recently run compiles."""
+
+    def __init__(self, limit: int = RUNS_PER_THREAD) -> None:
+        self.limit = limit
+        self._runs: OrderedDict[str | None, _Run] = OrderedDict()
+        self._taken = False  # take() has returned the newest run already
+
     def add(self, key: bytes, launch: Launch) -> None:
-        if self.launches and (key in self.keys
-                              or launch.compile_id != self.launches[-1].compile_id):
-            self.launches.clear()   # a new run of this model, or a run of another one
-            self.keys.clear()
-        self.launches.append(launch)
-        self.keys.add(key)
+        cid = launch.compile_id
+        run = self._runs.get(cid)
+        if run is None or key in run.keys:  # this executable's first or next run
+            run = self._runs[cid] = _Run()
+        self._runs.move_to_end(cid)
+        while len(self._runs) > self.limit:
+            self._runs.popitem(last=False)
+        run.launches.append(launch)
+        run.keys.add(key)
+        self._taken = False
+
+    def of(self, compile_id: str | None) -> list[Launch]:
+        run = self._runs.get(compile_id)
+        return list(run.launches) if run is not None else []
+
+    def take(self) -> list[Launch]:
+        """The newest run's launches, once (until something launches again)."""
+        if self._taken or not self._runs:
+            return []
+        self._taken = True
+        return list(next(reversed(self._runs.values())).launches)
 
 
 _programs = _ProgramCache()
 _local = threading.local()
 
 
-def _run() -> _Run:
-    run = getattr(_local, "run", None)
-    if run is None:
-        run = _local.run = _Run()
-    return run
-
-
-def _config_of(blob: bytes) -> HardwareConfig:
-    """The hardware description a program was built for (embedded in its header, read
-    after the container's checksum is verified)."""
-    head = read_header(blob)
-    meta = head.get("meta")
-    hw = meta.get("hardware") if isinstance(meta, dict) else None
-    if hw is None:
-        raise RuntimeError("DSA program carries no hardware description; recompile it")
-    return config_from_dict(hw, source="<program>")
+def _runs() -> _ThreadRuns:
+    runs = getattr(_local, "runs", None)
+    if runs is None:
+        runs = _local.runs = _ThreadRuns()
+    return runs
 
 
 def launch(*args: Any) -> None:
@@ -161,7 +197,7 @@ def launch(*args: Any) -> None:
         y = unpack_activation(res.outputs[name], tuple(prog.meta["io"][name]["shape"]))
         t.copyfrom(y.reshape(tuple(int(d) for d in t.shape)))
         logical_out[name] = y
-    _run().add(key, Launch(prog, res, logical_in, logical_out))
+    _runs().add(key, Launch(prog, res, logical_in, logical_out))
 
 
 def register() -> None:
@@ -172,9 +208,18 @@ def register() -> None:
 
 
 def take_launches() -> list[Launch]:
-    """The launches of the calling thread's last model run (and forget them)."""
-    run = _run()
-    out = list(run.launches)
-    run.launches.clear()
-    run.keys.clear()
-    return out
+    """The launches of the calling thread's last model run (once: a second call without
+    a launch in between returns none)."""
+    return _runs().take()
+
+
+def launches_of(compile_id: str | None) -> list[Launch]:
+    """The launches of the calling thread's last run of compile ``compile_id`` (empty when
+    it has not run in this thread, or not since RUNS_PER_THREAD other executables ran)."""
+    return _runs().of(compile_id)
+
+
+def program_cache_bounds(max_entries: int | None = None, max_bytes: int | None = None):
+    """``with program_cache_bounds(max_entries=1):`` bounds the shared program cache
+    differently for a while (tests of eviction)."""
+    return _programs.bounded(max_entries, max_bytes)

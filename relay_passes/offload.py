@@ -25,11 +25,10 @@ from tvm import relax
 from tvm.relax.expr_functor import PyExprMutator, mutator
 
 from dsa_tvm.codegen.layers import Region
+from dsa_tvm.runtime import LAUNCH
 
 from .lower import region_from_function
 from .partition import region_functions
-
-LAUNCH = "dsa.launch"
 
 CompileRegion = Callable[[Region], "bytes | None"]
 

@@ -17,6 +17,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from dsa_tvm.hw.config import HardwareConfig
+from dsa_tvm.intmath import ceil_div
 from dsa_tvm.isa.formats import DRAM_SIZE_BITS, PAD_BITS, addr_bits
 
 from .patterns import Match, Operand
@@ -37,10 +38,6 @@ class Constraint:
     name: str
     doc: str
     test: Test
-
-
-def _ceil(a: int, b: int) -> int:
-    return -(-a // b)
 
 
 # ----------------------------------------------------------------------------- common
@@ -242,8 +239,8 @@ def _dilation_one(m: Match, cfg: HardwareConfig) -> str | None:
 def _image_dma(m: Match, cfg: HardwareConfig) -> str | None:
     _, c, h, w = m.inputs[0].shape
     _, oc, oh, ow = m.out_shape
-    pitch_in = w * _ceil(c, cfg.block_in)
-    pitch_out = ow * _ceil(oc, cfg.block_out)
+    pitch_in = w * ceil_div(c, cfg.block_in)
+    pitch_out = ow * ceil_div(oc, cfg.block_out)
     if max(pitch_in, pitch_out, h, oh) > MAX_DMA:
         return (f"image row pitch {max(pitch_in, pitch_out)} elements or height {max(h, oh)} "
                 f"exceeds the {DRAM_SIZE_BITS}-bit DMA size/stride fields (max {MAX_DMA})")
@@ -288,7 +285,7 @@ def _dense_shapes(m: Match, cfg: HardwareConfig) -> str | None:
     if len(w) != 2 or len(m.inputs[0].shape) < 2:
         return f"dense needs a 2-D weight and an input of rank >= 2, got {m.inputs[0].shape} x {w}"
     n, k = (w[0], w[1]) if m.weight_transposed else (w[1], w[0])
-    if _ceil(k, cfg.block_in) > MAX_DMA or _ceil(n, cfg.block_out) > MAX_DMA:
+    if ceil_div(k, cfg.block_in) > MAX_DMA or ceil_div(n, cfg.block_out) > MAX_DMA:
         return f"K={k} or N={n} blocks exceed the {DRAM_SIZE_BITS}-bit DMA size fields"
     return None
 
@@ -301,7 +298,7 @@ def _bmm_shapes(m: Match, cfg: HardwareConfig) -> str | None:
             or a.shape[-1] != b.shape[-2]):
         return (f"batch matmul needs (..., M, K) x (..., K, N) operands with the same leading "
                 f"dimensions, got {a.shape} x {b.shape}")
-    if _ceil(a.shape[2], cfg.block_in) > MAX_DMA or _ceil(b.shape[2], cfg.block_out) > MAX_DMA:
+    if ceil_div(a.shape[2], cfg.block_in) > MAX_DMA or ceil_div(b.shape[2], cfg.block_out) > MAX_DMA:
         return f"K or N blocks exceed the {DRAM_SIZE_BITS}-bit DMA size fields"
     return None
 

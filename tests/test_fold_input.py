@@ -2,15 +2,17 @@
 
 from __future__ import annotations
 
+import math
+
 import numpy as np
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from dsa_tvm.codegen.reference import run_region
-from dsa_tvm.lowering import fold_input
 from dsa_tvm.lowering.fold_input import fold_conv, fold_region_inputs
 from dsa_tvm.lowering.layouts import im2col
+from dsa_tvm.lowering.options import options
 from dsa_tvm.lowering.region import compile_region
 
 from .test_lowering import CFGS, check, conv, qt, region
@@ -57,7 +59,7 @@ def test_folded_conv_is_the_same_integer_layer():
 
 
 @pytest.mark.parametrize("preset", sorted(CFGS))
-def test_stem_conv_folds_bit_exact_and_faster(preset, monkeypatch):
+def test_stem_conv_folds_bit_exact_and_faster(preset):
     cfg, rng = CFGS[preset], np.random.default_rng(7)
     x = qt(rng, "x", (1, 3, 32, 32))
     stem = conv(rng, x, cfg.block_out + 5, 7, 2, 3, "stem")
@@ -66,9 +68,9 @@ def test_stem_conv_folds_bit_exact_and_faster(preset, monkeypatch):
                                                      "padding": [3, 3, 3, 3],
                                                      "dilation": [1, 1]}}
     folded = check(reg, cfg, rng)
-    monkeypatch.setattr(fold_input, "MIN_GAIN", float("inf"))  # never fold
-    plain = check(reg, cfg, rng)
-    assert "im2col" not in compile_region(reg, cfg).program.meta["io"]["x"]
+    with options(fold_min_gain=math.inf):  # never fold
+        plain = check(reg, cfg, rng)
+        assert "im2col" not in compile_region(reg, cfg).program.meta["io"]["x"]
     assert folded.cycles * 2 < plain.cycles
 
 

@@ -13,7 +13,6 @@ small and drawn by hypothesis; every test runs on the three bundled presets
 from __future__ import annotations
 
 import math
-from contextlib import contextmanager
 
 import numpy as np
 import pytest
@@ -27,10 +26,10 @@ from dsa_tvm.codegen import layers as L  # noqa: E402
 from dsa_tvm.codegen.reference import run_region  # noqa: E402
 from dsa_tvm.hw.config import HardwareConfig, load_config  # noqa: E402
 from dsa_tvm.isa import semantics as sem  # noqa: E402
-from dsa_tvm.lowering import kinds  # noqa: E402
 from dsa_tvm.lowering.host_pack import pack_region_input  # noqa: E402
 from dsa_tvm.lowering.kinds import recipe  # noqa: E402
 from dsa_tvm.lowering.layouts import unpack_activation  # noqa: E402
+from dsa_tvm.lowering.options import options  # noqa: E402
 from dsa_tvm.lowering.region import compile_region, lowering_supports  # noqa: E402
 from dsa_tvm.sim.simulator import Simulator  # noqa: E402
 
@@ -181,14 +180,9 @@ def test_dense(preset, data):
     check(region([x], [dense(rng, x, channels(draw, cfg))]), cfg, rng)
 
 
-@contextmanager
 def depthwise_engine(engine: str):
-    """Run depthwise convs on one engine (``kinds.DEPTHWISE_ENGINE``) for a while."""
-    old, kinds.DEPTHWISE_ENGINE = kinds.DEPTHWISE_ENGINE, engine
-    try:
-        yield
-    finally:
-        kinds.DEPTHWISE_ENGINE = old
+    """Run depthwise convs on one engine for a while (the ``depthwise_engine`` option)."""
+    return options(depthwise_engine=engine)
 
 
 @pytest.mark.parametrize("preset", PRESETS)

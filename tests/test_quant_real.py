@@ -90,7 +90,7 @@ def _dsa_share(rep) -> float:
 def test_efficientnet_cat_and_espresso(effnet):
     """The export is the real network: the cat is a cat, the coffee an espresso."""
     model, _, _ = effnet
-    from dsa_tvm.quant.calibrate import session
+    from dsa_tvm.ort_session import session
 
     sess = session(model)
     cat, coffee = photo_batches(("chelsea", "coffee"))
@@ -113,7 +113,7 @@ def test_efficientnet_on_the_dsa_bit_exact(effnet):
     rep, launches, got = _run_on_dsa(qm.to_relax(), evals[0])
     assert _dsa_share(rep) > 0.99, str(rep)
     _assert_bit_exact(rep, launches)
-    from dsa_tvm.quant.calibrate import session
+    from dsa_tvm.ort_session import session
 
     fp32 = session(model).run(None, evals[0])[0]
     assert got.argmax() == fp32.argmax()
@@ -122,7 +122,7 @@ def test_efficientnet_on_the_dsa_bit_exact(effnet):
 def test_minilm_embeddings_and_matmuls_on_the_dsa(minilm):
     model, calib, evals = minilm
     qm = quantize_onnx(model, calib, show_progress=False)
-    from dsa_tvm.quant.calibrate import session
+    from dsa_tvm.ort_session import session
 
     ref = [session(model).run(None, f)[0] for f in evals]
     row = score("all-MiniLM-L6-v2", "dsa-tvm", "minmax", qm.model, ref, evals, 0.0, classifier=False)

@@ -16,6 +16,7 @@ from tvm.relax.frontend.onnx import from_onnx
 import dsa_tvm
 from dsa_tvm.codegen.reference import run_region
 from dsa_tvm.models import calibration_data, get_model
+from dsa_tvm.quant.metrics import cosine
 from dsa_tvm.runtime import take_launches
 from relay_passes.quantize import quantize_relax
 
@@ -27,11 +28,6 @@ SLOW_HOST_GMACS = 0.01  # the cost model then offloads even these tiny layers
 def _run(ex, x: np.ndarray) -> np.ndarray:
     out = relax.VirtualMachine(ex, tvm.cpu())["main"](tvm.runtime.tensor(x))
     return (out if hasattr(out, "numpy") else out[0]).numpy()
-
-
-def _cosine(a: np.ndarray, b: np.ndarray) -> float:
-    a, b = a.ravel().astype(np.float64), b.ravel().astype(np.float64)
-    return float(a @ b / (np.linalg.norm(a) * np.linalg.norm(b)))
 
 
 def _on_dsa(model, qmod, hw: str = "default"):
@@ -78,7 +74,7 @@ def test_small_cnn_offloads_bit_exact_and_close_to_fp32(small_cnn):
     assert kinds.count("Conv2d") == 5 and "Add" in kinds and "Pool2d" in kinds, kinds
     assert "GlobalAvgPool" in kinds and "Dense" in kinds, kinds
     _bit_exact(launches, _regions())
-    assert _cosine(got, want) >= 0.999
+    assert cosine(got, want) >= 0.999
 
 
 def test_other_calibration_methods(small_cnn):
@@ -90,7 +86,7 @@ def test_other_calibration_methods(small_cnn):
     for method in ("percentile", "mse"):  # entropy: see tests/test_quant_units.py
         qmod, _ = quantize_relax(mod, feeds, method=method)
         got = _run(tvm.compile(qmod, target="llvm"), x)
-        assert _cosine(got, want) >= 0.99, method
+        assert cosine(got, want) >= 0.99, method
 
 
 def _conv_relu_net(rng, c=4, o=6, hw=5):
@@ -154,7 +150,7 @@ def test_transformer_matmuls_on_the_dsa():
     kinds = [type(ly).__name__ for ly in layers]
     assert kinds.count("Dense") == 6 and kinds.count("BatchMatmul") == 2, kinds
     _bit_exact(launches, _regions())
-    assert _cosine(got, want) >= 0.99
+    assert cosine(got, want) >= 0.99
 
 
 def test_refuses_qdq_and_keeps_layers_in_fp32(small_cnn):
@@ -200,4 +196,4 @@ def test_batch_norm_folds_into_the_conv(conv_bias):
     layers, launches, got, want = _on_dsa(model, qmod)
     assert [type(ly).__name__ for ly in layers] == ["Conv2d"]
     _bit_exact(launches, _regions())
-    assert _cosine(got, want) >= 0.999
+    assert cosine(got, want) >= 0.999

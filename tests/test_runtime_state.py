@@ -125,37 +125,42 @@ def test_compile_reports_do_not_pin_weights(models):
     _compile(models["dense"])
     gc.collect()
     assert weight() is None, "an older compile report still holds its weights"
-    assert len(pipeline._last_report) == 1
 
 
-def test_compile_records_are_bounded(monkeypatch):
-    monkeypatch.setattr(pipeline, "COMPILE_RECORDS", 3)
+def test_compile_records_are_bounded():
+    memory = pipeline.CompileMemory(limit=3)
     for k in range(10):
-        pipeline._remember(f"id{k}", pipeline.CompileReport("default"))
-    assert list(pipeline._records) == ["id7", "id8", "id9"]
-    assert pipeline.compile_record("id2") is None and pipeline.compile_record("id9") is not None
+        memory.add(pipeline.CompileReport("default", compile_id=f"id{k}"))
+    assert len(memory) == 3
+    assert memory.record("id2") is None and memory.report("id2") is None
+    assert [memory.report(f"id{k}").compile_id for k in (7, 8, 9)] == ["id7", "id8", "id9"]
+    assert memory.record("id9") is not None
 
 
-def test_program_cache_is_bounded_and_still_exact(models, monkeypatch):
-    monkeypatch.setattr(runtime, "PROGRAM_CACHE_ENTRIES", 1)
-    exes = {k: _compile(models[k])[0] for k in ("conv", "relu")}
-    vms = {k: relax.VirtualMachine(ex, tvm.cpu()) for k, ex in exes.items()}
-    xs = {k: _input(models[k], 2) for k in exes}
-    first = {k: _run(vms[k], xs[k]) for k in exes}
-    for _ in range(3):
-        for k in exes:
-            np.testing.assert_array_equal(_run(vms[k], xs[k]), first[k])
-            assert len(runtime._programs) == 1
+def test_program_cache_is_bounded_and_still_exact(models):
+    with runtime.program_cache_bounds(max_entries=1):
+        exes = {k: _compile(models[k])[0] for k in ("conv", "relu")}
+        vms = {k: relax.VirtualMachine(ex, tvm.cpu()) for k, ex in exes.items()}
+        xs = {k: _input(models[k], 2) for k in exes}
+        first = {k: _run(vms[k], xs[k]) for k in exes}
+        for _ in range(3):
+            for k in exes:
+                np.testing.assert_array_equal(_run(vms[k], xs[k]), first[k])
+                assert len(runtime._programs) == 1
+    assert runtime._programs.max_entries == runtime.PROGRAM_CACHE_ENTRIES
 
 
 @pytest.mark.parametrize("cache_entries", [runtime.PROGRAM_CACHE_ENTRIES, 1])
-def test_threads_with_their_own_vm_are_exact_and_report_their_own_run(models, monkeypatch,
-                                                                      cache_entries):
+def test_threads_with_their_own_vm_are_exact_and_report_their_own_run(models, cache_entries):
     """Six threads, each with its own VirtualMachine of one of two executables, run
     concurrently: outputs bit-exact against single-thread runs, and every thread's
     last_run_report() is that of its own model's last run (also while the program cache
     evicts on every other launch)."""
-    monkeypatch.setattr(runtime, "PROGRAM_CACHE_ENTRIES", cache_entries)
+    with runtime.program_cache_bounds(max_entries=cache_entries):
+        _threads_report_their_own_run(models)
+
+
+def _threads_report_their_own_run(models) -> None:
     exes = {k: _compile(models[k])[0] for k in ("conv", "relu")}
     inputs = {k: [_input(models[k], 10 + s) for s in range(3)] for k in exes}
     want_out, want_rep = {}, {}
@@ -175,7 +180,7 @@ def test_threads_with_their_own_vm_are_exact_and_report_their_own_run(models, mo
             vm = relax.VirtualMachine(exes[k], tvm.cpu())
             start.wait()
             outs = [[_run(vm, x) for x in inputs[k]] for _ in range(3)]
-            got[t] = (outs, _rows(dsa_tvm.last_run_report()))
+            got[t] = (outs, _rows(dsa_tvm.last_run_report()), _rows(dsa_tvm.run_report(vm)))
         except BaseException as e:  # reported below, in the test's thread
             errors.append(e)
 
@@ -186,9 +191,146 @@ def test_threads_with_their_own_vm_are_exact_and_report_their_own_run(models, mo
         th.join(timeout=300)
     assert not errors, errors
     assert sorted(got) == list(range(len(kinds)))
-    for t, (outs, rows) in got.items():
+    for t, (outs, rows, own) in got.items():
         k = kinds[t]
         for rep_outs in outs:
             for o, w in zip(rep_outs, want_out[k]):
                 np.testing.assert_array_equal(o, w)
-        assert rows == want_rep[k], (t, k)
+        assert rows == own == want_rep[k], (t, k)
+
+
+def test_compile_report_belongs_to_its_executable(models):
+    """Compile A, then B: ``compile_report(A)`` is A's (not the last compile's), from the
+    executable or a VirtualMachine of it; the newest report is complete, older ones keep
+    everything but their regions' layers."""
+    ex_a, rep_a = _compile(models["conv"])
+    ex_b, rep_b = _compile(models["dense"])
+    got_a = dsa_tvm.compile_report(ex_a)
+    assert got_a.compile_id == rep_a.compile_id != rep_b.compile_id
+    assert str(got_a) == str(rep_a)
+    assert [(d.name, d.target, d.layers, d.macs) for d in got_a.regions] == [
+        (d.name, d.target, d.layers, d.macs) for d in rep_a.regions] and got_a.regions
+    assert all(d.region is None for d in got_a.regions)            # weight-free
+    assert dsa_tvm.compile_report(relax.VirtualMachine(ex_a, tvm.cpu())) is got_a
+    assert dsa_tvm.compile_report(ex_b) is rep_b is dsa_tvm.last_compile_report()
+    assert rep_b.regions[0].region is not None                      # the newest, complete
+    # the programs the executable launches carry the same id
+    vm = relax.VirtualMachine(ex_a, tvm.cpu())
+    _run(vm, _input(models["conv"], 0))
+    assert {ln.compile_id for ln in runtime.launches_of(rep_a.compile_id)} == {rep_a.compile_id}
+
+
+def test_run_report_of_a_vm_is_its_own_last_run(models):
+    """Run A, then C (another DSA model), then compile B: ``run_report(vm_a)`` is still A's
+    last run (rows, cycles, MAC share), ``run_report(vm_c)`` C's; a model without DSA
+    regions reports its CPU layers."""
+    ex_a, _ = _compile(models["conv"])
+    ex_c, _ = _compile(models["relu"])
+    vm_a, vm_c = relax.VirtualMachine(ex_a, tvm.cpu()), relax.VirtualMachine(ex_c, tvm.cpu())
+    _run(vm_a, _input(models["conv"], 4))
+    want_a = dsa_tvm.last_run_report()                               # A alone
+    _run(vm_c, _input(models["relu"], 5))
+    want_c = dsa_tvm.last_run_report()
+    ex_b, rep_b = _compile(models["dense"])
+    got_a, got_c = dsa_tvm.run_report(vm_a), dsa_tvm.run_report(ex_c)
+    assert _rows(got_a) == _rows(want_a) and got_a.total_cycles == want_a.total_cycles
+    assert _rows(got_c) == _rows(want_c) and _rows(got_c) != _rows(got_a)
+    assert got_a.regions == got_c.regions == 1
+    # the outputs A's report came from are A's, checked against the integer reference
+    (launch,) = runtime.launches_of(dsa_tvm.compile_report(ex_a).compile_id)
+    region = launch.program.meta["layers"]
+    assert [ly["name"] for ly in region] == [r.name for r in got_a.rows if r.target == "DSA"]
+    vm_b = relax.VirtualMachine(ex_b, tvm.cpu())
+    _run(vm_b, np.zeros((3, 20), np.float32))
+    cpu_only = dsa_tvm.run_report(vm_b)
+    assert cpu_only.regions == 0 and {r.target for r in cpu_only.rows} == {"CPU"}
+    assert [r.name for r in cpu_only.rows] == [ly for d in rep_b.regions for ly in d.layers]
+
+
+def test_unknown_executables_are_refused_with_the_reason(models):
+    from dsa_tvm.compile_ids import with_compile_id
+
+    plain = tvm.compile(from_onnx(onnx.load(models["conv"]), keep_params_in_input=False),
+                        target="llvm")
+    with pytest.raises(dsa_tvm.UnknownCompileError, match="not compiled for the DSA"):
+        dsa_tvm.compile_report(plain)
+    # what an executable compiled in another process (or forgotten) looks like here
+    mod = from_onnx(onnx.load(models["conv"]), keep_params_in_input=False)
+    elsewhere = tvm.compile(with_compile_id(mod, "0" * 32), target="llvm")
+    with pytest.raises(dsa_tvm.UnknownCompileError, match="another process"):
+        dsa_tvm.compile_report(elsewhere)
+    with pytest.raises(dsa_tvm.UnknownCompileError, match="no run of this executable"):
+        dsa_tvm.run_report(relax.VirtualMachine(elsewhere, tvm.cpu()))
+    ex, _ = _compile(models["conv"])                                 # known, never run
+    with pytest.raises(dsa_tvm.UnknownCompileError, match="run it in this thread first"):
+        dsa_tvm.run_report(ex)
+    with pytest.raises(TypeError, match="VirtualMachine"):
+        dsa_tvm.compile_report("model.so")
+
+
+def test_compile_memory_stays_bounded_over_many_compiles():
+    """Reports whose regions hold 256 KB of weights each: after many more compiles than
+    the memory keeps, it holds ``limit`` weight-free reports and traced memory has not
+    grown by the compiles it forgot."""
+    from .test_lowering import dense, qt, region
+
+    rng = np.random.default_rng(0)
+    x = qt(rng, "x", (2, 512))
+
+    def report(k: int):
+        reg = region([x], [dense(rng, x, 512, name=f"d{k}")])       # 512 x 512 int8 weight
+        d = pipeline.RegionDecision(reg.name, ["d"], 1, "cpu", "test", region=reg)
+        return pipeline.CompileReport("default", regions=[d], compile_id=f"id{k}")
+
+    memory = pipeline.CompileMemory(limit=4)
+    tracemalloc.start()
+    try:
+        for k in range(8):             # the newest report's weights are traced from here on
+            memory.add(report(k))
+        gc.collect()
+        before = tracemalloc.get_traced_memory()[0]
+        for k in range(8, 48):
+            memory.add(report(k))
+        gc.collect()
+        grown = tracemalloc.get_traced_memory()[0] - before
+    finally:
+        tracemalloc.stop()
+    assert len(memory) == 4
+    assert memory.report("id40") is None and memory.report("id47").regions[0].region is not None
+    assert all(memory.report(f"id{k}").regions[0].region is None for k in (44, 45, 46))
+    assert memory.record("id45").rows[0].name == "d45"               # CPU rows still there
+    assert grown < 64 << 10, f"{grown:,} bytes more after 40 more compiles"
+
+
+def test_each_thread_keeps_the_last_run_of_a_few_executables():
+    from types import SimpleNamespace
+
+    runs = runtime._ThreadRuns(limit=2)
+
+    def launch(cid: str):
+        return runtime.Launch(SimpleNamespace(meta={"compile": cid}), None, {}, {})
+
+    a1, a2, b1, c1 = launch("a"), launch("a"), launch("b"), launch("c")
+    runs.add(b"r1", a1)
+    runs.add(b"r1", a2)                      # r1 again: A's next run
+    assert runs.of("a") == [a2]
+    runs.add(b"r1", b1)
+    assert runs.take() == [b1] and runs.take() == []     # the newest run, once
+    assert runs.of("b") == [b1]                          # still A's and B's last runs
+    runs.add(b"r1", c1)
+    assert runs.of("a") == [] and runs.of("b") == [b1] and runs.of("c") == [c1]
+
+
+def test_the_compile_id_survives_export_library(models, tmp_path):
+    """A module loaded back from ``export_library`` is the same executable: in the process
+    that compiled it, its compile report and its runs are found."""
+    ex, rep = _compile(models["conv"])
+    ex.export_library(str(tmp_path / "m.so"))
+    loaded = tvm.runtime.load_module(str(tmp_path / "m.so"))
+    assert dsa_tvm.compile_report(loaded).compile_id == rep.compile_id
+    vm = relax.VirtualMachine(loaded, tvm.cpu())
+    x = _input(models["conv"], 6)
+    _run(vm, x)
+    want = _rows(dsa_tvm.run_report(vm))
+    _run(relax.VirtualMachine(ex, tvm.cpu()), x)   # the original: same compile, same rows
+    assert _rows(dsa_tvm.run_report(ex)) == want and want

@@ -16,17 +16,14 @@ from dataclasses import dataclass
 
 from tvm import te, tirx
 
+from dsa_tvm import intmath
 from dsa_tvm.codegen.names import SCALAR_REQUANT
 
 
 def window_out_hw(s) -> tuple[int, int]:
     """Output height and width of a sliding window (conv or pool) over ``s.h x s.w``
     with ``s.kh x s.kw``, ``s.strides``, ``s.padding`` (t, l, b, r) and ``s.dilation``."""
-    pt, pl, pb, pr = s.padding
-    (sh, sw), (dh, dw) = s.strides, s.dilation
-    oh = (s.h + pt + pb - dh * (s.kh - 1) - 1) // sh + 1
-    ow = (s.w + pl + pr - dw * (s.kw - 1) - 1) // sw + 1
-    return oh, ow
+    return intmath.window_out_hw(s.h, s.w, (s.kh, s.kw), s.strides, s.padding, s.dilation)
 
 
 @dataclass(frozen=True)

@@ -32,6 +32,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
+from ..intmath import ceil_div
 from ..isa.builder import ProgramBuilder
 from ..isa.instructions import ALU_LEVELS, GEMM_LEVELS, AluOp, Buffer
 from ..isa.program import Region
@@ -126,7 +127,7 @@ class TirWalker:
 
     def _allocate(self, buf: Any, dbuf: bool) -> None:
         sram, elems = node_cached("alloc", buf, _scratchpad_size)
-        rows = -(-elems // self.row_elems[sram])
+        rows = ceil_div(elems, self.row_elems[sram])
         nbuf = 2 if dbuf else 1
         base = self.top[sram]
         if base + nbuf * rows > self.depth[sram]:

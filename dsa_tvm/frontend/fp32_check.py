@@ -33,13 +33,9 @@ def seeded_feed(model: onnx.ModelProto, shapes: Mapping[str, tuple[int, ...]]) -
 
 
 def run(model: onnx.ModelProto, feed: Mapping[str, np.ndarray]) -> list[np.ndarray]:
-    import onnxruntime as ort
+    from ..ort_session import session
 
-    so = ort.SessionOptions()
-    so.log_severity_level = 3
-    so.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL
-    sess = ort.InferenceSession(model.SerializeToString(), so, providers=["CPUExecutionProvider"])
-    return sess.run(None, dict(feed))
+    return session(model, optimize=False).run(None, dict(feed))
 
 
 def compare(ref: list[np.ndarray], got: list[np.ndarray], names: list[str]) -> tuple[float, str | None]:

@@ -12,6 +12,7 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
+from ..intmath import ceil_div
 from .encoding import EncodeError, encode_program_words
 from .instructions import (
     Alu,
@@ -56,7 +57,7 @@ class ProgramBuilder:
         if any(r.name == name for r in self.regions):
             raise ValueError(f"DRAM region '{name}' already exists")
         align = self.cfg.dram_align
-        offset = -(-self._top // align) * align
+        offset = ceil_div(self._top, align) * align
         blob = None
         if data is not None:
             arr = np.ascontiguousarray(data, dtype=dtype)

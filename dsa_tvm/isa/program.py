@@ -265,3 +265,16 @@ def read_header(data: bytes) -> dict[str, Any]:
     except (ValueError, TypeError) as e:
         raise ProgramError(f"corrupt DSA program header: {type(e).__name__}: {e}") from e
     return head
+
+
+def recorded_config(data: bytes) -> "HardwareConfig":
+    """The hardware description a container was built for, as its meta records it
+    (``meta["hardware"]``, read after the checksum is verified): what the runtime needs
+    to load a program it is handed."""
+    from ..hw.config import config_from_dict
+
+    meta = read_header(data).get("meta")
+    hw = meta.get("hardware") if isinstance(meta, dict) else None
+    if hw is None:
+        raise ProgramError("DSA program carries no hardware description; recompile it")
+    return config_from_dict(hw, source="<program>")

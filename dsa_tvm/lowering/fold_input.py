@@ -7,7 +7,8 @@ layer reads, the runtime can pack that input as the conv's im2col matrix instead
 (``C*KH*KW`` channels per output pixel, pads at the input zero point) and the
 conv becomes a 1x1 conv over those channels: the same integer sums in
 ``ceil(C*KH*KW / block)`` steps per pixel. It moves more bytes over DRAM, so the
-fold is taken only when the schedule's cycle estimate says it wins.
+fold is taken only when the schedule's cycle estimate says it wins (by the
+``fold_min_gain`` option).
 """
 
 from __future__ import annotations
@@ -19,9 +20,7 @@ import numpy as np
 from ..codegen.layers import Conv2d, Layer, QTensor, Region
 from ..hw.config import HardwareConfig
 from .kinds import recipe
-
-#: a fold must beat the unfolded estimate by this factor (it costs host work)
-MIN_GAIN = 1.25
+from .options import current_options
 
 
 def fold_region_inputs(region: Region, cfg: HardwareConfig) -> tuple[Region, dict[str, dict]]:
@@ -79,4 +78,4 @@ def _worth_folding(layer: Conv2d, cfg: HardwareConfig) -> bool:
             cycles.append(estimate_cycles(cfg, r.shape, r.default_knobs(cfg, r.shape)))
     except ValueError:  # one of the two forms has no schedule: keep the layer as it is
         return False
-    return cycles[1] * MIN_GAIN < cycles[0]
+    return cycles[1] * current_options().fold_min_gain < cycles[0]

@@ -37,9 +37,11 @@ from ..codegen.layers import (
     Rescale,
 )
 from ..hw.config import HardwareConfig
+from ..intmath import ceil_div
 from ..isa import semantics as sem
 from .host_pack import PARAMS, ROWSUM, batch_dims
-from .layouts import ceil_div, image_dims, pack_conv_weights, pack_output_stage
+from .layouts import image_dims, pack_conv_weights, pack_output_stage
+from .options import current_options
 
 
 class UnsupportedLayer(ValueError):
@@ -70,11 +72,6 @@ def _check_out_hw(layer: Layer, out_hw: tuple[int, int]) -> None:
     if min(out_hw) < 1 or tuple(layer.output.shape[2:]) != out_hw:
         raise UnsupportedLayer(f"{layer.name}: output {layer.output.shape} does not match the "
                                f"{out_hw} output pixels the window arithmetic gives")
-
-
-#: how depthwise convs run: "auto" (the engine with the lower estimate), "vector" (ALU MAC
-#: over taps on accumulator rows) or "array" (diagonal weight tiles on the MAC array)
-DEPTHWISE_ENGINE = "auto"
 
 
 def _conv_recipe(layer: Conv2d | Dense, cfg: HardwareConfig, consts: bool,
@@ -135,8 +132,9 @@ def _diagonal_tiles(w: np.ndarray, block: int) -> np.ndarray:
 
 
 def _depthwise_recipe(layer: Conv2d, cfg: HardwareConfig, consts: bool) -> Recipe:
-    """The vector-unit or the MAC-array lowering of a depthwise conv (DEPTHWISE_ENGINE;
-    "auto" takes the lower estimate of the two default schedules).
+    """The vector-unit or the MAC-array lowering of a depthwise conv (the
+    ``depthwise_engine`` option; "auto" takes the lower estimate of the two default
+    schedules).
 
     Both spend a cycle per output row and tap when the vector unit has a lane per
     channel of a block. The array also fetches its input tiles on the load engine,
@@ -146,14 +144,12 @@ def _depthwise_recipe(layer: Conv2d, cfg: HardwareConfig, consts: bool) -> Recip
     from tir_schedules.schedule import estimate_cycles
     from tir_schedules.schedule_vector import estimate_vector_cycles
 
-    if DEPTHWISE_ENGINE not in ("auto", "vector", "array"):
-        raise ValueError(f"DEPTHWISE_ENGINE must be auto, vector or array, "
-                         f"got {DEPTHWISE_ENGINE!r}")
+    wanted = current_options().depthwise_engine
     fitting, fallback = [], None
     for engine, make, estimate in (
             ("vector", _window_recipe, estimate_vector_cycles),
             ("array", lambda *a: _conv_recipe(*a, depthwise=True), estimate_cycles)):
-        if DEPTHWISE_ENGINE not in ("auto", engine):
+        if wanted not in ("auto", engine):
             continue
         r = make(layer, cfg, False)
         try:

@@ -11,9 +11,7 @@ from __future__ import annotations
 
 import numpy as np
 
-
-def ceil_div(a: int, b: int) -> int:
-    return -(-a // b)
+from ..intmath import ceil_div, window_out_hw
 
 
 def image_dims(shape: tuple[int, ...]) -> tuple[int, int, int, int]:
@@ -84,8 +82,7 @@ def im2col(x: np.ndarray, kernel: tuple[int, int], strides: tuple[int, int],
     (kh, kw), (sh, sw), (pt, pl, pb, pr), (dh, dw) = kernel, strides, padding, dilation
     xp = np.full((n, c, h + pt + pb, w + pl + pr), pad_value, x.dtype)
     xp[:, :, pt:pt + h, pl:pl + w] = x
-    oh = (h + pt + pb - dh * (kh - 1) - 1) // sh + 1
-    ow = (w + pl + pr - dw * (kw - 1) - 1) // sw + 1
+    oh, ow = window_out_hw(h, w, kernel, strides, padding, dilation)
     cols = np.empty((n, kh, kw, c, oh, ow), x.dtype)
     for i in range(kh):
         for j in range(kw):

@@ -21,6 +21,7 @@ from ..codegen.layers import BatchMatmul, Layer, QTensor, Region, layer_inputs
 from ..codegen.walker import TirWalker
 from ..gc_pause import paused_gc
 from ..hw.config import HardwareConfig
+from ..intmath import ceil_div
 from ..isa.builder import ProgramBuilder
 from ..isa.program import Program
 from ..isa.sync import insert_dependencies
@@ -28,7 +29,7 @@ from ..layer_checks import layer_bounds
 from .fold_input import fold_region_inputs
 from .host_pack import PARAMS, ROWSUM, batch_dims
 from .kinds import UnsupportedLayer, recipe
-from .layouts import blocked_shape, ceil_div
+from .layouts import blocked_shape
 
 __all__ = ["CompiledRegion", "LayerPlan", "UnsupportedLayer", "compile_region",
            "lowering_supports"]

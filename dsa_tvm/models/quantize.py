@@ -14,6 +14,8 @@ import numpy as np
 import onnx
 from onnx import numpy_helper
 
+from ..intmath import ceil_div
+from ..quant.metrics import cosine  # noqa: F401 - one cosine, re-exported by dsa_tvm.models
 from .graph import input_kind
 
 IMAGENET_MEAN = np.array([0.485, 0.456, 0.406], np.float32)
@@ -39,7 +41,7 @@ def image_like(shape: Sequence[int], rng: np.random.Generator) -> np.ndarray:
     n, c, h, w = shape
     lh, lw = max(1, h // 8), max(1, w // 8)
     low = rng.uniform(0, 1, (n, c, lh, lw)).astype(np.float32)
-    img = np.repeat(np.repeat(low, -(-h // lh), axis=2), -(-w // lw), axis=3)[:, :, :h, :w]
+    img = np.repeat(np.repeat(low, ceil_div(h, lh), axis=2), ceil_div(w, lw), axis=3)[:, :, :h, :w]
     for axis in (2, 3):  # box blur of the blocky upsample, twice
         for _ in range(2):
             img = (np.roll(img, 1, axis) + img + np.roll(img, -1, axis)) / 3
@@ -87,16 +89,6 @@ def calibration_data(model: onnx.ModelProto, n: int = 8, seed: int = 0) -> list[
     return feeds
 
 
-def _session(model: onnx.ModelProto, optimize: bool = True):
-    import onnxruntime as ort
-
-    so = ort.SessionOptions()
-    so.log_severity_level = 3
-    if not optimize:
-        so.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL
-    return ort.InferenceSession(model.SerializeToString(), so, providers=["CPUExecutionProvider"])
-
-
 def run_onnxruntime(model: onnx.ModelProto, inputs: Mapping[str, np.ndarray],
                     optimize: bool = True) -> list[np.ndarray]:
     """Run ``model`` once on onnxruntime's CPU provider; outputs in graph order.
@@ -106,7 +98,9 @@ def run_onnxruntime(model: onnx.ModelProto, inputs: Mapping[str, np.ndarray],
     reference: TVM's llvm build of a QDQ model matches it to within one step, while
     the fused kernels differ by several steps here (u8s8 saturation on AVX2).
     """
-    return _session(model, optimize).run(None, dict(inputs))
+    from ..ort_session import session
+
+    return session(model, optimize).run(None, dict(inputs))
 
 
 def _reader(feeds: Sequence[Feed]):
@@ -175,7 +169,3 @@ def output_quant_steps(qmodel: onnx.ModelProto) -> dict[str, float | None]:
     return steps
 
 
-def cosine(a: np.ndarray, b: np.ndarray) -> float:
-    """Cosine similarity of two arrays, flattened."""
-    a, b = np.ravel(a).astype(np.float64), np.ravel(b).astype(np.float64)
-    return float(a @ b / (np.linalg.norm(a) * np.linalg.norm(b) + 1e-30))

@@ -6,15 +6,13 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
+from ..intmath import ceil_div as _ceil  # noqa: F401 - the name programs/ import
+
 if TYPE_CHECKING:
     from ..hw.config import HardwareConfig
 
 #: rows of one output block's REQUANT parameter group: bias, mult, shift
 QPARAM_ROWS = 3
-
-
-def _ceil(a: int, b: int) -> int:
-    return -(-a // b)
 
 
 def pack_qparams(mult: np.ndarray, shift: np.ndarray, cfg: "HardwareConfig",

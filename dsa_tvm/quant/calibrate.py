@@ -15,21 +15,11 @@ import numpy as np
 import onnx
 from onnx import TensorProto, helper
 
+from ..ort_session import session
 from .observers import ChannelMeanObserver, Observer, make_observer
 from .onnx_graph import Graph
 
 Feed = dict[str, np.ndarray]
-
-
-def session(model: onnx.ModelProto, optimize: bool = True):
-    """An onnxruntime CPU session (``optimize=False``: op-by-op, the QDQ reference)."""
-    import onnxruntime as ort
-
-    so = ort.SessionOptions()
-    so.log_severity_level = 3
-    if not optimize:
-        so.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL
-    return ort.InferenceSession(model.SerializeToString(), so, providers=["CPUExecutionProvider"])
 
 
 def with_outputs(model: onnx.ModelProto, names: Sequence[str]) -> onnx.ModelProto:

@@ -8,7 +8,9 @@ import numpy as np
 
 
 def cosine(a: np.ndarray, b: np.ndarray) -> float:
-    """Cosine similarity of two arrays, flattened (1.0 for two all-zero arrays)."""
+    """Cosine similarity of two arrays, flattened. Two all-zero arrays agree (1.0); an
+    all-zero array against a non-zero one does not (0.0): a model that outputs only
+    zeros where the reference does not is not "similar"."""
     a, b = np.ravel(a).astype(np.float64), np.ravel(b).astype(np.float64)
     na, nb = np.linalg.norm(a), np.linalg.norm(b)
     if na == 0 and nb == 0:

@@ -14,8 +14,8 @@ from dataclasses import dataclass
 import numpy as np
 import onnx
 
+from ..ort_session import session
 from .api import quantize_onnx
-from .calibrate import session
 from .metrics import cosine, topk_agreement
 
 Feed = dict[str, np.ndarray]

@@ -13,6 +13,7 @@ from __future__ import annotations
 import os
 from typing import TYPE_CHECKING
 
+from ..intmath import ceil_div
 from ..isa.instructions import Alu, Gemm
 from .errors import SimulationError
 
@@ -72,8 +73,8 @@ def _gemm_bytes(ins: Gemm, cfg: "HardwareConfig") -> int:
     nb, nm, nn, nk = size["B"], size["M"], size["N"], size["K"]
     bi, bo = cfg.block_in, cfg.block_out
     max_blocks = max(1, EXACT_F32_PRODUCTS // bi)
-    nchunk = -(-nk // max_blocks)
-    kpad = nchunk * -(-nk // nchunk)
+    nchunk = ceil_div(nk, max_blocks)
+    kpad = nchunk * ceil_div(nk, nchunk)
     return (16 * ins.steps + 8 * (nb * nm * kpad + nb * nn * nk + nb * nm * nn)
             + 5 * bi * nb * nm * kpad + 4 * bi * bo * nb * kpad * nn
             + 8 * bo * nb * nchunk * nm * nn)

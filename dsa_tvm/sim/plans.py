@@ -13,6 +13,7 @@ from functools import lru_cache
 
 import numpy as np
 
+from ..intmath import ceil_div
 from ..isa.instructions import AluLoop, AluOp, GemmLoop, b_rows
 
 #: int8 x int8 products summed exactly in float32: every partial sum of at most this many
@@ -92,8 +93,8 @@ def gemm_plan(loops: tuple[GemmLoop, ...], block_in: int) -> GemmPlan:
     wgt = nest_offsets(order, "wgt")[(full,) * cb + (0,) * (cm - cb)].reshape(nb, nn, nk)
     acc = nest_offsets(order, "acc")[(Ellipsis,) + (0,) * (len(order) - cn)].reshape(-1)
     max_blocks = max(1, EXACT_F32_PRODUCTS // block_in)
-    nchunk = -(-nk // max_blocks)
-    chunk = -(-nk // nchunk)
+    nchunk = ceil_div(nk, max_blocks)
+    chunk = ceil_div(nk, nchunk)
     inp_run = _as_slice(inp) if nchunk == 1 else None
     if nchunk * chunk > nk:
         inp = np.concatenate([inp, np.repeat(inp[:, :, :1], nchunk * chunk - nk, axis=2)],
