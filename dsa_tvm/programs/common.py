@@ -6,7 +6,7 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
-from ..intmath import ceil_div as _ceil  # noqa: F401 - the name programs/ import
+from ..intmath import ceil_div
 
 if TYPE_CHECKING:
     from ..hw.config import HardwareConfig
@@ -26,7 +26,7 @@ def pack_qparams(mult: np.ndarray, shift: np.ndarray, cfg: "HardwareConfig",
                          f"channel")
     c = len(mult)
     bo = cfg.block_out
-    q = np.zeros((_ceil(c, bo) * bo, QPARAM_ROWS), dtype=np.int32)
+    q = np.zeros((ceil_div(c, bo) * bo, QPARAM_ROWS), dtype=np.int32)
     if bias is not None:
         bias = np.asarray(bias).reshape(-1)
         if bias.shape != mult.shape:

@@ -22,11 +22,12 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
+from ..intmath import ceil_div
 from ..isa.builder import ProgramBuilder
 from ..isa.instructions import AluOp, Buffer, Engine
 from ..isa.program import Program
 from ..isa.semantics import INT8_MAX, INT8_MIN, pack_requant_imm
-from .common import QPARAM_ROWS, _ceil, pack_qparams, unpack_qparams
+from .common import QPARAM_ROWS, pack_qparams, unpack_qparams
 
 if TYPE_CHECKING:
     from ..hw.config import HardwareConfig
@@ -45,7 +46,7 @@ def pack_weights(w: np.ndarray, cfg: "HardwareConfig") -> np.ndarray:
     """[N, K] int8 -> [NB, KB, block_out, block_in], zero padded."""
     n, k = w.shape
     bo, bi = cfg.block_out, cfg.block_in
-    nb, kb = _ceil(n, bo), _ceil(k, bi)
+    nb, kb = ceil_div(n, bo), ceil_div(k, bi)
     p = np.zeros((nb * bo, kb * bi), dtype=np.int8)
     p[:n, :k] = w
     return np.ascontiguousarray(p.reshape(nb, bo, kb, bi).transpose(0, 2, 1, 3))
@@ -53,7 +54,7 @@ def pack_weights(w: np.ndarray, cfg: "HardwareConfig") -> np.ndarray:
 
 def pad_cols(x: np.ndarray, block: int) -> np.ndarray:
     m, k = x.shape
-    p = np.zeros((m, _ceil(k, block) * block), dtype=x.dtype)
+    p = np.zeros((m, ceil_div(k, block) * block), dtype=x.dtype)
     p[:, :k] = x
     return p
 
@@ -62,7 +63,7 @@ def default_tiling(cfg: "HardwareConfig", m: int, n: int, k: int,
                    double_buffer: bool = True) -> MatmulTiling:
     """Largest tiles that fit the scratchpads (``nbuf`` slots each)."""
     nbuf = 2 if double_buffer else 1
-    kb, nb = _ceil(k, cfg.block_in), _ceil(n, cfg.block_out)
+    kb, nb = ceil_div(k, cfg.block_in), ceil_div(n, cfg.block_out)
     tile_n = max(1, min(nb, cfg.wgt_depth // (nbuf * kb)))
     acc_rows = (cfg.acc_depth - QPARAM_ROWS * nb) // nbuf
     tile_m = max(1, min(m, cfg.inp_depth // (nbuf * kb), acc_rows // tile_n))
@@ -82,7 +83,7 @@ def matmul_program(cfg: "HardwareConfig", m: int, n: int, k: int,
     within ``clamp`` (int8 bounds; ``(output_zp, 127)`` is a fused ReLU), one ALU REQUANT
     per tile."""
     bi, bo = cfg.block_in, cfg.block_out
-    kb, nb = _ceil(k, bi), _ceil(n, bo)
+    kb, nb = ceil_div(k, bi), ceil_div(n, bo)
     t = tiling or default_tiling(cfg, m, n, k, double_buffer)
     nbuf = 2 if double_buffer else 1
     imm = pack_requant_imm(output_zp, *clamp) if requant else 0
@@ -160,7 +161,7 @@ def reference_matmul(x: np.ndarray, w: np.ndarray, qparams: np.ndarray | None,
 
     acc = sem.wrap_int32(x.astype(np.int64) @ pad_cols(w, cfg.block_in).astype(np.int64).T)
     n = w.shape[0]
-    nb = _ceil(n, cfg.block_out)
+    nb = ceil_div(n, cfg.block_out)
     out = np.zeros((x.shape[0], nb * cfg.block_out), dtype=np.int64)
     out[:, :n] = acc
     if qparams is None:
