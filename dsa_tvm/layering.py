@@ -1,0 +1,40 @@
+"""The import order of the project's packages, as data.
+
+A module may import modules of its own layer or of any layer below it, never one
+above (``tests/test_import_order.py`` checks every import, at module level and
+inside functions). Layers, lowest first; a module belongs to the layer of the
+longest prefix that names it.
+"""
+
+from __future__ import annotations
+
+#: (layer name, module prefixes), lowest layer first.
+LAYERS: tuple[tuple[str, tuple[str, ...]], ...] = (
+    ("hw", ("dsa_tvm.hw",)),
+    ("isa/sim", ("dsa_tvm.isa", "dsa_tvm.sim", "dsa_tvm.programs", "dsa_tvm.gc_pause")),
+    ("layers", ("dsa_tvm.layers", "dsa_tvm.codegen.layers", "dsa_tvm.codegen.names",
+                "dsa_tvm.codegen.reference", "dsa_tvm.layer_checks")),
+    ("tir_schedules", ("tir_schedules",)),
+    ("codegen", ("dsa_tvm.codegen", "dsa_tvm.lowering")),
+    ("relay_passes", ("relay_passes",)),
+    ("compiler", ("dsa_tvm.pipeline", "dsa_tvm.target", "dsa_tvm.runtime", "dsa_tvm.report",
+                  "dsa_tvm.onnx_names", "dsa_tvm.api", "dsa_tvm.frontend")),
+    ("tuning/quant/cli", ("dsa_tvm", "dsa_tvm.tuning", "dsa_tvm.quant", "dsa_tvm.cli",
+                          "dsa_tvm.quantize_cli", "dsa_tvm.flow", "dsa_tvm.demo",
+                          "dsa_tvm.models", "dsa_tvm.conformance", "dsa_tvm.onnx_backend")),
+)
+
+#: The top-level packages whose imports are checked.
+PACKAGES: tuple[str, ...] = ("dsa_tvm", "relay_passes", "tir_schedules")
+
+
+def layer_of(module: str) -> int:
+    """The index in ``LAYERS`` of ``module`` (a dotted name), by longest matching prefix."""
+    best, best_len = -1, -1
+    for index, (_, prefixes) in enumerate(LAYERS):
+        for prefix in prefixes:
+            if (module == prefix or module.startswith(prefix + ".")) and len(prefix) > best_len:
+                best, best_len = index, len(prefix)
+    if best < 0:
+        raise KeyError(f"module {module!r} is in no layer of dsa_tvm.layering.LAYERS: add it")
+    return best
