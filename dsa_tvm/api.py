@@ -13,7 +13,7 @@ from .hw.config import HardwareConfig
 
 
 def setup() -> None:
-    from .onnx_names import install as keep_onnx_node_names
+    from .frontend.onnx_names import install as keep_onnx_node_names
     from .runtime import register as register_runtime
     from .target import register as register_target
 
@@ -48,8 +48,8 @@ def _import_onnx(model, shapes, calibration_data, quantize_options: dict, verbos
     from tvm.relax.frontend.onnx import from_onnx
 
     from .frontend.intake import load_onnx
+    from .frontend.onnx_graph import is_qdq
     from .quant.api import quantize_onnx
-    from .quant.onnx_graph import is_qdq
 
     taken = load_onnx(model, shapes)
     if calibration_data is not None and not is_qdq(taken.model):

@@ -181,7 +181,7 @@ def cmd_run(args: argparse.Namespace) -> int:
 
 
 def cmd_docs(args: argparse.Namespace) -> int:
-    from .isa.reference import main
+    from .isa.docgen import main
 
     return main()
 

@@ -10,18 +10,27 @@ from __future__ import annotations
 
 #: (layer name, module prefixes), lowest layer first.
 LAYERS: tuple[tuple[str, tuple[str, ...]], ...] = (
+    # the hardware description every number comes from
     ("hw", ("dsa_tvm.hw",)),
+    # the device: instruction set, simulator, hand-written programs (no TVM)
     ("isa/sim", ("dsa_tvm.isa", "dsa_tvm.sim", "dsa_tvm.programs", "dsa_tvm.gc_pause")),
-    ("layers", ("dsa_tvm.layers", "dsa_tvm.codegen.layers", "dsa_tvm.codegen.names",
-                "dsa_tvm.codegen.reference", "dsa_tvm.layer_checks")),
+    # the integer layer IR, its CPU oracle and its physics bounds
+    ("layers", ("dsa_tvm.layers",)),
+    # TIR compute, schedules, intrinsics, the tuning space
     ("tir_schedules", ("tir_schedules",)),
+    # layers -> TIR -> instructions -> one program per region
     ("codegen", ("dsa_tvm.codegen", "dsa_tvm.lowering")),
+    # ONNX intake (validation, opset upgrade, QOperator -> QDQ, node names for Relax)
+    ("frontend", ("dsa_tvm.frontend",)),
+    # the Relax BYOC front end: patterns, constraints, partition, to-layers, offload
     ("relay_passes", ("relay_passes",)),
-    ("compiler", ("dsa_tvm.pipeline", "dsa_tvm.target", "dsa_tvm.runtime", "dsa_tvm.report",
-                  "dsa_tvm.onnx_names", "dsa_tvm.api", "dsa_tvm.frontend")),
-    ("tuning/quant/cli", ("dsa_tvm", "dsa_tvm.tuning", "dsa_tvm.quant", "dsa_tvm.cli",
-                          "dsa_tvm.quantize_cli", "dsa_tvm.flow", "dsa_tvm.demo",
-                          "dsa_tvm.models", "dsa_tvm.conformance", "dsa_tvm.onnx_backend")),
+    # the dsa target, its Relax pipeline, the runtime and the reports
+    ("compiler", ("dsa_tvm.target", "dsa_tvm.pipeline", "dsa_tvm.runtime", "dsa_tvm.report")),
+    # everything a user calls: tuning, quantization, models, the CLI, the package API
+    ("tuning/quant/cli", ("dsa_tvm", "dsa_tvm.api", "dsa_tvm.tuning", "dsa_tvm.quant",
+                          "dsa_tvm.models", "dsa_tvm.cli", "dsa_tvm.quantize_cli",
+                          "dsa_tvm.flow", "dsa_tvm.demo", "dsa_tvm.conformance",
+                          "dsa_tvm.onnx_backend")),
 )
 
 #: The top-level packages whose imports are checked.

@@ -110,7 +110,7 @@ def region_ops(region) -> int:
     per input element read for the vector layers (window taps, both addends, ...)."""
     import numpy as np
 
-    from .codegen.layers import layer_inputs
+    from .layers.ir import layer_inputs
 
     total = 0
     for ly in region.layers:

@@ -24,10 +24,10 @@ import tvm
 from tvm import relax
 from tvm.relax.expr_functor import PyExprMutator, mutator
 
-from dsa_tvm.codegen.layers import Region
+from dsa_tvm.layers.ir import Region
 
-from .lower import region_from_function
 from .partition import region_functions
+from .to_layers import region_from_function
 
 LAUNCH = "dsa.launch"
 

@@ -431,10 +431,10 @@ def _codegen(m: Match, cfg: HardwareConfig) -> str | None:
     """Ask the codegen itself (``dsa_tvm.lowering.region.lowering_supports``) about the
     layer this match becomes, so a layer it cannot lower stays on the CPU alone instead
     of failing the compilation of its whole region."""
-    from dsa_tvm.codegen.layers import QTensor
+    from dsa_tvm.layers.ir import QTensor
     from dsa_tvm.lowering.region import lowering_supports
 
-    from .lower import layer_from_match
+    from .to_layers import layer_from_match
 
     def qt(name: str, shape, qp) -> QTensor:
         return QTensor(name, tuple(int(d) for d in shape), float(qp.scale[0]),

@@ -16,7 +16,7 @@ from dataclasses import dataclass
 
 from tvm import te, tirx
 
-from dsa_tvm.codegen.names import SCALAR_REQUANT
+from .names import SCALAR_REQUANT
 
 
 def window_out_hw(s) -> tuple[int, int]:

@@ -16,8 +16,8 @@ from dataclasses import replace
 
 import numpy as np
 
-from ..codegen.layers import Conv2d, Layer, QTensor, Region
 from ..hw.config import HardwareConfig
+from ..layers.ir import Conv2d, Layer, QTensor, Region
 from .kinds import recipe
 
 #: a fold must beat the unfolded estimate by this factor (it costs host work)

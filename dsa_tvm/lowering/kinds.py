@@ -1,6 +1,6 @@
 """How each layer kind lowers: its TIR shape, compute, schedule and DRAM constants.
 
-:func:`recipe` maps an integer layer (``codegen.layers``) to a :class:`Recipe`:
+:func:`recipe` maps an integer layer (``dsa_tvm.layers.ir``) to a :class:`Recipe`:
 the blocked TIR shape of the layer, the functions that build and schedule its
 TIR, how default knobs are picked, and the constants (packed weights,
 output-stage table) its TIR parameters read. ``region.compile_region`` runs the
@@ -24,7 +24,9 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from ..codegen.layers import (
+from ..hw.config import HardwareConfig
+from ..isa import semantics as sem
+from ..layers.ir import (
     Add,
     BatchMatmul,
     BiasAdd,
@@ -36,8 +38,6 @@ from ..codegen.layers import (
     QTensor,
     Rescale,
 )
-from ..hw.config import HardwareConfig
-from ..isa import semantics as sem
 from .host_pack import PARAMS, ROWSUM, batch_dims
 from .layouts import ceil_div, image_dims, pack_conv_weights, pack_output_stage
 
@@ -96,7 +96,7 @@ def _conv_recipe(layer: Conv2d | Dense, cfg: HardwareConfig, consts: bool,
         if len(layer.input.shape) == 4 or len(layer.output.shape) == 4:
             raise UnsupportedLayer(f"{layer.name}: dense on 4-D {layer.input.shape}: the DSA "
                                    f"lays 4-D tensors out as NCHW images; give the layer the "
-                                   f"(rows, K) view (relay_passes.lower does)")
+                                   f"(rows, K) view (relay_passes.to_layers does)")
         _, k, rows, _ = image_dims(layer.input.shape)
         shape = ConvShape(1, rows, 1, ceil_div(k, bi), ceil_div(layer.weight.shape[0], bo), 1, 1,
                           (1, 1), (0, 0, 0, 0), (1, 1), bi, bo, layer.input.zero_point,

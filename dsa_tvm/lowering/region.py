@@ -17,14 +17,14 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-from ..codegen.layers import BatchMatmul, Layer, QTensor, Region, layer_inputs
 from ..codegen.walker import TirWalker
 from ..gc_pause import paused_gc
 from ..hw.config import HardwareConfig
 from ..isa.builder import ProgramBuilder
 from ..isa.program import Program
 from ..isa.sync import insert_dependencies
-from ..layer_checks import layer_bounds
+from ..layers.checks import layer_bounds
+from ..layers.ir import BatchMatmul, Layer, QTensor, Region, layer_inputs
 from .fold_input import fold_region_inputs
 from .host_pack import PARAMS, ROWSUM, batch_dims
 from .kinds import UnsupportedLayer, recipe
