@@ -10,29 +10,14 @@ from pathlib import Path
 
 import numpy as np
 
+from .cli_common import CliError, hw_spec, interrupted, read_model
 from .frontend.intake import IntakeError, add_shape_arg, parse_shape_args
-from .hw.config import ConfigError, load_config, preset_names, shadowed_by
+from .hw.config import ConfigError, load_config, preset_names
 from .isa.disasm import disassemble
 from .isa.encoding import IsaError
 from .isa.program import ProgramError
 from .sim.errors import SimulationError
 from .sim.simulator import Simulator
-
-
-class CliError(Exception):
-    """A bad argument or input: ``main`` prints it as one ``dsa-tvm: error:`` line (exit 2).
-    The message says the cause, then after ``; `` the fix."""
-
-
-def read_model(spec: str):
-    """The ONNX model file ``spec`` read and parsed (None for a bundled model name); the
-    intake's error naming the cause for a folder, a missing, unreadable or truncated file."""
-    from .frontend.validate import read_model as read_onnx
-
-    p = Path(spec)
-    if p.suffix != ".onnx" and not p.exists():
-        return None  # a bundled model name (flow.load_model lists them if it is unknown)
-    return read_onnx(p)[0]
 
 
 def model_inputs(model) -> list[str]:
@@ -69,17 +54,6 @@ def _read_inputs(path: str, prog) -> dict[str, np.ndarray]:
         return dict(got)
     except (ValueError, OSError, EOFError) as e:
         raise CliError(f"'{path}' is a damaged .npz ({e}); {fix}") from None
-
-
-def hw_spec(text: str) -> str:
-    """``--hw``: a preset name means the preset even when a file or folder here has that
-    name (a TOML file is named with its ``.toml`` suffix); a warning line says so."""
-    other = shadowed_by(text)
-    if other is not None:
-        kind = "folder" if other.is_dir() else "file"
-        print(f"dsa-tvm: warning: --hw {text} is the bundled preset '{text}', not the {kind} "
-              f"{other} (give a TOML file with its .toml suffix)", file=sys.stderr)
-    return text
 
 
 def _hw_arg(p: argparse.ArgumentParser) -> None:
@@ -219,7 +193,7 @@ def build_parser() -> argparse.ArgumentParser:
     r.add_argument("--trace", help="write a Perfetto/Chrome trace JSON here")
     _hw_arg(r)
     r.set_defaults(fn=cmd_run)
-    from .tuning.cli import add_parser as add_tune_parser
+    from .tune_cli import add_parser as add_tune_parser
 
     add_tune_parser(sub)
     g = sub.add_parser("docs", help="regenerate docs/isa.md and docs/hardware.md")
@@ -245,23 +219,6 @@ def main(argv: list[str] | None = None) -> int:
             raise
         print(f"dsa-tvm: error: {error_line(e)}", file=sys.stderr)
         return 2
-
-
-def interrupted() -> int:
-    """Exit code 130 for a handled Ctrl-C, and make the interpreter honour it.
-
-    CPython 3.11 sets ``_Py_UnhandledKeyboardInterrupt`` when a KeyboardInterrupt leaves
-    code run through ``exec``/``eval`` of a string, even if a caller handles it, and then
-    ends the process by SIGINT instead of with the exit code (seen with tuning
-    interrupted inside TVM). The flag is cleared here; where the symbol does not exist
-    (other Python versions) nothing is done."""
-    import ctypes
-
-    try:
-        ctypes.c_int.in_dll(ctypes.pythonapi, "_Py_UnhandledKeyboardInterrupt").value = 0
-    except (ValueError, AttributeError):
-        pass
-    return 130
 
 
 def error_line(e: BaseException) -> str:

@@ -26,11 +26,13 @@ LAYERS: tuple[tuple[str, tuple[str, ...]], ...] = (
     ("relay_passes", ("relay_passes",)),
     # the dsa target, its Relax pipeline, the runtime and the reports
     ("compiler", ("dsa_tvm.target", "dsa_tvm.pipeline", "dsa_tvm.runtime", "dsa_tvm.report")),
-    # everything a user calls: tuning, quantization, models, the CLI, the package API
-    ("tuning/quant/cli", ("dsa_tvm", "dsa_tvm.api", "dsa_tvm.tuning", "dsa_tvm.quant",
-                          "dsa_tvm.models", "dsa_tvm.cli", "dsa_tvm.quantize_cli",
-                          "dsa_tvm.flow", "dsa_tvm.demo", "dsa_tvm.conformance",
-                          "dsa_tvm.onnx_backend")),
+    # what users run on top of the compiler: quantization, then tuning and the bundled models
+    ("quant", ("dsa_tvm.quant",)),
+    ("tuning/models", ("dsa_tvm.tuning", "dsa_tvm.models")),
+    # the entry points: the package API, the CLI and its subcommands, the ONNX backend
+    ("api/cli", ("dsa_tvm", "dsa_tvm.api", "dsa_tvm.cli", "dsa_tvm.cli_common",
+                 "dsa_tvm.quantize_cli", "dsa_tvm.tune_cli", "dsa_tvm.flow", "dsa_tvm.demo",
+                 "dsa_tvm.conformance", "dsa_tvm.onnx_backend")),
 )
 
 #: The top-level packages whose imports are checked.

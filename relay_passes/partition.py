@@ -37,6 +37,7 @@ from .patterns import (
     pattern_specs,
 )
 from .supported import check
+from .to_layers import region_from_function
 from .walkable import merge_blockers
 
 CODEGEN = "dsa"
@@ -333,8 +334,6 @@ def partition_only(mod: tvm.IRModule, cfg: HardwareConfig, prepared: bool = Fals
 def partition_for_dsa(mod: tvm.IRModule, cfg: HardwareConfig | str | None = None
                       ) -> tuple[tvm.IRModule, PartitionReport]:
     """Partitioned module (regions are functions with ``Codegen="dsa"``) and its report."""
-    from .to_layers import region_from_function
-
     cfg = load_config(cfg)
     mod = prepare(mod)
     reasons = pattern_decisions(mod, cfg)

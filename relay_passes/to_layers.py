@@ -40,7 +40,7 @@ from dsa_tvm.layers.ir import (
 )
 
 from .patterns import Match, QParams, describe
-from .supported import ADD_MULT_BITS, accumulator_bias, channel_addend, rescale_factors
+from .scales import ADD_MULT_BITS, accumulator_bias, channel_addend, rescale_factors
 
 
 class LoweringError(ValueError):

@@ -11,6 +11,8 @@ from __future__ import annotations
 
 import ast
 import functools
+import os
+import subprocess
 import sys
 from dataclasses import dataclass
 from pathlib import Path
@@ -172,6 +174,28 @@ def cycles(edges: list[Edge], package_level: bool) -> list[list[str]]:
     return _sccs(nodes, graph)
 
 
+def load_cycles(edges: list[Edge]) -> list[list[str]]:
+    """Cycles among the imports that run when a module is first loaded (module level),
+    counting that ``import a.b.c`` from outside package ``a`` first runs ``a/__init__.py``
+    and ``a/b/__init__.py``: ``dsa_tvm/__init__.py`` imports the whole API, so a lower
+    package importing ``dsa_tvm.x`` at module level must not be imported by that API at
+    module level (``import relay_passes`` first would find itself half loaded)."""
+    modules = _modules()
+    graph: dict[str, set[str]] = {}
+    for edge in edges:
+        if edge.in_function:
+            continue
+        targets = {edge.imported}
+        parts = edge.imported.split(".")
+        for n in range(1, len(parts)):
+            ancestor = ".".join(parts[:n])
+            if ancestor in modules and not edge.importer.startswith(ancestor + "."):
+                targets.add(ancestor)
+        graph.setdefault(edge.importer, set()).update(targets - {edge.importer})
+    nodes = sorted(set(graph) | {n for targets in graph.values() for n in targets})
+    return _sccs(nodes, graph)
+
+
 def upward(edges: list[Edge]) -> list[Edge]:
     return [e for e in edges if layer_of(e.imported) > layer_of(e.importer)
             and (e.importer, e.imported) not in ALLOWED]
@@ -180,13 +204,16 @@ def upward(edges: list[Edge]) -> list[Edge]:
 def summary(edges: list[Edge]) -> str:
     module_cycles, package_cycles = cycles(edges, False), cycles(edges, True)
     up = upward(edges)
+    loading = load_cycles(edges)
     statements = {(e.importer, e.line) for e in edges}
     deferred = {(e.importer, e.line) for e in edges if e.in_function}
+    in_modules = len({m for m, _ in deferred})
     lines = [f"{len(module_cycles)} module cycles, {len(package_cycles)} package cycles, "
-             f"{len(up)} upward imports; {len(deferred)} of {len(statements)} project import "
-             f"statements are function-level, in {len({m for m, _ in deferred})} modules"]
+             f"{len(up)} upward imports, {len(loading)} load-time cycles; {len(deferred)} of "
+             f"{len(statements)} project import statements are function-level, in {in_modules} modules"]
     lines += ["module cycle: " + " <-> ".join(c) for c in module_cycles]
     lines += ["package cycle: " + " <-> ".join(c) for c in package_cycles]
+    lines += ["load-time cycle: " + " <-> ".join(c) for c in loading]
     names = [name for name, _ in LAYERS]
     lines += [f"upward: {e}  [{names[layer_of(e.importer)]} < {names[layer_of(e.imported)]}]"
               for e in up]
@@ -206,6 +233,24 @@ def test_no_upward_import():
 def test_no_import_cycle():
     edges = import_edges()
     assert not cycles(edges, False) and not cycles(edges, True), summary(edges)
+
+
+def test_no_load_time_cycle():
+    edges = import_edges()
+    assert not load_cycles(edges), summary(edges)
+
+
+def test_lower_packages_import_first():
+    """A fresh interpreter imports a lower package before dsa_tvm (load_cycles cannot see
+    imports inside functions that ``dsa_tvm/__init__.py`` calls, such as ``setup``)."""
+    first = ("relay_passes", "relay_passes.supported", "tir_schedules.nests",
+             "tir_schedules.schedule")
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")])}
+    runs = [subprocess.Popen([sys.executable, "-c", f"import {m}"], env=env, cwd=ROOT,
+                             stderr=subprocess.PIPE, text=True) for m in first]
+    failed = {m: r.communicate(timeout=300)[1].strip().splitlines()[-1:]
+              for m, r in zip(first, runs) if r.wait() != 0}
+    assert not failed, f"importing these first fails: {failed}"
 
 
 def test_allowed_exceptions_still_exist():

@@ -23,7 +23,7 @@ from tvm.ir import Op
 from tvm.ir.expr import GenericConst
 
 from relay_passes.patterns import _prim_float
-from relay_passes.supported import channel_addend
+from relay_passes.scales import channel_addend
 
 ANCHORS = ("relax.nn.conv2d", "relax.matmul", "relax.add", "relax.nn.max_pool2d",
            "relax.nn.avg_pool2d", "relax.mean")

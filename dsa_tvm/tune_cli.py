@@ -18,15 +18,15 @@ from pathlib import Path
 
 
 def cmd_tune(args: argparse.Namespace) -> int:
-    from ..cli import CliError, read_model
-    from ..flow import load_model
-    from ..frontend.intake import parse_shape_args
-    from .api import tune
-    from .apply import RECORDS, open_database
+    from .cli_common import CliError, read_model
+    from .flow import load_model
+    from .frontend.intake import parse_shape_args
+    from .tuning.api import tune
+    from .tuning.apply import RECORDS, open_database
 
     runner = None
     if args.rpc:
-        from .rpc import parse_address, probe_tracker, rpc_runner
+        from .tuning.rpc import parse_address, probe_tracker, rpc_runner
 
         host, port = parse_address(args.rpc)
         probe_tracker(host, port, args.rpc_key)
@@ -69,7 +69,7 @@ def _lines(path: Path) -> int:
 def _say_interrupted(records: Path, new: int) -> int:
     import sys
 
-    from ..cli import interrupted
+    from .cli_common import interrupted
 
     print(f"dsa-tvm: error: interrupted; {new} new tuning record(s) measured before it are "
           f"kept in {records}; compile with them (dsa_tvm.tuned({str(records.parent)!r})) or run "
@@ -112,7 +112,7 @@ def _at_least_one(text: str) -> int:
 
 def add_parser(sub) -> None:
     """Register the ``tune`` subcommand on the CLI's subparsers."""
-    from ..cli import hw_spec
+    from .cli_common import hw_spec
 
     t = sub.add_parser("tune", help="tune the DSA schedules of a model with MetaSchedule "
                                     "(measured on the simulator) into a database")
@@ -128,7 +128,7 @@ def add_parser(sub) -> None:
     t.add_argument("--rpc", metavar="HOST:PORT",
                    help="measure on the RPC servers registered with this tracker")
     t.add_argument("--rpc-key", default="dsa", help="device key the servers registered with")
-    from ..frontend.intake import add_shape_arg
+    from .frontend.intake import add_shape_arg
 
     add_shape_arg(t)
     t.set_defaults(fn=cmd_tune)
