@@ -11,13 +11,20 @@ from pathlib import Path
 import numpy as np
 
 from .cli_common import CliError, hw_spec, interrupted, read_model
+from .demo import demo_program
+from .flow import run_model
 from .frontend.intake import IntakeError, add_shape_arg, parse_shape_args
 from .hw.config import ConfigError, load_config, preset_names
 from .isa.disasm import disassemble
+from .isa.docgen import main as write_docs
 from .isa.encoding import IsaError
 from .isa.program import ProgramError
+from .quantize_cli import add_parser as add_quantize
 from .sim.errors import SimulationError
 from .sim.simulator import Simulator
+from .tune_cli import add_parser as add_tune_parser
+from .tuning.apply import DatabaseError
+from .tuning.rpc import TrackerError
 
 
 def model_inputs(model) -> list[str]:
@@ -62,8 +69,6 @@ def _hw_arg(p: argparse.ArgumentParser) -> None:
 
 
 def cmd_demo(args: argparse.Namespace) -> int:
-    from .demo import demo_program
-
     cfg = load_config(args.hw)
     print(cfg.summary())
     prog, inputs, ref = demo_program(cfg)
@@ -88,8 +93,6 @@ def cmd_demo(args: argparse.Namespace) -> int:
 
 def cmd_run_model(args: argparse.Namespace) -> int:
     """Compile a model for the DSA, run it on the simulator, print the reports."""
-    from .flow import run_model
-
     model = read_model(args.model)
     if model is not None and len(model_inputs(model)) != 1:
         names = model_inputs(model)
@@ -155,9 +158,7 @@ def cmd_run(args: argparse.Namespace) -> int:
 
 
 def cmd_docs(args: argparse.Namespace) -> int:
-    from .isa.docgen import main
-
-    return main()
+    return write_docs()
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -193,13 +194,9 @@ def build_parser() -> argparse.ArgumentParser:
     r.add_argument("--trace", help="write a Perfetto/Chrome trace JSON here")
     _hw_arg(r)
     r.set_defaults(fn=cmd_run)
-    from .tune_cli import add_parser as add_tune_parser
-
     add_tune_parser(sub)
     g = sub.add_parser("docs", help="regenerate docs/isa.md and docs/hardware.md")
     g.set_defaults(fn=cmd_docs)
-    from .quantize_cli import add_parser as add_quantize
-
     add_quantize(sub)
     return p
 
@@ -223,9 +220,6 @@ def main(argv: list[str] | None = None) -> int:
 
 def error_line(e: BaseException) -> str:
     """The one line ``main`` prints for an exception: the cause and, after ``; ``, the fix."""
-    from .tuning.apply import DatabaseError
-    from .tuning.rpc import TrackerError
-
     known = (CliError, ConfigError, IsaError, ProgramError, SimulationError, DatabaseError,
              TrackerError, IntakeError)
     if isinstance(e, known):

@@ -24,6 +24,32 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from tir_schedules.compute import ConvShape, conv2d
+from tir_schedules.compute_vector import (
+    EltwiseShape,
+    GlobalSumShape,
+    WindowShape,
+    eltwise,
+    global_sum,
+    window,
+)
+from tir_schedules.matmul import (
+    MatmulShape,
+    batch_matmul,
+    candidate_matmul_knobs,
+    default_matmul_knobs,
+    schedule_batch_matmul,
+)
+from tir_schedules.schedule import candidate_knobs, default_conv_knobs, estimate_cycles, schedule_conv2d
+from tir_schedules.schedule_vector import (
+    candidate_vector_knobs,
+    default_vector_knobs,
+    estimate_vector_cycles,
+    schedule_eltwise,
+    schedule_global_sum,
+    schedule_window,
+)
+
 from ..hw.config import HardwareConfig
 from ..isa import semantics as sem
 from ..layers.ir import (
@@ -79,9 +105,6 @@ DEPTHWISE_ENGINE = "auto"
 
 def _conv_recipe(layer: Conv2d | Dense, cfg: HardwareConfig, consts: bool,
                  depthwise: bool = False) -> Recipe:
-    from tir_schedules.compute import ConvShape, conv2d
-    from tir_schedules.schedule import candidate_knobs, default_conv_knobs, schedule_conv2d
-
     bi, bo = cfg.block_in, cfg.block_out
     rq = layer.requant
     if depthwise:
@@ -143,9 +166,6 @@ def _depthwise_recipe(layer: Conv2d, cfg: HardwareConfig, consts: bool) -> Recip
     overlapped with compute, where ACC loads hold the compute engine; the vector unit
     needs no weight scratchpad and no array fill/drain per instruction, and parts with
     fewer lanes than the block take several cycles per vector row."""
-    from tir_schedules.schedule import estimate_cycles
-    from tir_schedules.schedule_vector import estimate_vector_cycles
-
     if DEPTHWISE_ENGINE not in ("auto", "vector", "array"):
         raise ValueError(f"DEPTHWISE_ENGINE must be auto, vector or array, "
                          f"got {DEPTHWISE_ENGINE!r}")
@@ -165,15 +185,10 @@ def _depthwise_recipe(layer: Conv2d, cfg: HardwareConfig, consts: bool) -> Recip
 
 
 def _vector(shape, build, schedule, inputs: dict[str, QTensor]) -> Recipe:
-    from tir_schedules.schedule_vector import candidate_vector_knobs, default_vector_knobs
-
     return Recipe(shape, build, schedule, default_vector_knobs, candidate_vector_knobs, inputs)
 
 
 def _window_recipe(layer: Conv2d | Pool2d, cfg: HardwareConfig, consts: bool) -> Recipe:
-    from tir_schedules.compute_vector import WindowShape, window
-    from tir_schedules.schedule_vector import schedule_window
-
     block = cfg.block_out
     if len(layer.input.shape) != 4 or len(layer.output.shape) != 4:
         raise UnsupportedLayer(f"{layer.name}: window layers need NCHW tensors")
@@ -210,9 +225,6 @@ def _window_recipe(layer: Conv2d | Pool2d, cfg: HardwareConfig, consts: bool) ->
 
 
 def _global_recipe(layer: GlobalAvgPool, cfg: HardwareConfig, consts: bool) -> Recipe:
-    from tir_schedules.compute_vector import GlobalSumShape, global_sum
-    from tir_schedules.schedule_vector import schedule_global_sum
-
     block = cfg.block_out
     if len(layer.input.shape) != 4:
         raise UnsupportedLayer(f"{layer.name}: global average pool needs an NCHW input")
@@ -236,9 +248,6 @@ def _pixels(t: QTensor) -> tuple[int, int]:
 
 def _eltwise_recipe(layer: Add | BiasAdd | Rescale, cfg: HardwareConfig,
                     consts: bool) -> Recipe:
-    from tir_schedules.compute_vector import EltwiseShape, eltwise
-    from tir_schedules.schedule_vector import schedule_eltwise
-
     block = cfg.block_out
     ins = [layer.a, layer.b] if isinstance(layer, Add) else [layer.input]
     if isinstance(layer, Add) and not layer.a.shape == layer.b.shape == layer.output.shape:
@@ -283,14 +292,6 @@ def _eltwise_recipe(layer: Add | BiasAdd | Rescale, cfg: HardwareConfig,
 def _matmul_recipe(layer: BatchMatmul, cfg: HardwareConfig) -> Recipe:
     """Both operands arrive host-packed (``host_pack``): ``a`` as rows plus correction
     rows, ``b`` as weight tiles plus the output-stage table (nothing is constant)."""
-    from tir_schedules.matmul import (
-        MatmulShape,
-        batch_matmul,
-        candidate_matmul_knobs,
-        default_matmul_knobs,
-        schedule_batch_matmul,
-    )
-
     a, b = tuple(layer.a.shape), tuple(layer.b.shape)
     if len(a) != 3 or len(b) != 3 or a[0] != b[0] or a[-1] != b[-2]:
         raise UnsupportedLayer(f"{layer.name}: batch matmul needs (B, M, K) x (B, K, N) "
