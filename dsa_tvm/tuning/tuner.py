@@ -17,6 +17,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
+from ..target import target
 from .features import KnobFeatures
 from .isolate import own_loggers, seeded_rngs
 from .measure import DSABuilder, SimRunner, cycles_to_secs, secs_to_cycles
@@ -43,8 +44,6 @@ class TaskResult:
 
 
 def target_of(cfg):
-    from ..target import target
-
     return target(cfg)
 
 
