@@ -26,8 +26,8 @@ from dsa_tvm.models.pretrained import (
     minilm_path,
     photo_batches,
 )
+from dsa_tvm.models.versus_ort import format_table, ours_vs_onnxruntime
 from dsa_tvm.quant import quantize_onnx
-from dsa_tvm.quant.versus_ort import format_table, ours_vs_onnxruntime
 
 CALIB_PHOTOS = 8
 

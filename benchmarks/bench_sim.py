@@ -2,7 +2,7 @@
 
 Every program it times comes out of the compiler's own lowering
 (``dsa_tvm.lowering.region.compile_region``: TE compute, schedule, TIR walker,
-dependency tokens), one one-layer :class:`~dsa_tvm.codegen.layers.Region` each:
+dependency tokens), one one-layer :class:`~dsa_tvm.layers.ir.Region` each:
 (1) a 1024x1024x1024 int8 matmul as a Dense layer (bias, per-channel requantize,
 nonzero zero points) and (2) the distinct conv layers of ResNet-50 at 224x224
 (stem, the bottleneck 1x1/3x3/1x1 convs of the four stages and the strided 1x1
@@ -16,7 +16,7 @@ A whole-network line multiplies every layer by its repetition count in ResNet-50
 
 It prints and never asserts times (the machine is shared and noisy); bit-exactness
 of every simulated output against numpy, and of numpy against the CPU reference
-(``dsa_tvm.codegen.reference.run_region``), is checked and printed.
+(``dsa_tvm.layers.reference.run_region``), is checked and printed.
 
     python benchmarks/bench_sim.py                      # default preset, best of 3
     python benchmarks/bench_sim.py --preset edge --reps 5
@@ -30,10 +30,10 @@ import time
 
 import numpy as np
 
-from dsa_tvm.codegen import layers as L
-from dsa_tvm.codegen.reference import run_region
 from dsa_tvm.hw.config import load_config
 from dsa_tvm.isa.semantics import quantize_multiplier
+from dsa_tvm.layers import ir as L
+from dsa_tvm.layers.reference import run_region
 from dsa_tvm.lowering.host_pack import pack_region_input
 from dsa_tvm.lowering.layouts import unpack_activation
 from dsa_tvm.lowering.region import compile_region, lowering_supports

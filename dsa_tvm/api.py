@@ -7,17 +7,32 @@ target tags, the pipeline hook and the ``dsa.launch`` runtime function, so
 
 from __future__ import annotations
 
+import sys
 from pathlib import Path
 
+import tvm
+from tvm.relax.frontend.onnx import from_onnx
+
+from .frontend.intake import load_onnx
+from .frontend.onnx_graph import is_qdq
+from .frontend.onnx_names import install as keep_onnx_node_names
 from .hw.config import HardwareConfig
+from .pipeline import compile_record, dsa_aware_default_pipeline, use_tuning
+from .pipeline import last_compile_report as _last_compile_report
+from .quant.api import quantize_onnx
+from .report import build_report
+from .runtime import register as register_runtime
+from .runtime import take_launches
+from .target import register as register_target
+from .target import target
+from .tuning.apply import current_chooser
 
 
 def setup() -> None:
-    from .onnx_names import install as keep_onnx_node_names
-    from .runtime import register as register_runtime
-    from .target import register as register_target
-
-    register_target()
+    """Register the ``dsa`` target with the pipeline hook, the tuner's schedule choice, the
+    ``dsa.launch`` runtime function and the ONNX node names (idempotent)."""
+    register_target(dsa_aware_default_pipeline)
+    use_tuning(current_chooser)
     register_runtime()
     keep_onnx_node_names()
 
@@ -33,24 +48,12 @@ def compile(mod, hw: "str | Path | HardwareConfig | None" = None, *,  # noqa: A0
     :func:`dsa_tvm.quant.quantize_onnx`), and is imported into Relax. ``verbose`` prints
     what intake and the quantizer changed (stderr).
     """
-    import tvm
-
-    from .target import target
-
     if not isinstance(mod, tvm.IRModule):
         mod = _import_onnx(mod, shapes, calibration_data, quantize_options or {}, verbose)
     return tvm.compile(mod, target=target(hw), **kwargs)
 
 
 def _import_onnx(model, shapes, calibration_data, quantize_options: dict, verbose: bool):
-    import sys
-
-    from tvm.relax.frontend.onnx import from_onnx
-
-    from .frontend.intake import load_onnx
-    from .quant.api import quantize_onnx
-    from .quant.onnx_graph import is_qdq
-
     taken = load_onnx(model, shapes)
     if calibration_data is not None and not is_qdq(taken.model):
         qm = quantize_onnx(taken, calibration_data, **{"show_progress": False, **quantize_options})
@@ -117,10 +120,8 @@ def run_report(executable):
 
 
 def last_compile_report():
-    """What the last DSA compile decided: ``compile_report`` of the newest executable."""
-    from .pipeline import last_compile_report as last
-
-    return last()
+    """What the last DSA compile decided (regions, ops left on the CPU and why)."""
+    return _last_compile_report()
 
 
 def last_run_report():
@@ -128,13 +129,9 @@ def last_run_report():
     its DSA launches, and the CPU layers of the compile those programs came from (not of
     whatever was compiled last). With no launch (a model without DSA regions) it shows
     the last compile's CPU layers. ``run_report(vm)`` names the executable instead."""
-    from .pipeline import compile_record, last_compile_report
-    from .report import build_report
-    from .runtime import take_launches
-
     launches = take_launches()
     if not launches:
-        return build_report([], last_compile_report())
+        return build_report([], _last_compile_report())
     rep = build_report(launches)
     record = compile_record(launches[0].compile_id)
     if record is not None:

@@ -10,29 +10,21 @@ from pathlib import Path
 
 import numpy as np
 
+from .cli_common import CliError, hw_spec, interrupted, read_model
+from .demo import demo_program
+from .flow import run_model
 from .frontend.intake import IntakeError, add_shape_arg, parse_shape_args
-from .hw.config import ConfigError, load_config, preset_names, shadowed_by
+from .hw.config import ConfigError, load_config, preset_names
 from .isa.disasm import disassemble
+from .isa.docgen import main as write_docs
 from .isa.encoding import IsaError
 from .isa.program import ProgramError
+from .quantize_cli import add_parser as add_quantize
 from .sim.errors import SimulationError
 from .sim.simulator import Simulator
-
-
-class CliError(Exception):
-    """A bad argument or input: ``main`` prints it as one ``dsa-tvm: error:`` line (exit 2).
-    The message says the cause, then after ``; `` the fix."""
-
-
-def read_model(spec: str):
-    """The ONNX model file ``spec`` read and parsed (None for a bundled model name); the
-    intake's error naming the cause for a folder, a missing, unreadable or truncated file."""
-    from .frontend.validate import read_model as read_onnx
-
-    p = Path(spec)
-    if p.suffix != ".onnx" and not p.exists():
-        return None  # a bundled model name (flow.load_model lists them if it is unknown)
-    return read_onnx(p)[0]
+from .tune_cli import add_parser as add_tune_parser
+from .tuning.apply import DatabaseError
+from .tuning.rpc import TrackerError
 
 
 def model_inputs(model) -> list[str]:
@@ -71,25 +63,12 @@ def _read_inputs(path: str, prog) -> dict[str, np.ndarray]:
         raise CliError(f"'{path}' is a damaged .npz ({e}); {fix}") from None
 
 
-def hw_spec(text: str) -> str:
-    """``--hw``: a preset name means the preset even when a file or folder here has that
-    name (a TOML file is named with its ``.toml`` suffix); a warning line says so."""
-    other = shadowed_by(text)
-    if other is not None:
-        kind = "folder" if other.is_dir() else "file"
-        print(f"dsa-tvm: warning: --hw {text} is the bundled preset '{text}', not the {kind} "
-              f"{other} (give a TOML file with its .toml suffix)", file=sys.stderr)
-    return text
-
-
 def _hw_arg(p: argparse.ArgumentParser) -> None:
     p.add_argument("--hw", default="default", type=hw_spec,
                    help=f"hardware preset ({', '.join(preset_names())}) or a .toml file")
 
 
 def cmd_demo(args: argparse.Namespace) -> int:
-    from .demo import demo_program
-
     cfg = load_config(args.hw)
     print(cfg.summary())
     prog, inputs, ref = demo_program(cfg)
@@ -114,8 +93,6 @@ def cmd_demo(args: argparse.Namespace) -> int:
 
 def cmd_run_model(args: argparse.Namespace) -> int:
     """Compile a model for the DSA, run it on the simulator, print the reports."""
-    from .flow import run_model
-
     model = read_model(args.model)
     if model is not None and len(model_inputs(model)) != 1:
         names = model_inputs(model)
@@ -181,9 +158,7 @@ def cmd_run(args: argparse.Namespace) -> int:
 
 
 def cmd_docs(args: argparse.Namespace) -> int:
-    from .isa.reference import main
-
-    return main()
+    return write_docs()
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -219,13 +194,9 @@ def build_parser() -> argparse.ArgumentParser:
     r.add_argument("--trace", help="write a Perfetto/Chrome trace JSON here")
     _hw_arg(r)
     r.set_defaults(fn=cmd_run)
-    from .tuning.cli import add_parser as add_tune_parser
-
     add_tune_parser(sub)
     g = sub.add_parser("docs", help="regenerate docs/isa.md and docs/hardware.md")
     g.set_defaults(fn=cmd_docs)
-    from .quantize_cli import add_parser as add_quantize
-
     add_quantize(sub)
     return p
 
@@ -247,28 +218,8 @@ def main(argv: list[str] | None = None) -> int:
         return 2
 
 
-def interrupted() -> int:
-    """Exit code 130 for a handled Ctrl-C, and make the interpreter honour it.
-
-    CPython 3.11 sets ``_Py_UnhandledKeyboardInterrupt`` when a KeyboardInterrupt leaves
-    code run through ``exec``/``eval`` of a string, even if a caller handles it, and then
-    ends the process by SIGINT instead of with the exit code (seen with tuning
-    interrupted inside TVM). The flag is cleared here; where the symbol does not exist
-    (other Python versions) nothing is done."""
-    import ctypes
-
-    try:
-        ctypes.c_int.in_dll(ctypes.pythonapi, "_Py_UnhandledKeyboardInterrupt").value = 0
-    except (ValueError, AttributeError):
-        pass
-    return 130
-
-
 def error_line(e: BaseException) -> str:
     """The one line ``main`` prints for an exception: the cause and, after ``; ``, the fix."""
-    from .tuning.apply import DatabaseError
-    from .tuning.rpc import TrackerError
-
     known = (CliError, ConfigError, IsaError, ProgramError, SimulationError, DatabaseError,
              TrackerError, IntakeError)
     if isinstance(e, known):

@@ -22,6 +22,9 @@ from typing import Any
 
 import numpy as np
 
+from . import target as dsa_target
+from .onnx_backend import compile_module, import_onnx
+
 EXPECTED = Path(__file__).resolve().parent.parent / "tests" / "onnx_conformance_expected.json"
 
 #: llvm statuses: ok, or where TVM stopped (the expectations file lists the others)
@@ -131,8 +134,6 @@ def run_case(case, hardware: Any = None) -> CaseResult:
     """Import ``case`` once, build and run it with llvm and with the dsa target."""
     import tvm
 
-    from . import target as dsa_target
-    from .onnx_backend import compile_module, import_onnx
 
     try:
         with warnings.catch_warnings():

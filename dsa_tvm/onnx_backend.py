@@ -28,6 +28,12 @@ import onnx
 import onnx.numpy_helper
 from onnx.backend.base import Backend, BackendRep
 
+import dsa_tvm
+
+from .frontend.intake import load_onnx
+from .quant import quantize_onnx
+from .target import is_dsa
+
 DEVICES = ("CPU",)  # DSA regions run on the bundled simulator, launched from the host
 
 
@@ -127,12 +133,8 @@ class DsaBackend(Backend):
             raise ValueError(f"device '{device}' is not supported: the DSA backend runs on "
                              f"{DEVICES} (DSA regions are simulated from the host)")
         if intake:
-            from .frontend.intake import load_onnx
-
             model = load_onnx(model, shapes).model
         if quantize is not None:  # quantize_onnx takes the model through intake itself
-            from .quant import quantize_onnx
-
             opts = {"show_progress": False, "shapes": shapes, **(quant_options or {})}
             model = quantize_onnx(model, quantize, **opts).model
         return compile_module(import_onnx(model, shapes), model, _target(target, hardware))
@@ -147,9 +149,7 @@ def compile_module(mod, model: onnx.ModelProto, tgt) -> DsaBackendRep:
     """``tvm.compile`` an imported ``model`` for ``tgt`` (a Target) into a runnable rep."""
     import tvm
 
-    import dsa_tvm
 
-    from .target import is_dsa
 
     ex = tvm.compile(mod, target=tgt)
     name = "dsa" if is_dsa(tgt) else str(tgt.kind.name)
@@ -163,7 +163,6 @@ def _target(target: Any, hardware: Any):
     """A ``tvm.target.Target``: the DSA with ``hardware``, or what ``target`` names."""
     import tvm
 
-    import dsa_tvm
 
     if hardware is not None:
         if target not in ("dsa", None):

@@ -14,10 +14,33 @@ import threading
 import time
 import uuid
 from collections import OrderedDict
+from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from typing import Any
 
+import tvm
+
 from .hw.config import HardwareConfig
+from .layers.ir import layer_inputs
+from .report import build_report
+from .sim.simulator import Simulator
+from .target import config_of, is_dsa
+
+
+def _default_schedules() -> None:
+    """No tuning database in scope: every layer gets its default schedule."""
+    return None
+
+
+#: Returns the knob chooser of the tuning database in scope, or None. ``dsa_tvm.setup``
+#: installs the tuner's (:func:`use_tuning`), so the compiler does not import the tuner.
+current_chooser: Callable[[], Any] = _default_schedules
+
+
+def use_tuning(chooser: Callable[[], Any]) -> None:
+    """Ask ``chooser()`` for the knob chooser of every compile from now on."""
+    global current_chooser
+    current_chooser = chooser
 
 
 @dataclass
@@ -31,7 +54,7 @@ class RegionDecision:
     dsa_us: float | None = None
     cpu_us: float | None = None
     compile_s: float = 0.0
-    region: Any = field(default=None, repr=False)   # the codegen.layers.Region
+    region: Any = field(default=None, repr=False)   # the layers.ir.Region
     schedules: str = ""          # with a tuning database: tuned or default, and why
 
 
@@ -91,7 +114,6 @@ class CompileMemory:
         self._newest: CompileReport | None = None
 
     def add(self, report: CompileReport) -> None:
-        from .report import build_report
 
         record = build_report([], report)  # the CPU rows, taken while the layers are here
         light = replace(report, regions=[replace(d, region=None) for d in report.regions])
@@ -148,7 +170,6 @@ def region_ops(region) -> int:
     per input element read for the vector layers (window taps, both addends, ...)."""
     import numpy as np
 
-    from .codegen.layers import layer_inputs
 
     total = 0
     for ly in region.layers:
@@ -184,12 +205,13 @@ def internal_error(stage: str, e: BaseException) -> str:
 
 def offload_for_dsa(mod, cfg: HardwareConfig):
     """Partition ``mod`` for ``cfg``, compile each region, offload the ones worth it."""
+    # here, not at the top: relay_passes and tir_schedules (under lowering) import dsa_tvm,
+    # whose __init__ imports this module (tests/test_import_order.py: load-time cycles)
     from relay_passes import OffloadResult, offload_regions, partition_for_dsa
 
     from .compile_ids import with_compile_id
     from .lowering.region import UnsupportedLayer
-    from .sim.simulator import Simulator
-    from .tuning.apply import current_chooser
+
 
     t0 = time.perf_counter()
     compile_id = uuid.uuid4().hex  # in every program: a launch's report finds its compile
@@ -266,9 +288,6 @@ def _region_program(region, cfg: HardwareConfig, choose_knobs, sim) -> tuple[Any
 
 def dsa_aware_default_pipeline(orig):
     """Wrap a ``PIPELINE_MAP`` entry: offload first when the target is a DSA target."""
-    import tvm
-
-    from .target import config_of, is_dsa
 
     def factory(**kwargs):
         base = orig(**kwargs)

@@ -17,8 +17,13 @@ from pathlib import Path
 
 import onnx
 
+from .frontend.intake import add_shape_arg, load_onnx, parse_shape_args
+from .models import calibration_data
+from .quant import quantize_onnx
+from .quant.accuracy import accuracy_report, mixed_precision, sensitivity
+from .quant.api import input_dtypes, input_shapes
 from .quant.checks import check_percentile, check_target_cosine
-from .quant.data import PREPROCESS
+from .quant.data import PREPROCESS, as_feeds
 
 
 def add_parser(sub) -> None:
@@ -47,8 +52,6 @@ def add_parser(sub) -> None:
     q.add_argument("-o", "--output", help="quantized model path (default: <model>_int8.onnx)")
     q.add_argument("--report", help="JSON report path (default: <output>.report.json)")
     q.add_argument("--quiet", action="store_true", help="no progress bars")
-    from .frontend.intake import add_shape_arg
-
     add_shape_arg(q)
     q.set_defaults(fn=cmd_quantize)
 
@@ -81,8 +84,6 @@ def _percentile(text: str) -> float:
 
 def _data(spec: str, model: onnx.ModelProto, what: str):
     if spec.startswith("synthetic:"):
-        from .models import calibration_data
-
         n = spec.split(":", 1)[1]
         if not n.isdigit() or int(n) < 1:
             raise ValueError(f"{what} '{spec}': synthetic:N needs a positive integer N")
@@ -102,12 +103,6 @@ def cmd_quantize(args: argparse.Namespace) -> int:
 
 
 def _quantize(args: argparse.Namespace) -> int:
-    from .frontend.intake import load_onnx, parse_shape_args
-    from .quant import quantize_onnx
-    from .quant.accuracy import accuracy_report, mixed_precision, sensitivity
-    from .quant.api import input_dtypes, input_shapes
-    from .quant.data import as_feeds
-
     src = Path(args.model)
     if not src.is_file():
         raise FileNotFoundError(f"model '{src}' does not exist")

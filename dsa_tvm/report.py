@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from .isa.instructions import Load, Store
-from .layer_checks import violations
+from .layers.checks import violations
 from .sim.timing import dma_bytes
 
 
@@ -31,7 +31,7 @@ class LayerRow:
     dram_read: int = 0
     dram_written: int = 0
     region: str = ""
-    check: str = ""          # why the numbers are impossible (layer_checks), "" when sound
+    check: str = ""          # why the numbers are impossible (layers.checks), "" when sound
 
 
 @dataclass
@@ -54,7 +54,7 @@ class RunReport:
 
     @property
     def violations(self) -> list[LayerRow]:
-        """DSA layers below their compute bound or compulsory DRAM bytes (layer_checks)."""
+        """DSA layers below their compute bound or compulsory DRAM bytes (layers.checks)."""
         return [r for r in self.rows if r.check]
 
     def to_dict(self) -> dict[str, Any]:

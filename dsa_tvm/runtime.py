@@ -36,12 +36,11 @@ from typing import Any
 
 import numpy as np
 
-from .isa.program import Program, recorded_config
+from .isa.program import LAUNCH, Program, recorded_config
 from .lowering.host_pack import pack_region_input
 from .lowering.layouts import unpack_activation
 from .sim.simulator import SimResult, Simulator
 
-LAUNCH = "dsa.launch"
 #: unpacked programs kept (the least recently launched go first beyond either bound)
 PROGRAM_CACHE_ENTRIES = 512
 PROGRAM_CACHE_BYTES = 256 << 20

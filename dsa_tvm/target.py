@@ -9,6 +9,7 @@ the current target carries the ``dsa`` key, and changes nothing otherwise.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -62,8 +63,10 @@ def config_of(tgt) -> HardwareConfig:
     return cfg
 
 
-def register() -> None:
-    """Register the ``dsa`` tags (``dsa``, ``dsa-edge``, ...) and the pipeline hook once."""
+def register(wrap_pipeline: Callable[[Any], Any]) -> None:
+    """Register the ``dsa`` tags (``dsa``, ``dsa-edge``, ...) and the pipeline hook once:
+    ``wrap_pipeline`` wraps TVM's default Relax pipeline (``pipeline.py`` passes its own;
+    the target does not import the compiler)."""
     global _registered
     if _registered:
         return
@@ -76,8 +79,5 @@ def register() -> None:
         tvm.target.tag.register_tag(tag, _target_dict(name))
         _configs[name] = load_config(name)
 
-    from .pipeline import dsa_aware_default_pipeline
-
-    relax.pipeline.PIPELINE_MAP["default"] = dsa_aware_default_pipeline(
-        relax.pipeline.PIPELINE_MAP["default"])
+    relax.pipeline.PIPELINE_MAP["default"] = wrap_pipeline(relax.pipeline.PIPELINE_MAP["default"])
     _registered = True

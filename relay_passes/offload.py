@@ -24,11 +24,11 @@ import tvm
 from tvm import relax
 from tvm.relax.expr_functor import PyExprMutator, mutator
 
-from dsa_tvm.codegen.layers import Region
-from dsa_tvm.runtime import LAUNCH
+from dsa_tvm.isa.program import LAUNCH
+from dsa_tvm.layers.ir import Region
 
-from .lower import region_from_function
 from .partition import region_functions
+from .to_layers import region_from_function
 
 CompileRegion = Callable[[Region], "bytes | None"]
 

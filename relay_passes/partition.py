@@ -22,9 +22,9 @@ from tvm.ir import Op
 from tvm.relax.dpl import WildcardPattern
 from tvm.relax.transform import FusionPattern, PatternCheckContext
 
-from dsa_tvm.codegen.layers import Region
+from dsa_tvm.frontend.onnx_names import node_name
 from dsa_tvm.hw.config import HardwareConfig, load_config
-from dsa_tvm.onnx_names import node_name
+from dsa_tvm.layers.ir import Region
 
 from .canonicalize import prepare
 from .patterns import (
@@ -37,6 +37,7 @@ from .patterns import (
     pattern_specs,
 )
 from .supported import check
+from .to_layers import region_from_function
 from .walkable import merge_blockers
 
 CODEGEN = "dsa"
@@ -333,8 +334,6 @@ def partition_only(mod: tvm.IRModule, cfg: HardwareConfig, prepared: bool = Fals
 def partition_for_dsa(mod: tvm.IRModule, cfg: HardwareConfig | str | None = None
                       ) -> tuple[tvm.IRModule, PartitionReport]:
     """Partitioned module (regions are functions with ``Codegen="dsa"``) and its report."""
-    from .lower import region_from_function
-
     cfg = load_config(cfg)
     mod = prepare(mod)
     reasons = pattern_decisions(mod, cfg)

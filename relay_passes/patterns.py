@@ -8,7 +8,7 @@ run first: it would turn them into float constants and lose the integers).
 
 :func:`describe` reads a match back into a :class:`Match` (operands, quant
 parameters, attributes). The check functions (``supported.py``), the
-partition report and the lowering to layer descriptions (``lower.py``) all read
+partition report and the lowering to layer descriptions (``to_layers.py``) all read
 the graph through it, so they cannot disagree about what a pattern means.
 """
 

@@ -19,14 +19,15 @@ import numpy as np
 from dsa_tvm.hw.config import HardwareConfig
 from dsa_tvm.intmath import ceil_div
 from dsa_tvm.isa.formats import DRAM_SIZE_BITS, PAD_BITS, addr_bits
+from dsa_tvm.layers.ir import QTensor
+from dsa_tvm.lowering.region import lowering_supports
 
 from .patterns import Match, Operand
+from .scales import ADD_MULT_BITS, accumulator_bias, channel_addend, rescale_factors
+from .to_layers import layer_from_match
 
 MAX_PAD = (1 << PAD_BITS) - 1
 MAX_DMA = (1 << DRAM_SIZE_BITS) - 1
-#: Add: both rescale factors are multiplied by 2**n with n chosen so they stay below
-#: 2**ADD_MULT_BITS; (x - zp) * mult then cannot overflow the int32 accumulator.
-ADD_MULT_BITS = 21
 
 Test = Callable[[Match, HardwareConfig], "str | None"]
 
@@ -66,26 +67,6 @@ def _positive_scales(m: Match, cfg: HardwareConfig) -> str | None:
         if not np.all(qp.scale > 0):
             return f"{what} scale {qp.scale.tolist()} is not positive"
     return None
-
-
-def rescale_factors(m: Match) -> np.ndarray:
-    """The real factors the layer's REQUANT must represent (float64, one per channel or one)."""
-    s_in = float(m.inputs[0].qp.scale[0])
-    s_out = float(m.out.scale[0])
-    if m.kind in ("conv2d", "dense"):
-        return s_in * m.weight.qp.scale.astype(np.float64) / s_out
-    if m.kind == "batch_matmul":
-        return np.array([s_in * float(m.inputs[1].qp.scale[0]) / s_out])
-    if m.kind == "avg_pool2d":
-        kh, kw = (int(v) for v in m.op.attrs.pool_size)
-        return np.array([s_in / (s_out * kh * kw)])
-    if m.kind == "global_avg_pool":
-        h, w = m.inputs[0].shape[2:]
-        return np.array([s_in / (s_out * h * w)])
-    if m.kind == "add":
-        other = m.addend if m.addend is not None else m.inputs[1]
-        return np.array([s_in / s_out, float(other.qp.scale[0]) / s_out])
-    return np.array([s_in / s_out])
 
 
 def _requant_range(m: Match, cfg: HardwareConfig) -> str | None:
@@ -155,18 +136,6 @@ def _bias(m: Match, cfg: HardwareConfig) -> str | None:
     if b.value.size != n or not np.all(b.qp.scale > 0):
         return f"bias must have one int32 value per output channel ({n}), got shape {b.value.shape}"
     return _bias_range(m, n)
-
-
-def accumulator_bias(m: Match, channels: int) -> np.ndarray:
-    """The bias in accumulator units ``s_in * s_w[c]`` (float64 integers, not clipped): as
-    is when its scale already is that (what quantizers emit), else rescaled to it."""
-    b = m.bias.value.astype(np.float64).reshape(-1)
-    want = float(m.inputs[0].qp.scale[0]) * np.broadcast_to(
-        m.weight.qp.scale.astype(np.float64), (channels,))
-    have = np.broadcast_to(m.bias.qp.scale.astype(np.float64), (channels,))
-    if np.allclose(have, want, rtol=1e-6, atol=0):
-        return b
-    return np.round(b * have / want)
 
 
 def _bias_range(m: Match, channels: int) -> str | None:
@@ -380,23 +349,6 @@ GLOBAL_AVG_POOL = COMMON + [
 # ----------------------------------------------------------------------------- elementwise
 
 
-def channel_addend(value: np.ndarray, out_shape: tuple[int, ...],
-                   axis: int | None = None) -> np.ndarray | None:
-    """The per-channel vector a constant broadcasts to along ``axis`` (default: the
-    layers' channel axis, 1 of an NCHW output, the last one otherwise), or None if it
-    varies along any other axis."""
-    rank = len(out_shape)
-    if value.ndim > rank:
-        return None
-    full = value.reshape((1,) * (rank - value.ndim) + value.shape)
-    axis = (1 if rank == 4 else rank - 1) if axis is None else axis % rank
-    if any(d != 1 for i, d in enumerate(full.shape) if i != axis):
-        return None
-    if full.shape[axis] not in (1, out_shape[axis]):
-        return None
-    return np.broadcast_to(full.reshape(-1), (out_shape[axis],))
-
-
 def _add_operands(m: Match, cfg: HardwareConfig) -> str | None:
     if m.addend is not None:
         x, c = m.inputs[0], m.addend
@@ -428,11 +380,6 @@ def _codegen(m: Match, cfg: HardwareConfig) -> str | None:
     """Ask the codegen itself (``dsa_tvm.lowering.region.lowering_supports``) about the
     layer this match becomes, so a layer it cannot lower stays on the CPU alone instead
     of failing the compilation of its whole region."""
-    from dsa_tvm.codegen.layers import QTensor
-    from dsa_tvm.lowering.region import lowering_supports
-
-    from .lower import layer_from_match
-
     def qt(name: str, shape, qp) -> QTensor:
         return QTensor(name, tuple(int(d) for d in shape), float(qp.scale[0]),
                        int(qp.zero_point[0]))

@@ -98,7 +98,7 @@ def test_channels_last_linear_matches_llvm(tmp_path, shape):
 
 def test_dense_4d_view_is_rows():
     """The layer the partitioner hands over reads (N, H, W, C) as N*H*W rows of C."""
-    from dsa_tvm.codegen import layers as L
+    from dsa_tvm.layers import ir as L
     from dsa_tvm.lowering.region import lowering_supports
 
     x = L.QTensor("x", (1, 4, 4, 24), 0.1, 0)

@@ -9,7 +9,7 @@ import pytest
 
 from dsa_tvm.cli import main
 from dsa_tvm.hw.config import load_config
-from dsa_tvm.isa.reference import generate
+from dsa_tvm.isa.docgen import generate
 
 
 def test_generated_docs_are_up_to_date():

@@ -9,7 +9,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from dsa_tvm.codegen.reference import run_region
+from dsa_tvm.layers.reference import run_region
 from dsa_tvm.lowering.fold_input import fold_conv, fold_region_inputs
 from dsa_tvm.lowering.layouts import im2col
 from dsa_tvm.lowering.options import options

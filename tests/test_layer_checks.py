@@ -1,4 +1,4 @@
-"""The run report's self-check (``dsa_tvm.layer_checks``), the MAC share over CPU ops, and
+"""The run report's self-check (``dsa_tvm.layers.checks``), the MAC share over CPU ops, and
 the note an FP32 model gets.
 
 No DSA layer may take fewer cycles than its MACs need at the array's peak rate, nor
@@ -19,9 +19,9 @@ from tvm import relax
 from tvm.relax.frontend.onnx import from_onnx
 
 import dsa_tvm
-from dsa_tvm.codegen import layers as L
 from dsa_tvm.hw.config import load_config, preset_names
-from dsa_tvm.layer_checks import compute_bound, layer_bounds, violations
+from dsa_tvm.layers import ir as L
+from dsa_tvm.layers.checks import compute_bound, layer_bounds, violations
 from dsa_tvm.lowering.host_pack import pack_region_input
 from dsa_tvm.lowering.region import compile_region
 from dsa_tvm.models import calibration_data, get_model

@@ -4,7 +4,7 @@ Each test builds a :class:`Region` by hand (random int8 data, random requantize
 parameters from ``semantics.quantize_multiplier``), compiles it with
 ``compile_region`` (TE compute -> schedule -> TIR walker -> program), runs the
 program on the simulator and compares every output with
-``codegen.reference.run_region``, which must agree bit for bit. Shapes are
+``layers.reference.run_region``, which must agree bit for bit. Shapes are
 small and drawn by hypothesis; every test runs on the three bundled presets
 (``edge`` 8x8 array with a 512-row accumulator, ``default`` 16x16, ``large``
 32x32), whose block sizes and scratchpads change the tiling.
@@ -22,10 +22,10 @@ pytest.importorskip("tvm")
 from hypothesis import HealthCheck, given, settings  # noqa: E402
 from hypothesis import strategies as st  # noqa: E402
 
-from dsa_tvm.codegen import layers as L  # noqa: E402
-from dsa_tvm.codegen.reference import run_region  # noqa: E402
 from dsa_tvm.hw.config import HardwareConfig, load_config  # noqa: E402
 from dsa_tvm.isa import semantics as sem  # noqa: E402
+from dsa_tvm.layers import ir as L  # noqa: E402
+from dsa_tvm.layers.reference import run_region  # noqa: E402
 from dsa_tvm.lowering.host_pack import pack_region_input  # noqa: E402
 from dsa_tvm.lowering.kinds import recipe  # noqa: E402
 from dsa_tvm.lowering.layouts import unpack_activation  # noqa: E402
@@ -102,7 +102,7 @@ def gap(rng, x: L.QTensor, flat: bool, name: str = "gap") -> L.GlobalAvgPool:
 
 
 def add(rng, a: L.QTensor, b: L.QTensor, name: str = "add") -> L.Add:
-    """Rescale factors as ``relay_passes.lower`` derives them (2**21 range, shared shift)."""
+    """Rescale factors as ``relay_passes.to_layers`` derives them (2**21 range, shared shift)."""
     ra, rb = rng.uniform(0.2, 2, 2)
     shift = 20 - math.floor(math.log2(max(ra, rb)))
     rq = L.Requant(np.array([1], np.int32), np.array([shift], np.int32),
@@ -112,7 +112,7 @@ def add(rng, a: L.QTensor, b: L.QTensor, name: str = "add") -> L.Add:
 
 
 def bias_add(rng, x: L.QTensor, name: str = "bias_add") -> L.BiasAdd:
-    """A per-channel constant addend at the shared shift, as ``relay_passes.lower`` builds it."""
+    """A per-channel constant addend at the shared shift, as ``relay_passes.to_layers`` builds it."""
     c = x.shape[1] if len(x.shape) == 4 else x.shape[-1]
     ra, rb = rng.uniform(0.2, 2, 2)
     shift = 20 - math.floor(math.log2(max(ra, rb)))

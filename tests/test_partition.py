@@ -21,9 +21,9 @@ import tvm_ffi  # noqa: E402
 from tvm import relax  # noqa: E402
 from tvm.relax.frontend.onnx import from_onnx  # noqa: E402
 
-from dsa_tvm.codegen import layers as L  # noqa: E402
-from dsa_tvm.codegen.reference import run_region  # noqa: E402
 from dsa_tvm.hw.config import load_config  # noqa: E402
+from dsa_tvm.layers import ir as L  # noqa: E402
+from dsa_tvm.layers.reference import run_region  # noqa: E402
 from relay_passes.offload import LAUNCH, OffloadResult, offload_regions  # noqa: E402
 from relay_passes.optable import doc_path, operators_markdown  # noqa: E402
 from relay_passes.partition import PartitionReport, partition_for_dsa  # noqa: E402

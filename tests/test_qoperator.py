@@ -26,9 +26,9 @@ from tvm import relax
 from tvm.relax.frontend.onnx import from_onnx
 
 import dsa_tvm
-from dsa_tvm.codegen.reference import run_region
 from dsa_tvm.frontend.qoperator import QOperatorError, has_qoperator, to_qdq
 from dsa_tvm.frontend.qoperator_graph import shift_uint8
+from dsa_tvm.layers.reference import run_region
 from dsa_tvm.models import calibration_data, resnet18, run_onnxruntime, small_cnn, transformer_encoder
 from dsa_tvm.models.quantize import _reader
 from dsa_tvm.runtime import take_launches

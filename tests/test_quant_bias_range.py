@@ -35,7 +35,7 @@ from dsa_tvm.quant.qparams import (
     weight_qparams,
     worst_case_sum,
 )
-from relay_passes.quantize import quantize_relax
+from dsa_tvm.quant.relax_quantize import quantize_relax
 
 from .qdq_models import QDQGraph, make_model, node, rand
 

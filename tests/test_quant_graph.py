@@ -16,7 +16,7 @@ from tvm import relax
 from tvm.relax.frontend.onnx import from_onnx
 
 import dsa_tvm
-from dsa_tvm.codegen.reference import run_region
+from dsa_tvm.layers.reference import run_region
 from dsa_tvm.models import calibration_data, get_model, run_onnxruntime
 from dsa_tvm.quant import prepare, quantize_onnx
 from dsa_tvm.quant.accuracy import accuracy_report, mixed_precision, sensitivity
@@ -211,7 +211,7 @@ def test_qdq_models_pass_through(tmp_path, net):
 
 
 def test_fp32_relax_module_is_quantized_in_relax(net):
-    """An FP32 Relax module (no ONNX source) goes through relay_passes.quantize."""
+    """An FP32 Relax module (no ONNX source) goes through dsa_tvm.quant.relax_quantize."""
     mod = from_onnx(net, keep_params_in_input=False)
     qmod = dsa_tvm.quantize(mod, _feeds((1, 3, 8, 8), 2), verbose=False, show_progress=False)
     names = set()

@@ -344,7 +344,7 @@ def test_any_magnitude_quantizes_to_a_sane_model(exponent, seed):
 def test_relax_path_lists_every_fp32_op_with_its_reason(capsys):
     """The Relax path (dsa_tvm.quantize on an FP32 IRModule) names each op it leaves in
     FP32, not only a count: the tail Sigmoid, and a conv kept on request."""
-    from relay_passes.quantize import quantize_relax
+    from dsa_tvm.quant.relax_quantize import quantize_relax
 
     mod = from_onnx(conv_net("Sigmoid"), keep_params_in_input=False)
     dsa_tvm.quantize(mod, feeds(3), show_progress=False)

@@ -16,9 +16,9 @@ import tvm
 from tvm import relax
 
 import dsa_tvm
-from dsa_tvm.codegen.reference import run_region
+from dsa_tvm.layers.reference import run_region
+from dsa_tvm.models.versus_ort import format_table, ours_vs_onnxruntime, score
 from dsa_tvm.quant import quantize_onnx
-from dsa_tvm.quant.versus_ort import format_table, ours_vs_onnxruntime, score
 from dsa_tvm.runtime import take_launches
 
 pytest.importorskip("torch")

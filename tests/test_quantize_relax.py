@@ -1,4 +1,4 @@
-"""Post-training quantization of an FP32 Relax module (relay_passes.quantize).
+"""Post-training quantization of an FP32 Relax module (dsa_tvm.quant.relax_quantize).
 
 Checked against independent references: scales and integers recomputed with numpy
 from the FP32 weights and the FP32 activations; the quantized module offloaded to
@@ -14,11 +14,11 @@ from tvm import relax
 from tvm.relax.frontend.onnx import from_onnx
 
 import dsa_tvm
-from dsa_tvm.codegen.reference import run_region
+from dsa_tvm.layers.reference import run_region
 from dsa_tvm.models import calibration_data, get_model
 from dsa_tvm.quant.metrics import cosine
+from dsa_tvm.quant.relax_quantize import quantize_relax
 from dsa_tvm.runtime import take_launches
-from relay_passes.quantize import quantize_relax
 
 from . import qdq_models as qm
 

@@ -22,7 +22,7 @@ from tvm.relax.frontend.onnx import from_onnx
 
 import dsa_tvm
 from dsa_tvm import pipeline, runtime
-from dsa_tvm.codegen.reference import run_region
+from dsa_tvm.layers.reference import run_region
 from dsa_tvm.runtime import take_launches
 
 from . import qdq_models as Q

@@ -2,7 +2,7 @@
 
 References are independent of the tuner: cycles a runner reports are compared
 with a direct simulation of the same knobs' program; the tuned compile is
-compared bit for bit with the integer reference (``codegen.reference``); the
+compared bit for bit with the integer reference (``layers.reference``); the
 rank-correlation helpers with scipy when it is installed.
 """
 
@@ -21,8 +21,8 @@ from hypothesis import strategies as st
 from tvm import s_tir
 
 import dsa_tvm
-from dsa_tvm.codegen.reference import run_region
 from dsa_tvm.hw.config import load_config
+from dsa_tvm.layers.reference import run_region
 from dsa_tvm.tuning import Task, TunedKnobs, open_database, tune_task, tuned
 from dsa_tvm.tuning.measure import DSABuilder, SimRunner, secs_to_cycles
 from dsa_tvm.tuning.rank import cost_model_check, kendall_tau, spearman

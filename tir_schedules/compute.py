@@ -17,7 +17,8 @@ from dataclasses import dataclass
 from tvm import te, tirx
 
 from dsa_tvm import intmath
-from dsa_tvm.codegen.names import SCALAR_REQUANT
+
+from .names import SCALAR_REQUANT
 
 
 def window_out_hw(s) -> tuple[int, int]:

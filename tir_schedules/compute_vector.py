@@ -25,10 +25,9 @@ from dataclasses import dataclass
 
 from tvm import te, tirx
 
-from dsa_tvm.codegen.names import SCALAR_REQUANT
-
 from .compute import window_out_hw
 from .intrinsics import SCALAR_AXPBY
+from .names import SCALAR_REQUANT
 
 WINDOW_KINDS = ("dw", "max", "avg")
 

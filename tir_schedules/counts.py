@@ -7,7 +7,7 @@ tall, thin tile can take eight times the instructions of its wide, short twin
 for the same cycles.
 
 Each stage of a tile is counted with the walker's own nest geometry
-(``dsa_tvm.codegen.nests``: level merging, peeling into instructions, 2-D DMA
+(``tir_schedules.nests``: level merging, peeling into instructions, 2-D DMA
 shapes, the first-step split of reductions) applied to the stage's loop
 levels as the schedule lays them out; tiles are counted as interior ones
 (border tiles differ by a few padded rows).
@@ -17,13 +17,13 @@ from __future__ import annotations
 
 import math
 
-from dsa_tvm.codegen.nests import dma_shapes, first_step_split, merge_levels
 from dsa_tvm.hw.config import HardwareConfig
 from dsa_tvm.isa.instructions import ALU_LEVELS, GEMM_LEVELS
 
 from .compute import ConvShape
 from .compute_vector import EltwiseShape, GlobalSumShape, WindowShape
 from .matmul import MatmulKnobs, MatmulShape
+from .nests import dma_shapes, first_step_split, merge_levels
 from .schedule import ConvKnobs, input_tile
 from .schedule_vector import EltwiseKnobs, GlobalSumKnobs, WindowKnobs
 

@@ -13,7 +13,10 @@ from functools import cache
 import tvm
 from tvm.script import tirx as T
 
-from dsa_tvm.codegen.names import (
+from dsa_tvm.isa.instructions import AluOp
+
+from .names import (
+    CALL_ALU,
     CALL_GEMM,
     CALL_REQUANT,
     SCALAR_REQUANT,
@@ -144,8 +147,6 @@ def _widen(x, dtype: str):
 
 
 def _alu_call(op: str, d, a, b, imm: int = 0, use_imm: int = 0):
-    from dsa_tvm.codegen.names import CALL_ALU
-    from dsa_tvm.isa.instructions import AluOp
 
     return T.call_extern("int32", CALL_ALU, int(AluOp[op.upper()]), d.data, d.elem_offset,
                          a.data, a.elem_offset, b.data, b.elem_offset, imm, use_imm)

@@ -22,10 +22,10 @@ from dataclasses import dataclass
 
 from tvm import s_tir, te, tirx
 
-from dsa_tvm.codegen.names import ANN_DOUBLE_BUFFER, SCALAR_REQUANT, SCOPE_ACC, SCOPE_INP, SCOPE_WGT
 from dsa_tvm.hw.config import HardwareConfig
 
 from .intrinsics import alu_intrin, gemm_intrin, requant_intrin
+from .names import ANN_DOUBLE_BUFFER, SCALAR_REQUANT, SCOPE_ACC, SCOPE_INP, SCOPE_WGT
 from .schedule import divisors
 
 

@@ -14,11 +14,11 @@ from dataclasses import dataclass
 
 from tvm import s_tir, tirx
 
-from dsa_tvm.codegen.names import ANN_DOUBLE_BUFFER, SCOPE_ACC, SCOPE_INP, SCOPE_WGT
 from dsa_tvm.hw.config import HardwareConfig
 
 from .compute import ConvShape
 from .intrinsics import gemm_intrin, requant_intrin
+from .names import ANN_DOUBLE_BUFFER, SCOPE_ACC, SCOPE_INP, SCOPE_WGT
 
 
 @dataclass(frozen=True)

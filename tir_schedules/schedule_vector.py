@@ -23,11 +23,11 @@ from dataclasses import dataclass
 
 from tvm import s_tir, tirx
 
-from dsa_tvm.codegen.names import ANN_DOUBLE_BUFFER, SCOPE_ACC
 from dsa_tvm.hw.config import HardwareConfig
 
 from .compute_vector import EltwiseShape, GlobalSumShape, WindowShape
 from .intrinsics import acc_intrin, alu_intrin, axpby_intrin, requant_intrin
+from .names import ANN_DOUBLE_BUFFER, SCOPE_ACC
 from .schedule import divisors, input_tile
 
 

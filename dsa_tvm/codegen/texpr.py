@@ -8,10 +8,13 @@ broadcasting gives both from one evaluator.
 
 from __future__ import annotations
 
+import itertools
 from collections.abc import Callable
 from typing import Any
 
 import numpy as np
+
+from tir_schedules.nests import CodegenError
 
 Env = dict[str, Any]
 
@@ -296,3 +299,39 @@ def load_offset(ld: Any) -> Callable[[Env], Any]:
     """Element offset of a TensorLoad's source (cached per node)."""
     return node_cached("load", ld, lambda n: flat_offset(
         list(n.indices), [int(d) for d in n.source.shape]))
+
+
+def pad_box(cond: Any, env: Env, rows_lp) -> list[tuple[int, int]]:
+    """Per row loop, the (before, after) counts of points where ``cond`` is false."""
+    if node_cached("convex", cond, convex) and _holds_at_corners(cond, env, rows_lp):
+        return [(0, 0)] * len(rows_lp)  # a tile away from the borders: no padding
+    mask = np.broadcast_to(evaluate(cond, grid_env(env, rows_lp)), [e for _, e in rows_lp])
+    pads = []
+    proj = []
+    for k, (name, ext) in enumerate(rows_lp):
+        axes = tuple(j for j in range(len(rows_lp)) if j != k)
+        valid = mask.any(axis=axes) if axes else mask
+        idx = np.flatnonzero(valid)
+        if len(idx) == 0:
+            raise CodegenError(f"a tile of the copy is all padding along '{name}'")
+        lo, hi = int(idx[0]), int(idx[-1]) + 1
+        if not valid[lo:hi].all():
+            raise CodegenError(f"padding along '{name}' is not at the edges")
+        pads.append((lo, ext - hi))
+        shape = [1] * len(rows_lp)
+        shape[k] = ext
+        proj.append(valid.reshape(shape))
+    if not np.array_equal(mask, np.logical_and.reduce(np.broadcast_arrays(*proj))):
+        raise CodegenError("the padding condition is not a box")
+    return pads
+
+
+def _holds_at_corners(cond: Any, env: Env, rows_lp) -> bool:
+    fn = compiled(cond)
+    for corner in itertools.product(*[(0, ext - 1) if ext > 1 else (0,) for _, ext in rows_lp]):
+        point = dict(env)
+        for (name, _), v in zip(rows_lp, corner):
+            point[name] = v
+        if not fn(point):
+            return False
+    return True

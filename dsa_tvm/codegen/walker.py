@@ -32,22 +32,31 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
+from tir_schedules.names import ANN_DOUBLE_BUFFER, CALL_ALU, CALL_GEMM, CALL_REQUANT, SCOPES
+from tir_schedules.nests import (
+    MAX_PAD,
+    CodegenError,
+    dma_shapes,
+    first_step_split,
+    peel,
+    touched,
+)
+
 from ..intmath import ceil_div
 from ..isa.builder import ProgramBuilder
 from ..isa.instructions import ALU_LEVELS, GEMM_LEVELS, AluOp, Buffer
 from ..isa.program import Region
 from ..isa.semantics import INT32_MAX, INT32_MIN
-from .names import ANN_DOUBLE_BUFFER, CALL_ALU, CALL_GEMM, CALL_REQUANT, SCOPES
-from .nests import (
-    MAX_PAD,
-    CodegenError,
-    dma_shapes,
-    first_step_split,
+from .texpr import (
+    Env,
+    ExprError,
+    affine,
+    compiled,
+    load_offset,
+    node_cached,
     pad_box,
-    peel,
-    touched,
+    store_offset,
 )
-from .texpr import Env, ExprError, affine, compiled, load_offset, node_cached, store_offset
 
 if TYPE_CHECKING:
     from ..hw.config import HardwareConfig

@@ -21,6 +21,7 @@ from pathlib import Path
 import onnx
 
 from . import fp32_check
+from .qoperator import has_qoperator, to_qdq
 from .validate import IntakeError, check_graph, read_model
 
 #: the opset intake upgrades to: the first with per-axis Quantize/DequantizeLinear
@@ -65,8 +66,6 @@ def load_onnx(model: "onnx.ModelProto | str | Path | Intake", shapes: Shapes | N
     check_graph(m, source)
     notes: list[str] = []
     given = "the model as given"
-    from .qoperator import has_qoperator, to_qdq  # here: it imports dsa_tvm.quant, which imports us
-
     if has_qoperator(m):  # QLinearConv & co: TVM's importer reads only the QDQ form
         m, qnotes = to_qdq(m)
         notes.extend(qnotes)

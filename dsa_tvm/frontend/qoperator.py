@@ -18,7 +18,7 @@ import numpy as np
 import onnx
 from onnx import version_converter
 
-from ..quant.onnx_graph import MIN_OPSET, Graph, load, with_shapes
+from .onnx_graph import MIN_OPSET, Graph, load, with_shapes
 from .qoperator_graph import Emitter, QOperatorError, shift_uint8
 from .qoperator_ops import MS, PASSTHROUGH, QUANTIZED_OUTPUT, REWRITES, Rewrite
 from .qoperator_softmax import qlinear_softmax

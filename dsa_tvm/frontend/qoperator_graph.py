@@ -15,7 +15,7 @@ import numpy as np
 import onnx
 from onnx import TensorProto, helper, numpy_helper
 
-from ..quant.onnx_graph import Graph
+from .onnx_graph import Graph
 
 
 class QOperatorError(ValueError):

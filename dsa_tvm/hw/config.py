@@ -11,7 +11,7 @@ import hashlib
 import json
 import math
 import tomllib
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from functools import cached_property
 from pathlib import Path
@@ -229,12 +229,23 @@ def _check_cross_field_rules(cfg: HardwareConfig, source: str) -> None:
         if (cfg.values[fld] * 1024) % unit:
             raise ConfigError(f"{source}: field 'sram.{fld}' = {cfg.values[fld]} breaks the rule: "
                               f"must hold a whole number of {unit}-byte rows/tiles")
-    from ..isa.formats import check_formats_fit  # the ISA is sized from this config
+    for key, rule in _RULES_ABOVE:
+        problem = rule(cfg)
+        if problem:
+            raise ConfigError(f"{source}: field '{key}' = {cfg.values[key.split('.')[-1]]} "
+                              f"breaks the rule: {problem}")
 
-    problem = check_formats_fit(cfg)
-    if problem:
-        raise ConfigError(f"{source}: field 'isa.instruction_bits' = {cfg.instruction_bits} "
-                          f"breaks the rule: {problem}")
+
+#: (field key, rule) added by the layers sized from a config, which this module must not
+#: import: the ISA checks that its instruction formats fit ``isa.instruction_bits``.
+_RULES_ABOVE: list[tuple[str, Callable[[HardwareConfig], "str | None"]]] = []
+
+
+def add_rule(key: str, rule: Callable[[HardwareConfig], "str | None"]) -> None:
+    """Check every description loaded from now on with ``rule`` (None, or the problem with
+    field ``key``); called once by the module that owns the rule, when it is imported."""
+    if (key, rule) not in _RULES_ABOVE:
+        _RULES_ABOVE.append((key, rule))
 
 
 def load_config(spec: "str | Path | HardwareConfig | None" = None) -> HardwareConfig:

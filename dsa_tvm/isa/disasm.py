@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
+from .encoding import encode_instruction
 from .instructions import Alu, AluOp, Deps, Finish, Gemm, Instruction, Load, Store, Sync
 from .semantics import split_clip_imm, split_requant_imm
 
@@ -82,8 +83,6 @@ def disassemble(program: "Program", cfg: "HardwareConfig | None" = None,
     if with_words:
         if cfg is None:
             raise ValueError("with_words needs the hardware config")
-        from .encoding import encode_instruction
-
     for i, ins in enumerate(program.instructions):
         word = ""
         if with_words:

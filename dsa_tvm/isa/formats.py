@@ -12,6 +12,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
+from ..hw.config import add_rule
 from .instructions import ALU_LEVELS, GEMM_LEVELS, Opcode
 
 if TYPE_CHECKING:
@@ -183,3 +184,6 @@ def check_formats_fit(cfg: "HardwareConfig") -> str | None:
             return (f"the {fmt.opcode.name} format needs {need} bits with these scratchpad sizes "
                     f"(more than {cfg.instruction_bits}); raise isa.instruction_bits or shrink SRAM")
     return None
+
+
+add_rule("isa.instruction_bits", check_formats_fit)  # the ISA is sized from the config

@@ -43,6 +43,8 @@ VERSION = 2
 PREFIX_BYTES = 36
 _CRC_AT = 32
 REGION_KINDS = ("input", "output", "const", "scratch")
+#: the packed function a compiled module calls with a container's bytes (``runtime.register``)
+LAUNCH = "dsa.launch"
 
 
 class ProgramError(ValueError):

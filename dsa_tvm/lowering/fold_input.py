@@ -17,8 +17,10 @@ from dataclasses import replace
 
 import numpy as np
 
-from ..codegen.layers import Conv2d, Layer, QTensor, Region
+from tir_schedules.schedule import estimate_cycles
+
 from ..hw.config import HardwareConfig
+from ..layers.ir import Conv2d, Layer, QTensor, Region
 from .kinds import recipe
 from .options import current_options
 
@@ -66,8 +68,6 @@ def fold_conv(layer: Conv2d) -> Conv2d:
 
 
 def _worth_folding(layer: Conv2d, cfg: HardwareConfig) -> bool:
-    from tir_schedules.schedule import estimate_cycles
-
     o, c, kh, kw = layer.weight.shape
     if layer.groups != 1 or c % cfg.block_in == 0 or kh * kw == 1:
         return False  # no idle lanes to fill, or nothing to fold

@@ -1,6 +1,6 @@
 """How each layer kind lowers: its TIR shape, compute, schedule and DRAM constants.
 
-:func:`recipe` maps an integer layer (``codegen.layers``) to a :class:`Recipe`:
+:func:`recipe` maps an integer layer (``dsa_tvm.layers.ir``) to a :class:`Recipe`:
 the blocked TIR shape of the layer, the functions that build and schedule its
 TIR, how default knobs are picked, and the constants (packed weights,
 output-stage table) its TIR parameters read. ``region.compile_region`` runs the
@@ -24,7 +24,36 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from ..codegen.layers import (
+from tir_schedules.compute import ConvShape, conv2d
+from tir_schedules.compute_vector import (
+    EltwiseShape,
+    GlobalSumShape,
+    WindowShape,
+    eltwise,
+    global_sum,
+    window,
+)
+from tir_schedules.matmul import (
+    MatmulShape,
+    batch_matmul,
+    candidate_matmul_knobs,
+    default_matmul_knobs,
+    schedule_batch_matmul,
+)
+from tir_schedules.schedule import candidate_knobs, default_conv_knobs, estimate_cycles, schedule_conv2d
+from tir_schedules.schedule_vector import (
+    candidate_vector_knobs,
+    default_vector_knobs,
+    estimate_vector_cycles,
+    schedule_eltwise,
+    schedule_global_sum,
+    schedule_window,
+)
+
+from ..hw.config import HardwareConfig
+from ..intmath import ceil_div
+from ..isa import semantics as sem
+from ..layers.ir import (
     Add,
     BatchMatmul,
     BiasAdd,
@@ -36,9 +65,6 @@ from ..codegen.layers import (
     QTensor,
     Rescale,
 )
-from ..hw.config import HardwareConfig
-from ..intmath import ceil_div
-from ..isa import semantics as sem
 from .host_pack import PARAMS, ROWSUM, batch_dims
 from .layouts import image_dims, pack_conv_weights, pack_output_stage
 from .options import current_options
@@ -76,9 +102,6 @@ def _check_out_hw(layer: Layer, out_hw: tuple[int, int]) -> None:
 
 def _conv_recipe(layer: Conv2d | Dense, cfg: HardwareConfig, consts: bool,
                  depthwise: bool = False) -> Recipe:
-    from tir_schedules.compute import ConvShape, conv2d
-    from tir_schedules.schedule import candidate_knobs, default_conv_knobs, schedule_conv2d
-
     bi, bo = cfg.block_in, cfg.block_out
     rq = layer.requant
     if depthwise:
@@ -93,7 +116,7 @@ def _conv_recipe(layer: Conv2d | Dense, cfg: HardwareConfig, consts: bool,
         if len(layer.input.shape) == 4 or len(layer.output.shape) == 4:
             raise UnsupportedLayer(f"{layer.name}: dense on 4-D {layer.input.shape}: the DSA "
                                    f"lays 4-D tensors out as NCHW images; give the layer the "
-                                   f"(rows, K) view (relay_passes.lower does)")
+                                   f"(rows, K) view (relay_passes.to_layers does)")
         _, k, rows, _ = image_dims(layer.input.shape)
         shape = ConvShape(1, rows, 1, ceil_div(k, bi), ceil_div(layer.weight.shape[0], bo), 1, 1,
                           (1, 1), (0, 0, 0, 0), (1, 1), bi, bo, layer.input.zero_point,
@@ -141,9 +164,6 @@ def _depthwise_recipe(layer: Conv2d, cfg: HardwareConfig, consts: bool) -> Recip
     overlapped with compute, where ACC loads hold the compute engine; the vector unit
     needs no weight scratchpad and no array fill/drain per instruction, and parts with
     fewer lanes than the block take several cycles per vector row."""
-    from tir_schedules.schedule import estimate_cycles
-    from tir_schedules.schedule_vector import estimate_vector_cycles
-
     wanted = current_options().depthwise_engine
     fitting, fallback = [], None
     for engine, make, estimate in (
@@ -161,15 +181,10 @@ def _depthwise_recipe(layer: Conv2d, cfg: HardwareConfig, consts: bool) -> Recip
 
 
 def _vector(shape, build, schedule, inputs: dict[str, QTensor]) -> Recipe:
-    from tir_schedules.schedule_vector import candidate_vector_knobs, default_vector_knobs
-
     return Recipe(shape, build, schedule, default_vector_knobs, candidate_vector_knobs, inputs)
 
 
 def _window_recipe(layer: Conv2d | Pool2d, cfg: HardwareConfig, consts: bool) -> Recipe:
-    from tir_schedules.compute_vector import WindowShape, window
-    from tir_schedules.schedule_vector import schedule_window
-
     block = cfg.block_out
     if len(layer.input.shape) != 4 or len(layer.output.shape) != 4:
         raise UnsupportedLayer(f"{layer.name}: window layers need NCHW tensors")
@@ -206,9 +221,6 @@ def _window_recipe(layer: Conv2d | Pool2d, cfg: HardwareConfig, consts: bool) ->
 
 
 def _global_recipe(layer: GlobalAvgPool, cfg: HardwareConfig, consts: bool) -> Recipe:
-    from tir_schedules.compute_vector import GlobalSumShape, global_sum
-    from tir_schedules.schedule_vector import schedule_global_sum
-
     block = cfg.block_out
     if len(layer.input.shape) != 4:
         raise UnsupportedLayer(f"{layer.name}: global average pool needs an NCHW input")
@@ -232,9 +244,6 @@ def _pixels(t: QTensor) -> tuple[int, int]:
 
 def _eltwise_recipe(layer: Add | BiasAdd | Rescale, cfg: HardwareConfig,
                     consts: bool) -> Recipe:
-    from tir_schedules.compute_vector import EltwiseShape, eltwise
-    from tir_schedules.schedule_vector import schedule_eltwise
-
     block = cfg.block_out
     ins = [layer.a, layer.b] if isinstance(layer, Add) else [layer.input]
     if isinstance(layer, Add) and not layer.a.shape == layer.b.shape == layer.output.shape:
@@ -279,14 +288,6 @@ def _eltwise_recipe(layer: Add | BiasAdd | Rescale, cfg: HardwareConfig,
 def _matmul_recipe(layer: BatchMatmul, cfg: HardwareConfig) -> Recipe:
     """Both operands arrive host-packed (``host_pack``): ``a`` as rows plus correction
     rows, ``b`` as weight tiles plus the output-stage table (nothing is constant)."""
-    from tir_schedules.matmul import (
-        MatmulShape,
-        batch_matmul,
-        candidate_matmul_knobs,
-        default_matmul_knobs,
-        schedule_batch_matmul,
-    )
-
     a, b = tuple(layer.a.shape), tuple(layer.b.shape)
     if len(a) != 3 or len(b) != 3 or a[0] != b[0] or a[-1] != b[-2]:
         raise UnsupportedLayer(f"{layer.name}: batch matmul needs (B, M, K) x (B, K, N) "

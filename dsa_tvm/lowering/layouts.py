@@ -18,7 +18,7 @@ def image_dims(shape: tuple[int, ...]) -> tuple[int, int, int, int]:
     """(N, C, H, W) of a logical activation: NCHW, or a matrix (..., K) as N=1, H=rows, W=1.
 
     Every 4-D shape is an image here: a layer that reads a 4-D tensor as rows of its
-    last axis (dense) gets a 2-D view from ``relay_passes.lower`` instead."""
+    last axis (dense) gets a 2-D view from ``relay_passes.to_layers`` instead."""
     if len(shape) == 4:
         n, c, h, w = shape
         return n, c, h, w

@@ -17,15 +17,18 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-from ..codegen.layers import BatchMatmul, Layer, QTensor, Region, layer_inputs
+from tir_schedules.schedule import lower_for_walker
+
 from ..codegen.walker import TirWalker
 from ..gc_pause import paused_gc
 from ..hw.config import HardwareConfig
 from ..intmath import ceil_div
 from ..isa.builder import ProgramBuilder
+from ..isa.instructions import Sync
 from ..isa.program import Program
 from ..isa.sync import insert_dependencies
-from ..layer_checks import layer_bounds
+from ..layers.checks import layer_bounds
+from ..layers.ir import BatchMatmul, Layer, QTensor, Region, layer_inputs
 from .fold_input import fold_region_inputs
 from .host_pack import PARAMS, ROWSUM, batch_dims
 from .kinds import UnsupportedLayer, recipe
@@ -77,8 +80,6 @@ def compile_region(region: Region, cfg: HardwareConfig,
     """One program for the whole region; ``choose_knobs(cfg, shape)`` overrides the
     default schedule of a layer (the tuner's database plugs in here; returning None
     keeps the default)."""
-    from tir_schedules.schedule import lower_for_walker
-
     _check_views(region)
     block = cfg.block_in
     io = {t.name: {"shape": list(t.shape), "scale": t.scale, "zero_point": t.zero_point}
@@ -220,8 +221,6 @@ def _lowered(r, cfg: HardwareConfig, knobs, lower_for_walker):
 def _renumber_layers(prog: Program, layers_meta: list[dict]) -> None:
     """Map layer instruction ranges onto the program after relay SYNCs were inserted
     (a SYNC just before a layer's first instruction belongs to that layer)."""
-    from ..isa.instructions import Sync
-
     mapping = [i for i, ins in enumerate(prog.instructions) if not isinstance(ins, Sync)]
     for ly in layers_meta:
         ly["first"], ly["last"] = mapping[ly["first"]], mapping[ly["last"]]

@@ -20,6 +20,7 @@ from pathlib import Path
 
 import numpy as np
 
+from ..quant.data import load_image
 from .zoo import cache_dir
 
 #: scikit-image's bundled photos (greyscale ones are made RGB)
@@ -165,8 +166,6 @@ def photo_batches(names: tuple[str, ...] = PHOTOS, size: int = 224, preprocess: 
                   views: int = 1) -> list[np.ndarray]:
     """The photos as (1, 3, size, size) float32 batches (resize + centre crop + preprocessing);
     ``views`` > 1 adds zoomed crops (corners) of every photo, up to len(VIEWS) per photo."""
-    from ..quant.data import load_image
-
     out = []
     for _, img in photos(names):
         h, w = img.shape[:2]

@@ -9,6 +9,8 @@ import numpy as np
 import onnx
 from onnx import helper, shape_inference
 
+from .quantize import run_onnxruntime
+
 
 @dataclass(frozen=True)
 class LayerMacs:
@@ -69,8 +71,6 @@ def total_macs(model: onnx.ModelProto) -> int:
 def activation_ranges(model: onnx.ModelProto,
                       feed: Mapping[str, np.ndarray]) -> dict[str, tuple[float, float]]:
     """(std, max |x|) of every node output for one input, via onnxruntime."""
-    from .quantize import run_onnxruntime
-
     m = onnx.ModelProto()
     m.CopyFrom(model)
     existing = {o.name for o in m.graph.output}

@@ -23,6 +23,7 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 from ..intmath import ceil_div
+from ..isa import semantics as sem
 from ..isa.builder import ProgramBuilder
 from ..isa.instructions import AluOp, Buffer, Engine
 from ..isa.program import Program
@@ -157,8 +158,6 @@ def reference_matmul(x: np.ndarray, w: np.ndarray, qparams: np.ndarray | None,
                      clamp: tuple[int, int] = (INT8_MIN, INT8_MAX)) -> np.ndarray:
     """numpy reference of :func:`matmul_program` on padded operands: int8 [M, NB*block_out]
     through the output stage of ``qparams`` ([NB, 3, block_out]), int32 without."""
-    from ..isa import semantics as sem
-
     acc = sem.wrap_int32(x.astype(np.int64) @ pad_cols(w, cfg.block_in).astype(np.int64).T)
     n = w.shape[0]
     nb = ceil_div(n, cfg.block_out)

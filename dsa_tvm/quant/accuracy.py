@@ -16,11 +16,11 @@ from dataclasses import asdict, dataclass, field
 
 import numpy as np
 
+from ..frontend.onnx_graph import Graph
 from .api import QuantizedModel
 from .calibrate import progress, run_with_intermediates
 from .checks import check_max_fp32, check_target_cosine
 from .metrics import cosine, sqnr_db, topk_agreement
-from .onnx_graph import Graph
 
 Feed = dict[str, np.ndarray]
 

@@ -17,13 +17,13 @@ import numpy as np
 import onnx
 
 from ..frontend.intake import Intake, Shapes, load_onnx
+from ..frontend.onnx_graph import Graph, is_qdq, name_nodes, with_shapes
 from .calibrate import calibrate
 from .checks import check_keep_fp32, check_percentile
 from .data import as_feeds, check_num_batches, check_preprocess
 from .fold import fold_batch_norms
 from .insert import bias_scale_floors, insert_qdq
 from .observers import METHODS
-from .onnx_graph import Graph, is_qdq, name_nodes, with_shapes
 from .outliers import split_candidates, split_outliers
 from .plan import Plan, fp32_reasons, make_plan
 from .qparams import ActQuant, activation_qparams
@@ -242,7 +242,7 @@ def quantize(model, calibration_data=None, **options):
     ``model``: an FP32 ONNX model (path or ModelProto, any opset intake can upgrade; option
     ``shapes`` fixes dynamic inputs), quantized with :func:`quantize_onnx` (options as there)
     and imported into Relax; an FP32 Relax
-    module (``relay_passes.quantize.quantize_relax``: the same observers and scales,
+    module (``dsa_tvm.quant.relax_quantize.quantize_relax``: the same observers and scales,
     calibrated on an LLVM build of the module; options ``method``, ``per_channel``,
     ``symmetric_activations``, ``keep_fp32``, ``num_batches``, ``preprocess``); or a
     Relax module that is already QDQ, returned unchanged.
@@ -250,7 +250,7 @@ def quantize(model, calibration_data=None, **options):
     import tvm
 
     if isinstance(model, tvm.IRModule):
-        from relay_passes.quantize import has_qdq
+        from dsa_tvm.quant.relax_quantize import has_qdq
 
         if has_qdq(model):
             if options.get("verbose", True):
@@ -268,7 +268,7 @@ def _quantize_relax_module(mod, calibration_data, method: str = "minmax", per_ch
                            symmetric_activations: bool = False, keep_fp32: Iterable[str] = (),
                            num_batches: int | None = None, preprocess="imagenet",
                            show_progress: bool = True, verbose: bool = True, **observer_options):
-    from relay_passes.quantize import quantize_relax
+    from dsa_tvm.quant.relax_quantize import quantize_relax
 
     if calibration_data is None:
         raise ValueError("calibration_data is required to quantize an FP32 model")

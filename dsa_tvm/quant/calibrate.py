@@ -15,9 +15,9 @@ import numpy as np
 import onnx
 from onnx import TensorProto, helper
 
+from ..frontend.onnx_graph import Graph
 from ..ort_session import session
 from .observers import ChannelMeanObserver, Observer, make_observer
-from .onnx_graph import Graph
 
 Feed = dict[str, np.ndarray]
 

@@ -12,7 +12,7 @@ import numpy as np
 import onnx
 from onnx import numpy_helper
 
-from .onnx_graph import Graph
+from ..frontend.onnx_graph import Graph
 
 
 def fold_batch_norms(model: onnx.ModelProto) -> list[str]:

@@ -19,8 +19,8 @@ import numpy as np
 import onnx
 from onnx import helper, numpy_helper
 
+from ..frontend.onnx_graph import Graph
 from .bias_correction import conv_shift, dense_shift
-from .onnx_graph import Graph
 from .plan import Anchor, Plan
 from .qparams import (
     ActQuant,

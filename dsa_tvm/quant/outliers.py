@@ -25,7 +25,7 @@ import numpy as np
 import onnx
 from onnx import helper, numpy_helper
 
-from .onnx_graph import Graph
+from ..frontend.onnx_graph import Graph
 
 WEIGHTED = {"Conv", "Gemm", "MatMul"}
 

@@ -18,7 +18,7 @@ from dataclasses import dataclass, field
 
 import onnx
 
-from .onnx_graph import Graph
+from ..frontend.onnx_graph import Graph
 
 ACTIVATIONS = {"Relu", "Clip"}
 POOLS = {"MaxPool", "AveragePool", "GlobalAveragePool"}

@@ -16,6 +16,7 @@ from typing import TYPE_CHECKING
 from ..intmath import ceil_div
 from ..isa.instructions import Alu, Gemm
 from .errors import SimulationError
+from .plans import EXACT_F32_PRODUCTS
 
 if TYPE_CHECKING:
     from ..hw.config import HardwareConfig
@@ -63,8 +64,6 @@ def _gemm_bytes(ins: Gemm, cfg: "HardwareConfig") -> int:
     """Bytes of the arrays the functional model builds for a GEMM nest (sim.plans.gemm_plan
     and Machine.gemm): offsets per point, the gathered inputs, the expanded weights, the
     products."""
-    from .plans import EXACT_F32_PRODUCTS
-
     size = {"B": 1, "M": 1, "N": 1, "K": 1}
     for lp in ins.loops:
         if lp.extent > 1:

@@ -17,8 +17,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from ..hw.config import HardwareConfig, load_config
+from .apply import open_database
 from .task import Task
-from .tuner import TaskResult
+from .tuner import TaskResult, check_budget, tune_task
 
 
 @dataclass
@@ -118,9 +119,6 @@ def tune(mod, work_dir: str | Path, trials: int = 64,
     per core. ``seed``: the same seed repeats the run exactly, with one worker (what
     was random, :mod:`.isolate`); None: a different run each time. ``trials`` and
     ``workers`` below 1 are a ValueError."""
-    from .apply import open_database
-    from .tuner import check_budget, tune_task
-
     check_budget(trials, workers)
     say = progress or (lambda line: print(line, file=sys.stderr, flush=True))
     cfg = load_config(hw)

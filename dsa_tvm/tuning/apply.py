@@ -20,6 +20,7 @@ from contextlib import contextmanager
 from pathlib import Path
 
 from .task import Task
+from .tuner import record_knobs, workload_records
 
 WORKLOADS = "database_workload.json"
 RECORDS = "database_tuning_record.json"
@@ -120,8 +121,6 @@ class TunedKnobs:
         return knobs
 
     def _lookup(self, task: Task):
-        from .tuner import record_knobs, workload_records
-
         records = workload_records(self.db, task)
         return record_knobs(records[0], task) if records else None
 

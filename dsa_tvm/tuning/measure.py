@@ -33,6 +33,7 @@ from tvm.support.popen_pool import PopenPoolExecutor
 
 from ..gc_pause import paused_gc
 from ..hw.config import HardwareConfig, config_from_dict
+from ..sim.simulator import Simulator
 from .task import Task, measure_knobs, simulate_cycles, task_from_json, task_json_of, task_of
 
 PROGRAM_FILE = "program.dsa"
@@ -113,8 +114,6 @@ def _warm_worker() -> None:
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     from tir_schedules import space  # noqa: F401
 
-    from ..sim import simulator  # noqa: F401
-    from . import task  # noqa: F401
 
 
 def read_artifact(path: str | Path) -> tuple[HardwareConfig, bytes]:
@@ -125,8 +124,6 @@ def read_artifact(path: str | Path) -> tuple[HardwareConfig, bytes]:
 
 def measure_bytes(cfg: HardwareConfig, program: bytes) -> int:
     """Simulated cycles of a program container."""
-    from ..sim.simulator import Simulator
-
     with paused_gc():
         return simulate_cycles(cfg, Simulator(cfg).load_program(program))
 

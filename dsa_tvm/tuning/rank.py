@@ -13,7 +13,11 @@ import random
 
 import numpy as np
 
+from .features import KnobFeatures
+from .measure import cycles_to_secs, measure_many
+from .search import space, strategy
 from .task import Task
+from .tuner import target_of, without_stock_intrinsics
 
 
 def ranks(x) -> np.ndarray:
@@ -59,10 +63,6 @@ def cost_model_check(task: Task, n_train: int = 48, n_test: int = 48, seed: int 
 
     from tir_schedules.space import kind_of, sample_knobs
 
-    from .features import KnobFeatures
-    from .measure import cycles_to_secs, measure_many
-    from .search import space, strategy
-    from .tuner import target_of, without_stock_intrinsics
 
     cands = task.candidates()
     picked = random.Random(seed).sample(cands, min(len(cands), n_train + n_test))

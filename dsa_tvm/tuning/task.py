@@ -20,7 +20,10 @@ import numpy as np
 
 from ..gc_pause import paused_gc
 from ..hw.config import HardwareConfig, config_from_dict
+from ..isa.builder import ProgramBuilder
 from ..isa.program import Program
+from ..isa.sync import insert_dependencies
+from ..sim.simulator import Simulator
 
 ATTR_TASK = "dsa.task"
 ATTR_HW = "dsa.hardware"
@@ -144,9 +147,6 @@ def task_program(cfg: HardwareConfig, shape, knobs) -> Program:
 def _walk_program(cfg: HardwareConfig, func) -> Program:
     """A scheduled one-layer PrimFunc as a program with its tokens (constants zero)."""
     from ..codegen.walker import TirWalker
-    from ..isa.builder import ProgramBuilder
-    from ..isa.sync import insert_dependencies
-
     b = ProgramBuilder(cfg, "tune")
     regions = {}
     for p in func.params:
@@ -165,8 +165,6 @@ def _walk_program(cfg: HardwareConfig, func) -> Program:
 
 def simulate_cycles(cfg: HardwareConfig, prog: Program) -> int:
     """Cycles of ``prog`` on the simulator's timing model (no data work)."""
-    from ..sim.simulator import Simulator
-
     with paused_gc():
         return Simulator(cfg).cycles(prog)
 

@@ -17,6 +17,12 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
+from ..target import target
+from .features import KnobFeatures
+from .isolate import own_loggers, seeded_rngs
+from .measure import DSABuilder, SimRunner, cycles_to_secs, secs_to_cycles
+from .progress import TrialProgress
+from .search import searchable, space, strategy
 from .task import Task, measure_knobs
 
 
@@ -38,8 +44,6 @@ class TaskResult:
 
 
 def target_of(cfg):
-    from ..target import target
-
     return target(cfg)
 
 
@@ -71,7 +75,6 @@ def commit_knobs(db, task: Task, knobs, cycles: int) -> None:
 
     from tir_schedules.space import sample_knobs
 
-    from .measure import cycles_to_secs
 
     mod = task.workload()
     sch = s_tir.Schedule(mod)
@@ -109,11 +112,6 @@ def tune_task(task: Task, trials: int, db, work_dir: str | Path, runner=None,
     from tvm.s_tir.meta_schedule.cost_model import XGBModel
     from tvm.s_tir.meta_schedule.measure_callback import MeasureCallback
 
-    from .features import KnobFeatures
-    from .isolate import own_loggers, seeded_rngs
-    from .measure import DSABuilder, SimRunner, secs_to_cycles
-    from .progress import TrialProgress
-    from .search import searchable, space, strategy
 
     check_budget(trials, workers)
     t0 = time.perf_counter()

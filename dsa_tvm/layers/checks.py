@@ -18,7 +18,7 @@ import math
 
 import numpy as np
 
-from .codegen.layers import (
+from .ir import (
     Add,
     BatchMatmul,
     BiasAdd,

@@ -1,4 +1,4 @@
-"""Turn one merged DSA region function into a :class:`~dsa_tvm.codegen.layers.Region`.
+"""Turn one merged DSA region function into a :class:`~dsa_tvm.layers.ir.Region`.
 
 Each composite call inside the region is read back with ``patterns.describe``
 and every real scale is folded into integer parameters here, once, with
@@ -22,7 +22,8 @@ import math
 import numpy as np
 from tvm import relax
 
-from dsa_tvm.codegen.layers import (
+from dsa_tvm.isa import semantics as sem
+from dsa_tvm.layers.ir import (
     Add,
     BatchMatmul,
     BiasAdd,
@@ -37,10 +38,9 @@ from dsa_tvm.codegen.layers import (
     Rescale,
     layer_inputs,
 )
-from dsa_tvm.isa import semantics as sem
 
 from .patterns import Match, QParams, describe
-from .supported import ADD_MULT_BITS, accumulator_bias, channel_addend, rescale_factors
+from .scales import ADD_MULT_BITS, accumulator_bias, channel_addend, rescale_factors
 
 
 class LoweringError(ValueError):

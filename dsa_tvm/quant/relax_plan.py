@@ -22,8 +22,8 @@ from tvm import relax
 from tvm.ir import Op
 from tvm.ir.expr import GenericConst
 
-from .patterns import _prim_float
-from .supported import channel_addend
+from relay_passes.patterns import _prim_float
+from relay_passes.scales import channel_addend
 
 ANCHORS = ("relax.nn.conv2d", "relax.matmul", "relax.add", "relax.nn.max_pool2d",
            "relax.nn.avg_pool2d", "relax.mean")

@@ -1,7 +1,7 @@
-"""Integer CPU reference of a :class:`~dsa_tvm.codegen.layers.Region`.
+"""Integer CPU reference of a :class:`~dsa_tvm.layers.ir.Region`.
 
 Executes every layer kind with exactly the semantics documented in
-:mod:`dsa_tvm.codegen.layers`, using the simulator's own rounding and wrapping
+:mod:`dsa_tvm.layers.ir`, using the simulator's own rounding and wrapping
 code (:mod:`dsa_tvm.isa.semantics`), so a DSA program and this reference must
 agree bit for bit. Plain numpy, no TVM: it is also the fake backend of the
 offload tests and the oracle of the codegen tests.
@@ -12,7 +12,7 @@ from __future__ import annotations
 import numpy as np
 
 from ..isa import semantics as sem
-from .layers import (
+from .ir import (
     Add,
     BatchMatmul,
     BiasAdd,

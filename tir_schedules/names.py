@@ -1,7 +1,7 @@
 """Names shared by the TIR layer (which emits them) and the TIR walker (which reads them).
 
-The walker lives below ``tir_schedules`` and must not import it, so the
-vocabulary between the two is kept here.
+The walker (``dsa_tvm.codegen.walker``) sits above ``tir_schedules`` and reads the
+scopes, annotations and call names the schedules leave in the TIR from here.
 """
 
 #: SRAM storage scopes of the three scratchpads.

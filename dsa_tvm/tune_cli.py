@@ -16,18 +16,17 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
+from .cli_common import CliError, hw_spec, interrupted, read_model
+from .flow import load_model
+from .frontend.intake import add_shape_arg, parse_shape_args
+from .tuning.api import tune
+from .tuning.apply import RECORDS, open_database
+from .tuning.rpc import parse_address, probe_tracker, rpc_runner
+
 
 def cmd_tune(args: argparse.Namespace) -> int:
-    from ..cli import CliError, read_model
-    from ..flow import load_model
-    from ..frontend.intake import parse_shape_args
-    from .api import tune
-    from .apply import RECORDS, open_database
-
     runner = None
     if args.rpc:
-        from .rpc import parse_address, probe_tracker, rpc_runner
-
         host, port = parse_address(args.rpc)
         probe_tracker(host, port, args.rpc_key)
         runner = rpc_runner(host, port, args.rpc_key)
@@ -69,7 +68,6 @@ def _lines(path: Path) -> int:
 def _say_interrupted(records: Path, new: int) -> int:
     import sys
 
-    from ..cli import interrupted
 
     print(f"dsa-tvm: error: interrupted; {new} new tuning record(s) measured before it are "
           f"kept in {records}; compile with them (dsa_tvm.tuned({str(records.parent)!r})) or run "
@@ -112,8 +110,6 @@ def _at_least_one(text: str) -> int:
 
 def add_parser(sub) -> None:
     """Register the ``tune`` subcommand on the CLI's subparsers."""
-    from ..cli import hw_spec
-
     t = sub.add_parser("tune", help="tune the DSA schedules of a model with MetaSchedule "
                                     "(measured on the simulator) into a database")
     t.add_argument("model", help="ONNX file (QDQ int8) or bundled model name")
@@ -128,7 +124,5 @@ def add_parser(sub) -> None:
     t.add_argument("--rpc", metavar="HOST:PORT",
                    help="measure on the RPC servers registered with this tracker")
     t.add_argument("--rpc-key", default="dsa", help="device key the servers registered with")
-    from ..frontend.intake import add_shape_arg
-
     add_shape_arg(t)
     t.set_defaults(fn=cmd_tune)

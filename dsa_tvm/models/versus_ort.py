@@ -15,8 +15,9 @@ import numpy as np
 import onnx
 
 from ..ort_session import session
-from .api import quantize_onnx
-from .metrics import cosine, topk_agreement
+from ..quant.api import quantize_onnx
+from ..quant.metrics import cosine, topk_agreement
+from .quantize import qdq_quantize
 
 Feed = dict[str, np.ndarray]
 
@@ -50,8 +51,6 @@ def ours_vs_onnxruntime(model: onnx.ModelProto, calibration: Sequence[Feed], eva
                         classifier: bool = True, with_ort: bool = True, **options) -> list[Row]:
     """One row per (our method, ORT method) pair and quantizer. ``options`` go to
     :func:`quantize_onnx`."""
-    from ..models.quantize import qdq_quantize
-
     ref = _outputs(model, evaluation, optimize=True)
     rows = []
     for ours, theirs in methods:

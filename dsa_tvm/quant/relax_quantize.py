@@ -1,7 +1,7 @@
 """Post-training quantization of an FP32 Relax module into the QDQ form the DSA offloads.
 
 ``quantize_relax(mod, feeds)``: canonicalize (Clip as ``R.clip``, constants
-folded), plan the chains (:mod:`.quantize_plan`), calibrate by running an LLVM
+folded), plan the chains (:mod:`.relax_plan`), calibrate by running an LLVM
 build of ``main`` that also returns every planned tensor, and rewrite ``main``:
 
 * weights -> ``dequantize(int8 const, per-channel scales, axis)``;
@@ -18,11 +18,13 @@ import tvm
 from tvm import relax
 from tvm.relax.expr_functor import PyExprMutator, mutator
 
-from dsa_tvm.quant.bias_correction import conv_shift, dense_shift
-from dsa_tvm.quant.calibrate import check_finite, progress
-from dsa_tvm.quant.checks import check_keep_fp32
-from dsa_tvm.quant.observers import ChannelMeanObserver, make_observer
-from dsa_tvm.quant.qparams import (
+from relay_passes.canonicalize import canonicalize_clip
+
+from .bias_correction import conv_shift, dense_shift
+from .calibrate import check_finite, progress
+from .checks import check_keep_fp32
+from .observers import ChannelMeanObserver, make_observer
+from .qparams import (
     ActQuant,
     activation_qparams,
     bias_input_scale_floor,
@@ -33,9 +35,7 @@ from dsa_tvm.quant.qparams import (
     weight_qparams,
     widen,
 )
-
-from .canonicalize import canonicalize_clip
-from .quantize_plan import Chain, Plan, anchor_names, make_plan
+from .relax_plan import Chain, Plan, anchor_names, make_plan
 
 
 def prepare_fp32(mod: tvm.IRModule) -> tvm.IRModule:

@@ -1,19 +1,16 @@
-"""Loop-nest geometry for the TIR walker: merging and peeling instruction loop levels,
-2-D DMA transfer shapes with padding, and the padding box of a copy's condition.
+"""Loop-nest geometry of the instructions a schedule's stages become: merging and
+peeling instruction loop levels, 2-D DMA transfer shapes with padding.
 
-Pure functions on (extent, stride, ...) tuples, kept apart from the walker's TIR
-traversal so each can be read (and tested) on its own.
+Pure functions on (extent, stride, ...) tuples, shared by the TIR walker
+(``dsa_tvm.codegen.walker``, which emits the instructions) and the instruction-count
+model (``counts.py``, which predicts them), so the two cannot disagree.
 """
 
 from __future__ import annotations
 
 import itertools
-from typing import Any
 
-import numpy as np
-
-from ..isa.formats import PAD_BITS
-from .texpr import Env, compiled, convex, evaluate, grid_env, node_cached
+from dsa_tvm.isa.formats import PAD_BITS
 
 #: largest LOAD padding count (8-bit pad fields)
 MAX_PAD = (1 << PAD_BITS) - 1
@@ -75,42 +72,6 @@ def first_step_split(levels: list[tuple], bases: tuple[int, ...]):
         ext, *strides = levels[k]
         lv[k] = (ext - 1, *strides)
         yield tuple(b + s for b, s in zip(bases, strides)), lv, False
-
-
-def pad_box(cond: Any, env: Env, rows_lp) -> list[tuple[int, int]]:
-    """Per row loop, the (before, after) counts of points where ``cond`` is false."""
-    if node_cached("convex", cond, convex) and _holds_at_corners(cond, env, rows_lp):
-        return [(0, 0)] * len(rows_lp)  # a tile away from the borders: no padding
-    mask = np.broadcast_to(evaluate(cond, grid_env(env, rows_lp)), [e for _, e in rows_lp])
-    pads = []
-    proj = []
-    for k, (name, ext) in enumerate(rows_lp):
-        axes = tuple(j for j in range(len(rows_lp)) if j != k)
-        valid = mask.any(axis=axes) if axes else mask
-        idx = np.flatnonzero(valid)
-        if len(idx) == 0:
-            raise CodegenError(f"a tile of the copy is all padding along '{name}'")
-        lo, hi = int(idx[0]), int(idx[-1]) + 1
-        if not valid[lo:hi].all():
-            raise CodegenError(f"padding along '{name}' is not at the edges")
-        pads.append((lo, ext - hi))
-        shape = [1] * len(rows_lp)
-        shape[k] = ext
-        proj.append(valid.reshape(shape))
-    if not np.array_equal(mask, np.logical_and.reduce(np.broadcast_arrays(*proj))):
-        raise CodegenError("the padding condition is not a box")
-    return pads
-
-
-def _holds_at_corners(cond: Any, env: Env, rows_lp) -> bool:
-    fn = compiled(cond)
-    for corner in itertools.product(*[(0, ext - 1) if ext > 1 else (0,) for _, ext in rows_lp]):
-        point = dict(env)
-        for (name, _), v in zip(rows_lp, corner):
-            point[name] = v
-        if not fn(point):
-            return False
-    return True
 
 
 def dma_shapes(levels, sram0: int, dram0: int, what: str, max_pad: int | None = None):
