@@ -35,14 +35,14 @@ mod = from_onnx(model, keep_params_in_input=False)
 
 # 2. compile: "dsa" is the default preset; dsa_tvm.target(hw) picks another one
 ex = tvm.compile(mod, target=dsa_tvm.target(args.hw))
-print(dsa_tvm.last_compile_report())
+print(dsa_tvm.compile_report(ex))      # the report belongs to the executable
 
 # 3. run
 vm = relax.VirtualMachine(ex, tvm.cpu())
 logits = vm["main"](tvm.runtime.tensor(x)).numpy()
 
 # 4. the per-layer report, and the whole model's timeline for ui.perfetto.dev
-report = dsa_tvm.last_run_report()
+report = dsa_tvm.run_report(vm)        # this VM's last run in this thread
 print(report)
 report.write_trace(args.trace)
 print(f"trace written to {args.trace}")
