@@ -11,10 +11,6 @@ scales, zero points and weights, over shapes and activation types), and the inte
 
 from __future__ import annotations
 
-import tempfile
-from dataclasses import dataclass
-from pathlib import Path
-
 import numpy as np
 import onnx
 import pytest
@@ -22,205 +18,22 @@ import tvm
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from onnx import TensorProto, helper, numpy_helper
-from tvm import relax
-from tvm.relax.frontend.onnx import from_onnx
 
 import dsa_tvm
 from dsa_tvm.frontend.qoperator import QOperatorError, has_qoperator, to_qdq
 from dsa_tvm.frontend.qoperator_graph import shift_uint8
-from dsa_tvm.layers.reference import run_region
-from dsa_tvm.models import calibration_data, resnet18, run_onnxruntime, small_cnn, transformer_encoder
-from dsa_tvm.models.quantize import _reader
-from dsa_tvm.runtime import take_launches
+from dsa_tvm.models import calibration_data, run_onnxruntime, small_cnn
 
-from .qop_models import OPS, one_op, torch_resnet
-
-#: a host slow enough that every region of these small models is worth offloading
-SLOW_HOST_GMACS = 0.01
-#: one-op models whose op has a DSA pattern (the rest run on the CPU by design)
-OFFLOADED = {"QLinearConv", "QLinearMatMul", "QGemm", "QLinearAdd", "QLinearGlobalAveragePool",
-             "QLinearAveragePool"}
-
-
-def _ort_quantize(model: onnx.ModelProto, feeds, act: str, dynamic: bool = False) -> onnx.ModelProto:
-    from onnxruntime.quantization import QuantFormat, QuantType, quantize_dynamic, quantize_static
-
-    with tempfile.TemporaryDirectory(prefix="dsa_tvm_qop_") as tmp:
-        src, dst = Path(tmp) / "fp32.onnx", Path(tmp) / "qop.onnx"
-        onnx.save(model, src)
-        if dynamic:
-            quantize_dynamic(str(src), str(dst), weight_type=QuantType.QInt8)
-        else:
-            quantize_static(str(src), str(dst), _reader(feeds), quant_format=QuantFormat.QOperator,
-                            per_channel=True, weight_type=QuantType.QInt8,
-                            activation_type=QuantType.QUInt8 if act == "u8" else QuantType.QInt8)
-        return onnx.load(str(dst))
-
-
-def _run(ex, feed: dict[str, np.ndarray]) -> np.ndarray:
-    vm = relax.VirtualMachine(ex, tvm.cpu())
-    out = vm["main"](*[tvm.runtime.tensor(v) for v in feed.values()])
-    return (out if hasattr(out, "numpy") else out[0]).numpy()
-
-
-def _compile(model: onnx.ModelProto, target="dsa"):
-    if target == "dsa":
-        target = dsa_tvm.target(dsa_tvm.load_config("default").replace(cpu_gmacs=SLOW_HOST_GMACS))
-    ex = tvm.compile(from_onnx(model, keep_params_in_input=False), target=target)
-    return ex, (dsa_tvm.last_compile_report() if target != "llvm" else None)
-
-
-def _steps(got: np.ndarray, ref: np.ndarray, step: float) -> tuple[float, float]:
-    """(max difference in output steps, fraction of outputs that differ)."""
-    d = np.abs(got.astype(np.float64) - ref.astype(np.float64)) / step
-    return float(d.max()), float((d > 0.5).mean())
-
-
-def _mac_share(report) -> float:
-    dsa = sum(d.macs for d in report.regions if d.target == "dsa")
-    cpu = sum(d.macs for d in report.regions if d.target != "dsa")
-    cpu += sum(op.macs for op in report.partition.cpu_ops)
-    return dsa / (dsa + cpu) if dsa + cpu else 0.0
-
-
-# ----------------------------------------------------------------------------- ResNet-18
-
-
-@dataclass
-class Net:
-    qop: onnx.ModelProto
-    qdq: onnx.ModelProto
-    notes: list[str]
-    report: object
-    launches: list
-    got: list[np.ndarray]
-    ref: list[np.ndarray]
-    step: float
-
-
-@pytest.fixture(scope="module")
-def resnet_fp32():
-    m = resnet18(input_size=32, width=16, num_classes=100)
-    return m, calibration_data(m, n=4)
-
-
-def _output_step(qop: onnx.ModelProto) -> float:
-    (out,) = qop.graph.output
-    dq = next(n for n in qop.graph.node if out.name in n.output)
-    assert dq.op_type == "DequantizeLinear"
-    return float(numpy_helper.to_array(next(i for i in qop.graph.initializer if i.name == dq.input[1])))
-
-
-@pytest.fixture(scope="module", params=["u8", "s8"])
-def resnet(request, resnet_fp32) -> Net:
-    fp32, calib = resnet_fp32
-    qop = _ort_quantize(fp32, calib, request.param)
-    qdq, notes = to_qdq(qop)
-    ex, report = _compile(qdq)
-    feeds = calibration_data(fp32, n=4, seed=21)
-    take_launches()
-    got = [_run(ex, f) for f in feeds]
-    launches = take_launches()
-    ref = [run_onnxruntime(qop, f, optimize=False)[0] for f in feeds]
-    return Net(qop, qdq, notes, report, launches, got, ref, _output_step(qop))
-
-
-def test_tvm_importer_rejects_qoperator(resnet):
-    """Why the rewrite exists: TVM 0.27 cannot import what ORT's QOperator quantizer writes."""
-    assert has_qoperator(resnet.qop) and not has_qoperator(resnet.qdq)
-    with pytest.raises(Exception, match="QLinearConv"):
-        from_onnx(resnet.qop, keep_params_in_input=False)
-
-
-def test_resnet_notes_say_what_was_rewritten(resnet):
-    text = "\n".join(resnet.notes)
-    assert "QLinearConv x20" in text and "QLinearAdd x8" in text and "QGemm x1" in text
-    assert "QLinearGlobalAveragePool x1" in text and "MaxPool x1" in text
-    ops = {n.op_type for n in resnet.qdq.graph.node}
-    assert not {op for op in ops if op.startswith("Q") and op != "QuantizeLinear"}
-    if any(i.data_type == TensorProto.UINT8 for i in resnet.qop.graph.initializer):
-        assert "uint8 -> int8" in text
-    # every quantized activation is int8 now: what the DSA's patterns match
-    zps = {i.name: i.data_type for i in resnet.qdq.graph.initializer}
-    for n in resnet.qdq.graph.node:
-        if n.op_type == "QuantizeLinear":
-            assert zps[n.input[2]] == TensorProto.INT8, n.name
-
-
-def test_resnet_all_macs_on_the_dsa(resnet):
-    share = _mac_share(resnet.report)
-    print(f"QOperator ResNet-18: {share:.2%} of MACs on the DSA")
-    assert share == 1.0, str(resnet.report)
-    convs = [ly for d in resnet.report.regions if d.target == "dsa" for ly in d.region.layers
-             if type(ly).__name__ == "Conv2d"]
-    assert len(convs) == 20
-
-
-def test_resnet_launches_bit_exact(resnet):
-    regions = {d.name: d.region for d in resnet.report.regions if d.target == "dsa"}
-    assert resnet.launches
-    for launch in resnet.launches:
-        want = run_region(regions[launch.program.name], launch.inputs)
-        for name, got in launch.outputs.items():
-            np.testing.assert_array_equal(got, want[name], err_msg=f"{launch.program.name}:{name}")
-
-
-def test_resnet_within_one_step_of_onnxruntime(resnet):
-    """DSA requantize rounds half up, ORT half to even: ties may differ by one step."""
-    got, ref = np.stack(resnet.got), np.stack(resnet.ref)
-    assert np.ptp(ref) > 10 * resnet.step, "a near-constant output proves nothing"
-    worst, frac = _steps(got, ref, resnet.step)
-    print(f"QOperator ResNet-18 on the DSA vs ORT (QOperator, optimizations off): max {worst:.2f} "
-          f"steps, {frac:.4f} of {got.size} outputs differ")
-    assert worst <= 1.0 + 1e-3 and frac < 0.05
-
-
-def test_rewritten_graph_on_ort_equals_qoperator(resnet, resnet_fp32):
-    """The QDQ graph itself (ORT, optimizations off) computes what the QOperator model does."""
-    for f in calibration_data(resnet_fp32[0], n=2, seed=5):
-        a = run_onnxruntime(resnet.qop, f, optimize=False)[0]
-        b = run_onnxruntime(resnet.qdq, f, optimize=False)[0]
-        assert _steps(a, b, resnet.step)[0] <= 1.0 + 1e-3
-
-
-def test_torch_resnet_qoperator_on_the_dsa():
-    """A ResNet written in torch, exported, quantized by ORT (QOperator, per-channel, uint8
-    activations): imports, every MAC on the DSA, within one step of ORT."""
-    pytest.importorskip("torch")
-    fp32 = torch_resnet()
-    qop = _ort_quantize(fp32, calibration_data(fp32, n=4), "u8")
-    assert {"QLinearConv", "QLinearAdd", "QGemm"} <= {n.op_type for n in qop.graph.node}
-    qdq, _ = to_qdq(qop)
-    ex, report = _compile(qdq)
-    assert _mac_share(report) == 1.0, str(report)
-    feeds = calibration_data(fp32, n=2, seed=9)
-    got = np.stack([_run(ex, f) for f in feeds])
-    ref = np.stack([run_onnxruntime(qop, f, optimize=False)[0] for f in feeds])
-    step = _output_step(qop)
-    assert np.ptp(ref) > 10 * step
-    worst, frac = _steps(got, ref, step)
-    print(f"torch ResNet (QOperator) on the DSA vs ORT: max {worst:.2f} steps, {frac:.4f} of "
-          f"{got.size} differ")
-    assert worst <= 1.0 + 1e-3 and frac < 0.05
-
-
-def test_transformer_encoder_qoperator_on_the_dsa():
-    """ORT's QOperator encoder block: QLinearMatMul (projections and both attention matmuls),
-    QLinearAdd/Mul, QLinearSoftmax (its shape known only once the ops before it are plain
-    ONNX): every MAC on the DSA, output (after a float LayerNorm) matching ORT."""
-    fp32 = transformer_encoder(seq_len=16, hidden=64, heads=2, ffn=128)
-    qop = _ort_quantize(fp32, calibration_data(fp32, n=4), "u8")
-    assert {"QLinearMatMul", "QLinearSoftmax"} <= {n.op_type for n in qop.graph.node}
-    qdq, notes = to_qdq(qop)
-    assert any("QLinearSoftmax x1" in n for n in notes)
-    ex, report = _compile(qdq)
-    assert _mac_share(report) == 1.0, str(report)
-    for f in calibration_data(fp32, n=2, seed=21):
-        ref = run_onnxruntime(qop, f, optimize=False)[0]
-        got = _run(ex, f)
-        print(f"encoder: max |DSA - ORT| {np.abs(got - ref).max():.2e} (output range {np.ptp(ref):.2f})")
-        np.testing.assert_allclose(got, ref, atol=1e-3 * np.ptp(ref))
-
+from .qop_harness import (
+    OFFLOADED,
+    SLOW_HOST_GMACS,
+    compile_for,
+    mac_share,
+    ort_quantize,
+    run,
+    steps,
+)
+from .qop_models import OPS, one_op
 
 # ----------------------------------------------------------------------------- dynamic
 
@@ -228,15 +41,15 @@ def test_transformer_encoder_qoperator_on_the_dsa():
 def test_quantize_dynamic_model_matches_onnxruntime():
     """ConvInteger (float64 on the CPU), DynamicQuantizeLinear and MatMulInteger (TVM's own)."""
     fp32 = small_cnn(input_size=16, width=8, num_classes=10)
-    dyn = _ort_quantize(fp32, None, "u8", dynamic=True)
+    dyn = ort_quantize(fp32, None, "u8", dynamic=True)
     ops = {n.op_type for n in dyn.graph.node}
     assert {"ConvInteger", "DynamicQuantizeLinear", "MatMulInteger"} <= ops
     qdq, notes = to_qdq(dyn)
     assert any("ConvInteger x" in n for n in notes)
-    ex, _ = _compile(qdq, "llvm")
+    ex, _ = compile_for(qdq, "llvm")
     for f in calibration_data(fp32, n=2, seed=3):
         ref = run_onnxruntime(dyn, f, optimize=False)[0]
-        np.testing.assert_allclose(_run(ex, f), ref, rtol=1e-6, atol=1e-6 * np.ptp(ref))
+        np.testing.assert_allclose(run(ex, f), ref, rtol=1e-6, atol=1e-6 * np.ptp(ref))
 
 
 def _integer_model(op: str, x: np.ndarray, w: np.ndarray, xz: np.ndarray, wz: np.ndarray,
@@ -277,8 +90,8 @@ def test_integer_ops_bit_exact(seed, cin, hw, per_channel, op):
     if not (op == "ConvInteger" and per_channel):  # ORT's ConvInteger takes one weight zero point
         np.testing.assert_array_equal(run_onnxruntime(m, {"x": x}, optimize=False)[0], want)
     qdq, _ = to_qdq(m)
-    ex, _ = _compile(qdq, "llvm")
-    np.testing.assert_array_equal(_run(ex, {"x": x}), want)
+    ex, _ = compile_for(qdq, "llvm")
+    np.testing.assert_array_equal(run(ex, {"x": x}), want)
 
 
 # ----------------------------------------------------------------------------- one-op models
@@ -306,7 +119,7 @@ def test_rewrite_matches_onnxruntime(op, dtype, seed, per_channel, alpha):
     qdq, notes = to_qdq(o.model)
     assert not has_qoperator(qdq) and any(op in n for n in notes)
     got = run_onnxruntime(qdq, o.feed, optimize=False)[0]
-    worst, _ = _steps(got, ref, o.step)
+    worst, _ = steps(got, ref, o.step)
     assert worst <= 1.0 + 1e-3, f"{op}/{dtype}: {worst:.2f} steps"
 
 
@@ -318,8 +131,8 @@ def test_one_op_compiled_for_the_dsa(op, dtype):
     ref = run_onnxruntime(o.model, o.feed, optimize=False)[0]
     assert np.ptp(ref) >= 4 * o.step, "a near-constant output proves nothing"
     qdq, _ = to_qdq(o.model)
-    ex, report = _compile(qdq)
-    worst, frac = _steps(_run(ex, o.feed), ref, o.step)
+    ex, report = compile_for(qdq)
+    worst, frac = steps(run(ex, o.feed), ref, o.step)
     print(f"{op}/{dtype}: max {worst:.2f} steps, {frac:.4f} differ")
     assert worst <= 1.0 + 1e-3
     dsa = [d for d in report.regions if d.target == "dsa"]
@@ -446,11 +259,11 @@ def test_uint8_graph_input_and_output_offload():
     ref = run_onnxruntime(m, {"x": x}, optimize=False)[0]
     qdq, notes = to_qdq(m)
     assert any("1 graph input" in n for n in notes), notes
-    ex, report = _compile(qdq)
-    got = _run(ex, {"x": x})
+    ex, report = compile_for(qdq)
+    got = run(ex, {"x": x})
     assert got.dtype == np.uint8
     np.testing.assert_array_equal(got, ref)
-    assert _mac_share(report) == 1.0, str(report)
+    assert mac_share(report) == 1.0, str(report)
 
 
 def test_requantize_ties_are_the_one_step():
@@ -484,9 +297,9 @@ def test_requantize_ties_are_the_one_step():
     ort = run_onnxruntime(m, feed, optimize=False)[0]
     np.testing.assert_array_equal(ort, half_even)
     qdq, _ = to_qdq(m)
-    ex, report = _compile(qdq)
-    assert _mac_share(report) == 1.0, str(report)
-    got = _run(ex, feed)
+    ex, report = compile_for(qdq)
+    assert mac_share(report) == 1.0, str(report)
+    got = run(ex, feed)
     np.testing.assert_array_equal(got, half_up)
     print(f"ties: {int((acc % 2 != 0).sum())} of {acc.size} outputs, "
           f"{int((got != ort).sum())} one step apart")
@@ -502,7 +315,7 @@ def test_old_opset_is_converted():
     ref = run_onnxruntime(o.model, o.feed, optimize=False)[0]
     qdq, notes = to_qdq(o.model)
     assert "converted opset 11 -> 13" in notes[0]
-    assert _steps(run_onnxruntime(qdq, o.feed, optimize=False)[0], ref, o.step)[0] <= 1.0 + 1e-3
+    assert steps(run_onnxruntime(qdq, o.feed, optimize=False)[0], ref, o.step)[0] <= 1.0 + 1e-3
 
 
 def _data_movement_model(op: str, dtype: str) -> tuple[onnx.ModelProto, dict]:
@@ -550,8 +363,8 @@ def test_data_movement_on_codes_is_exact(op, dtype):
     qdq, notes = to_qdq(m)
     assert any("data movement" in n for n in notes), notes
     np.testing.assert_array_equal(run_onnxruntime(qdq, feed, optimize=False)[0], ref)
-    ex, _ = _compile(qdq, "llvm")
-    np.testing.assert_array_equal(_run(ex, feed), ref)
+    ex, _ = compile_for(qdq, "llvm")
+    np.testing.assert_array_equal(run(ex, feed), ref)
 
 
 def test_ms_qlinearconv_channels_last():
@@ -577,9 +390,9 @@ def test_ms_qlinearconv_channels_last():
     ref = run_onnxruntime(m, feed, optimize=False)[0]
     assert np.ptp(ref) > 10 * 0.3
     qdq, _ = to_qdq(m)
-    ex, report = _compile(qdq)
-    assert _mac_share(report) == 1.0, str(report)
-    assert _steps(_run(ex, feed), ref, 0.3)[0] <= 1.0 + 1e-3
+    ex, report = compile_for(qdq)
+    assert mac_share(report) == 1.0, str(report)
+    assert steps(run(ex, feed), ref, 0.3)[0] <= 1.0 + 1e-3
 
 
 @pytest.mark.parametrize("op", ["QLinearGlobalAveragePool", "QLinearAveragePool"])
@@ -587,9 +400,9 @@ def test_ms_pools_channels_last(op):
     o = one_op(op, "u8", 3, shape=(1, 6, 7, 8), channels_last=1)
     ref = run_onnxruntime(o.model, o.feed, optimize=False)[0]
     qdq, _ = to_qdq(o.model)
-    ex, report = _compile(qdq)
+    ex, report = compile_for(qdq)
     assert [d for d in report.regions if d.target == "dsa"], str(report)
-    assert _steps(_run(ex, o.feed), ref, o.step)[0] <= 1.0 + 1e-3
+    assert steps(run(ex, o.feed), ref, o.step)[0] <= 1.0 + 1e-3
 
 
 def test_ms_quantize_dequantize_become_standard():
@@ -603,9 +416,9 @@ def test_ms_quantize_dequantize_become_standard():
     qdq, _ = to_qdq(o.model)
     assert all(n.domain == "" for n in qdq.graph.node)
     assert all(op.domain != "com.microsoft" for op in qdq.opset_import)
-    ex, report = _compile(qdq)
+    ex, report = compile_for(qdq)
     assert [d for d in report.regions if d.target == "dsa"], str(report)  # the add offloads
-    np.testing.assert_array_equal(_run(ex, o.feed), ref)
+    np.testing.assert_array_equal(run(ex, o.feed), ref)
 
 
 def test_qdq_model_passes_through(tmp_path):
@@ -630,9 +443,9 @@ def test_quantize_passes_a_qoperator_model_through_as_qdq():
     assert qm.passthrough and not has_qoperator(qm.model)
     ex = tvm.compile(qm.to_relax(), target=dsa_tvm.target(
         dsa_tvm.load_config("default").replace(cpu_gmacs=SLOW_HOST_GMACS)))
-    assert _mac_share(dsa_tvm.last_compile_report()) == 1.0
+    assert mac_share(dsa_tvm.last_compile_report()) == 1.0
     ref = run_onnxruntime(o.model, o.feed, optimize=False)[0]
-    assert _steps(_run(ex, o.feed), ref, o.step)[0] <= 1.0 + 1e-3
+    assert steps(run(ex, o.feed), ref, o.step)[0] <= 1.0 + 1e-3
 
 
 @pytest.mark.parametrize("per_column", [False, True])
@@ -663,5 +476,5 @@ def test_ort_fused_integer_matmuls(op, per_column):
     ref = run_onnxruntime(m, {"x": x}, optimize=False)[0]
     qdq, notes = to_qdq(m)
     assert any(op in n for n in notes)
-    ex, _ = _compile(qdq, "llvm")
-    np.testing.assert_allclose(_run(ex, {"x": x}), ref, rtol=1e-6, atol=1e-6 * np.ptp(ref))
+    ex, _ = compile_for(qdq, "llvm")
+    np.testing.assert_allclose(run(ex, {"x": x}), ref, rtol=1e-6, atol=1e-6 * np.ptp(ref))
