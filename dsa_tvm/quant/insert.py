@@ -192,11 +192,13 @@ def bias_scale_floors(model: onnx.ModelProto, plan: Plan, per_channel: bool = Tr
     """Anchor input tensor -> the smallest scale that keeps every int32 bias reading it
     in the accumulator's range (``qparams.bias_input_scale_floor``). Only per-tensor
     weights need it: per-channel weight scales are raised instead (:func:`anchor_ints`)."""
-    g = Graph(model)
     out: dict[str, float] = {}
+    if per_channel:  # every anchor has a channel axis: nothing to floor, nothing to quantize here
+        return out
+    g = Graph(model)
     for a in plan.anchors.values():
         ints = anchor_ints(g, a, per_channel, input_means)
-        if ints.bias is None or ints.axis is not None:
+        if ints.bias is None:
             continue
         ws = np.broadcast_to(ints.w_scales, ints.bias.shape)
         f = bias_input_scale_floor(ints.bias, ws, ints.w_int8, ints.channel_axis)
