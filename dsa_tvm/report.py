@@ -16,6 +16,7 @@ from typing import Any
 
 from .isa.instructions import Load, Store
 from .layers.checks import violations
+from .sim.attribution import attribute
 from .sim.timing import dma_bytes
 
 
@@ -26,8 +27,12 @@ class LayerRow:
     target: str              # "DSA" or "CPU"
     why: str
     macs: int
-    cycles: int = 0
+    cycles: int = 0          # attributed: the region's cycles charged to one layer each (sums)
     utilization: float = 0.0
+    span: int = 0            # first start to last end of its instructions (layers overlap)
+    load_cycles: int = 0     # busy cycles of each engine on its instructions
+    compute_cycles: int = 0
+    store_cycles: int = 0
     dram_read: int = 0
     dram_written: int = 0
     region: str = ""
@@ -72,43 +77,72 @@ class RunReport:
 
     def __str__(self) -> str:
         head = (f"{'layer':<28} {'op':<14} {'on':<4} {'MACs':>12} {'cycles':>10} {'util':>6} "
+                f"{'span':>10} {'load':>10} {'compute':>10} {'store':>10} "
                 f"{'DRAM rd':>10} {'DRAM wr':>10}  why")
         lines = [f"DSA run report ('{self.hardware}', {self.mhz:g} MHz)", head, "-" * len(head)]
         for r in self.rows:
-            cyc = f"{r.cycles:,}" if r.target == "DSA" else "-"
-            util = f"{r.utilization:.2f}" if r.target == "DSA" else "-"
+            dsa = r.target == "DSA"
+            cyc, span, ld, cmp, st = (f"{v:,}" if dsa else "-" for v in (
+                r.cycles, r.span, r.load_cycles, r.compute_cycles, r.store_cycles))
+            util = f"{r.utilization:.2f}" if dsa else "-"
             lines.append(f"{r.name[:28]:<28} {r.op[:14]:<14} {r.target:<4} {r.macs:>12,} "
-                         f"{cyc:>10} {util:>6} {r.dram_read:>10,} {r.dram_written:>10,}  {r.why}"
+                         f"{cyc:>10} {util:>6} {span:>10} {ld:>10} {cmp:>10} {st:>10} "
+                         f"{r.dram_read:>10,} {r.dram_written:>10,}  {r.why}"
                          + (f"  !! IMPOSSIBLE: {r.check}" if r.check else ""))
         lines.append("-" * len(head))
         if self.violations:
             lines.append(f"WARNING: {len(self.violations)} layer(s) beat their compute bound or "
                          f"compulsory DRAM bytes: their results cannot be right (marked !!)")
+        lines.append("cycles: each region cycle charged to one layer (compute engine first, then "
+                     "load, then store; idle cycles to the work waited for), so they sum to the "
+                     "total; span: first start to last end; load/compute/store: busy cycles")
         lines.append(f"total: {self.total_cycles:,} DSA cycles = {self.latency_us:,.1f} us at "
                      f"{self.mhz:g} MHz over {self.regions} region launch(es); "
                      f"{self.dsa_mac_share:.1%} of MACs on the DSA")
         return "\n".join(lines)
 
 
-def _layer_rows(launch, peak: int) -> list[LayerRow]:
+def _layer_rows(launch, peak: int) -> tuple[list[LayerRow], list[tuple[int, int, int]]]:
+    """The launch's DSA rows, and the stretches of cycles charged to each (row index)."""
     prog, res = launch.program, launch.result
-    start, end = res.schedule.start, res.schedule.end
+    metas = prog.meta.get("layers", [])
+    times = attribute(res.schedule, [(ly["first"], ly["last"]) for ly in metas])
     rows = []
-    for ly in prog.meta.get("layers", []):
+    for ly, t in zip(metas, times.layers):
         lo, hi = ly["first"], ly["last"] + 1
-        cycles = int(end[lo:hi].max() - start[lo:hi].min()) if hi > lo else 0
         rd = wr = 0
         for ins in prog.instructions[lo:hi]:
             if isinstance(ins, Load):
                 rd += dma_bytes(ins, res.config)
             elif isinstance(ins, Store):
                 wr += dma_bytes(ins, res.config)
-        util = ly["macs"] / (cycles * peak) if cycles else 0.0
-        bad = violations(int(ly["macs"]), cycles, rd, wr, ly.get("min_read_bytes"),
+        util = ly["macs"] / (t.cycles * peak) if t.cycles else 0.0
+        bad = violations(int(ly["macs"]), t.cycles, rd, wr, ly.get("min_read_bytes"),
                          ly.get("min_write_bytes"), peak)
-        rows.append(LayerRow(ly["name"], ly["op"], "DSA", "offloaded", int(ly["macs"]), cycles,
-                             util, rd, wr, prog.name, "; ".join(bad)))
-    return rows
+        rows.append(LayerRow(ly["name"], ly["op"], "DSA", "offloaded", int(ly["macs"]),
+                             t.cycles, util, t.span, t.load, t.compute, t.store, rd, wr,
+                             prog.name, "; ".join(bad)))
+    return rows, times.runs
+
+
+#: trace thread of the attributed-layer track (after the engines, DRAM and in-flight lanes)
+LAYER_TID = 99
+
+
+def _attribution_track(rows: list[LayerRow], runs: list[tuple[int, int, int]], offset: int,
+                       mhz: float, region: str, first: bool) -> list[dict[str, Any]]:
+    """Trace slices of the cycles charged to each layer (the ``cycles`` column)."""
+    ev: list[dict[str, Any]] = []
+    if first:
+        ev += [{"name": "thread_name", "ph": "M", "pid": 1, "tid": LAYER_TID,
+                "args": {"name": "layer (cycles charged)"}},
+               {"name": "thread_sort_index", "ph": "M", "pid": 1, "tid": LAYER_TID,
+                "args": {"sort_index": -1}}]
+    for k, s, e in runs:
+        ev.append({"name": rows[k].name, "cat": "layer", "ph": "X", "pid": 1, "tid": LAYER_TID,
+                   "ts": (offset + s) / mhz, "dur": (e - s) / mhz,
+                   "args": {"region": region, "op": rows[k].op, "cycles": e - s}})
+    return ev
 
 
 def build_report(launches: list, compile_report=None) -> RunReport:
@@ -122,8 +156,11 @@ def build_report(launches: list, compile_report=None) -> RunReport:
     rep = RunReport(hw, mhz)
     offset = 0
     for launch in launches:
-        rep.rows += _layer_rows(launch, peak)
+        rows, runs = _layer_rows(launch, peak)
+        rep.rows += rows
         rep.total_cycles += launch.result.cycles
+        rep.trace_events += _attribution_track(rows, runs, offset, mhz, launch.program.name,
+                                               first=offset == 0)
         for ev in launch.result.trace():
             ev = dict(ev)
             if ev.get("ph") == "X":

@@ -1,0 +1,113 @@
+"""Per-layer cycles that add up (dsa_tvm.sim.attribution, the run report's columns)."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from dsa_tvm.isa.instructions import Engine
+from dsa_tvm.sim.attribution import attribute
+from dsa_tvm.sim.timing import Schedule
+
+
+def _schedule(start, end, engine) -> Schedule:
+    start, end = np.asarray(start, np.int64), np.asarray(end, np.int64)
+    return Schedule(start, end, np.asarray(engine, np.int64), np.zeros_like(start),
+                    int(end.max()) if end.size else 0)
+
+
+def test_compute_claims_overlapping_loads_and_idle_goes_to_the_awaited_layer():
+    # layer 0: load [0, 10), compute [10, 30); layer 1: load [20, 40) under layer 0's
+    # compute, then nothing until its compute [50, 60) (10 idle cycles, waited for by 1)
+    s = _schedule([0, 10, 20, 50], [10, 30, 40, 60],
+                  [Engine.LOAD, Engine.COMPUTE, Engine.LOAD, Engine.COMPUTE])
+    a = attribute(s, [(0, 1), (2, 3)])
+    assert [t.cycles for t in a.layers] == [30, 30]
+    assert [t.span for t in a.layers] == [30, 40]
+    assert (a.layers[1].load, a.layers[1].compute, a.layers[1].store) == (20, 10, 0)
+    assert a.runs == [(0, 0, 30), (1, 30, 60)]
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.lists(st.tuples(st.integers(0, 500), st.integers(1, 80), st.sampled_from(list(Engine))),
+                min_size=1, max_size=40),
+       st.integers(1, 6), st.randoms(use_true_random=False))
+def test_cycles_sum_to_the_total_whatever_the_overlap(instrs, n_layers, rnd):
+    start = [s for s, _, _ in instrs]
+    end = [s + d for s, d, _ in instrs]
+    sched = _schedule(start, end, [e for _, _, e in instrs])
+    cuts = sorted(rnd.sample(range(1, len(instrs)), min(n_layers, len(instrs)) - 1))
+    bounds = [0, *cuts, len(instrs)]
+    ranges = [(lo, hi - 1) for lo, hi in zip(bounds, bounds[1:])]
+    a = attribute(sched, ranges)
+    assert sum(t.cycles for t in a.layers) == sched.cycles
+    assert all(t.cycles >= 0 for t in a.layers)
+    assert sum(e - s for _, s, e in a.runs) == sched.cycles
+    for (lo, hi), t in zip(ranges, a.layers):
+        assert t.span == max(end[lo:hi + 1]) - min(start[lo:hi + 1])
+        assert t.compute <= t.span and t.load <= t.span and t.store <= t.span
+
+
+@pytest.fixture(scope="module")
+def resnet18_run():
+    import tvm
+    from tvm import relax
+    from tvm.relax.frontend.onnx import from_onnx
+
+    import dsa_tvm
+    from dsa_tvm.models.quantize import calibration_data
+    from dsa_tvm.models.zoo import get_model
+
+    fp32 = get_model("resnet18", quantized=False, input_size=224)
+    x = next(iter(calibration_data(fp32, n=1, seed=7)[0].values()))
+    mod = from_onnx(get_model("resnet18", quantized=True, input_size=224),
+                    keep_params_in_input=False)
+    ex = tvm.compile(mod, target="dsa")
+    vm = relax.VirtualMachine(ex, tvm.cpu())
+    vm["main"](tvm.runtime.tensor(x))
+    return dsa_tvm.compile_report(ex), dsa_tvm.run_report(vm)
+
+
+def _signature(ly) -> tuple:
+    w = getattr(ly, "weight", None)
+    return (type(ly).__name__, tuple(ly.output.shape), None if w is None else w.shape,
+            getattr(ly, "strides", None))
+
+
+def test_resnet18_cycles_add_up_and_identical_layers_agree(resnet18_run):
+    crep, rep = resnet18_run
+    dsa = [r for r in rep.rows if r.target == "DSA"]
+    assert sum(r.cycles for r in dsa) == rep.total_cycles
+    assert sum(r.span for r in dsa) > rep.total_cycles  # the spans overlap: they would not
+    for r in dsa:
+        assert r.cycles >= r.compute_cycles  # compute time is never charged elsewhere
+        assert not r.check, r.check
+    layers = [ly for d in crep.regions if d.target == "dsa" for ly in d.region.layers]
+    assert [ly.name for ly in layers] == [r.name for r in dsa]
+    groups: dict[tuple, list[int]] = {}
+    for ly, r in zip(layers[1:-1], dsa[1:-1]):  # bar the first and last of the region
+        groups.setdefault(_signature(ly), []).append(r.cycles)
+    repeated = {k: v for k, v in groups.items() if len(v) > 1}
+    assert len(repeated) >= 4  # the 3x3 convs of each stage, the adds
+    for sig, cycles in repeated.items():
+        assert max(cycles) <= 1.02 * min(cycles), (sig, cycles)
+
+
+def test_report_shows_the_columns_and_the_trace_track(resnet18_run, tmp_path):
+    import json
+
+    _, rep = resnet18_run
+    text = str(rep)
+    for col in ("span", "load", "compute", "store", "sum to the total"):
+        assert col in text
+    row = rep.to_dict()["layers"][0]
+    assert {"cycles", "span", "load_cycles", "compute_cycles", "store_cycles"} <= set(row)
+    events = json.loads(rep.write_trace(tmp_path / "t.json").read_text())["traceEvents"]
+    charged = [e for e in events if e.get("cat") == "layer"]
+    assert sum(round(e["dur"] * rep.mhz) for e in charged) == rep.total_cycles
+    per_layer: dict[str, int] = {}
+    for e in charged:
+        per_layer[e["name"]] = per_layer.get(e["name"], 0) + e["args"]["cycles"]
+    assert per_layer == {r.name: r.cycles for r in rep.rows if r.target == "DSA"}
