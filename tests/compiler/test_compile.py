@@ -18,7 +18,7 @@ import dsa_tvm
 from dsa_tvm.layers.reference import run_region
 from dsa_tvm.runtime import take_launches
 
-from . import qdq_models as Q
+from .. import qdq_models as Q
 
 
 def _ort_reference(path, x: np.ndarray) -> np.ndarray:

@@ -23,7 +23,7 @@ import dsa_tvm
 from dsa_tvm.hw.config import load_config
 from dsa_tvm.runtime import take_launches
 
-from . import qdq_models as qm
+from .. import qdq_models as qm
 
 FAST_LLVM = {"kind": "llvm", "opt-level": 0}
 X_ZP = -3

@@ -25,7 +25,7 @@ import dsa_tvm
 from dsa_tvm import onnx_backend as backend
 from dsa_tvm.onnx_backend import import_onnx
 
-from . import qdq_models as qm
+from .. import qdq_models as qm
 
 SLOW_HOST_GMACS = 0.01  # a host slow enough that every compiled region goes to the DSA
 

@@ -237,7 +237,7 @@ def test_compare_rules():
 def test_qoperator_models_go_through_to_qdq_first():
     """A QOperator model (QLinearConv, uint8 activations) is rewritten into QDQ before
     simplification and its notes kept (the rewrite's exactness against onnxruntime is
-    tests/test_qoperator.py's)."""
+    tests/compiler/test_qoperator.py's)."""
     from .qop_models import one_op
 
     case = one_op("QLinearConv", "u8")

@@ -29,7 +29,7 @@ from dsa_tvm.report import build_report
 from dsa_tvm.runtime import Launch, take_launches
 from dsa_tvm.sim.simulator import Simulator
 
-from . import qdq_models as qm
+from .. import qdq_models as qm
 from .test_lowering import (
     add,
     batch_matmul,

@@ -364,7 +364,7 @@ def test_partition_keeps_unlowerable_layers_alone(tmp_path):
 
     from relay_passes.partition import partition_for_dsa
 
-    from . import qdq_models as qm
+    from .. import qdq_models as qm
 
     path = qm.single_op_net(tmp_path, "MaxPool", shape=(1, 8, 30, 30), kernel_shape=[23, 23])
     mod = from_onnx(onnx.load(path), keep_params_in_input=False)
@@ -383,7 +383,7 @@ def test_batch_matmuls_get_regions_of_their_own(tmp_path):
 
     from relay_passes.partition import partition_for_dsa
 
-    from . import qdq_models as qm
+    from .. import qdq_models as qm
 
     mod = from_onnx(onnx.load(qm.attention_net(tmp_path)), keep_params_in_input=False)
     _, report = partition_for_dsa(mod, CFGS["default"])

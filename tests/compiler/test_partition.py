@@ -28,7 +28,7 @@ from relay_passes.offload import LAUNCH, OffloadResult, offload_regions  # noqa:
 from relay_passes.optable import doc_path, operators_markdown  # noqa: E402
 from relay_passes.partition import PartitionReport, partition_for_dsa  # noqa: E402
 
-from . import qdq_models as qm  # noqa: E402
+from .. import qdq_models as qm  # noqa: E402
 
 
 def _launch(program, *args) -> None:

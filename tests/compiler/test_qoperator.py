@@ -422,7 +422,7 @@ def test_ms_quantize_dequantize_become_standard():
 
 
 def test_qdq_model_passes_through(tmp_path):
-    from .qdq_models import chain_net
+    from ..qdq_models import chain_net
 
     m = onnx.load(chain_net(tmp_path))
     assert not has_qoperator(m)

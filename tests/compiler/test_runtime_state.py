@@ -25,7 +25,7 @@ from dsa_tvm import pipeline, runtime
 from dsa_tvm.layers.reference import run_region
 from dsa_tvm.runtime import take_launches
 
-from . import qdq_models as Q
+from .. import qdq_models as Q
 
 # no launch overhead: these small layers offload, and a run takes milliseconds
 HW = dsa_tvm.load_config("default").replace(launch_overhead_us=0.0)

@@ -15,9 +15,9 @@ import pytest
 
 import dsa_tvm
 
-from . import qdq_models as Q
+from .. import qdq_models as Q
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 
 
 @pytest.fixture(scope="module")

@@ -13,7 +13,7 @@ from dsa_tvm.isa.program import Program
 from dsa_tvm.sim.errors import DeadlockError, HazardError, SimulationError
 from dsa_tvm.sim.simulator import Simulator
 
-from .conftest import PRESETS, run
+from .harness import PRESETS, run
 from .test_program import reseal
 
 pytestmark = pytest.mark.usefixtures("no_hang")
@@ -452,7 +452,7 @@ def test_field_checks_are_skipped_only_while_vouched_for(default_cfg, monkeypatc
     with pytest.raises(SimulationError, match="field 'imm'"):
         run(cfg, prog)
     assert calls == [0]
-    # a fresh list (as conftest.sequential makes) of good instructions: checked once, then
+    # a fresh list (as reference_machine.sequential makes) of good instructions: checked once, then
     # vouched for by that successful validation
     calls.clear()
     prog.instructions = [_mov(5), Finish()]

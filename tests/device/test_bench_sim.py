@@ -14,7 +14,7 @@ import pytest
 
 pytest.importorskip("tvm")
 
-BENCH = Path(__file__).resolve().parents[1] / "benchmarks" / "bench_sim.py"
+BENCH = Path(__file__).resolve().parents[2] / "benchmarks" / "bench_sim.py"
 
 
 def _bench():

@@ -17,7 +17,7 @@ from dsa_tvm.hw.config import (
 )
 from dsa_tvm.hw.schema import FIELDS
 
-from .conftest import PRESETS
+from .harness import PRESETS
 
 # What the bundled TOML files say, restated here on purpose (the tests' ground truth).
 EXPECTED = {

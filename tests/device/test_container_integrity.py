@@ -21,7 +21,7 @@ from dsa_tvm.isa.program import PREFIX_BYTES, VERSION, Program, ProgramError, Re
 from dsa_tvm.programs.matmul import matmul_program, reference_matmul
 from dsa_tvm.sim.simulator import Simulator
 
-from .conftest import rand_int8
+from .harness import rand_int8
 from .test_program import reseal, sample_program
 
 CFG = load_config("default")

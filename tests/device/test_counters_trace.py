@@ -13,7 +13,7 @@ from dsa_tvm.isa.instructions import AluOp, Buffer, Engine
 from dsa_tvm.programs.matmul import MatmulTiling
 from dsa_tvm.sim.counters import COUNTER_DOCS
 
-from .conftest import rand_int8, rand_int32, run
+from .harness import rand_int8, rand_int32, run
 from .test_timing import _matmul_case
 
 

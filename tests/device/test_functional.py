@@ -1,9 +1,9 @@
 """Functional semantics of every instruction kind, bit-exact against numpy.
 
-Each hand-built program is made sequential with tokens (``conftest.sequential``)
+Each hand-built program is made sequential with tokens (``reference_machine.sequential``)
 and its outputs are compared with an explicit numpy expression; the property
 tests compare random GEMM / ALU tiles against the step-by-step reference in
-``conftest.RefMachine``.
+``reference_machine.RefMachine``.
 """
 
 from __future__ import annotations
@@ -17,15 +17,8 @@ from dsa_tvm.hw.config import load_config
 from dsa_tvm.isa.builder import ProgramBuilder
 from dsa_tvm.isa.instructions import Buffer, Gemm, Load
 
-from .conftest import (
-    build_sequential,
-    rand_int8,
-    rand_int32,
-    reference_outputs,
-    run,
-    run_and_check,
-    wrap32,
-)
+from .harness import rand_int8, rand_int32, run, run_and_check
+from .reference_machine import build_sequential, reference_outputs, wrap32
 
 I64 = np.int64
 

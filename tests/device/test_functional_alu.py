@@ -1,6 +1,6 @@
 """Functional semantics of the vector ALU: every op in tensor and immediate form,
 reductions, aliasing, the fused REQUANT output stage; bit-exact against numpy and
-the step-by-step reference in ``conftest.RefMachine`` (split from test_functional).
+the step-by-step reference in ``reference_machine.RefMachine`` (split from test_functional).
 """
 
 from __future__ import annotations
@@ -14,15 +14,13 @@ from dsa_tvm.isa.builder import ProgramBuilder
 from dsa_tvm.isa.instructions import AluOp, Buffer
 from dsa_tvm.isa.semantics import pack_clip_imm, pack_requant_imm
 
-from .conftest import (
+from .harness import rand_int32, run, run_and_check
+from .reference_machine import (
     PARAM_ROWS,
     build_sequential,
     output_stage_py,
-    rand_int32,
     requant_imm_fields,
     rshift_round_py,
-    run,
-    run_and_check,
     wrap32,
 )
 from .test_functional import CFGS, _nest, _span, wrap32_np  # shared helpers

@@ -32,7 +32,7 @@ from dsa_tvm.isa.instructions import (
     Sync,
 )
 
-from .conftest import PRESETS
+from .harness import PRESETS
 
 CFGS = {n: load_config(n) for n in PRESETS}
 

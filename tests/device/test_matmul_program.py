@@ -18,7 +18,8 @@ from dsa_tvm.programs.matmul import (
     reference_matmul,
 )
 
-from .conftest import PRESETS, output_stage_py, rand_int8, run
+from .harness import PRESETS, rand_int8, run
+from .reference_machine import output_stage_py
 
 
 def _qparams(cfg, n, rng, with_bias=True):

@@ -25,7 +25,7 @@ from dsa_tvm.isa.program import (
 )
 from dsa_tvm.programs.matmul import matmul_program, reference_matmul
 
-from .conftest import PRESETS, rand_int8, run
+from .harness import PRESETS, rand_int8, run
 
 CFGS = {n: load_config(n) for n in PRESETS}
 
@@ -229,7 +229,7 @@ def test_flipped_bits_never_crash(blob):
     header and blobs, and reseal the checksum (so the parser behind the integrity check is
     exercised): parsing either succeeds (e.g. changed constant data) or raises a clean
     ProgramError / DecodeError. Unsealed, every one of these flips is refused
-    (tests/test_container_integrity.py)."""
+    (tests/device/test_container_integrity.py)."""
     cfg, data = blob
     (hlen,) = struct.unpack_from("<I", data, 28)
     h0 = PREFIX_BYTES

@@ -12,7 +12,7 @@ from hypothesis import strategies as st
 from dsa_tvm.isa import semantics as sem
 from dsa_tvm.isa.instructions import AluOp
 
-from .conftest import output_stage_py, requant_imm_fields, requant_py, rshift_round_py, wrap32
+from .reference_machine import output_stage_py, requant_imm_fields, requant_py, rshift_round_py, wrap32
 
 INT32 = st.integers(-(1 << 31), (1 << 31) - 1)
 

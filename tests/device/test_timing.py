@@ -21,7 +21,7 @@ from dsa_tvm.programs.matmul import (
     reference_matmul,
 )
 
-from .conftest import PRESETS, rand_int8, run
+from .harness import PRESETS, rand_int8, run
 from .test_program import sample_program
 
 

@@ -20,9 +20,9 @@ import pytest
 from dsa_tvm.cli import main
 from dsa_tvm.hw.config import load_config, presets_dir
 
-from .qdq_models import conv_net, make_model, node, quantize, rand
+from ..qdq_models import conv_net, make_model, node, quantize, rand
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 
 
 def one_error_line(capsys, argv: list[str], *needles: str, code: int = 2) -> str:
@@ -177,7 +177,7 @@ def test_rpc_address_and_missing_tracker_fail_fast(model, tmp_path, capsys):
 def test_rpc_tracker_without_servers_under_the_key(model, tmp_path, capsys):
     from tvm.rpc.tracker import Tracker
 
-    from .test_tuning import _free_port_range
+    from ..tuning.test_tuning import _free_port_range
 
     base = _free_port_range(10)
     tracker = Tracker("127.0.0.1", port=base, port_end=base + 10, silent=True)

@@ -2,7 +2,7 @@
 
 All 1,884 node cases (``onnx.backend.test.case.node``), each imported once and
 compiled once per target. What llvm does with a case is TVM's business and is
-pinned in ``tests/onnx_conformance_expected.json`` (regenerate it with
+pinned in ``tests/e2e/onnx_conformance_expected.json`` (regenerate it with
 ``python benchmarks/bench_conformance.py --write-expected``, never by hand); the
 DSA's promise is checked case by case: the dsa target never breaks where llvm
 builds, and every case llvm runs correctly runs correctly under dsa with the

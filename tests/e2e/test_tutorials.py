@@ -8,7 +8,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-TUTORIALS = Path(__file__).resolve().parent.parent / "tutorials"
+TUTORIALS = Path(__file__).resolve().parents[2] / "tutorials"
 
 
 def run_tutorial(name: str, *args: str, cwd: Path) -> str:

@@ -19,7 +19,7 @@ from pathlib import Path
 
 import pytest
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 SOURCES = ["pyproject.toml", "setup.py", "MANIFEST.in", "README.md", "target", "dsa_tvm",
            "relay_passes", "tir_schedules"]
 

@@ -37,7 +37,7 @@ from dsa_tvm.quant.qparams import (
 )
 from dsa_tvm.quant.relax_quantize import quantize_relax
 
-from .qdq_models import QDQGraph, make_model, node, rand
+from ..qdq_models import QDQGraph, make_model, node, rand
 
 SHAPE = (1, 3, 8, 8)
 

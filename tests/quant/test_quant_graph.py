@@ -25,7 +25,7 @@ from dsa_tvm.quant.metrics import cosine
 from dsa_tvm.quant.qparams import activation_qparams
 from dsa_tvm.runtime import take_launches
 
-from .qdq_models import make_model, node, quantize, rand
+from ..qdq_models import make_model, node, quantize, rand
 
 
 def _inits(m: onnx.ModelProto) -> dict[str, np.ndarray]:

@@ -25,7 +25,7 @@ from dsa_tvm.quant.accuracy import mixed_precision
 from dsa_tvm.quant.data import DegenerateDataWarning, NonFiniteDataWarning, as_feeds
 from dsa_tvm.quant.metrics import cosine
 
-from .qdq_models import make_model, node, rand
+from ..qdq_models import make_model, node, rand
 
 SHAPE = (1, 3, 8, 8)
 Q = {"show_progress": False}

@@ -20,7 +20,7 @@ from dsa_tvm.quant.metrics import cosine
 from dsa_tvm.quant.relax_quantize import quantize_relax
 from dsa_tvm.runtime import take_launches
 
-from . import qdq_models as qm
+from .. import qdq_models as qm
 
 SLOW_HOST_GMACS = 0.01  # the cost model then offloads even these tiny layers
 
@@ -83,7 +83,7 @@ def test_other_calibration_methods(small_cnn):
     feeds = calibration_data(m, n=2, seed=0)
     (name, x), = calibration_data(m, n=1, seed=99)[0].items()
     want = _run(tvm.compile(mod, target="llvm"), x)
-    for method in ("percentile", "mse"):  # entropy: see tests/test_quant_units.py
+    for method in ("percentile", "mse"):  # entropy: see tests/quant/test_quant_units.py
         qmod, _ = quantize_relax(mod, feeds, method=method)
         got = _run(tvm.compile(qmod, target="llvm"), x)
         assert cosine(got, want) >= 0.99, method

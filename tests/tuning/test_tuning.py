@@ -42,7 +42,7 @@ from tir_schedules.compute_vector import EltwiseShape, GlobalSumShape, WindowSha
 from tir_schedules.matmul import MatmulShape
 from tir_schedules.space import check_knobs, kind_of, knobs_from_mod, perf_shape, sample_knobs
 
-from .test_lowering import batch_matmul, bias_add, check, conv, qt, region
+from ..compiler.test_lowering import batch_matmul, bias_add, check, conv, qt, region
 
 DEFAULT = load_config("default")
 EDGE = load_config("edge")
@@ -385,7 +385,7 @@ def test_tasks_are_the_layers_the_compiler_lowers(tmp_path):
     from relay_passes import partition_for_dsa, region_from_function
     from relay_passes.partition import region_functions
 
-    from .qdq_models import conv_net
+    from ..qdq_models import conv_net
 
     model = conv_net(tmp_path, cin=3, cout=16, hw=32, k=7, stride=2, pad=3)
     mod = from_onnx(onnx.load(str(model)), keep_params_in_input=False)
@@ -413,7 +413,7 @@ def _compile_with_record(tmp_path, pick):
     from dsa_tvm.runtime import register as register_runtime
     from dsa_tvm.runtime import take_launches
 
-    from .qdq_models import conv_net
+    from ..qdq_models import conv_net
 
     cfg = DEFAULT.replace(cpu_gmacs=0.01)
     model = onnx.load(str(conv_net(tmp_path, cin=16, cout=32, hw=12)))
@@ -520,7 +520,7 @@ def test_measurement_over_rpc_tracker_and_two_servers(tmp_path):
 
     from dsa_tvm.tuning.rpc import RPCSimRunner, measure_remote, wait_for_servers
 
-    root = str(Path(__file__).resolve().parents[1])
+    root = str(Path(__file__).resolve().parents[2])
     env = dict(os.environ, PYTHONPATH=os.pathsep.join([root, os.environ.get("PYTHONPATH", "")]))
     base = _free_port_range(60)
     tracker = Tracker("127.0.0.1", port=base, port_end=base + 20, silent=True)
@@ -566,7 +566,7 @@ def test_measurement_over_rpc_tracker_and_two_servers(tmp_path):
 def test_cli_tune_prints_the_table_and_fills_the_database(tmp_path, capsys):
     from dsa_tvm.cli import main
 
-    from .qdq_models import conv_net
+    from ..qdq_models import conv_net
 
     model = conv_net(tmp_path, cin=16, cout=32, hw=8)
     work = tmp_path / "work"
