@@ -4,7 +4,7 @@ target llvm and target dsa (one import, one compile per target).
 Prints: cases, how many TVM imports and llvm builds and runs correctly, dsa breaks
 (raised or changed an answer where llvm runs: must be 0), dsa wrong (must be 0),
 cases with a region offloaded, and the wall time. ``--write-expected`` regenerates
-``tests/onnx_conformance_expected.json`` (the cases llvm does not run correctly,
+``tests/e2e/onnx_conformance_expected.json`` (the cases llvm does not run correctly,
 with reasons); otherwise the run is compared with it.
 
     python benchmarks/bench_conformance.py [-k SUBSTRING] [--write-expected] [--hw default]
@@ -22,7 +22,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("-k", default="", help="only cases whose name contains this")
     ap.add_argument("--hw", default=None, help="hardware description (preset or TOML)")
     ap.add_argument("--write-expected", action="store_true",
-                    help="regenerate tests/onnx_conformance_expected.json from this run")
+                    help="regenerate tests/e2e/onnx_conformance_expected.json from this run")
     ap.add_argument("-v", action="store_true", help="one line per case")
     args = ap.parse_args(argv)
 

@@ -5,7 +5,7 @@ the case's expected outputs is TVM's business (its importer and CPU build); the
 dsa target's promise is that it never breaks where llvm runs and never changes
 an answer: without an offloaded region its outputs equal llvm's bit for bit, with
 one they meet the case's expected outputs. The cases llvm does not run correctly
-are kept, with the reason, in ``tests/onnx_conformance_expected.json``, written by
+are kept, with the reason, in ``tests/e2e/onnx_conformance_expected.json``, written by
 ``python benchmarks/bench_conformance.py --write-expected``.
 """
 
@@ -25,7 +25,7 @@ import numpy as np
 from . import target as dsa_target
 from .onnx_backend import compile_module, import_onnx
 
-EXPECTED = Path(__file__).resolve().parent.parent / "tests" / "onnx_conformance_expected.json"
+EXPECTED = Path(__file__).resolve().parent.parent / "tests" / "e2e" / "onnx_conformance_expected.json"
 
 #: llvm statuses: ok, or where TVM stopped (the expectations file lists the others)
 LLVM_STATUSES = ("ok", "import", "compile", "run", "wrong")

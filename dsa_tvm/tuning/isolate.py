@@ -11,7 +11,7 @@
   ``tvm.s_tir.meta_schedule.dsa`` writing to ``<work_dir>/logs``, nothing else
   touched.
 * :func:`seeded_rngs` — what makes a seed reproduce a run (checked with one
-  worker, ``tests/test_tuning_repro.py``): MetaSchedule seeds its own random
+  worker, ``tests/tuning/test_tuning_repro.py``): MetaSchedule seeds its own random
   state (sampling, evolution) from ``seed``, and the XGBoost booster has a fixed
   seed and one thread, but ``XGBModel.predict`` scores candidates with numpy's
   *global* generator (``np.random.uniform``) until it has its warm-up samples,

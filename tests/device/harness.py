@@ -1,0 +1,38 @@
+"""Running device programs in tests: the presets the suite covers, random operands,
+and a simulator run alone or checked bit for bit against the reference machine."""
+
+from __future__ import annotations
+
+import numpy as np
+
+from dsa_tvm.isa.program import Program
+from dsa_tvm.sim.simulator import Simulator
+
+from .reference_machine import reference_outputs
+
+#: the bundled hardware presets the suite is written for
+PRESETS = ("default", "edge", "large")
+
+
+def run(cfg, program: Program, inputs=None, **kw):
+    return Simulator(cfg).run(program, inputs or {}, **kw)
+
+
+def run_and_check(cfg, program: Program, inputs=None):
+    """Run on the simulator and the reference; assert every output is bit-identical."""
+    res = run(cfg, program, inputs)
+    ref = reference_outputs(cfg, program, inputs)
+    assert set(res.outputs) == set(ref)
+    for name, want in ref.items():
+        got = res.outputs[name]
+        assert got.dtype == want.dtype and got.shape == want.shape, name
+        np.testing.assert_array_equal(got, want, err_msg=f"output '{name}'")
+    return res, ref
+
+
+def rand_int8(rng, shape):
+    return rng.integers(-128, 128, shape, dtype=np.int8)
+
+
+def rand_int32(rng, shape, lo=-(1 << 31), hi=(1 << 31)):
+    return rng.integers(lo, hi, shape, dtype=np.int64).astype(np.int32)

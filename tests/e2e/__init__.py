@@ -1,0 +1,1 @@
+"""End-to-end tests: bundled networks and models, ONNX conformance, tutorials, the CLI, docs, the wheel."""

@@ -1,0 +1,1 @@
+"""Tests of post-training int8 quantization (ONNX and Relax)."""
