@@ -1,4 +1,4 @@
-"""The integer CPU reference (``dsa_tvm.layers.reference``) against independent oracles.
+"""The integer CPU reference (each room's, ``tir_schedules.kinds.run_region``) against oracles.
 
 Oracles are written from the documented layer semantics alone: Python-integer
 loops for the accumulators (one multiply-add at a time, int32 wrap at the end is
@@ -16,7 +16,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from dsa_tvm.layers import ir as L
-from dsa_tvm.layers.reference import run_layer, run_region
+from tir_schedules.kinds import run_layer, run_region
 
 SETTINGS = settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 

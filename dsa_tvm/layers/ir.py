@@ -3,7 +3,7 @@
 The graph passes (``relay_passes``) turn each offloaded Relax region of a
 quantized (QDQ) model into a :class:`Region` of these layers, with every real
 scale already folded into integer parameters. The codegen turns a Region into
-one DSA program; :mod:`dsa_tvm.layers.reference` runs the same Region on the
+one DSA program; ``tir_schedules.kinds.run_region`` runs the same Region on the
 CPU with the same integer semantics (``dsa_tvm.isa.semantics``), so the two
 agree bit for bit.
 
