@@ -20,7 +20,7 @@ Conventions
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 
 import numpy as np
 
@@ -223,6 +223,6 @@ class Region:
 
 
 def layer_inputs(layer: Layer) -> list[QTensor]:
-    if isinstance(layer, (BatchMatmul, Add)):
-        return [layer.a, layer.b]
-    return [layer.input]
+    """The tensors a layer reads: its QTensor fields but ``output``, in field order."""
+    return [v for f in fields(layer)
+            if f.name != "output" and isinstance(v := getattr(layer, f.name), QTensor)]
