@@ -23,7 +23,7 @@ import numpy as np
 
 def compulsory_bytes(layer, cfg) -> int:
     """DRAM bytes a layer cannot avoid: its inputs, weights and output, once."""
-    from dsa_tvm.lowering.layouts import blocked_shape
+    from dsa_tvm.layers.layouts import blocked_shape
 
     block = cfg.block_in
     total = 0

@@ -16,7 +16,7 @@ A whole-network line multiplies every layer by its repetition count in ResNet-50
 
 It prints and never asserts times (the machine is shared and noisy); bit-exactness
 of every simulated output against numpy, and of numpy against the CPU reference
-(``dsa_tvm.layers.reference.run_region``), is checked and printed.
+(``tir_schedules.kinds.run_region``), is checked and printed.
 
     python benchmarks/bench_sim.py                      # default preset, best of 3
     python benchmarks/bench_sim.py --preset edge --reps 5
@@ -33,11 +33,11 @@ import numpy as np
 from dsa_tvm.hw.config import load_config
 from dsa_tvm.isa.semantics import quantize_multiplier
 from dsa_tvm.layers import ir as L
-from dsa_tvm.layers.reference import run_region
-from dsa_tvm.lowering.host_pack import pack_region_input
-from dsa_tvm.lowering.layouts import unpack_activation
+from dsa_tvm.layers.host_pack import pack_region_input
+from dsa_tvm.layers.layouts import unpack_activation
 from dsa_tvm.lowering.region import compile_region, lowering_supports
 from dsa_tvm.sim.simulator import Simulator
+from tir_schedules.kinds import run_region
 
 # Goals (see benchmarks/README.md)
 GOAL_CYCLES_PER_S = 1e7

@@ -4,6 +4,8 @@ The device layer (hardware descriptions, instruction set, simulator) imports
 no TVM; the compiler layers above it do.
 """
 
+from tir_schedules.options import CompileOptions, options
+
 from .api import (  # noqa: A004
     compile,
     compile_report,
@@ -18,7 +20,6 @@ from .hw.config import ConfigError, HardwareConfig, load_config, preset_names
 from .isa.builder import ProgramBuilder
 from .isa.disasm import disassemble
 from .isa.program import Program
-from .lowering.options import CompileOptions, options
 from .quant import quantize
 from .sim.errors import DeadlockError, HazardError, SimulationError
 from .sim.simulator import SimResult, Simulator

@@ -21,7 +21,6 @@ from typing import Any
 import tvm
 
 from .hw.config import HardwareConfig
-from .layers.ir import layer_inputs
 from .report import build_report
 from .sim.simulator import Simulator
 from .target import config_of, is_dsa
@@ -168,21 +167,9 @@ def compile_record(compile_id: str | None):
 def region_ops(region) -> int:
     """Arithmetic of a region in MAC equivalents: MACs for the array layers, one operation
     per input element read for the vector layers (window taps, both addends, ...)."""
-    import numpy as np
+    from tir_schedules.kinds import layer_ops
 
-
-    total = 0
-    for ly in region.layers:
-        if ly.macs:
-            total += ly.macs
-            continue
-        out = int(np.prod(ly.output.shape))
-        kernel = getattr(ly, "kernel", None)
-        if kernel is not None:
-            total += out * kernel[0] * kernel[1]
-        else:
-            total += max(out, sum(int(np.prod(t.shape)) for t in layer_inputs(ly)))
-    return total
+    return sum(layer_ops(ly) for ly in region.layers)
 
 
 def cpu_estimate_us(ops: int, cfg: HardwareConfig) -> float:

@@ -37,8 +37,8 @@ from typing import Any
 import numpy as np
 
 from .isa.program import LAUNCH, Program, recorded_config
-from .lowering.host_pack import pack_region_input
-from .lowering.layouts import unpack_activation
+from .layers.host_pack import pack_region_input
+from .layers.layouts import unpack_activation
 from .sim.simulator import SimResult, Simulator
 
 #: unpacked programs kept (the least recently launched go first beyond either bound)

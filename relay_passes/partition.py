@@ -355,15 +355,7 @@ def partition_for_dsa(mod: tvm.IRModule, cfg: HardwareConfig | str | None = None
 
 
 def describe_layer(ly) -> str:
-    """One line per layer for the report: kind, name, shapes."""
-    ins = [t.shape for t in (getattr(ly, "a", None), getattr(ly, "b", None),
-                             getattr(ly, "input", None)) if t is not None]
-    extra = ""
-    if hasattr(ly, "weight"):
-        extra = f" w{tuple(ly.weight.shape)}"
-    if hasattr(ly, "groups") and ly.groups > 1:
-        extra += f" groups={ly.groups}"
-    if hasattr(ly, "kind"):
-        extra += f" {ly.kind}"
-    ins_s = " + ".join(str(tuple(s)) for s in ins)
-    return f"{type(ly).__name__} {ly.name}: {ins_s}{extra} -> {tuple(ly.output.shape)}"
+    """One line per layer for the report: kind, name, shapes (its room's description)."""
+    from tir_schedules.kinds import describe
+
+    return describe(ly)

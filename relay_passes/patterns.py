@@ -93,7 +93,7 @@ def pattern_specs() -> list[PatternSpec]:
             v = "+".join(["bias"] * bias + [act] * (act is not None)) or "plain"
             out.append(PatternSpec("dsa.dense", _dense(bias, act), "dense", v))
     # its own codegen name: MergeCompositeFunctions never merges it with "dsa" layers, so
-    # both operands reach it from the host, which packs them (lowering.host_pack)
+    # both operands reach it from the host, which packs them (dsa_tvm.layers.host_pack)
     out.append(PatternSpec(f"{HOST_PACKED}.batch_matmul", _q(is_op("relax.matmul")(_dq(), _dq())),
                            "batch_matmul", "plain"))
     out.append(PatternSpec("dsa.max_pool2d", _unary("relax.nn.max_pool2d"), "max_pool2d", "plain"))

@@ -8,8 +8,9 @@ written once (int8, channel padding not counted). A layer below either bound is
 computing something other than the layer (a Linear that summed over H instead of
 C did 36,864 cycles' work in 2,077), so the run report flags it.
 
-:func:`layer_bounds` runs at compile time on the integer layer and its numbers
-travel in the program's layer table; :func:`violations` runs on the measured row.
+:func:`tir_schedules.kinds.layer_bounds` runs at compile time on the integer layer (each
+room counts its own kind, with the helpers here) and its numbers travel in the
+program's layer table; :func:`violations` runs on the measured row.
 """
 
 from __future__ import annotations
@@ -18,61 +19,44 @@ import math
 
 import numpy as np
 
-from .ir import (
-    Add,
-    BatchMatmul,
-    BiasAdd,
-    Conv2d,
-    Dense,
-    GlobalAvgPool,
-    Layer,
-    Pool2d,
-    Rescale,
-)
+from .ir import Layer, layer_inputs
 
 
-def _elements(shape) -> int:
+def elements(shape) -> int:
     return int(np.prod(shape, dtype=np.int64))
 
 
-def _touched(size: int, out: int, kernel: int, stride: int, pad: int, dilation: int) -> int:
+def touched(size: int, out: int, kernel: int, stride: int, pad: int, dilation: int) -> int:
     """How many of ``size`` input positions some output window reads (pads excluded)."""
     taps = (np.arange(out)[:, None] * stride - pad + np.arange(kernel)[None, :] * dilation)
     taps = taps[(taps >= 0) & (taps < size)]
     return int(np.unique(taps).size)
 
 
-def _window_input(layer: Conv2d | Pool2d) -> int:
-    """Input elements a conv or pool reads: strided windows may skip rows and columns."""
+def window_input(layer: Layer, kernel: tuple[int, int], dilation: tuple[int, int]) -> int:
+    """Input elements a conv or pool reads through its ``kernel``: strided windows may
+    skip rows and columns."""
     n, c, h, w = layer.input.shape
     oh, ow = layer.output.shape[2:]
-    if isinstance(layer, Conv2d):
-        (kh, kw), (dh, dw) = layer.weight.shape[2:], layer.dilation
-    else:
-        (kh, kw), (dh, dw) = layer.kernel, (1, 1)
+    (kh, kw), (dh, dw) = kernel, dilation
     pt, pl = layer.padding[0], layer.padding[1]
-    rows = _touched(h, oh, kh, layer.strides[0], pt, dh)
-    cols = _touched(w, ow, kw, layer.strides[1], pl, dw)
+    rows = touched(h, oh, kh, layer.strides[0], pt, dh)
+    cols = touched(w, ow, kw, layer.strides[1], pl, dw)
     return n * c * rows * cols
 
 
-def layer_bounds(layer: Layer) -> tuple[int, int]:
-    """(bytes the layer must read, bytes it must write) from DRAM, all int8."""
-    if isinstance(layer, (Conv2d, Pool2d)):
-        read = _window_input(layer)
-    elif isinstance(layer, BatchMatmul):
-        read = _elements(layer.a.shape) + _elements(layer.b.shape)
-    elif isinstance(layer, Add):
-        read = _elements(layer.a.shape) + (_elements(layer.b.shape)
-                                          if layer.b.name != layer.a.name else 0)
-    elif isinstance(layer, (Dense, GlobalAvgPool, BiasAdd, Rescale)):
-        read = _elements(layer.input.shape)
-    else:
-        raise TypeError(f"no bounds for layer type {type(layer).__name__}")
+def inputs_read(layer: Layer) -> int:
+    """Elements of every distinct input tensor (one read each)."""
+    seen = {t.name: t.shape for t in layer_inputs(layer)}
+    return sum(elements(shape) for shape in seen.values())
+
+
+def with_weights(layer: Layer, read: int) -> tuple[int, int]:
+    """(``read`` plus the layer's weight bytes, the output bytes): a layer's bounds."""
     weight = getattr(layer, "weight", None)
     if weight is not None:
         read += int(weight.size)
-    return read, _elements(layer.output.shape)
+    return read, elements(layer.output.shape)
 
 
 def compute_bound(macs: int, peak_macs_per_cycle: int) -> int:

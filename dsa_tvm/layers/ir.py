@@ -3,7 +3,7 @@
 The graph passes (``relay_passes``) turn each offloaded Relax region of a
 quantized (QDQ) model into a :class:`Region` of these layers, with every real
 scale already folded into integer parameters. The codegen turns a Region into
-one DSA program; :mod:`dsa_tvm.layers.reference` runs the same Region on the
+one DSA program; ``tir_schedules.kinds.run_region`` runs the same Region on the
 CPU with the same integer semantics (``dsa_tvm.isa.semantics``), so the two
 agree bit for bit.
 
@@ -20,7 +20,7 @@ Conventions
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 
 import numpy as np
 
@@ -223,6 +223,6 @@ class Region:
 
 
 def layer_inputs(layer: Layer) -> list[QTensor]:
-    if isinstance(layer, (BatchMatmul, Add)):
-        return [layer.a, layer.b]
-    return [layer.input]
+    """The tensors a layer reads: its QTensor fields but ``output``, in field order."""
+    return [v for f in fields(layer)
+            if f.name != "output" and isinstance(v := getattr(layer, f.name), QTensor)]

@@ -17,12 +17,11 @@ from dataclasses import replace
 
 import numpy as np
 
-from tir_schedules.schedule import estimate_cycles
+from tir_schedules.kinds import recipe
+from tir_schedules.options import current_options
 
 from ..hw.config import HardwareConfig
 from ..layers.ir import Conv2d, Layer, QTensor, Region
-from .kinds import recipe
-from .options import current_options
 
 
 def fold_region_inputs(region: Region, cfg: HardwareConfig) -> tuple[Region, dict[str, dict]]:
@@ -75,7 +74,7 @@ def _worth_folding(layer: Conv2d, cfg: HardwareConfig) -> bool:
         cycles = []
         for ly in (layer, fold_conv(layer)):
             r = recipe(ly, cfg, consts=False)
-            cycles.append(estimate_cycles(cfg, r.shape, r.default_knobs(cfg, r.shape)))
+            cycles.append(r.kind.estimate(cfg, r.shape, r.kind.default(cfg, r.shape)))
     except ValueError:  # one of the two forms has no schedule: keep the layer as it is
         return False
     return cycles[1] * current_options().fold_min_gain < cycles[0]

@@ -3,12 +3,12 @@
 Every tensor of the region gets a DRAM region in the DSA's blocked layout:
 the region's inputs and outputs (the runtime packs and unpacks them), its
 intermediates (scratch), and each layer's constants (weights, output-stage
-table). Each layer becomes TIR (``tir_schedules.compute`` for the MAC array,
-``tir_schedules.compute_vector`` for the vector unit), is scheduled (default
-knobs, or tuned ones) and walked into instructions; the dependency tokens of
-the whole program are derived at the end. What each layer kind needs is in
-:mod:`.kinds`; :func:`lowering_supports` answers from the same recipes, so the
-partitioner keeps on the CPU exactly the layers this module cannot lower.
+table). Each layer becomes TIR, is scheduled (default knobs, or tuned ones)
+and walked into instructions; the dependency tokens of the whole program are
+derived at the end. What each layer kind needs is its room's recipe
+(``tir_schedules.kinds``); :func:`lowering_supports` answers from the same
+recipes, so the partitioner keeps on the CPU exactly the layers this module
+cannot lower.
 """
 
 from __future__ import annotations
@@ -17,7 +17,8 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-from tir_schedules.schedule import lower_for_walker
+from tir_schedules.kinds import UnsupportedLayer, layer_bounds, recipe
+from tir_schedules.lower import lower_for_walker
 
 from ..codegen.walker import TirWalker
 from ..gc_pause import paused_gc
@@ -27,12 +28,10 @@ from ..isa.builder import ProgramBuilder
 from ..isa.instructions import Sync
 from ..isa.program import Program
 from ..isa.sync import insert_dependencies
-from ..layers.checks import layer_bounds
+from ..layers.host_pack import PARAMS, ROWSUM, batch_dims
 from ..layers.ir import BatchMatmul, Layer, QTensor, Region, layer_inputs
+from ..layers.layouts import blocked_shape
 from .fold_input import fold_region_inputs
-from .host_pack import PARAMS, ROWSUM, batch_dims
-from .kinds import UnsupportedLayer, recipe
-from .layouts import blocked_shape
 
 __all__ = ["CompiledRegion", "LayerPlan", "UnsupportedLayer", "compile_region",
            "lowering_supports"]
@@ -63,9 +62,9 @@ def lowering_supports(layer: Layer, cfg: HardwareConfig) -> str | None:
         r = recipe(layer, cfg, consts=False)
     except UnsupportedLayer as e:
         return str(e)
-    if not r.candidates(cfg, r.shape):
+    if not r.kind.candidates(cfg, r.shape):
         try:
-            r.default_knobs(cfg, r.shape)
+            r.kind.default(cfg, r.shape)
         except ValueError as e:
             return str(e)
         return "no schedule fits the scratchpads"
@@ -119,7 +118,7 @@ def compile_region(region: Region, cfg: HardwareConfig,
         knobs = choose_knobs(cfg, r.shape) if choose_knobs else None
         if knobs is None:
             try:
-                knobs = r.default_knobs(cfg, r.shape)
+                knobs = r.kind.default(cfg, r.shape)
             except ValueError as e:
                 raise UnsupportedLayer(f"{layer.name}: {e}") from None
         func = _lowered(r, cfg, knobs, lower_for_walker)
@@ -205,12 +204,12 @@ _MAX_LOWERED = 512
 
 def _lowered(r, cfg: HardwareConfig, knobs, lower_for_walker):
     try:
-        key = (r.build, r.schedule, r.shape, knobs, cfg.fingerprint)
+        key = (r.kind.build, r.kind.schedule, r.shape, knobs, cfg.fingerprint)
         hit = _LOWERED.get(key)
     except TypeError:  # unhashable knobs (a tuner's own type): no caching
         key, hit = None, None
     if hit is None:
-        hit = lower_for_walker(r.schedule(r.build(r.shape), cfg, r.shape, knobs))
+        hit = lower_for_walker(r.kind.schedule(r.kind.build(r.shape), cfg, r.shape, knobs))
         if key is not None:
             if len(_LOWERED) >= _MAX_LOWERED:
                 _LOWERED.clear()

@@ -59,10 +59,10 @@ def extract_tasks(mod, hw: "str | Path | HardwareConfig | None" = None,
     lower, layers without a recipe."""
     from relay_passes import partition_for_dsa, region_from_function
     from relay_passes.partition import region_functions
-    from tir_schedules.space import perf_shape
+    from tir_schedules.kinds import UnsupportedLayer, recipe
+    from tir_schedules.kinds.space import perf_shape
 
     from ..lowering.fold_input import fold_region_inputs
-    from ..lowering.kinds import UnsupportedLayer, recipe
 
     skipped = skipped if skipped is not None else {}
     cfg = load_config(hw)
@@ -97,7 +97,7 @@ def _tunable(task: Task) -> bool:
     space does not know keeps its default schedule instead of failing the run)."""
     from tvm import s_tir
 
-    from tir_schedules.space import sample_knobs
+    from tir_schedules.kinds.space import sample_knobs
 
     try:
         sample_knobs(s_tir.Schedule(task.workload()), task.shape, fixed=task.default_knobs())

@@ -9,7 +9,7 @@ The TVM way to build with tuning results is to put the database in scope::
 or, the same, ``with dsa_tvm.tuned("tune"): ...``. The DSA pipeline asks
 :func:`current_chooser` for a knob chooser; with a database in scope each layer
 looks up its task's best record (layers that differ only in zero points and
-clip bounds share a task, ``tir_schedules.space.perf_shape``) and takes its
+clip bounds share a task, ``tir_schedules.kinds.space.perf_shape``) and takes its
 knobs; a layer without a record, or whose record no longer fits the hardware,
 keeps the default schedule.
 """
@@ -103,7 +103,7 @@ class TunedKnobs:
         self._cache: dict = {}
 
     def __call__(self, cfg, shape):
-        from tir_schedules.space import check_knobs, perf_shape
+        from tir_schedules.kinds.space import check_knobs, perf_shape
 
         key = (cfg.fingerprint, shape)
         if key not in self._cache:

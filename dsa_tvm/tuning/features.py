@@ -2,7 +2,7 @@
 
 The stock extractor (``per-store-feature``) looks at the loops and stores of the
 scheduled TIR; a DSA candidate is the unscheduled compute plus sampling
-annotations (``tir_schedules.space``), and the scheduled DSA TIR is call-only
+annotations (``tir_schedules.kinds.space``), and the scheduled DSA TIR is call-only
 tensorized code, so it would see nothing that varies and XGBoost would predict
 noise. This extractor reads the knobs instead and describes what decides DSA
 time: the tile sizes (log2), the loop order and double buffering, how many tiles
@@ -29,39 +29,23 @@ N_FEATURES = N_TILES + N_FLAGS + 1 + 3 + 1
 
 def knob_features(cfg, shape, knobs) -> np.ndarray:
     """The feature row of one knob setting (fixed length across layer kinds)."""
-    from tir_schedules.compute import ConvShape
-    from tir_schedules.schedule import tile_footprint
-    from tir_schedules.schedule_vector import acc_rows
-    from tir_schedules.space import kind_of
+    from tir_schedules.kinds import kind_of
 
     kind = kind_of(shape)
     tiles, flags, n_tiles = [], [], 1.0
+    extents = kind.extents(shape)
     for f in kind.tiles(shape):
         t = getattr(knobs, f)
         tiles.append(math.log2(t))
-        n_tiles *= _extent(shape, f) / t
+        n_tiles *= extents[f] / t
     for f in dataclasses.fields(knobs):
         if f.type in (bool, "bool"):
             flags.append(float(getattr(knobs, f.name)))
-    if isinstance(shape, ConvShape):
-        need = tile_footprint(shape, knobs)
-        fill = [need["inp"] / cfg.inp_depth, need["wgt"] / cfg.wgt_depth,
-                need["acc"] / cfg.acc_depth]
-    else:
-        fill = [0.0, 0.0, acc_rows(shape, knobs) / cfg.acc_depth]
+    fill = kind.fill(cfg, shape, knobs)
     est = kind.estimate(cfg, shape, knobs)
     row = (tiles + [0.0] * (N_TILES - len(tiles)) + flags + [0.0] * (N_FLAGS - len(flags))
            + [math.log2(max(n_tiles, 1.0))] + fill + [math.log2(max(est, 1.0))])
     return np.asarray(row, np.float32)
-
-
-def _extent(shape, field: str) -> int:
-    """The extent of the loop a tile-size knob splits."""
-    oh_ow = getattr(shape, "out_hw", None)
-    extents = {"tile_oh": oh_ow[0] if oh_ow else 1, "tile_ow": oh_ow[1] if oh_ow else 1,
-               "tile_ocb": getattr(shape, "ocb", 1), "tile_cb": getattr(shape, "cb", 1),
-               "tile_hw": getattr(shape, "hw", 1), "tile_p": getattr(shape, "p", 1)}
-    return extents[field]
 
 
 @derived_object
@@ -71,7 +55,7 @@ class KnobFeatures(PyFeatureExtractor):
     def extract_from(self, context, candidates) -> list:
         import tvm
 
-        from tir_schedules.space import knobs_from_mod
+        from tir_schedules.kinds.space import knobs_from_mod
 
         out = []
         for cand in candidates:

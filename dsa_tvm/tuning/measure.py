@@ -1,7 +1,7 @@
 """MetaSchedule builder and runner for the DSA: lower to a program, time it on the simulator.
 
 * :class:`DSABuilder` lowers each candidate (a sampled module, see
-  ``tir_schedules.space``) to a DSA program with the existing schedule, walker
+  ``tir_schedules.kinds.space``) to a DSA program with the existing schedule, walker
   and dependency pass: no LLVM. The artifact is a folder of its own (MetaSchedule
   deletes it after the measurement) holding the program container and the
   hardware description it was built for. A candidate whose knobs do not fit is
@@ -43,7 +43,7 @@ HW_FILE = "hardware.json"
 def checked_knobs(mod) -> tuple[Task, object]:
     """The task and knobs of a sampled module; ValueError naming the misfit if they do
     not fit the hardware."""
-    from tir_schedules.space import check_knobs, knobs_from_mod
+    from tir_schedules.kinds.space import check_knobs, knobs_from_mod
 
     task = task_of(mod)
     knobs = knobs_from_mod(mod, task.shape)
@@ -112,7 +112,9 @@ def _warm_worker() -> None:
     import signal
 
     signal.signal(signal.SIGINT, signal.SIG_IGN)
-    from tir_schedules import space  # noqa: F401
+    from tir_schedules.kinds import kinds
+
+    kinds()  # every room
 
 
 

@@ -61,7 +61,8 @@ def cost_model_check(task: Task, n_train: int = 48, n_test: int = 48, seed: int 
     from tvm.s_tir.meta_schedule.cost_model import XGBModel
     from tvm.s_tir.meta_schedule.runner import RunnerResult
 
-    from tir_schedules.space import kind_of, sample_knobs
+    from tir_schedules.kinds import kind_of
+    from tir_schedules.kinds.space import sample_knobs
 
 
     cands = task.candidates()

@@ -2,7 +2,7 @@
 mutator, search strategy.
 
 * :func:`space` — a ``ScheduleFn`` whose function adds the knob sampling of
-  ``tir_schedules.space`` to the task's compute. No schedule rules: the space is
+  ``tir_schedules.kinds.space`` to the task's compute. No schedule rules: the space is
   exactly the knobs.
 * :class:`FitsPostproc` — rejects a sampled candidate whose tiles do not fit the
   scratchpads or the instruction fields, so the search discards it before it
@@ -13,8 +13,8 @@ mutator, search strategy.
   DMA latency), so measuring them would spend the trial budget on nothing.
   And it drops a candidate of over ``LEAN_FLOOR`` instructions when another one
   is estimated no slower with at most ``1 / LEANER`` of its instructions
-  (``tir_schedules.counts``): a tall, thin tile can need eight times the
-  instructions of its wide, short twin for the same cycles, and lowering and
+  (each room's ``instructions`` on ``tir_schedules.counts``): a tall, thin tile
+  can need eight times the instructions of its wide, short twin for the same cycles, and lowering and
   timing a candidate costs time in proportion to its instructions; the leaner
   twin is measured instead. Smaller programs take well under a second to
   measure and are never dropped for this (the estimate misses what tuning is
@@ -49,13 +49,13 @@ LEAN_FLOOR = 4000
 
 @lru_cache(maxsize=256)
 def default_estimate(task: Task) -> float:
-    from tir_schedules.space import kind_of
+    from tir_schedules.kinds import kind_of
 
     return kind_of(task.shape).estimate(task.cfg, task.shape, task.default_knobs())
 
 
 def _over_budget(task: Task, knobs) -> str | None:
-    from tir_schedules.space import kind_of
+    from tir_schedules.kinds import kind_of
 
     est = kind_of(task.shape).estimate(task.cfg, task.shape, knobs)
     if est > BUDGET * default_estimate(task):
@@ -69,7 +69,7 @@ def _leaner_twins(task: Task) -> dict:
     """knobs -> (leaner knobs, their instructions, these knobs' instructions) for every
     fitting candidate within the budget that another such candidate beats in the
     ``LEANER`` sense and that is over ``LEAN_FLOOR`` (see the module docstring)."""
-    from tir_schedules.space import kind_of
+    from tir_schedules.kinds import kind_of
 
     kind = kind_of(task.shape)
     rows = sorted((kind.estimate(task.cfg, task.shape, k),
@@ -89,7 +89,7 @@ def _leaner_twins(task: Task) -> dict:
 def reject_reason(task: Task, knobs) -> str | None:
     """None if the search should measure ``knobs``: they fit, are within the budget, and
     no leaner setting is estimated as fast."""
-    from tir_schedules.space import check_knobs
+    from tir_schedules.kinds.space import check_knobs
 
     problem = check_knobs(task.cfg, task.shape, knobs) or _over_budget(task, knobs)
     if problem:
@@ -113,7 +113,7 @@ def within_budget(task: Task) -> list:
 
 
 def _sample(sch) -> None:
-    from tir_schedules.space import sample_knobs
+    from tir_schedules.kinds.space import sample_knobs
 
     sample_knobs(sch, task_of(sch.mod).shape)
 
@@ -145,7 +145,7 @@ class FitsPostproc(PyPostproc):
         pass
 
     def apply(self, sch) -> bool:
-        from tir_schedules.space import knobs_from_mod
+        from tir_schedules.kinds.space import knobs_from_mod
 
         task = task_of(sch.mod)
         return reject_reason(task, knobs_from_mod(sch.mod, task.shape)) is None

@@ -31,14 +31,14 @@ ATTR_HW = "dsa.hardware"
 
 @dataclass(frozen=True)
 class Task:
-    """One tunable layer shape (``tir_schedules.space.perf_shape`` form) on ``cfg``."""
+    """One tunable layer shape (``tir_schedules.kinds.space.perf_shape`` form) on ``cfg``."""
 
     cfg: HardwareConfig
     shape: object
 
     @property
     def name(self) -> str:
-        from tir_schedules.space import kind_of
+        from tir_schedules.kinds import kind_of
 
         return f"{kind_of(self.shape).build.__name__}_{_short(self.shape)}"
 
@@ -46,7 +46,7 @@ class Task:
         """The unscheduled compute as an IRModule carrying the task (the database key)."""
         import tvm
 
-        from tir_schedules.space import kind_of
+        from tir_schedules.kinds import kind_of
 
         func = kind_of(self.shape).build(self.shape)
         func = func.with_attr(ATTR_TASK, shape_to_json(self.shape))
@@ -54,12 +54,12 @@ class Task:
         return tvm.IRModule({"main": func})
 
     def default_knobs(self):
-        from tir_schedules.space import kind_of
+        from tir_schedules.kinds import kind_of
 
         return kind_of(self.shape).default(self.cfg, self.shape)
 
     def candidates(self) -> list:
-        from tir_schedules.space import kind_of
+        from tir_schedules.kinds import kind_of
 
         return kind_of(self.shape).candidates(self.cfg, self.shape)
 
@@ -96,10 +96,10 @@ def shape_to_json(shape) -> str:
 
 
 def shape_from_json(text: str):
-    from tir_schedules.space import KINDS
+    from tir_schedules.kinds import shape_types
 
     data = json.loads(text)
-    by_name = {t.__name__: t for t in KINDS}
+    by_name = {t.__name__: t for t in shape_types()}
     if data.get("type") not in by_name:
         raise ValueError(f"unknown task shape type {data.get('type')!r}")
     cls = by_name[data["type"]]
@@ -132,8 +132,9 @@ def task_of(mod) -> Task:
 def task_program(cfg: HardwareConfig, shape, knobs) -> Program:
     """Schedule ``shape`` with ``knobs``, walk it into instructions, derive the tokens.
     The same steps as ``lowering.region.compile_region`` for a one-layer region."""
-    from tir_schedules.schedule import lower_for_walker
-    from tir_schedules.space import check_knobs, kind_of
+    from tir_schedules.kinds import kind_of
+    from tir_schedules.kinds.space import check_knobs
+    from tir_schedules.lower import lower_for_walker
 
     problem = check_knobs(cfg, shape, knobs)
     if problem:

@@ -60,7 +60,7 @@ def record_knobs(record, task: Task):
     """The knob setting a tuning record's trace decides."""
     from tvm import s_tir
 
-    from tir_schedules.space import knobs_from_mod
+    from tir_schedules.kinds.space import knobs_from_mod
 
     sch = s_tir.Schedule(task.workload())
     record.trace.apply_to_schedule(sch, remove_postproc=False)
@@ -73,7 +73,7 @@ def commit_knobs(db, task: Task, knobs, cycles: int) -> None:
     from tvm.s_tir.meta_schedule.arg_info import ArgInfo
     from tvm.s_tir.meta_schedule.database import TuningRecord
 
-    from tir_schedules.space import sample_knobs
+    from tir_schedules.kinds.space import sample_knobs
 
 
     mod = task.workload()

@@ -7,7 +7,7 @@ and padding, more output channels than the output-stage table keeps resident),
 nonzero zero points, bias, ReLU and ReLU6 clips, and ResNet-50's largest layers on
 the smallest scratchpads. Every program goes through the binary encoding and back,
 runs on the simulator with its hazard checker on, and must match
-``layers.reference.run_region`` bit for bit (the reference itself is checked
+``tir_schedules.kinds.run_region`` bit for bit (the reference itself is checked
 against direct loops in ``test_reference.py``).
 """
 
@@ -27,11 +27,11 @@ from dsa_tvm.hw.config import HardwareConfig  # noqa: E402
 from dsa_tvm.isa.program import Program  # noqa: E402
 from dsa_tvm.isa.semantics import quantize_multiplier  # noqa: E402
 from dsa_tvm.layers import ir as L  # noqa: E402
-from dsa_tvm.layers.reference import run_region  # noqa: E402
-from dsa_tvm.lowering.host_pack import pack_region_input  # noqa: E402
-from dsa_tvm.lowering.layouts import unpack_activation  # noqa: E402
+from dsa_tvm.layers.host_pack import pack_region_input  # noqa: E402
+from dsa_tvm.layers.layouts import unpack_activation  # noqa: E402
 from dsa_tvm.lowering.region import compile_region, lowering_supports  # noqa: E402
 from dsa_tvm.sim.simulator import Simulator  # noqa: E402
+from tir_schedules.kinds import run_region  # noqa: E402
 
 from .test_lowering import CFGS, PRESETS  # noqa: E402
 

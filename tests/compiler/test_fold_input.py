@@ -9,11 +9,11 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from dsa_tvm.layers.reference import run_region
+from dsa_tvm.layers.layouts import im2col
 from dsa_tvm.lowering.fold_input import fold_conv, fold_region_inputs
-from dsa_tvm.lowering.layouts import im2col
-from dsa_tvm.lowering.options import options
 from dsa_tvm.lowering.region import compile_region
+from tir_schedules.kinds import run_region
+from tir_schedules.options import options
 
 from .test_lowering import CFGS, check, conv, qt, region
 

@@ -21,13 +21,14 @@ from tvm.relax.frontend.onnx import from_onnx
 import dsa_tvm
 from dsa_tvm.hw.config import load_config, preset_names
 from dsa_tvm.layers import ir as L
-from dsa_tvm.layers.checks import compute_bound, layer_bounds, violations
-from dsa_tvm.lowering.host_pack import pack_region_input
+from dsa_tvm.layers.checks import compute_bound, violations
+from dsa_tvm.layers.host_pack import pack_region_input
 from dsa_tvm.lowering.region import compile_region
 from dsa_tvm.models import calibration_data, get_model
 from dsa_tvm.report import build_report
 from dsa_tvm.runtime import Launch, take_launches
 from dsa_tvm.sim.simulator import Simulator
+from tir_schedules.kinds import layer_bounds
 
 from .. import qdq_models as qm
 from .test_lowering import (

@@ -4,7 +4,7 @@ Each test builds a :class:`Region` by hand (random int8 data, random requantize
 parameters from ``semantics.quantize_multiplier``), compiles it with
 ``compile_region`` (TE compute -> schedule -> TIR walker -> program), runs the
 program on the simulator and compares every output with
-``layers.reference.run_region``, which must agree bit for bit. Shapes are
+``tir_schedules.kinds.run_region``, which must agree bit for bit. Shapes are
 small and drawn by hypothesis; every test runs on the three bundled presets
 (``edge`` 8x8 array with a 512-row accumulator, ``default`` 16x16, ``large``
 32x32), whose block sizes and scratchpads change the tiling.
@@ -25,13 +25,15 @@ from hypothesis import strategies as st  # noqa: E402
 from dsa_tvm.hw.config import HardwareConfig, load_config  # noqa: E402
 from dsa_tvm.isa import semantics as sem  # noqa: E402
 from dsa_tvm.layers import ir as L  # noqa: E402
-from dsa_tvm.layers.reference import run_region  # noqa: E402
-from dsa_tvm.lowering.host_pack import pack_region_input  # noqa: E402
-from dsa_tvm.lowering.kinds import recipe  # noqa: E402
-from dsa_tvm.lowering.layouts import unpack_activation  # noqa: E402
-from dsa_tvm.lowering.options import options  # noqa: E402
+from dsa_tvm.layers.host_pack import pack_region_input  # noqa: E402
+from dsa_tvm.layers.layouts import unpack_activation  # noqa: E402
 from dsa_tvm.lowering.region import compile_region, lowering_supports  # noqa: E402
 from dsa_tvm.sim.simulator import Simulator  # noqa: E402
+from tir_schedules.kinds import (
+    recipe,  # noqa: E402
+    run_region,  # noqa: E402
+)
+from tir_schedules.options import options  # noqa: E402
 
 PRESETS = ("edge", "default", "large")
 CFGS = {name: load_config(name) for name in PRESETS}
@@ -282,7 +284,7 @@ def test_vector_layers_any_knobs(preset, data):
     reg = draw(st.sampled_from(_vector_regions(rng, cfg)))
     with depthwise_engine(draw(st.sampled_from(["vector", "array"]))):
         r = recipe(reg.layers[0], cfg, consts=False)
-        knobs = draw(st.sampled_from(r.candidates(cfg, r.shape)))
+        knobs = draw(st.sampled_from(r.kind.candidates(cfg, r.shape)))
         check(reg, cfg, rng, lambda c, s: knobs)
 
 
@@ -291,7 +293,7 @@ def test_wide_border_becomes_fill_rows():
     block per tile: 3 x 106 border rows exceed the 8-bit LOAD pad fields, so they are
     written by ALU MOVs and the real rows by one LOAD each."""
     from dsa_tvm.isa.instructions import Alu, AluOp
-    from tir_schedules.schedule_vector import WindowKnobs
+    from tir_schedules.kinds.window import WindowKnobs
 
     cfg, rng = CFGS["default"], np.random.default_rng(7)
     x = qt(rng, "x", (1, 2 * cfg.block_out, 4, 100))

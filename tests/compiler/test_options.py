@@ -10,9 +10,9 @@ import numpy as np
 import pytest
 
 import dsa_tvm
-from dsa_tvm.lowering.kinds import recipe
-from dsa_tvm.lowering.options import CompileOptions, current_options
-from tir_schedules.compute import ConvShape
+from tir_schedules.kinds import recipe
+from tir_schedules.kinds.conv2d import ConvShape
+from tir_schedules.options import CompileOptions, current_options
 
 from .test_lowering import CFGS, conv, qt
 

@@ -23,10 +23,10 @@ from tvm.relax.frontend.onnx import from_onnx  # noqa: E402
 
 from dsa_tvm.hw.config import load_config  # noqa: E402
 from dsa_tvm.layers import ir as L  # noqa: E402
-from dsa_tvm.layers.reference import run_region  # noqa: E402
 from relay_passes.offload import LAUNCH, OffloadResult, offload_regions  # noqa: E402
 from relay_passes.optable import doc_path, operators_markdown  # noqa: E402
 from relay_passes.partition import PartitionReport, partition_for_dsa  # noqa: E402
+from tir_schedules.kinds import run_region  # noqa: E402
 
 from .. import qdq_models as qm  # noqa: E402
 

@@ -15,9 +15,9 @@ from onnx import TensorProto, numpy_helper
 from tvm.relax.frontend.onnx import from_onnx
 
 from dsa_tvm.frontend.qoperator import has_qoperator, to_qdq
-from dsa_tvm.layers.reference import run_region
 from dsa_tvm.models import calibration_data, resnet18, run_onnxruntime, transformer_encoder
 from dsa_tvm.runtime import take_launches
+from tir_schedules.kinds import run_region
 
 from .qop_harness import (
     compile_for,

@@ -1,4 +1,4 @@
-"""The integer CPU reference (``dsa_tvm.layers.reference``) against independent oracles.
+"""The integer CPU reference (each room's, ``tir_schedules.kinds.run_region``) against oracles.
 
 Oracles are written from the documented layer semantics alone: Python-integer
 loops for the accumulators (one multiply-add at a time, int32 wrap at the end is
@@ -16,7 +16,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from dsa_tvm.layers import ir as L
-from dsa_tvm.layers.reference import run_layer, run_region
+from tir_schedules.kinds import run_layer, run_region
 
 SETTINGS = settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 
@@ -270,3 +270,26 @@ def test_region_runs_layers_in_order_and_checks_inputs():
         run_region(region, {})
     with pytest.raises(TypeError, match="must be int8"):
         run_region(region, {"x": x.astype(np.int32)})
+
+
+def test_every_layer_type_has_one_room():
+    """The registry finds a room for every layer type of the IR; where a type splits
+    (depthwise Conv2d), exactly one room claims each layer."""
+    from typing import get_args
+
+    from tir_schedules.kinds import kind_of, kinds, room_of
+
+    taken = {t for k in kinds() for t in k.layers}
+    assert set(get_args(L.Layer)) <= taken
+    for k in kinds():
+        if k.shape is not None:
+            assert k.knobs is not None and k.build is not None
+            assert kind_of(object.__new__(k.shape)) is k
+    x = L.QTensor("x", (1, 4, 6, 6), 0.1, 0)
+    y = L.QTensor("y", (1, 4, 4, 4), 0.1, 0)
+    rq = L.Requant(np.array([1 << 20], np.int32), np.array([20], np.int32), 0)
+    dw = L.Conv2d("dw", x, y, np.ones((4, 1, 3, 3), np.int8), np.zeros(4, np.int32), (1, 1),
+                  (0, 0, 0, 0), (1, 1), 4, rq)
+    full = L.Conv2d("c", x, y, np.ones((4, 4, 3, 3), np.int8), np.zeros(4, np.int32), (1, 1),
+                    (0, 0, 0, 0), (1, 1), 1, rq)
+    assert room_of(dw).name == "depthwise" and room_of(full).name == "conv2d"

@@ -22,8 +22,8 @@ from tvm.relax.frontend.onnx import from_onnx
 
 import dsa_tvm
 from dsa_tvm import pipeline, runtime
-from dsa_tvm.layers.reference import run_region
 from dsa_tvm.runtime import take_launches
+from tir_schedules.kinds import run_region
 
 from .. import qdq_models as Q
 

@@ -3,7 +3,7 @@ transformer encoder block.
 
 Each model is built, compiled and run once per module (fixtures); the tests check
 that every DSA launch is bit-exact against the integer reference
-(``layers.reference.run_region``) on the inputs it recorded, that the final output
+(``tir_schedules.kinds.run_region``) on the inputs it recorded, that the final output
 is within one quantization step of onnxruntime running the same QDQ graph
 (``optimize=False``; the fraction of elements that differ at all is printed), and
 where the MACs ran (the compile report says why everything else stayed on the CPU).
@@ -24,9 +24,9 @@ from tvm import relax
 from tvm.relax.frontend.onnx import from_onnx
 
 import dsa_tvm
-from dsa_tvm.layers.reference import run_region
 from dsa_tvm.models import calibration_data, get_model, output_quant_steps, run_onnxruntime
 from dsa_tvm.runtime import take_launches
+from tir_schedules.kinds import run_region
 
 #: a host slow enough that every region of these small networks is worth offloading
 SLOW_HOST_GMACS = 0.01

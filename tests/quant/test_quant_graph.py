@@ -16,7 +16,6 @@ from tvm import relax
 from tvm.relax.frontend.onnx import from_onnx
 
 import dsa_tvm
-from dsa_tvm.layers.reference import run_region
 from dsa_tvm.models import calibration_data, get_model, run_onnxruntime
 from dsa_tvm.quant import prepare, quantize_onnx
 from dsa_tvm.quant.accuracy import accuracy_report, mixed_precision, sensitivity
@@ -24,6 +23,7 @@ from dsa_tvm.quant.data import as_feeds
 from dsa_tvm.quant.metrics import cosine
 from dsa_tvm.quant.qparams import activation_qparams
 from dsa_tvm.runtime import take_launches
+from tir_schedules.kinds import run_region
 
 from ..qdq_models import make_model, node, quantize, rand
 

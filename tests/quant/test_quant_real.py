@@ -16,10 +16,10 @@ import tvm
 from tvm import relax
 
 import dsa_tvm
-from dsa_tvm.layers.reference import run_region
 from dsa_tvm.models.versus_ort import format_table, ours_vs_onnxruntime, score
 from dsa_tvm.quant import quantize_onnx
 from dsa_tvm.runtime import take_launches
+from tir_schedules.kinds import run_region
 
 pytest.importorskip("torch")
 pytest.importorskip("efficientnet_lite_pytorch")

@@ -14,11 +14,11 @@ from tvm import relax
 from tvm.relax.frontend.onnx import from_onnx
 
 import dsa_tvm
-from dsa_tvm.layers.reference import run_region
 from dsa_tvm.models import calibration_data, get_model
 from dsa_tvm.quant.metrics import cosine
 from dsa_tvm.quant.relax_quantize import quantize_relax
 from dsa_tvm.runtime import take_launches
+from tir_schedules.kinds import run_region
 
 from .. import qdq_models as qm
 

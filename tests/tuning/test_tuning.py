@@ -2,7 +2,7 @@
 
 References are independent of the tuner: cycles a runner reports are compared
 with a direct simulation of the same knobs' program; the tuned compile is
-compared bit for bit with the integer reference (``layers.reference``); the
+compared bit for bit with the integer reference (``tir_schedules.kinds.run_region``); the
 rank-correlation helpers with scipy when it is installed.
 """
 
@@ -22,7 +22,6 @@ from tvm import s_tir
 
 import dsa_tvm
 from dsa_tvm.hw.config import load_config
-from dsa_tvm.layers.reference import run_region
 from dsa_tvm.tuning import Task, TunedKnobs, open_database, tune_task, tuned
 from dsa_tvm.tuning.measure import DSABuilder, SimRunner, secs_to_cycles
 from dsa_tvm.tuning.rank import cost_model_check, kendall_tau, spearman
@@ -37,10 +36,13 @@ from dsa_tvm.tuning.search import (
 )
 from dsa_tvm.tuning.task import measure_knobs
 from dsa_tvm.tuning.tuner import commit_knobs, record_knobs, workload_records
-from tir_schedules.compute import ConvShape
-from tir_schedules.compute_vector import EltwiseShape, GlobalSumShape, WindowShape
-from tir_schedules.matmul import MatmulShape
-from tir_schedules.space import check_knobs, kind_of, knobs_from_mod, perf_shape, sample_knobs
+from tir_schedules.kinds import kind_of, run_region
+from tir_schedules.kinds.conv2d import ConvShape
+from tir_schedules.kinds.eltwise import EltwiseShape
+from tir_schedules.kinds.global_pool import GlobalSumShape
+from tir_schedules.kinds.matmul import MatmulShape
+from tir_schedules.kinds.space import check_knobs, knobs_from_mod, perf_shape, sample_knobs
+from tir_schedules.kinds.window import WindowShape
 
 from ..compiler.test_lowering import batch_matmul, bias_add, check, conv, qt, region
 
@@ -320,7 +322,7 @@ def test_tuned_region_is_bit_exact(preset, tmp_path):
     c1 = conv(rng, x, 2 * cfg.block_out, 3, 1, 1, name="c1")
     c2 = conv(rng, c1.output, cfg.block_out, 1, 1, 0, name="c2")
     reg = region([x], [c1, c2])
-    from dsa_tvm.lowering.kinds import recipe
+    from tir_schedules.kinds import recipe
 
     task = Task(cfg, perf_shape(recipe(c1, cfg).shape))
     knobs = _non_default(task)
@@ -331,7 +333,7 @@ def test_tuned_region_is_bit_exact(preset, tmp_path):
     from dsa_tvm.lowering.region import compile_region
 
     plans = compile_region(reg, cfg, TunedKnobs(db)).plans
-    assert plans[0].knobs == knobs and plans[1].knobs == recipe(c2, cfg).default_knobs(
+    assert plans[0].knobs == knobs and plans[1].knobs == recipe(c2, cfg).kind.default(
         cfg, recipe(c2, cfg).shape)
     assert (chooser.hits, chooser.misses) == (1, 1)
     one = compile_region(region([x], [c1]), cfg, TunedKnobs(db)).program
@@ -345,10 +347,10 @@ def test_tuned_region_is_bit_exact(preset, tmp_path):
 def test_tuned_vector_and_matmul_layers_are_bit_exact(preset, tmp_path):
     """A batch matmul (attention) and a bias add take tuned knobs from the database and
     stay bit-exact; the task's measured cycles are the region's."""
-    from dsa_tvm.lowering.kinds import recipe
     from dsa_tvm.lowering.region import compile_region
     from dsa_tvm.tuning.api import _tunable
     from dsa_tvm.tuning.task import simulate_cycles
+    from tir_schedules.kinds import recipe
 
     cfg = load_config(preset)
     rng = np.random.default_rng(11)
@@ -443,7 +445,7 @@ def _compile_with_record(tmp_path, pick):
 
 def _faster_than_default(task: Task):
     """The fastest of the settings the estimate likes best, when it beats the default."""
-    from tir_schedules.space import kind_of
+    from tir_schedules.kinds import kind_of
 
     kind = kind_of(task.shape)
     default = task.default_knobs()

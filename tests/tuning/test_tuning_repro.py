@@ -19,7 +19,7 @@ from dsa_tvm.hw.config import load_config
 from dsa_tvm.tuning import Task, open_database, tune, tune_task, tuned
 from dsa_tvm.tuning.measure import secs_to_cycles
 from dsa_tvm.tuning.tuner import record_knobs
-from tir_schedules.compute import ConvShape
+from tir_schedules.kinds.conv2d import ConvShape
 
 DEFAULT = load_config("default")
 MS_LOGGER = "tvm.s_tir.meta_schedule"

@@ -1,9 +1,9 @@
-"""Batched matmul of two activations (attention's Q @ K^T and P @ V) on the MAC array.
+"""Room: batched matmul of two activations (attention's Q @ K^T and P @ V) on the MAC array.
 
 The array multiplies an input row by a weight tile, so the second operand must
 arrive as weight tiles. Both operands are produced on the CPU in the graphs
 this serves (reshape/transpose/softmax stay there), so the host packs them at
-the region boundary (``dsa_tvm.lowering.host_pack``): ``b`` into per-batch
+the region boundary (``dsa_tvm.layers.host_pack``): ``b`` into per-batch
 tiles ``w[bt, nb, kb, o, i]`` with the zero-point terms that depend on ``b``
 in the output-stage table, and ``a`` into ordinary activation rows plus one
 correction row per input row. The DSA then computes
@@ -17,16 +17,23 @@ which is ``sum_k (a - zp_a) * (b - zp_b)`` exactly (int32 wrap-around arithmetic
 
 from __future__ import annotations
 
-import math
+import dataclasses
 from dataclasses import dataclass
 
+import numpy as np
 from tvm import s_tir, te, tirx
 
 from dsa_tvm.hw.config import HardwareConfig
+from dsa_tvm.intmath import ceil_div
+from dsa_tvm.layers.checks import elements
+from dsa_tvm.layers.host_pack import PARAMS, ROWSUM, batch_dims
+from dsa_tvm.layers.ir import BatchMatmul
+from dsa_tvm.layers.reference import apply_requant, centered
 
-from .intrinsics import alu_intrin, gemm_intrin, requant_intrin
-from .names import ANN_DOUBLE_BUFFER, SCALAR_REQUANT, SCOPE_ACC, SCOPE_INP, SCOPE_WGT
-from .schedule import divisors
+from ..intrinsics import alu_intrin, gemm_intrin, requant_intrin
+from ..names import ANN_DOUBLE_BUFFER, SCALAR_REQUANT, SCOPE_ACC, SCOPE_INP, SCOPE_WGT
+from ..tiling import divisors, lowest_estimate, scratchpads_fit
+from .base import Kind, Recipe, UnsupportedLayer, mac_ops
 
 
 @dataclass(frozen=True)
@@ -83,11 +90,7 @@ def matmul_footprint(s: MatmulShape, k: MatmulKnobs) -> dict[str, int]:
 
 
 def matmul_fits(cfg: HardwareConfig, s: MatmulShape, k: MatmulKnobs) -> str | None:
-    need = matmul_footprint(s, k)
-    for sram, depth in (("inp", cfg.inp_depth), ("wgt", cfg.wgt_depth), ("acc", cfg.acc_depth)):
-        if need[sram] > depth:
-            return f"{sram.upper()} tile needs {need[sram]} rows, the scratchpad has {depth}"
-    return None
+    return scratchpads_fit(cfg, matmul_footprint(s, k))
 
 
 def estimate_matmul_cycles(cfg: HardwareConfig, s: MatmulShape, k: MatmulKnobs) -> float:
@@ -115,8 +118,14 @@ def default_matmul_knobs(cfg: HardwareConfig, s: MatmulShape) -> MatmulKnobs:
     if not cands:
         raise ValueError(f"no tiling of this batch matmul fits '{cfg.name}': "
                          f"{matmul_fits(cfg, s, MatmulKnobs(1, 1, False))}")
-    return min(cands, key=lambda k: (estimate_matmul_cycles(cfg, s, k),
-                                     -math.prod((k.tile_m, k.tile_nb))))
+    return lowest_estimate(cands, lambda k: estimate_matmul_cycles(cfg, s, k))
+
+
+def matmul_instructions(cfg: HardwareConfig, s: MatmulShape, k: MatmulKnobs) -> int:
+    tiles_m, tiles_n = s.m // k.tile_m, s.nb // k.tile_nb
+    # per output-block tile: weights, table; per row tile: rows, corrections, GEMM,
+    # correction add, REQUANT, store
+    return s.batch * tiles_n * (2 + tiles_m * 6) + 1
 
 
 # ----------------------------------------------------------------------------- schedule
@@ -155,3 +164,46 @@ def schedule_batch_matmul(func: tirx.PrimFunc, cfg: HardwareConfig, s: MatmulSha
         for loop in (m_o, nb_o):
             sch.annotate(loop, ANN_DOUBLE_BUFFER, 1)
     return sch
+
+
+# ----------------------------------------------------------------------------- layers
+def matmul_recipe(layer: BatchMatmul, cfg: HardwareConfig, consts: bool) -> Recipe:
+    """Both operands arrive host-packed (``host_pack``): ``a`` as rows plus correction
+    rows, ``b`` as weight tiles plus the output-stage table (nothing is constant)."""
+    a, b = tuple(layer.a.shape), tuple(layer.b.shape)
+    if len(a) != 3 or len(b) != 3 or a[0] != b[0] or a[-1] != b[-2]:
+        raise UnsupportedLayer(f"{layer.name}: batch matmul needs (B, M, K) x (B, K, N) "
+                               f"operands (leading dimensions flattened), got {a} x {b}")
+    if tuple(layer.output.shape) != a[:-1] + b[-1:]:
+        raise UnsupportedLayer(f"{layer.name}: output {layer.output.shape} is not "
+                               f"{a[:-1] + b[-1:]}")
+    bt, m, k = batch_dims(a)
+    rq = layer.requant
+    shape = MatmulShape(bt, m, ceil_div(k, cfg.block_in), ceil_div(b[-1], cfg.block_out),
+                        cfg.block_in, cfg.block_out, rq.zero_point, rq.clip)
+    return Recipe(KIND, shape, {"x": layer.a},
+                  host={"w": layer.b.name, "params": layer.b.name + PARAMS,
+                        "r": layer.a.name + ROWSUM})
+
+
+def run_batch_matmul(ly: BatchMatmul, env: dict[str, np.ndarray]) -> np.ndarray:
+    acc = np.matmul(centered(env[ly.a.name], ly.a), centered(env[ly.b.name], ly.b))
+    return apply_requant(acc, ly.requant, axis=-1)
+
+
+def matmul_fill(cfg: HardwareConfig, s: MatmulShape, k: MatmulKnobs) -> list[float]:
+    need = matmul_footprint(s, k)
+    return [need["inp"] / cfg.inp_depth, need["wgt"] / cfg.wgt_depth,
+            need["acc"] / cfg.acc_depth]
+
+
+KIND = Kind(
+    name="matmul", layers=(BatchMatmul,), recipe=matmul_recipe, reference=run_batch_matmul,
+    bounds=lambda ly: (elements(ly.a.shape) + elements(ly.b.shape), elements(ly.output.shape)),
+    ops=mac_ops,
+    shape=MatmulShape, knobs=MatmulKnobs, build=batch_matmul, schedule=schedule_batch_matmul,
+    fits=matmul_fits, candidates=candidate_matmul_knobs, default=default_matmul_knobs,
+    estimate=estimate_matmul_cycles, instructions=matmul_instructions,
+    tiles=lambda s: {"tile_m": ("matmul", 1), "tile_nb": ("matmul", 2)},
+    extents=lambda s: {"tile_m": s.m, "tile_nb": s.nb}, fill=matmul_fill,
+    perf_shape=lambda s: dataclasses.replace(s, output_zp=0, clip=(-128, 127)))

@@ -11,7 +11,7 @@ table so the runtime repeats it exactly:
 * ``matmul_a``: the first operand as activation rows plus one correction row per
   input row (``<name>#rowsum``): ``-zp_b * sum_k a``.
 
-(see ``tir_schedules.matmul`` for the arithmetic).
+(see ``tir_schedules.kinds.matmul`` for the arithmetic).
 """
 
 from __future__ import annotations

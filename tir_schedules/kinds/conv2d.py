@@ -1,0 +1,399 @@
+"""Room: conv2d (groups = 1) and dense on the MAC array, and the array form of a
+depthwise conv (diagonal weight tiles, ``ConvShape.depthwise``; the depthwise room
+picks it or the vector unit's).
+
+Activations are NHWC with channels padded to the array block and split into
+blocks: ``x[n, h, w, cb, c]``; weights are packed ``w[ob, kh, kw, ib, o, i]``
+(block_out x block_in tiles); the per-channel output-stage table is
+``params[ob, 3, o]`` (bias, multiplier, shift). The compute's stages are named so
+the schedule can find them: ``pad`` (the input with its zero-point border),
+``conv`` (the int32 reduction), ``requant`` (the output stage) and ``y`` (the int8
+result).
+
+A schedule is fully described by its knobs (tile sizes, loop order, double
+buffering): :func:`schedule_conv2d` applies given knobs, :func:`default_conv_knobs`
+picks them with an analytic cost estimate, the tuner samples them
+(``tir_schedules.kinds.space``).
+
+The array multiplies raw int8 inputs, pads included as the input zero point, so
+the zero point is folded into the REQUANT bias once per layer:
+``sum((x - zp) * w) = sum(x * w) - zp * sum(w)``.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass
+
+import numpy as np
+from tvm import s_tir, te, tirx
+
+from dsa_tvm.hw.config import HardwareConfig
+from dsa_tvm.intmath import ceil_div
+from dsa_tvm.isa.instructions import GEMM_LEVELS
+from dsa_tvm.layers.checks import elements, window_input, with_weights
+from dsa_tvm.layers.ir import Conv2d, Dense, Layer
+from dsa_tvm.layers.layouts import image_dims, pack_conv_weights
+from dsa_tvm.layers.reference import apply_requant, centered, pad, windows
+
+from ..counts import nest_count, tile_copy
+from ..intrinsics import gemm_intrin, requant_intrin
+from ..names import ANN_DOUBLE_BUFFER, SCALAR_REQUANT, SCOPE_ACC, SCOPE_INP, SCOPE_WGT
+from ..tiling import divisors, input_tile, lowest_estimate, scratchpads_fit, window_out_hw
+from .base import Kind, Recipe, UnsupportedLayer, check_out_hw, mac_ops, requant_table
+
+
+@dataclass(frozen=True)
+class ConvShape:
+    """One image-batch conv2d (groups = 1) in blocked form."""
+
+    n: int
+    h: int
+    w: int
+    icb: int            # input channel blocks
+    ocb: int            # output channel blocks
+    kh: int
+    kw: int
+    strides: tuple[int, int]
+    padding: tuple[int, int, int, int]  # top, left, bottom, right
+    dilation: tuple[int, int]
+    block_in: int
+    block_out: int
+    input_zp: int
+    output_zp: int
+    clip: tuple[int, int]
+    #: depthwise on the array: input block ``ob`` only feeds output block ``ob`` through
+    #: diagonal weight tiles (``icb`` = 1 block per group, the image has ``ocb`` blocks)
+    depthwise: bool = False
+
+    @property
+    def out_hw(self) -> tuple[int, int]:
+        return window_out_hw(self)
+
+
+@dataclass(frozen=True)
+class ConvKnobs:
+    tile_oh: int         # output rows per tile (divides OH)
+    tile_ow: int         # output columns per tile (divides OW)
+    tile_ocb: int        # output channel blocks per tile (divides OCB)
+    weights_outer: bool  # True: output-channel tiles outermost, weights stay resident
+                         # across the spatial tiles; False: input tile stays resident
+    double_buffer: bool
+
+
+def conv2d(s: ConvShape) -> tirx.PrimFunc:
+    """conv2d + output stage; a dense layer is the 1x1 case on an (M, 1) image, a
+    depthwise conv (``s.depthwise``) one whose weight tiles are diagonal."""
+    bi, bo = s.block_in, s.block_out
+    pt, pl, pb, pr = s.padding
+    (sh, sw), (dh, dw) = s.strides, s.dilation
+    oh, ow = s.out_hw
+    in_blocks = s.ocb if s.depthwise else s.icb
+    x = te.placeholder((s.n, s.h, s.w, in_blocks, bi), "int8", name="x")
+    w = te.placeholder((s.ocb, s.kh, s.kw, s.icb, bo, bi), "int8", name="w")
+    params = te.placeholder((s.ocb, 3, bo), "int32", name="params")
+    zp = tirx.const(s.input_zp, "int8")
+
+    def pad_value(n, h, w_, c, i):
+        inside = tirx.all(h >= pt, h < s.h + pt, w_ >= pl, w_ < s.w + pl)
+        return tirx.if_then_else(inside, x[n, h - pt, w_ - pl, c, i], zp)
+
+    xp = te.compute((s.n, s.h + pt + pb, s.w + pl + pr, in_blocks, bi), pad_value, name="pad")
+    rkh = te.reduce_axis((0, s.kh), "kh")
+    rkw = te.reduce_axis((0, s.kw), "kw")
+    ric = te.reduce_axis((0, s.icb), "icb")
+    ri = te.reduce_axis((0, bi), "i")
+    acc = te.compute(
+        (s.n, oh, ow, s.ocb, bo),
+        lambda n, y, x_, ob, o: te.sum(
+            xp[n, y * sh + rkh * dh, x_ * sw + rkw * dw, ob + ric if s.depthwise else ric,
+               ri].astype("int32")
+            * w[ob, rkh, rkw, ric, o, ri].astype("int32"), axis=[rkh, rkw, ric, ri]),
+        name="conv")
+    lo, hi = s.clip
+    rq = te.compute(
+        (s.n, oh, ow, s.ocb, bo),
+        lambda n, y, x_, ob, o: tirx.call_pure_extern(
+            "int32", SCALAR_REQUANT, acc[n, y, x_, ob, o], params[ob, 0, o], params[ob, 1, o],
+            params[ob, 2, o], s.output_zp, lo, hi),
+        name="requant")
+    out = te.compute((s.n, oh, ow, s.ocb, bo), lambda *i: rq(*i).astype("int8"), name="y")
+    return te.create_prim_func([x, w, params, out])
+
+
+def tile_footprint(s: ConvShape, k: ConvKnobs) -> dict[str, int]:
+    """Scratchpad rows (inp) / tiles (wgt) / rows (acc) one set of tiles needs."""
+    in_rows, in_cols = input_tile(s, k)
+    nbuf = 2 if k.double_buffer else 1
+    acc_tile = k.tile_oh * k.tile_ow * k.tile_ocb
+    return {"inp": nbuf * in_rows * in_cols * _input_blocks(s, k),
+            "wgt": nbuf * k.tile_ocb * s.kh * s.kw * s.icb,
+            "acc": nbuf * (2 * acc_tile + 3 * k.tile_ocb)}
+
+
+def _input_blocks(s: ConvShape, k: ConvKnobs) -> int:
+    """Channel blocks of one input tile: all of them, or (depthwise) the tile's own."""
+    return k.tile_ocb if s.depthwise else s.icb
+
+
+def fits(cfg: HardwareConfig, s: ConvShape, k: ConvKnobs) -> str | None:
+    """None if the tiles fit the scratchpads and instruction fields, else why not."""
+    problem = scratchpads_fit(cfg, tile_footprint(s, k))
+    if problem:
+        return problem
+    if s.depthwise and not k.weights_outer:
+        return "a depthwise input tile belongs to one channel tile: channel tiles go outermost"
+    pt, pl, pb, pr = s.padding
+    blocks = _input_blocks(s, k)
+    if s.depthwise and (blocks < s.ocb or max(pl, pr) * blocks > 255):
+        # one LOAD per input row; border rows join the pad fields of the first/last one
+        in_cols = input_tile(s, k)[1]
+        if max(pt * in_cols + pl, pb * in_cols + pr) > 255:
+            return "the tile's border exceeds the 8-bit LOAD pad fields"
+    elif max(pl, pr) * blocks > 255 or max(pt, pb) > 255:
+        return "padding exceeds the 8-bit LOAD pad fields"
+    return None
+
+
+def estimate_cycles(cfg: HardwareConfig, s: ConvShape, k: ConvKnobs) -> float:
+    """Rough cycles of a schedule: compute and DMA overlap when double-buffered."""
+    oh, ow = s.out_hw
+    tiles_sp = (oh // k.tile_oh) * (ow // k.tile_ow)
+    tiles_oc = s.ocb // k.tile_ocb
+    in_rows, in_cols = input_tile(s, k)
+    in_bytes = in_rows * in_cols * _input_blocks(s, k) * cfg.block_in
+    w_bytes = k.tile_ocb * s.kh * s.kw * s.icb * cfg.wgt_tile_bytes
+    out_bytes = k.tile_oh * k.tile_ow * k.tile_ocb * cfg.block_out
+    if k.weights_outer:
+        dma = s.n * tiles_oc * (w_bytes + tiles_sp * (in_bytes + out_bytes))
+    else:
+        dma = s.n * tiles_sp * (in_bytes + tiles_oc * (w_bytes + out_bytes))
+    steps = s.n * oh * ow * s.ocb * s.kh * s.kw * s.icb
+    tiles = s.n * tiles_sp * tiles_oc
+    compute = steps + tiles * (cfg.gemm_fill_drain_cycles * 2 + cfg.alu_latency_cycles
+                               + k.tile_oh * k.tile_ow * k.tile_ocb * cfg.alu_cycles_per_row)
+    dma_cycles = dma / cfg.bandwidth_bytes_per_cycle + tiles * cfg.latency_cycles * 0.1
+    return max(compute, dma_cycles) if k.double_buffer else compute + dma_cycles
+
+
+def candidate_knobs(cfg: HardwareConfig, s: ConvShape) -> list[ConvKnobs]:
+    """Every knob setting that fits (tile sizes divide their loops)."""
+    oh, ow = s.out_hw
+    out = []
+    for db in (True, False):
+        for wo in (True, False):
+            for toc in divisors(s.ocb):
+                for th in divisors(oh):
+                    for tw in divisors(ow):
+                        k = ConvKnobs(th, tw, toc, wo, db)
+                        if fits(cfg, s, k) is None:
+                            out.append(k)
+    return out
+
+
+def default_conv_knobs(cfg: HardwareConfig, s: ConvShape) -> ConvKnobs:
+    cands = candidate_knobs(cfg, s)
+    if not cands:
+        raise ValueError(f"no tiling of this conv fits the scratchpads of '{cfg.name}': "
+                         f"{fits(cfg, s, ConvKnobs(1, 1, 1, True, False))}")
+
+    return lowest_estimate(cands, lambda k: estimate_cycles(cfg, s, k))
+
+
+def schedule_conv2d(func: tirx.PrimFunc, cfg: HardwareConfig, s: ConvShape,
+                    k: ConvKnobs) -> s_tir.Schedule:
+    """Tile, place in the scratchpads, tensorize; the walker lowers the result."""
+    problem = fits(cfg, s, k)
+    if problem:
+        raise ValueError(f"conv tiling {k} does not fit '{cfg.name}': {problem}")
+    sch = s_tir.Schedule(func)
+    pad, conv = sch.get_sblock("pad"), sch.get_sblock("conv")
+    rq, y = sch.get_sblock("requant"), sch.get_sblock("y")
+    n, oh, ow, ob, o, kh, kw, icb, i = sch.get_loops(conv)
+    oh_o, oh_i = sch.split(oh, [None, k.tile_oh])
+    ow_o, ow_i = sch.split(ow, [None, k.tile_ow])
+    ob_o, ob_i = sch.split(ob, [None, k.tile_ocb])
+    inner = [ob_i, oh_i, ow_i, kh, kw, icb, o, i]
+    if k.weights_outer:
+        sch.reorder(n, ob_o, oh_o, ow_o, *inner)
+        tile_loop, w_at = ow_o, ob_o
+    else:
+        sch.reorder(n, oh_o, ow_o, ob_o, *inner)
+        tile_loop, w_at = ob_o, ob_o
+    sch.set_scope(pad, 0, SCOPE_INP)
+    sch.set_scope(conv, 0, SCOPE_ACC)
+    sch.set_scope(rq, 0, SCOPE_ACC)
+    w_sram = sch.cache_read(conv, 1, SCOPE_WGT)
+    sch.compute_at(pad, ow_o)
+    sch.compute_at(w_sram, w_at)
+    sch.reverse_compute_at(rq, tile_loop)
+    sch.reverse_compute_at(y, tile_loop)
+    p_sram = sch.cache_read(rq, 1, SCOPE_ACC)
+    sch.compute_at(p_sram, ob_o)
+    sch.decompose_reduction(conv, ob_i)
+    sch.tensorize(o, gemm_intrin(cfg.block_in, cfg.block_out))
+    sch.tensorize(sch.get_loops(rq)[-1],
+                  requant_intrin(cfg.block_out, s.output_zp, s.clip[0], s.clip[1]))
+    if k.double_buffer:  # the weight tile too: the next one loads during this one's tiles
+        for loop in {tile_loop, w_at}:
+            sch.annotate(loop, ANN_DOUBLE_BUFFER, 1)
+    return sch
+
+
+def conv_instructions(cfg: HardwareConfig, s: ConvShape, k: ConvKnobs) -> int:
+    oh, ow = s.out_hw
+    (sh, sw), (dh, dw) = s.strides, s.dilation
+    th, tw, toc = k.tile_oh, k.tile_ow, k.tile_ocb
+    in_rows, in_cols = input_tile(s, k)
+    blocks = toc if s.depthwise else s.icb       # channel blocks of the input tile
+    image_blocks = s.ocb if s.depthwise else s.icb
+    loads = tile_copy(in_rows, in_cols, blocks, s.w, image_blocks)
+    ic = 1 if s.depthwise else s.icb
+    # GEMM levels (extent, acc, inp, wgt strides): ob_i, oh_i, ow_i, kh, kw, icb
+    gemm = nest_count([(toc, 1, 1 if s.depthwise else 0, s.kh * s.kw * ic),
+                       (th, tw * toc, sh * in_cols * blocks, 0),
+                       (tw, toc, sw * blocks, 0),
+                       (s.kh, 0, dh * in_cols * blocks, s.kw * ic),
+                       (s.kw, 0, dw * blocks, ic),
+                       (ic, 0, 1, 1)], GEMM_LEVELS)
+    stores = tile_copy(th, tw, toc, ow, s.ocb)
+    per_tile = gemm + 1 + stores  # GEMM, REQUANT, stores
+    tiles_sp, tiles_oc = s.n * (oh // th) * (ow // tw), s.ocb // toc
+    if k.weights_outer:  # weights and table per channel tile, input per spatial tile
+        return tiles_oc * 2 + tiles_oc * tiles_sp * (loads + per_tile) + 1
+    return tiles_sp * (loads + tiles_oc * (2 + per_tile)) + 1
+
+
+
+
+def conv_extents(s: ConvShape) -> dict[str, int]:
+    oh, ow = s.out_hw
+    return {"tile_oh": oh, "tile_ow": ow, "tile_ocb": s.ocb}
+
+
+def conv_fill(cfg: HardwareConfig, s: ConvShape, k: ConvKnobs) -> list[float]:
+    need = tile_footprint(s, k)
+    return [need["inp"] / cfg.inp_depth, need["wgt"] / cfg.wgt_depth,
+            need["acc"] / cfg.acc_depth]
+
+
+def conv_perf_shape(s: ConvShape) -> ConvShape:
+    return dataclasses.replace(s, input_zp=0, output_zp=0, clip=(-128, 127))
+
+
+# ----------------------------------------------------------------------------- layers
+def is_depthwise(layer: Layer) -> bool:
+    """A depthwise conv with channel multiplier 1 (the depthwise room's layers)."""
+    return bool(getattr(layer, "depthwise", False)) and layer.weight.shape[1] == 1
+
+
+def _recipe(layer: Conv2d | Dense, cfg: HardwareConfig, consts: bool) -> Recipe:
+    bi, bo = cfg.block_in, cfg.block_out
+    rq = layer.requant
+    if isinstance(layer, Dense):
+        if len(layer.input.shape) == 4 or len(layer.output.shape) == 4:
+            raise UnsupportedLayer(f"{layer.name}: dense on 4-D {layer.input.shape}: the DSA "
+                                   f"lays 4-D tensors out as NCHW images; give the layer the "
+                                   f"(rows, K) view (relay_passes.to_layers does)")
+        _, k, rows, _ = image_dims(layer.input.shape)
+        shape = ConvShape(1, rows, 1, ceil_div(k, bi), ceil_div(layer.weight.shape[0], bo), 1, 1,
+                          (1, 1), (0, 0, 0, 0), (1, 1), bi, bo, layer.input.zero_point,
+                          rq.zero_point, rq.clip)
+        w = layer.weight[:, :, None, None]
+    elif layer.groups == 1:
+        n, c, h, wd = layer.input.shape
+        o, _, kh, kw = layer.weight.shape
+        shape = ConvShape(n, h, wd, ceil_div(c, bi), ceil_div(o, bo), kh, kw,
+                          tuple(layer.strides), tuple(layer.padding), tuple(layer.dilation), bi,
+                          bo, layer.input.zero_point, rq.zero_point, rq.clip)
+        w = layer.weight
+        check_out_hw(layer, shape.out_hw)
+    else:
+        raise UnsupportedLayer(f"{layer.name}: grouped conv2d (groups={layer.groups}, weight "
+                               f"{layer.weight.shape}) is not lowered; only groups=1 and "
+                               f"depthwise with channel multiplier 1")
+    r = Recipe(KIND, shape, {"x": layer.input})
+    if consts:
+        r.consts = {"w": pack_conv_weights(w, bi, bo), "params": _table(layer, w, bo)}
+    return r
+
+
+def depthwise_recipe(layer: Conv2d, cfg: HardwareConfig, consts: bool) -> Recipe:
+    """A depthwise conv on the array: diagonal weight tiles, one input block per output
+    block."""
+    bi, bo = cfg.block_in, cfg.block_out
+    rq = layer.requant
+    n, c, h, wd = layer.input.shape
+    _, _, kh, kw = layer.weight.shape
+    shape = ConvShape(n, h, wd, 1, ceil_div(c, bo), kh, kw, tuple(layer.strides),
+                      tuple(layer.padding), tuple(layer.dilation), bi, bo,
+                      layer.input.zero_point, rq.zero_point, rq.clip, depthwise=True)
+    check_out_hw(layer, shape.out_hw)
+    r = Recipe(KIND, shape, {"x": layer.input})
+    if consts:
+        r.consts = {"w": _diagonal_tiles(layer.weight, bo),
+                    "params": _table(layer, layer.weight, bo)}
+    return r
+
+
+def _table(layer: Conv2d | Dense, w: np.ndarray, block: int) -> np.ndarray:
+    """The output-stage table, the input zero point folded into the bias."""
+    bias = np.asarray(layer.bias, np.int64) - layer.input.zero_point * w.astype(
+        np.int64).sum(axis=(1, 2, 3))
+    return requant_table(layer, bias, w.shape[0], block)
+
+
+def _diagonal_tiles(w: np.ndarray, block: int) -> np.ndarray:
+    """Depthwise int8 [C, 1, KH, KW] -> [CB][KH][KW][1][block][block] weight tiles whose
+    diagonal holds each channel's tap: the array then multiplies lane i by lane i only."""
+    c, _, kh, kw = w.shape
+    cb = ceil_div(c, block)
+    taps = np.zeros((cb * block, kh, kw), np.int8)
+    taps[:c] = w[:, 0]
+    tiles = np.zeros((cb, kh, kw, 1, block, block), np.int8)
+    lane = np.arange(block)
+    tiles[:, :, :, 0, lane, lane] = taps.reshape(cb, block, kh, kw).transpose(0, 2, 3, 1)
+    return tiles
+
+
+def run_conv2d(ly: Conv2d, x: np.ndarray) -> np.ndarray:
+    """The integer reference of any conv2d (grouped and depthwise too)."""
+    xc = pad(centered(x, ly.input), ly.padding, 0)  # pads are the zero point: 0 once centred
+    n, cin = xc.shape[:2]
+    cout, ipg, kh, kw = ly.weight.shape
+    g = ly.groups
+    if cin != ipg * g or cout % g:
+        raise ValueError(f"{ly.name}: {cin} input channels, weight {ly.weight.shape}, groups {g}")
+    oh, ow = ly.output.shape[2:]
+    win = windows(xc, (kh, kw), ly.strides, ly.dilation, (oh, ow))  # N C OH OW KH KW
+    win = win.reshape(n, g, ipg, oh, ow, kh, kw)
+    w = ly.weight.astype(np.int64).reshape(g, cout // g, ipg, kh, kw)
+    acc = np.einsum("ngihwyx,goiyx->ngohw", win, w, optimize=True).reshape(n, cout, oh, ow)
+    acc = acc + ly.bias.astype(np.int64).reshape(1, cout, 1, 1)
+    return apply_requant(acc, ly.requant, axis=1)
+
+
+def _run(ly: Conv2d | Dense, env: dict[str, np.ndarray]) -> np.ndarray:
+    x = env[ly.input.name]
+    if isinstance(ly, Conv2d):
+        return run_conv2d(ly, x)
+    acc = centered(x, ly.input) @ ly.weight.astype(np.int64).T + ly.bias.astype(np.int64)
+    return apply_requant(acc, ly.requant, axis=-1)
+
+
+def conv_bounds(ly: Conv2d | Dense) -> tuple[int, int]:
+    """Compulsory DRAM bytes: the input pixels some window reads (all of a dense
+    layer's), the weights, the output."""
+    if isinstance(ly, Conv2d):
+        return with_weights(ly, window_input(ly, ly.weight.shape[2:], ly.dilation))
+    return with_weights(ly, elements(ly.input.shape))
+
+
+KIND = Kind(
+    name="conv2d", layers=(Conv2d, Dense), claims=lambda ly: not is_depthwise(ly),
+    recipe=_recipe, reference=_run, bounds=conv_bounds, ops=mac_ops,
+    shape=ConvShape, knobs=ConvKnobs, build=conv2d, schedule=schedule_conv2d, fits=fits,
+    candidates=candidate_knobs, default=default_conv_knobs, estimate=estimate_cycles,
+    instructions=conv_instructions,
+    tiles=lambda s: {"tile_oh": ("conv", 1), "tile_ow": ("conv", 2), "tile_ocb": ("conv", 3)},
+    extents=conv_extents, fill=conv_fill, perf_shape=conv_perf_shape)

@@ -1,0 +1,46 @@
+"""Tile arithmetic every room shares: the output of a sliding window, the input a tile
+of it reads, the tile sizes that split a loop, and the pick among fitting tilings."""
+
+from __future__ import annotations
+
+import math
+
+from dsa_tvm import intmath
+
+
+def window_out_hw(s) -> tuple[int, int]:
+    """Output height and width of a sliding window (conv or pool) over ``s.h x s.w``
+    with ``s.kh x s.kw``, ``s.strides``, ``s.padding`` (t, l, b, r) and ``s.dilation``."""
+    return intmath.window_out_hw(s.h, s.w, (s.kh, s.kw), s.strides, s.padding, s.dilation)
+
+
+def input_tile(s, k) -> tuple[int, int]:
+    """(rows, columns) of the input an output tile of ``k.tile_oh`` x ``k.tile_ow`` reads
+    through a ``s.kh`` x ``s.kw`` window (strides and dilation of ``s``): a conv's or a
+    window layer's."""
+    (sh, sw), (dh, dw) = s.strides, s.dilation
+    return (k.tile_oh - 1) * sh + (s.kh - 1) * dh + 1, (k.tile_ow - 1) * sw + (s.kw - 1) * dw + 1
+
+
+def divisors(n: int) -> list[int]:
+    """Every tile size that splits a loop of ``n`` evenly (the schedules' tile candidates)."""
+    return [d for d in range(1, n + 1) if n % d == 0]
+
+
+def tile_volume(k) -> int:
+    """The product of a knob setting's tile sizes (its boolean knobs left out)."""
+    return math.prod(v for v in k.__dict__.values() if not isinstance(v, bool))
+
+
+def lowest_estimate(cands: list, estimate):
+    """The candidate with the lowest ``estimate(knobs)``; larger tiles on ties (fewer
+    instructions), the first one listed after that."""
+    return min(cands, key=lambda k: (estimate(k), -tile_volume(k)))
+
+
+def scratchpads_fit(cfg, need: dict[str, int]) -> str | None:
+    """None if ``need`` (rows or tiles per scratchpad) fits the three scratchpads, else why not."""
+    for sram, depth in (("inp", cfg.inp_depth), ("wgt", cfg.wgt_depth), ("acc", cfg.acc_depth)):
+        if need[sram] > depth:
+            return f"{sram.upper()} tile needs {need[sram]} rows, the scratchpad has {depth}"
+    return None

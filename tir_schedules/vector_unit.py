@@ -1,0 +1,55 @@
+"""What the vector-unit rooms (window, global pool, element-wise) share: the
+accumulator fit and the cost model of a tile stream.
+
+Every operand of those layers lives in the accumulator: int8 tiles arrive through
+ACC8 loads (which run on the compute engine and hold it until they land, so fewer,
+larger tiles pay the DRAM latency less often), the reduction or combination is one
+ALU op per tile (tensorized at the lane loop; the loops around it become the ALU's
+loop levels, reduction loops with destination stride 0; the walker runs the first
+reduction step as a plain write, so the init costs no pass of its own), and the
+fused REQUANT produces the int8 result that the store engine writes back. Double
+buffering gives each tile buffer two slots so that the store of one tile overlaps
+the next tile's work.
+"""
+
+from __future__ import annotations
+
+import math
+
+from dsa_tvm.hw.config import HardwareConfig
+
+
+def acc_fits(cfg: HardwareConfig, need: int) -> str | None:
+    """None if ``need`` accumulator rows fit the scratchpad, else why not."""
+    if need > cfg.acc_depth:
+        return f"ACC tiles need {need} rows, the scratchpad has {cfg.acc_depth}"
+    return None
+
+
+def check_fits(cfg: HardwareConfig, problem: str | None, k) -> None:
+    """Raise when a schedule is asked for knobs ``k`` that do not fit (``problem``)."""
+    if problem:
+        raise ValueError(f"tiling {k} does not fit '{cfg.name}': {problem}")
+
+
+def no_tiling(cfg: HardwareConfig, s, problem: str | None) -> ValueError:
+    """The error of a vector layer that no tiling fits (``problem``: the smallest's)."""
+    return ValueError(f"no tiling of this {type(s).__name__} fits the accumulator of "
+                      f"'{cfg.name}': {problem}")
+
+
+def stream_cycles(cfg: HardwareConfig, tiles: int, loads: list[tuple[int, int]], alu_rows: int,
+                  alu_instrs: int, store_bytes: int, db: bool, once: float = 0.0) -> float:
+    """Rough cycles: the tile's loads (load engine, prefetched, pipelined: one latency per
+    tile), its ALU rows (``alu_cycles_per_row``) and its store overlap across tiles when
+    double-buffered and follow one another when not; one DRAM channel carries all."""
+    bw, lat = cfg.bandwidth_bytes_per_cycle, cfg.latency_cycles
+    load = sum(math.ceil(b / bw) for b, _ in loads) + lat
+    alu = alu_rows * cfg.alu_cycles_per_row + alu_instrs * cfg.alu_latency_cycles
+    store = math.ceil(store_bytes / bw) + lat
+    if db:
+        total = tiles * max(load, alu, store) + min(load, alu) + store + once
+    else:
+        total = tiles * (load + alu + store) + once
+    bus = tiles * (sum(b for b, _ in loads) + store_bytes) / bw
+    return max(total, bus)
