@@ -52,6 +52,9 @@ CONSTRAINTS: dict[str, list[Constraint]] = {
     name: list(k.constraints) + [codegen_constraint(k.to_layer)] for name, k in KINDS.items()
 }
 
+#: the ops kinds are named after, in table order: the report blames a match's anchor first
+ANCHOR_OPS: tuple[str, ...] = tuple(dict.fromkeys(k.anchor for k in KINDS.values() if k.anchor))
+
 
 def pattern_specs() -> list[PatternSpec]:
     """The DSA pattern table, larger patterns first (FuseOpsByPattern tries them in order)."""

@@ -92,4 +92,4 @@ KINDS = (Kind(
         Constraint("operands", "two int8 activations of the same shape, or one and a "
                    "per-channel (or scalar) constant", _operands),
     ],
-    _to_layer, "Add (residual, + Relu/Clip)"),)
+    _to_layer, "Add (residual, + Relu/Clip)", "relax.add"),)

@@ -68,4 +68,5 @@ KINDS = (Kind(
                    "dimensions (no broadcast)", _shapes),
         MATMUL_DTYPE,
     ],
-    _to_layer, "MatMul of two activations", codegen=HOST_PACKED),)
+    _to_layer, "MatMul of two activations", "relax.matmul",
+    codegen=HOST_PACKED),)

@@ -94,4 +94,4 @@ KINDS = (Kind(
         Constraint("tile", "KH*KW <= {cfg.inp_depth} input rows and <= {cfg.wgt_depth} weight "
                    "tiles (one-pixel tile)", _tile),
     ],
-    _to_layer, "Conv (+ bias, + Relu/Clip)"),)
+    _to_layer, "Conv (+ bias, + Relu/Clip)", "relax.nn.conv2d"),)

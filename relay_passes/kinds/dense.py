@@ -97,4 +97,5 @@ KINDS = (Kind(
                    "fields", _shapes),
         MATMUL_DTYPE,
     ],
-    _to_layer, "Gemm, MatMul with constant B (+ Relu/Clip)"),)
+    _to_layer, "Gemm, MatMul with constant B (+ Relu/Clip)",
+    "relax.matmul"),)

@@ -25,9 +25,9 @@ def _to_layer(m: Match, name: str, inputs: list[QTensor], output: QTensor) -> La
 
 
 def _kind(name: str, priority: int, pattern: Callable[[], DFPattern],
-          read: Callable[[Reader, Root], Match], onnx: str) -> Kind:
+          read: Callable[[Reader, Root], Match], onnx: str, anchor: str | None) -> Kind:
     return Kind(name, priority, lambda: [("plain", pattern())], read,
-                common_constraints(in_out_factor), _to_layer, onnx)
+                common_constraints(in_out_factor), _to_layer, onnx, anchor)
 
 
 def _read_relu(r: Reader, root: Root) -> Match:
@@ -46,9 +46,9 @@ def _read_rescale(r: Reader, root: Root) -> Match:
 
 
 KINDS = (
-    _kind("relu", 300, lambda: unary("relax.nn.relu"), _read_relu, "Relu"),
+    _kind("relu", 300, lambda: unary("relax.nn.relu"), _read_relu, "Relu", "relax.nn.relu"),
     _kind("clip", 290, lambda: q(is_op("relax.clip")(dq(), wildcard(), wildcard())), _read_clip,
-          "Clip (Relu6)"),
+          "Clip (Relu6)", "relax.clip"),
     _kind("rescale", 0, lambda: q(dq()), _read_rescale,
-          "QuantizeLinear(DequantizeLinear(x)) with new parameters"),
+          "QuantizeLinear(DequantizeLinear(x)) with new parameters", None),
 )

@@ -51,4 +51,5 @@ KINDS = (Kind(
     common_constraints(rescale_factors) + [
         Constraint("axes", "mean over H and W of an NCHW tensor, H*W*255 < 2^31", _axes),
     ],
-    _to_layer, "GlobalAveragePool, ReduceMean over H, W"),)
+    _to_layer, "GlobalAveragePool, ReduceMean over H, W",
+    "relax.mean"),)

@@ -79,7 +79,7 @@ def _kind(name: str, op: str, priority: int, factors: Factors, extra: list[Const
                       requant(factors(m), m))
 
     return Kind(name, priority, variants, read, common_constraints(factors) + _WINDOW + extra,
-                to_layer, onnx)
+                to_layer, onnx, op)
 
 
 KINDS = (

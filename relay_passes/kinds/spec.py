@@ -72,7 +72,8 @@ class Kind:
     ``kinds.__init__``); ``variants`` builds them, larger first; ``read`` turns the
     match rooted at a quantize back into a :class:`Match`; ``constraints`` are checked
     in order (the registry appends the codegen one); ``to_layer`` converts a match to
-    the integer layer IR; ``onnx`` names the ONNX operators it covers (operator table).
+    the integer layer IR; ``onnx`` names the ONNX operators it covers (operator table);
+    ``anchor`` is the op the kind is named after (``Match.op``; None: the quantize).
     """
 
     name: str
@@ -82,6 +83,7 @@ class Kind:
     constraints: list[Constraint]
     to_layer: ToLayer
     onnx: str
+    anchor: str | None
     codegen: str = "dsa"
 
     @property
