@@ -27,16 +27,9 @@ from dsa_tvm.hw.config import HardwareConfig, load_config
 from dsa_tvm.layers.ir import Region
 
 from .canonicalize import prepare
-from .patterns import (
-    CODEGENS,
-    Match,
-    NotAMatch,
-    PatternSpec,
-    UnsupportedShape,
-    describe,
-    pattern_specs,
-)
-from .supported import check
+from .kinds import check, describe, pattern_specs
+from .kinds.match import Match, NotAMatch, UnsupportedShape
+from .kinds.spec import CODEGENS, PatternSpec
 from .to_layers import region_from_function
 from .walkable import merge_blockers
 

@@ -22,8 +22,8 @@ from tvm import relax
 from tvm.ir import Op
 from tvm.ir.expr import GenericConst
 
-from relay_passes.patterns import _prim_float
-from relay_passes.scales import channel_addend
+from relay_passes.kinds.match import prim_float
+from relay_passes.kinds.scales import channel_addend
 
 ANCHORS = ("relax.nn.conv2d", "relax.matmul", "relax.add", "relax.nn.max_pool2d",
            "relax.nn.avg_pool2d", "relax.mean")
@@ -197,7 +197,7 @@ def make_plan(func: relax.Function, keep_fp32: frozenset[str] = frozenset()) -> 
         if _op(call) == "relax.nn.relu":
             ch.act = (0.0, float("inf"))
         else:
-            ch.act = (_prim_float(call.args[1]), _prim_float(call.args[2]))
+            ch.act = (prim_float(call.args[1]), prim_float(call.args[2]))
         ch.pre_activation, ch.output = ch.output, nxt
         absorbed.add(nxt)
 

@@ -263,7 +263,7 @@ def test_onnx_backend_test_harness_runs_against_it():
 @settings(max_examples=40, deadline=None)
 @given(st.lists(st.one_of(st.integers(0, 5), st.just("n")), min_size=1, max_size=4))
 def test_shape_of_takes_only_static_nonzero_shapes(dims):
-    from relay_passes.patterns import UnsupportedShape, shape_of
+    from relay_passes.kinds.match import UnsupportedShape, shape_of
 
     n = tvm.tirx.Var("n", "int64")
     shape = [n if d == "n" else d for d in dims]

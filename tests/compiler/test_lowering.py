@@ -104,7 +104,7 @@ def gap(rng, x: L.QTensor, flat: bool, name: str = "gap") -> L.GlobalAvgPool:
 
 
 def add(rng, a: L.QTensor, b: L.QTensor, name: str = "add") -> L.Add:
-    """Rescale factors as ``relay_passes.to_layers`` derives them (2**21 range, shared shift)."""
+    """Rescale factors as ``relay_passes.kinds.add`` derives them (2**21 range, shared shift)."""
     ra, rb = rng.uniform(0.2, 2, 2)
     shift = 20 - math.floor(math.log2(max(ra, rb)))
     rq = L.Requant(np.array([1], np.int32), np.array([shift], np.int32),
@@ -114,7 +114,7 @@ def add(rng, a: L.QTensor, b: L.QTensor, name: str = "add") -> L.Add:
 
 
 def bias_add(rng, x: L.QTensor, name: str = "bias_add") -> L.BiasAdd:
-    """A per-channel constant addend at the shared shift, as ``relay_passes.to_layers`` builds it."""
+    """A per-channel constant addend at the shared shift, as ``relay_passes.kinds.add`` builds it."""
     c = x.shape[1] if len(x.shape) == 4 else x.shape[-1]
     ra, rb = rng.uniform(0.2, 2, 2)
     shift = 20 - math.floor(math.log2(max(ra, rb)))

@@ -1,0 +1,95 @@
+"""add: ``quantize(act(dq(a) + dq(b)))``, two int8 activations of one shape (a residual), or
+one activation and a per-channel constant (a bias the exporter kept apart).
+
+Both operands are rescaled to the output in integers: ``a_mult = round(s_a / s_y * 2**n)``,
+``b_mult`` likewise, with n chosen so both stay below ``2**ADD_MULT_BITS``; REQUANT is
+then ``(1, n)``.
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+from tvm.relax.dpl import DFPattern, is_op
+
+from dsa_tvm.hw.config import HardwareConfig
+from dsa_tvm.isa import semantics as sem
+from dsa_tvm.layers.ir import Add, BiasAdd, Layer, QTensor, Requant
+
+from .common import Constraint, common_constraints
+from .match import Match, Reader, Root
+from .scales import channel_addend, clip_bounds
+from .spec import ACTS, Kind, act, dq, q
+
+#: Both rescale factors are multiplied by 2**n with n chosen so they stay below
+#: 2**ADD_MULT_BITS; (x - zp) * mult then cannot overflow the int32 accumulator.
+ADD_MULT_BITS = 21
+
+
+def _variants() -> list[tuple[str, DFPattern]]:
+    return [(a or "plain", q(act(is_op("relax.add")(dq(), dq()), a))) for a in ACTS]
+
+
+def _read(r: Reader, root: Root) -> Match:
+    fused, body = r.activation(root.body)
+    op = r.need(body, "relax.add")
+    ops = [r.operand(op.args[0]), r.operand(op.args[1])]
+    consts = [o for o in ops if o.value is not None]
+    if len(consts) == 1:  # activation + constant (a bias the exporter kept apart)
+        return root.match("add", op, [o for o in ops if o.value is None], addend=consts[0],
+                          act=fused)
+    return root.match("add", op, ops, act=fused)
+
+
+def rescale_factors(m: Match) -> np.ndarray:
+    s_in, s_out = float(m.inputs[0].qp.scale[0]), float(m.out.scale[0])
+    other = m.addend if m.addend is not None else m.inputs[1]
+    return np.array([s_in / s_out, float(other.qp.scale[0]) / s_out])
+
+
+def _operands(m: Match, cfg: HardwareConfig) -> str | None:
+    if m.addend is not None:
+        x, c = m.inputs[0], m.addend
+        if x.shape != tuple(m.out_shape):
+            return f"operand {x.shape} -> {m.out_shape}: the activation must not broadcast"
+        if not c.qp.per_tensor:
+            return f"constant addend has {c.qp.scale.size} scales (one scale/zero point needed)"
+        if channel_addend(c.value, tuple(m.out_shape)) is None:
+            return (f"constant addend of shape {c.shape} varies along more than the channel "
+                    f"axis of {m.out_shape}")
+        return None
+    a, b = m.inputs
+    if a.value is not None and b.value is not None:
+        return "both operands are constants"
+    if a.shape != b.shape or tuple(m.out_shape) != a.shape:
+        return (f"operands {a.shape} + {b.shape} -> {m.out_shape}: two activations must have "
+                f"the same shape (no broadcast)")
+    return None
+
+
+def _add_params(m: Match) -> tuple[int, int, int]:
+    ra, rb = (float(f) for f in rescale_factors(m))
+    n = ADD_MULT_BITS - 1 - math.floor(math.log2(max(ra, rb)))
+    n = min(max(n, 0), sem.REQUANT_SHIFT_RANGE[1])
+    return int(round(ra * 2 ** n)), int(round(rb * 2 ** n)), n
+
+
+def _to_layer(m: Match, name: str, inputs: list[QTensor], output: QTensor) -> Layer:
+    am, bm, n = _add_params(m)
+    rq = Requant(np.array([1], np.int32), np.array([n], np.int32), int(m.out.zero_point[0]),
+                 clip_bounds(m))
+    if m.addend is not None:
+        c = channel_addend(m.addend.value, tuple(m.out_shape)).astype(np.int64)
+        bias = (c - int(m.addend.qp.zero_point[0])) * bm
+        return BiasAdd(name, inputs[0], output, am, bias.astype(np.int32), rq)
+    return Add(name, inputs[0], inputs[1], output, am, bm, rq)
+
+
+KINDS = (Kind(
+    "add", 400, _variants, _read,
+    common_constraints(rescale_factors, limit=2.0 ** ADD_MULT_BITS) + [
+        Constraint("operands", "two int8 activations of the same shape, or one and a "
+                   "per-channel (or scalar) constant", _operands),
+    ],
+    _to_layer, "Add (residual, + Relu/Clip)", "relax.add"),)

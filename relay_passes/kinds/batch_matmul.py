@@ -1,0 +1,72 @@
+"""batch_matmul: ``quantize(matmul(dq(a), dq(b)))`` of two int8 activations.
+
+Its own codegen name (``HOST_PACKED``): MergeCompositeFunctions never merges it with
+"dsa" layers, so both operands reach it from the host, which packs them
+(``dsa_tvm.layers.host_pack``). REQUANT factor ``M = s_a * s_b / s_out``; the DSA sees
+(B, M, K) x (B, K, N), the leading dimensions flattened.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+from tvm.relax.dpl import DFPattern, is_op
+
+from dsa_tvm.hw.config import HardwareConfig
+from dsa_tvm.intmath import ceil_div
+from dsa_tvm.isa.formats import DRAM_SIZE_BITS
+from dsa_tvm.layers.ir import BatchMatmul, Layer, QTensor
+
+from .common import MAX_DMA, Constraint, common_constraints
+from .dense import MATMUL_DTYPE
+from .match import Match, Reader, Root
+from .scales import requant
+from .spec import HOST_PACKED, Kind, dq, q
+
+
+def _variants() -> list[tuple[str, DFPattern]]:
+    return [("plain", q(is_op("relax.matmul")(dq(), dq())))]
+
+
+def _read(r: Reader, root: Root) -> Match:
+    op = r.need(root.body, "relax.matmul")
+    return root.match("batch_matmul", op, [r.operand(op.args[0]), r.operand(op.args[1])])
+
+
+def rescale_factors(m: Match) -> np.ndarray:
+    s_in, s_out = float(m.inputs[0].qp.scale[0]), float(m.out.scale[0])
+    return np.array([s_in * float(m.inputs[1].qp.scale[0]) / s_out])
+
+
+def _shapes(m: Match, cfg: HardwareConfig) -> str | None:
+    a, b = m.inputs
+    if a.value is not None or b.value is not None:
+        return "one operand is a constant (a dense layer whose weights failed the dense checks)"
+    if (len(a.shape) < 3 or len(b.shape) != len(a.shape) or a.shape[:-2] != b.shape[:-2]
+            or a.shape[-1] != b.shape[-2]):
+        return (f"batch matmul needs (..., M, K) x (..., K, N) operands with the same leading "
+                f"dimensions, got {a.shape} x {b.shape}")
+    if ceil_div(a.shape[2], cfg.block_in) > MAX_DMA or ceil_div(b.shape[2], cfg.block_out) > MAX_DMA:
+        return f"K or N blocks exceed the {DRAM_SIZE_BITS}-bit DMA size fields"
+    return None
+
+
+def _batched(t: QTensor) -> QTensor:
+    """(..., R, C) as (B, R, C); the runtime reshapes the graph's tensors to match."""
+    lead = int(np.prod(t.shape[:-2], dtype=np.int64))
+    return QTensor(t.name, (lead,) + tuple(t.shape[-2:]), t.scale, t.zero_point)
+
+
+def _to_layer(m: Match, name: str, inputs: list[QTensor], output: QTensor) -> Layer:
+    a, b, y = (_batched(t) for t in (inputs[0], inputs[1], output))
+    return BatchMatmul(name, a, b, y, requant(rescale_factors(m), m))
+
+
+KINDS = (Kind(
+    "batch_matmul", 700, _variants, _read,
+    common_constraints(rescale_factors) + [
+        Constraint("shapes", "two int8 activations (..., M, K) x (..., K, N), same leading "
+                   "dimensions (no broadcast)", _shapes),
+        MATMUL_DTYPE,
+    ],
+    _to_layer, "MatMul of two activations", "relax.matmul",
+    codegen=HOST_PACKED),)

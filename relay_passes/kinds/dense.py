@@ -1,0 +1,101 @@
+"""dense: ``quantize(act(matmul(dq(x), dq(W) | permute_dims(dq(W))) [+ dq(bias)]))``.
+
+The weight is a constant ``[K, N]`` (or ``[N, K]`` under ``permute_dims``); the input
+has rank >= 2 and is read as rows of its last axis. REQUANT factors as conv2d's:
+``M[n] = s_in * s_w[n] / s_out``.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+from tvm.relax.dpl import DFPattern, is_const, is_op
+
+from dsa_tvm.hw.config import HardwareConfig
+from dsa_tvm.intmath import ceil_div
+from dsa_tvm.isa.formats import DRAM_SIZE_BITS
+from dsa_tvm.layers.ir import Dense, Layer, QTensor
+
+from .common import MAX_DMA, Constraint, common_constraints
+from .match import Match, Reader, Root
+from .scales import int32_bias, requant
+from .spec import ACTS, Kind, act, dq, q, variant_name
+from .weights import weight_constraints
+
+
+def _pattern(bias: bool, act_name: str | None) -> DFPattern:
+    w = dq(is_const())
+    mm = is_op("relax.matmul")(dq(), w | is_op("relax.permute_dims")(w))
+    if bias:
+        mm = is_op("relax.add")(mm, dq(is_const()))
+    return q(act(mm, act_name))
+
+
+def _variants() -> list[tuple[str, DFPattern]]:
+    return [(variant_name(bias, a), _pattern(bias, a)) for bias in (True, False) for a in ACTS]
+
+
+def _read(r: Reader, root: Root) -> Match:
+    fused, body = r.activation(root.body)
+    bias, body = r.bias_add(body)
+    op = r.need(body, "relax.matmul")
+    perm = r.call(op.args[1], "relax.permute_dims")
+    w = r.operand(perm.args[0] if perm is not None else op.args[1])
+    return root.match("dense", op, [r.operand(op.args[0])], weight=w,
+                      weight_transposed=perm is not None, bias=bias, act=fused)
+
+
+def rescale_factors(m: Match) -> np.ndarray:
+    s_in, s_out = float(m.inputs[0].qp.scale[0]), float(m.out.scale[0])
+    return s_in * m.weight.qp.scale.astype(np.float64) / s_out
+
+
+def _shapes(m: Match, cfg: HardwareConfig) -> str | None:
+    w = m.weight.shape
+    if len(w) != 2 or len(m.inputs[0].shape) < 2:
+        return f"dense needs a 2-D weight and an input of rank >= 2, got {m.inputs[0].shape} x {w}"
+    n, k = (w[0], w[1]) if m.weight_transposed else (w[1], w[0])
+    if ceil_div(k, cfg.block_in) > MAX_DMA or ceil_div(n, cfg.block_out) > MAX_DMA:
+        return f"K={k} or N={n} blocks exceed the {DRAM_SIZE_BITS}-bit DMA size fields"
+    return None
+
+
+def _matmul_dtype(m: Match, cfg: HardwareConfig) -> str | None:
+    od = str(m.op.attrs.out_dtype)
+    if od not in ("", "void", "None", "float32"):
+        return f"matmul out_dtype {od} (expected float32 QDQ arithmetic)"
+    return None
+
+
+#: a matmul's arithmetic is the QDQ float32 one (shared with batch_matmul)
+MATMUL_DTYPE = Constraint("dtype", "float32 QDQ arithmetic", _matmul_dtype)
+
+
+def as_rows(t: QTensor) -> QTensor:
+    """A 4-D tensor (..., C) as the matrix (rows, C) a dense layer reads. The DSA takes
+    every 4-D tensor for an NCHW image; a dense layer over the last axis of one
+    (channels-last Linear) must see it as rows of C, as ranks 2, 3 and 5 already are."""
+    if len(t.shape) != 4:
+        return t
+    rows = int(np.prod(t.shape[:-1], dtype=np.int64))
+    return QTensor(t.name, (rows, int(t.shape[-1])), t.scale, t.zero_point)
+
+
+def _to_layer(m: Match, name: str, inputs: list[QTensor], output: QTensor) -> Layer:
+    w = m.weight.value.astype(np.int8)
+    w = w if m.weight_transposed else np.ascontiguousarray(w.T)
+    return Dense(name, as_rows(inputs[0]), as_rows(output), w, int32_bias(m, w.shape[0]),
+                 requant(rescale_factors(m), m))
+
+
+KINDS = (Kind(
+    "dense", 800, _variants, _read,
+    common_constraints(rescale_factors) + weight_constraints(
+        channel_axis=lambda m: 0 if m.weight_transposed else 1,
+        channels=lambda m: m.out_shape[-1],
+        rows=lambda m, w: w if m.weight_transposed else w.T) + [
+        Constraint("shapes", "2-D weight; ceil(K/block_in), ceil(N/block_out) within the DMA "
+                   "fields", _shapes),
+        MATMUL_DTYPE,
+    ],
+    _to_layer, "Gemm, MatMul with constant B (+ Relu/Clip)",
+    "relax.matmul"),)
