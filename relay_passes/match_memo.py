@@ -31,15 +31,16 @@ Lookup = Mapping[relax.Var, relax.Expr] | Callable[[relax.Var], "relax.Expr | No
 
 @dataclass(frozen=True)
 class Verdict:
-    """What one (pattern, root) pair is: a layer the DSA runs, or why not."""
+    """What one (pattern, root) pair is: a layer the DSA runs, or why not.
 
-    match: Match | None  # None: the structure matched, a shape did not (``why`` says which)
+    Only a refused match keeps its :class:`Match` (the report names its ops); an accepted
+    one is not read again, and keeping its weights would hold a second copy of the
+    model's for the rest of the compile."""
+
     ok: bool
-    why: str = ""        # the failed constraint ("<name>: <reason>") or the shape problem
-
-    @property
-    def bad_shape(self) -> bool:
-        return self.match is None
+    why: str = ""               # the failed constraint ("<name>: <reason>") or the shape problem
+    match: Match | None = None  # the refused match (None when accepted or ``bad_shape``)
+    bad_shape: bool = False     # the structure matched, a shape did not
 
 
 class MatchMemo:
@@ -67,11 +68,11 @@ class MatchMemo:
         try:
             m = describe(spec.kind, root, lookup)
         except UnsupportedShape as e:  # the structure matches, the shape does not
-            return Verdict(None, False, str(e))
+            return Verdict(False, str(e), bad_shape=True)
         except NotAMatch:
             return None
         ok, why = check(m, self.cfg)
-        return Verdict(m, ok, why)
+        return Verdict(True) if ok else Verdict(False, why, m)
 
     def __len__(self) -> int:
         return len(self._seen)
