@@ -1,4 +1,4 @@
-"""The DSA compile pipeline: partition, compile regions, decide DSA vs CPU, offload.
+"""The DSA compile pipeline, top to bottom in :func:`compile_for_dsa`.
 
 ``tvm.compile(mod, target="dsa")`` reaches :func:`offload_for_dsa` through the
 wrapped ``"default"`` Relax pipeline (see :mod:`dsa_tvm.target`). Every region
@@ -16,7 +16,7 @@ import uuid
 from collections import OrderedDict
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import tvm
 
@@ -24,6 +24,9 @@ from .hw.config import HardwareConfig
 from .report import build_report
 from .sim.simulator import Simulator
 from .target import config_of, is_dsa
+
+if TYPE_CHECKING:
+    from relay_passes.partition import RegionRead
 
 
 def _default_schedules() -> None:
@@ -190,30 +193,70 @@ def internal_error(stage: str, e: BaseException) -> str:
     return msg
 
 
-def offload_for_dsa(mod, cfg: HardwareConfig):
-    """Partition ``mod`` for ``cfg``, compile each region, offload the ones worth it."""
+def compile_for_dsa(mod: tvm.IRModule, cfg: HardwareConfig
+                    ) -> tuple[tvm.IRModule, CompileReport]:
+    """Every stage of a DSA compile, in order: ``(offloaded module, CompileReport)``.
+
+    Each stage runs once per match and per region: the verdict of a (pattern, quantize)
+    pair is shared by the partition report and the fusion checks (``MatchMemo``), each
+    region function is read into layers once, and each region is compiled once (twice
+    with a tuning database, see :func:`_region_program`)."""
     # here, not at the top: relay_passes and tir_schedules (under lowering) import dsa_tvm,
     # whose __init__ imports this module (tests/test_import_order.py: load-time cycles)
-    from relay_passes import OffloadResult, offload_regions, partition_for_dsa
-
-    from .compile_ids import with_compile_id
-    from .lowering.region import UnsupportedLayer
-
+    from relay_passes import offload_regions
+    from relay_passes import partition as dsa_partition
+    from relay_passes.canonicalize import prepare
+    from relay_passes.match_memo import MatchMemo
 
     t0 = time.perf_counter()
     compile_id = uuid.uuid4().hex  # in every program: a launch's report finds its compile
     report = CompileReport(cfg.name, cfg.mhz, compile_id=compile_id)
     try:
-        part, report.partition = partition_for_dsa(mod, cfg)
+        prepared = prepare(mod)                                         # 1. canonicalize
+        memo = MatchMemo(cfg)
+        reasons = dsa_partition.pattern_decisions(prepared, memo)       # 2. match: verdicts
+        notes: list[str] = []
+        part = dsa_partition.fuse_and_merge(prepared, memo, notes)      # 3. fuse + merge
+        regions = dsa_partition.read_regions(part)                      # 4. regions -> layers
+        report.partition = dsa_partition.partition_report(cfg, prepared, part, regions,
+                                                          reasons, notes)
     except Exception as e:  # noqa: BLE001 - a bug in our partitioner: all on the CPU, said loudly
         report.error = internal_error("partitioning", e)
-        report.seconds = time.perf_counter() - t0
-        _compiles.add(report)
-        return with_compile_id(mod, compile_id)
+        return _finish(report, mod, t0)
+    launch = decide_regions(regions, cfg, report)                       # 5. DSA or CPU
+    out = offload_regions(part, launch)                                 # 6. rewrite
+    return _finish(report, out, t0)                                     # 7. report
+
+
+def offload_for_dsa(mod: tvm.IRModule, cfg: HardwareConfig) -> tvm.IRModule:
+    """Partition ``mod`` for ``cfg``, compile each region, offload the ones worth it."""
+    return compile_for_dsa(mod, cfg)[0]
+
+
+def _finish(report: CompileReport, mod: tvm.IRModule, t0: float
+            ) -> tuple[tvm.IRModule, CompileReport]:
+    """Stamp the compile id on the module, time the compile and remember its report."""
+    from .compile_ids import with_compile_id
+
+    report.seconds = time.perf_counter() - t0
+    _compiles.add(report)
+    return with_compile_id(mod, report.compile_id), report
+
+
+def decide_regions(regions: list[RegionRead], cfg: HardwareConfig, report: CompileReport
+                   ) -> dict[tvm.ir.GlobalVar, bytes]:
+    """Compile each region that read into layers, simulate it, compare with the CPU
+    estimate; one ``RegionDecision`` each in ``report``. Returns the launches: region
+    function -> program bytes, for the regions the DSA takes."""
+    from .lowering.region import UnsupportedLayer
+
     sim = Simulator(cfg)
     choose_knobs = current_chooser()  # tuned schedules when a MetaSchedule database is in scope
-
-    def compile_one(region) -> bytes | None:
+    launch: dict[tvm.ir.GlobalVar, bytes] = {}
+    for read in regions:
+        if read.region is None:  # the partition report says why; it stays on the CPU
+            continue
+        region = read.region
         d = RegionDecision(region.name, [ly.name for ly in region.layers], region.macs, "cpu", "",
                            region=region)
         report.regions.append(d)
@@ -222,29 +265,21 @@ def offload_for_dsa(mod, cfg: HardwareConfig):
             prog, d.dsa_cycles, d.schedules = _region_program(region, cfg, choose_knobs, sim)
         except UnsupportedLayer as e:
             d.reason = f"codegen: {e}"
-            return None
+            continue
         except Exception as e:  # noqa: BLE001 - a bug in our lowering: CPU, said loudly
             d.reason = internal_error("lowering this region", e)
-            return None
+            continue
         finally:
             d.compile_s = time.perf_counter() - t1
         d.dsa_us = d.dsa_cycles / cfg.mhz + cfg.launch_overhead_us
         d.cpu_us = cpu_estimate_us(region_ops(region), cfg)
         if d.dsa_us > d.cpu_us:
             d.reason = "the CPU is estimated faster"
-            return None
+            continue
         d.target, d.reason = "dsa", "all layers supported, faster than the CPU"
-        prog.meta["compile"] = compile_id
-        return prog.to_bytes(cfg)
-
-    result = OffloadResult()
-    out = offload_regions(part, compile_one, result=result)
-    for d in report.regions:
-        if d.target == "cpu" and not d.reason:
-            d.reason = result.kept.get(d.name, "kept on the CPU")
-    report.seconds = time.perf_counter() - t0
-    _compiles.add(report)
-    return with_compile_id(out, compile_id)
+        prog.meta["compile"] = report.compile_id
+        launch[read.gv] = prog.to_bytes(cfg)
+    return launch
 
 
 def _region_program(region, cfg: HardwareConfig, choose_knobs, sim) -> tuple[Any, int, str]:

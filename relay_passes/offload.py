@@ -1,23 +1,22 @@
 """Replace DSA region calls by launches of compiled programs; inline the rest back for LLVM.
 
-``offload_regions(mod, compile_region)`` takes a partitioned module
-(``partition.partition_for_dsa``). For each region it lowers the function to a
-:class:`Region` and asks ``compile_region`` for program bytes:
+``offload_regions(mod, launch)`` takes a partitioned module (``partition.fuse_and_merge``)
+and the decisions already made (``launch``: region function -> program bytes; the
+compiler decides, see ``dsa_tvm.pipeline.compile_for_dsa``):
 
-* bytes: the call becomes ``R.call_dps_packed("dsa.launch", [program_u8_const,
-  *int8_args], out_ty)`` (a tuple type for several outputs) and the region
-  function is deleted (dead-code elimination keeps ``Codegen`` functions and the
-  build then fails);
-* None (or lowering failed): the region's composite functions are inlined back
-  into ``main`` as plain Relax, which LLVM builds like any other op.
+* a region in ``launch``: its call becomes ``R.call_dps_packed("dsa.launch",
+  [program_u8_const, *int8_args], out_ty)`` (a tuple type for several outputs) and
+  the region function is deleted (dead-code elimination keeps ``Codegen`` functions
+  and the build then fails);
+* every other region: its composite functions are inlined back into the caller as
+  plain Relax, which LLVM builds like any other op.
 
 The packed function gets ``(program, *inputs, *outputs)`` in region order.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
-from dataclasses import dataclass, field
+from collections.abc import Mapping
 
 import numpy as np
 import tvm
@@ -25,21 +24,10 @@ from tvm import relax
 from tvm.relax.expr_functor import PyExprMutator, mutator
 
 from dsa_tvm.isa.program import LAUNCH
-from dsa_tvm.layers.ir import Region
 
 from .partition import region_functions
-from .to_layers import region_from_function
 
-CompileRegion = Callable[[Region], "bytes | None"]
-
-
-@dataclass
-class OffloadResult:
-    """What happened to each region: launched on the DSA, or kept on the CPU (and why)."""
-
-    offloaded: list[str] = field(default_factory=list)
-    kept: dict[str, str] = field(default_factory=dict)
-    regions: dict[str, Region] = field(default_factory=dict)
+__all__ = ["LAUNCH", "offload_regions"]
 
 
 def _bindings(body: relax.Expr) -> list[relax.Binding]:
@@ -104,28 +92,11 @@ class _Rewriter(PyExprMutator):
         return _bind(ret, env)
 
 
-def offload_regions(mod: tvm.IRModule, compile_region: CompileRegion,
-                    result: OffloadResult | None = None) -> tvm.IRModule:
-    """Launch every region ``compile_region`` compiles, inline the others; drop region functions."""
-    result = result if result is not None else OffloadResult()
-    launch: dict[tvm.ir.GlobalVar, bytes] = {}
-    inline: set[tvm.ir.GlobalVar] = set()
-    for i, (gv, func) in enumerate(region_functions(mod)):
-        name = f"dsa_region{i}"
-        try:
-            region = region_from_function(func, name)
-        except Exception as e:  # keep it on the CPU, say why
-            inline.add(gv)
-            result.kept[name] = f"lowering failed: {type(e).__name__}: {e}"
-            continue
-        result.regions[name] = region
-        program = compile_region(region)
-        if program is None:
-            inline.add(gv)
-            result.kept[name] = "compile_region returned None"
-        else:
-            launch[gv] = bytes(program)
-            result.offloaded.append(name)
+def offload_regions(mod: tvm.IRModule, launch: Mapping[tvm.ir.GlobalVar, bytes]) -> tvm.IRModule:
+    """Launch the regions in ``launch`` with their program bytes, inline every other
+    region back; the region functions are dropped."""
+    launch = {gv: bytes(program) for gv, program in launch.items()}
+    inline = {gv for gv, _ in region_functions(mod) if gv not in launch}
     rewriter = _Rewriter(mod, launch, inline)
     out = tvm.IRModule({}, attrs=mod.attrs)
     for gv, func in mod.functions.items():

@@ -1,11 +1,18 @@
 """Partition a QDQ Relax module into DSA regions and say why everything else stays on the CPU.
 
-``partition_for_dsa(mod, cfg)`` = canonicalize (``canonicalize.prepare``) ->
-``FuseOpsByPattern`` with the DSA pattern table and check functions ->
-``MergeCompositeFunctions`` (consecutive DSA layers become one region, codegen
-``"dsa"``). The report is computed from the same table and predicates: for
-every quantize in the graph it replays the pattern order FuseOpsByPattern uses,
-so each op left on the CPU carries the constraint that kept it there.
+The stages, each a function here (``dsa_tvm.pipeline.compile_for_dsa`` runs them in
+this order, ``partition_for_dsa`` runs them for the partition alone):
+
+1. ``canonicalize.prepare``: the graph clean-ups that make QDQ graphs matchable;
+2. :func:`pattern_decisions`: every quantize against the pattern table, in the order
+   FuseOpsByPattern tries it, so each op left on the CPU carries the constraint that
+   kept it there; the verdicts go into a :class:`~.match_memo.MatchMemo`;
+3. :func:`fuse_and_merge`: ``FuseOpsByPattern`` with the same table (its check
+   functions read the memo: a match is described and checked once per compile) ->
+   ``MergeCompositeFunctions`` (consecutive DSA layers become one region, codegen
+   ``"dsa"``);
+4. :func:`read_regions`: each region function read into layers, once;
+5. :func:`partition_report`: regions, CPU ops and whole-program notes.
 """
 
 from __future__ import annotations
@@ -27,31 +34,29 @@ from dsa_tvm.hw.config import HardwareConfig, load_config
 from dsa_tvm.layers.ir import Region
 
 from .canonicalize import prepare
-from .kinds import check, describe, pattern_specs
-from .kinds.match import Match, NotAMatch, UnsupportedShape
-from .kinds.spec import CODEGENS, PatternSpec
+from .kinds import ANCHOR_OPS
+from .kinds.match import Match
+from .kinds.spec import CODEGENS
+from .match_memo import MatchMemo
 from .to_layers import region_from_function
 from .walkable import merge_blockers
 
 CODEGEN = "dsa"
 
 
-def _make_check(spec: PatternSpec, cfg: HardwareConfig):
+def _make_check(index: int, memo: MatchMemo):
     def _check(ctx: PatternCheckContext) -> bool:
         bindings = dict(ctx.matched_bindings.items())
-        try:
-            m = describe(spec.kind, ctx.annotated_expr["root"], bindings)
-        except NotAMatch:
-            return False
-        return check(m, cfg)[0]
+        verdict = memo.verdict(index, ctx.annotated_expr["root"], bindings)
+        return verdict is not None and verdict.ok
 
     return _check
 
 
-def fusion_patterns(cfg: HardwareConfig) -> list[FusionPattern]:
-    """The pattern table as FuseOpsByPattern entries, checks bound to ``cfg``."""
-    return [FusionPattern(s.name, s.pattern, {"root": s.pattern}, _make_check(s, cfg))
-            for s in pattern_specs()]
+def fusion_patterns(memo: MatchMemo) -> list[FusionPattern]:
+    """The pattern table as FuseOpsByPattern entries, their checks answered by ``memo``."""
+    return [FusionPattern(s.name, s.pattern, {"root": s.pattern}, _make_check(i, memo))
+            for i, s in enumerate(memo.specs)]
 
 
 # ----------------------------------------------------------------------------- report
@@ -109,34 +114,32 @@ def _op_name(call: relax.Call) -> str:
     return getattr(call.op, "name_hint", str(call.op))
 
 
-_ANCHORS = ("relax.nn.conv2d", "relax.matmul", "relax.nn.max_pool2d", "relax.nn.avg_pool2d",
-            "relax.mean", "relax.add", "relax.nn.relu", "relax.clip")
-
-
 def _anchor_rank(call: relax.Call) -> int:
     """The op a pattern is named after ranks first (a rescale is its quantize)."""
     name = call.op.name
-    return _ANCHORS.index(name) if name in _ANCHORS else len(_ANCHORS)
+    return ANCHOR_OPS.index(name) if name in ANCHOR_OPS else len(ANCHOR_OPS)
 
 
-def pattern_decisions(mod: tvm.IRModule, cfg: HardwareConfig) -> dict[str, str]:
-    """var name -> why the DSA does not take it, for every binding of a failed pattern match."""
+def pattern_decisions(mod: tvm.IRModule, memo: MatchMemo) -> dict[str, str]:
+    """var name -> why the DSA does not take it, for every binding of a failed pattern match.
+
+    Every verdict lands in ``memo``, where the FuseOpsByPattern checks find it."""
     func = mod["main"]
     var2val = dict(relax.analysis.get_var2val(func).items())
     bound = {hash(v): k for k, v in var2val.items()}  # hash: the node, not the wrapper
-    specs = pattern_specs()
     reasons: dict[str, str] = {}
     for var, val in var2val.items():
         if not (isinstance(val, relax.Call) and isinstance(val.op, Op)
                 and val.op.name == "relax.quantize"):
             continue
         first_fail = None
-        for s in specs:
+        for i, s in enumerate(memo.specs):
             if not s.pattern.match(val, var2val):
                 continue
-            try:
-                m = describe(s.kind, val, var2val)
-            except UnsupportedShape as e:  # the structure matches, the shape does not
+            verdict = memo.verdict(i, val, var2val)
+            if verdict is None:
+                continue
+            if verdict.bad_shape:
                 if first_fail is None:
                     matched = s.pattern.extract_matched_expr(val, var2val) or {}
                     calls = [c for pat, c in matched.items() if isinstance(c, relax.Call)
@@ -144,16 +147,13 @@ def pattern_decisions(mod: tvm.IRModule, cfg: HardwareConfig) -> dict[str, str]:
                              and c.op.name != "relax.dequantize"]
                     anchor = min(calls, key=_anchor_rank, default=val)
                     first_fail = (s, Match(s.kind, anchor, [], None, (), val, calls=calls),
-                                  str(e))
+                                  verdict.why)
                 continue
-            except NotAMatch:
-                continue
-            ok, why = check(m, cfg)
-            if ok:
+            if verdict.ok:
                 first_fail = None
                 break
             if first_fail is None:
-                first_fail = (s, m, why)
+                first_fail = (s, verdict.match, verdict.why)
         if first_fail is None:
             continue
         s, m, why = first_fail
@@ -297,18 +297,16 @@ def _has_composites(mod: tvm.IRModule) -> bool:
                for f in mod.functions.values())
 
 
-def partition_only(mod: tvm.IRModule, cfg: HardwareConfig, prepared: bool = False,
+def fuse_and_merge(mod: tvm.IRModule, memo: MatchMemo,
                    notes: list[str] | None = None) -> tvm.IRModule:
-    """Canonicalize (unless ``prepared``), fuse the DSA patterns, merge them into regions.
+    """Fuse the DSA patterns of a prepared module, merge them into regions.
 
     ``annotate_codegen`` stays False: MergeCompositeFunctions only merges bare
     composites (with True every layer would become its own region). A program
     MergeCompositeFunctions cannot walk (``walkable.merge_blockers``: MatchCast, If,
     symbolic dimensions as values) keeps each DSA layer a region of its own
     instead; why goes to ``notes`` (the partition report's)."""
-    if not prepared:
-        mod = prepare(mod)
-    fused = relax.transform.FuseOpsByPattern(fusion_patterns(cfg), bind_constants=True,
+    fused = relax.transform.FuseOpsByPattern(fusion_patterns(memo), bind_constants=True,
                                              annotate_codegen=False)(mod)
     if not _has_composites(fused):
         return fused  # no DSA layer: nothing to merge
@@ -320,31 +318,61 @@ def partition_only(mod: tvm.IRModule, cfg: HardwareConfig, prepared: bool = Fals
                                             if len(blockers) > 3 else "")
         notes.append("DSA layers not merged into multi-layer regions (each is a region of its "
                      f"own): MergeCompositeFunctions cannot walk {shown}")
-    return relax.transform.FuseOpsByPattern(fusion_patterns(cfg), bind_constants=True,
+    return relax.transform.FuseOpsByPattern(fusion_patterns(memo), bind_constants=True,
                                             annotate_codegen=True)(mod)
+
+
+@dataclass
+class RegionRead:
+    """One region function of a partitioned module, read into layers (or why it is not)."""
+
+    gv: tvm.ir.GlobalVar
+    name: str                   # dsa_region<i>, in call order
+    region: Region | None       # None: the function did not read back (``error`` says why)
+    error: str = ""
+
+
+def read_regions(part: tvm.IRModule) -> list[RegionRead]:
+    """Every region function of ``part`` (call order) as layers, each read once."""
+    out = []
+    for i, (gv, f) in enumerate(region_functions(part)):
+        name = f"dsa_region{i}"
+        try:
+            out.append(RegionRead(gv, name, region_from_function(f, name)))
+        except Exception as e:  # reported, and the region stays on the CPU
+            out.append(RegionRead(gv, name, None, f"{type(e).__name__}: {e}"))
+    return out
+
+
+def partition_report(cfg: HardwareConfig, prepared: tvm.IRModule, part: tvm.IRModule,
+                     regions: list[RegionRead], reasons: dict[str, str],
+                     notes: list[str]) -> PartitionReport:
+    """The partition's report: its regions' layers, every op left on the CPU and why, notes."""
+    report = PartitionReport(cfg.name, notes=list(notes))
+    for r in regions:
+        if r.region is None:
+            report.regions.append(RegionInfo(r.name, [], 0, r.error))
+        else:
+            report.regions.append(RegionInfo(r.name, [describe_layer(ly) for ly in r.region.layers],
+                                             r.region.macs))
+    report.cpu_ops = _cpu_ops(part, reasons)
+    if not is_quantized(prepared):
+        report.notes.append(NOT_QUANTIZED)
+        warnings.warn(f"DSA compile: {NOT_QUANTIZED}", UserWarning, stacklevel=3)
+    return report
 
 
 def partition_for_dsa(mod: tvm.IRModule, cfg: HardwareConfig | str | None = None
                       ) -> tuple[tvm.IRModule, PartitionReport]:
-    """Partitioned module (regions are functions with ``Codegen="dsa"``) and its report."""
+    """Partitioned module (regions are functions with ``Codegen="dsa"``) and its report:
+    stages 1-5 of the module docstring (a DSA compile runs the same ones, once)."""
     cfg = load_config(cfg)
-    mod = prepare(mod)
-    reasons = pattern_decisions(mod, cfg)
-    report = PartitionReport(cfg.name)
-    part = partition_only(mod, cfg, prepared=True, notes=report.notes)
-    for i, (_gv, f) in enumerate(region_functions(part)):
-        name = f"dsa_region{i}"  # the name offload_regions gives the same region
-        try:
-            region: Region = region_from_function(f, name)
-            report.regions.append(RegionInfo(name, [describe_layer(ly) for ly in region.layers],
-                                             region.macs))
-        except Exception as e:  # reported, and offload keeps it on the CPU
-            report.regions.append(RegionInfo(name, [], 0, f"{type(e).__name__}: {e}"))
-    report.cpu_ops = _cpu_ops(part, reasons)
-    if not is_quantized(mod):
-        report.notes.append(NOT_QUANTIZED)
-        warnings.warn(f"DSA compile: {NOT_QUANTIZED}", UserWarning, stacklevel=2)
-    return part, report
+    prepared = prepare(mod)
+    memo = MatchMemo(cfg)
+    reasons = pattern_decisions(prepared, memo)
+    notes: list[str] = []
+    part = fuse_and_merge(prepared, memo, notes)
+    return part, partition_report(cfg, prepared, part, read_regions(part), reasons, notes)
 
 
 def describe_layer(ly) -> str:

@@ -8,7 +8,7 @@ Unique), ``relax.If`` (ONNX If), and a symbolic dimension passed as a value
 (``R.arange(0, n)`` for a zero-size or dynamic dimension), a call into another
 function outside a dataflow block (a private function's caller). The partitioner
 asks :func:`merge_blockers` first and, for a program that has one, keeps every
-DSA layer a region of its own instead of merging them (``partition.partition_only``),
+DSA layer a region of its own instead of merging them (``partition.fuse_and_merge``),
 with the blocker named in the partition report.
 """
 

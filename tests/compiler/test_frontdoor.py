@@ -292,12 +292,12 @@ def test_conformance_comparisons():
 
 
 def test_internal_error_in_partitioning_is_reported_not_raised(chain, monkeypatch):
-    import relay_passes
+    from relay_passes import partition
 
     def broken(*_a, **_k):
         raise RuntimeError("partitioner bug 1234")
 
-    monkeypatch.setattr(relay_passes, "partition_for_dsa", broken)
+    monkeypatch.setattr(partition, "fuse_and_merge", broken)
     mod = import_onnx(chain)
     with pytest.warns(RuntimeWarning, match="partitioner bug 1234"):
         got = _run(mod, "dsa", _x())
