@@ -3,7 +3,9 @@
 Prints, for each network (measured side by side in one run; never asserts):
 
 * per-layer DSA cycles against the roofline bound
-  max(MACs / peak MACs per cycle, compulsory DRAM bytes / bandwidth), the
+  max(MACs / peak MACs per cycle, compulsory DRAM bytes / bandwidth) (the run report's
+  ``LayerRow.bound``: bytes as the DSA reads them, a folded stem's host-packed im2col
+  matrix included, from the program's layer table), the
   network total against the sum of the bounds (goal <= 1.25x), and the share of
   MACs on the DSA (goal >= 95%);
 * wall time of the simulated run against onnxruntime running the FP32 model;
@@ -17,23 +19,6 @@ from __future__ import annotations
 
 import argparse
 import time
-
-import numpy as np
-
-
-def compulsory_bytes(layer, cfg) -> int:
-    """DRAM bytes a layer cannot avoid: its inputs, weights and output, once."""
-    from dsa_tvm.layers.layouts import blocked_shape
-
-    block = cfg.block_in
-    total = 0
-    for t in [getattr(layer, a) for a in ("input", "a", "b") if hasattr(layer, a)]:
-        total += int(np.prod(blocked_shape(t.shape, block)))
-    total += int(np.prod(blocked_shape(layer.output.shape, block)))
-    w = getattr(layer, "weight", None)
-    if w is not None:
-        total += int(np.prod(w.shape))
-    return total
 
 
 def bench(name: str, hw: str, size: int, show_layers: bool) -> dict:
@@ -57,7 +42,6 @@ def bench(name: str, hw: str, size: int, show_layers: bool) -> dict:
     mod = from_onnx(qdq, keep_params_in_input=False)
     ex = tvm.compile(mod, target=dsa_tvm.target(cfg))
     t_dsa = time.perf_counter() - t0
-    crep = dsa_tvm.last_compile_report()
     t0 = time.perf_counter()
     tvm.compile(from_onnx(qdq, keep_params_in_input=False), target="llvm")
     t_llvm = time.perf_counter() - t0
@@ -78,23 +62,18 @@ def bench(name: str, hw: str, size: int, show_layers: bool) -> dict:
         sess.run(None, {in_name: x})
         best_ort = min(best_ort, time.perf_counter() - t0)
 
-    layers = {ly.name: ly for d in crep.regions if d.region is not None for ly in d.region.layers}
-    bound_total = 0.0
     lines = []
-    for r in rep.rows:
+    for r in rep.rows:  # bounds from the program's layer table: the bytes the DSA reads
         if r.target != "DSA":
             continue
-        ly = layers.get(r.name)
-        bound = max(r.macs / cfg.peak_macs_per_cycle,
-                    (compulsory_bytes(ly, cfg) if ly else 0) / cfg.bandwidth_bytes_per_cycle)
-        bound_total += bound
+        bound = r.bound
         lines.append(f"  {r.name[:30]:<30} {r.op:<13} {r.macs:>12,} {r.cycles:>11,} "
                      f"{bound:>11,.0f} {r.cycles / bound if bound else 0:>6.2f}")
     if show_layers:
         print(f"  {'layer':<30} {'op':<13} {'MACs':>12} {'cycles':>11} {'bound':>11} {'x':>6}")
         print("\n".join(lines))
-    res = {"net": name, "layers": len(lines), "cycles": rep.total_cycles, "bound": bound_total,
-           "ratio": rep.total_cycles / bound_total if bound_total else float("nan"),
+    res = {"net": name, "layers": len(lines), "cycles": rep.total_cycles, "bound": rep.bound_cycles,
+           "ratio": rep.total_cycles / rep.bound_cycles if rep.bound_cycles else float("nan"),
            "dsa_macs": rep.dsa_mac_share, "sim_s": best_sim, "ort_s": best_ort,
            "compile_s": t_dsa, "llvm_s": t_llvm}
     return res

@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from .isa.instructions import Load, Store
-from .layers.checks import violations
+from .layers.checks import roofline_bound, violations
 from .sim.attribution import attribute
 from .sim.timing import dma_bytes
 
@@ -37,6 +37,9 @@ class LayerRow:
     dram_written: int = 0
     region: str = ""
     check: str = ""          # why the numbers are impossible (layers.checks), "" when sound
+    min_read: int = 0        # compulsory DRAM bytes from the program's layer table (host-packed
+    min_written: int = 0     # inputs as the DSA reads them, e.g. a folded stem's im2col matrix)
+    bound: int = 0           # roofline: max(compute bound, compulsory bytes / bandwidth) cycles
 
 
 @dataclass
@@ -58,6 +61,11 @@ class RunReport:
         return sum(r.macs for r in self.rows if r.target == "DSA") / total if total else 0.0
 
     @property
+    def bound_cycles(self) -> int:
+        """Sum of the DSA layers' roofline bounds (``LayerRow.bound``)."""
+        return sum(r.bound for r in self.rows if r.target == "DSA")
+
+    @property
     def violations(self) -> list[LayerRow]:
         """DSA layers below their compute bound or compulsory DRAM bytes (layers.checks)."""
         return [r for r in self.rows if r.check]
@@ -65,7 +73,8 @@ class RunReport:
     def to_dict(self) -> dict[str, Any]:
         return {"hardware": self.hardware, "mhz": self.mhz, "total_cycles": self.total_cycles,
                 "latency_us": self.latency_us, "dsa_mac_share": self.dsa_mac_share,
-                "regions": self.regions, "layers": [asdict(r) for r in self.rows]}
+                "bound_cycles": self.bound_cycles, "regions": self.regions,
+                "layers": [asdict(r) for r in self.rows]}
 
     def to_json(self) -> str:
         return json.dumps(self.to_dict(), indent=2)
@@ -99,6 +108,10 @@ class RunReport:
         lines.append(f"total: {self.total_cycles:,} DSA cycles = {self.latency_us:,.1f} us at "
                      f"{self.mhz:g} MHz over {self.regions} region launch(es); "
                      f"{self.dsa_mac_share:.1%} of MACs on the DSA")
+        if self.bound_cycles:
+            lines.append(f"roofline: the DSA layers' bounds sum to {self.bound_cycles:,} cycles "
+                         f"({self.total_cycles / self.bound_cycles:.2f}x; compulsory bytes as "
+                         f"the DSA reads them, host-packed inputs included)")
         return "\n".join(lines)
 
 
@@ -119,9 +132,12 @@ def _layer_rows(launch, peak: int) -> tuple[list[LayerRow], list[tuple[int, int,
         util = ly["macs"] / (t.cycles * peak) if t.cycles else 0.0
         bad = violations(int(ly["macs"]), t.cycles, rd, wr, ly.get("min_read_bytes"),
                          ly.get("min_write_bytes"), peak)
+        lo_rd, lo_wr = ly.get("min_read_bytes"), ly.get("min_write_bytes")
+        bound = roofline_bound(int(ly["macs"]), lo_rd, lo_wr, peak,
+                               res.config.bandwidth_bytes_per_cycle)
         rows.append(LayerRow(ly["name"], ly["op"], "DSA", "offloaded", int(ly["macs"]),
                              t.cycles, util, t.span, t.load, t.compute, t.store, rd, wr,
-                             prog.name, "; ".join(bad)))
+                             prog.name, "; ".join(bad), int(lo_rd or 0), int(lo_wr or 0), bound))
     return rows, times.runs
 
 

@@ -64,6 +64,18 @@ def compute_bound(macs: int, peak_macs_per_cycle: int) -> int:
     return math.ceil(macs / peak_macs_per_cycle) if macs else 0
 
 
+def roofline_bound(macs: int, min_read: int | None, min_write: int | None,
+                   peak_macs_per_cycle: int, bandwidth_bytes_per_cycle: float) -> int:
+    """The fewest cycles a layer can take: its compute bound or its compulsory DRAM bytes
+    (read + written, over the one DRAM bandwidth all transfers share), whichever is more.
+    ``min_read`` is what the program's layer table says the DSA must read: for a conv
+    whose input the host packs (a folded stem's im2col matrix) that is the packed
+    matrix, not the unexpanded image."""
+    moved = (min_read or 0) + (min_write or 0)
+    return max(compute_bound(macs, peak_macs_per_cycle),
+               math.ceil(moved / bandwidth_bytes_per_cycle) if moved else 0)
+
+
 def violations(macs: int, cycles: int, dram_read: int, dram_written: int,
                min_read: int | None, min_written: int | None,
                peak_macs_per_cycle: int) -> list[str]:

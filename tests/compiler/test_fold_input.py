@@ -83,3 +83,45 @@ def test_no_fold_when_the_input_has_other_readers_or_full_blocks():
     assert fold_region_inputs(region([wide], [conv(rng, wide, 8, 3, 1, 1)]), cfg)[1] == {}
     one = conv(rng, x, 8, 1, 1, 0)
     assert fold_region_inputs(region([x], [one]), cfg)[1] == {}
+
+
+def _stem_report(reg, cfg, rng):
+    from dsa_tvm.layers.host_pack import pack_region_input
+    from dsa_tvm.report import build_report
+    from dsa_tvm.runtime import Launch
+    from dsa_tvm.sim.simulator import Simulator
+
+    prog = compile_region(reg, cfg).program
+    xs = {t.name: rng.integers(-128, 128, t.shape, dtype=np.int8) for t in reg.inputs}
+    feeds = {}
+    for k, v in xs.items():
+        feeds.update(pack_region_input(k, v, prog.meta["io"][k], cfg.block_in, cfg.block_out))
+    return prog, build_report([Launch(prog, Simulator(cfg).run(prog, feeds), xs, {})])
+
+
+def test_folded_stem_bound_counts_the_im2col_matrix():
+    """Issue 19.4: a folded stem's compulsory bytes are the host-packed im2col matrix the
+    DSA reads (C*KH*KW bytes per output pixel), not the unexpanded image; the run
+    report's roofline bound and the benchmark use the program's layer table."""
+    cfg, rng = CFGS["default"], np.random.default_rng(5)
+    c, hw, k, stride, pad, cout = 3, 32, 7, 2, 3, 24
+    x = qt(rng, "x", (1, c, hw, hw))
+    reg = region([x], [conv(rng, x, cout, k, stride, pad, "stem")])
+    oh = (hw + 2 * pad - k) // stride + 1
+    weights, out = cout * c * k * k, cout * oh * oh
+    image, cols = c * hw * hw, c * k * k * oh * oh  # every pixel is read: a 7x7 window, stride 2
+    prog, rep = _stem_report(reg, cfg, rng)
+    assert "im2col" in prog.meta["io"]["x"]
+    (meta,) = prog.meta["layers"]
+    assert (meta["min_read_bytes"], meta["min_write_bytes"]) == (cols + weights, out)
+    (row,) = rep.rows
+    assert (row.min_read, row.min_written) == (cols + weights, out)
+    assert row.dram_read >= row.min_read and not row.check
+    macs = out * c * k * k
+    want = max(math.ceil(macs / cfg.peak_macs_per_cycle),
+               math.ceil((cols + weights + out) / cfg.bandwidth_bytes_per_cycle))
+    assert row.bound == want == rep.bound_cycles
+    with options(fold_min_gain=math.inf):  # never fold: the image itself is the input
+        prog, rep = _stem_report(reg, cfg, rng)
+    assert "im2col" not in prog.meta["io"]["x"]
+    assert rep.rows[0].min_read == image + weights

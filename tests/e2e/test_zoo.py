@@ -1,0 +1,95 @@
+"""The coverage benchmark's pipeline (``dsa_tvm.models.torch_zoo.measure``) on three of
+the zoo's smallest models at tiny sizes: PyTorch -> ONNX -> quantize -> compile for the
+DSA -> simulate. Checks that they compile and run with the expected layers on the DSA,
+every launch bit-exact against the integer reference, the output within one step of
+onnxruntime on the QDQ graph; and that the MAC denominator (counted from the ONNX graph,
+independently of the compiler) includes ConvTranspose and Conv1d.
+
+The host is made slow (as in test_networks) so the cost model offloads these tiny
+regions: the point is the pipeline, not the cost model. Expectations are lower bounds
+where other kinds may join the DSA later.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from dsa_tvm.models import torch_zoo
+from dsa_tvm.models.torch_zoo import measure as zoo_measure
+
+SLOW_HOST_GMACS = 0.01
+
+
+@pytest.fixture(scope="module")
+def results():
+    return {n: zoo_measure.measure(n, tiny=True, cpu_gmacs=SLOW_HOST_GMACS)
+            for n in ("resnet18", "unet", "gpt2")}
+
+
+def test_zoo_registry_has_the_twelve_architectures():
+    assert len(torch_zoo.names()) == 12
+    assert {e.family for e in torch_zoo.ZOO.values()} == {"cnn", "transformer"}
+
+
+@pytest.mark.parametrize("name", ["resnet18", "unet", "gpt2"])
+def test_zoo_model_runs_bit_exact(results, name):
+    r = results[name]
+    assert not r.failed, f"{name} failed at {r.stage}: {r.error}\n{r.trace}"
+    assert r.launches >= 1 and r.cycles >= r.bound > 0
+    assert r.ref_steps == 0, f"{name}: a DSA launch is {r.ref_steps} codes off its reference"
+    assert r.ort_steps is not None and r.ort_steps <= 1.0 + 1e-3
+    assert r.cos_fp32 > 0.99
+    assert r.report_macs == r.onnx_macs, "the run report and the ONNX graph disagree on MACs"
+
+
+def test_zoo_expected_layers_on_the_dsa(results):
+    res, unet, gpt2 = results["resnet18"], results["unet"], results["gpt2"]
+    assert res.dsa_ops["Conv2d"] == 20 and res.dsa_ops["Add"] == 8
+    assert res.mac_share >= 0.99
+    assert unet.dsa_ops["Conv2d"] >= 15  # 14 3x3 convs + the 1x1 head
+    convs = unet.onnx_macs - _conv_transpose_macs(torch_zoo.ZOO["unet"])
+    assert unet.dsa_macs >= convs
+    assert gpt2.dsa_ops["Dense"] >= 7 and gpt2.dsa_ops["BatchMatmul"] >= 2
+    assert gpt2.mac_share >= 0.99
+
+
+def _conv_transpose_macs(entry) -> int:
+    """UNet's three 2x2 stride-2 ConvTranspose2d by hand: every input pixel feeds
+    cout * 4 outputs (cin = 8w, 4w, 2w at sides s/8, s/4, s/2)."""
+    w, s = entry.kwargs(True)["width"], entry.side(True)
+    return sum(c * (s // f) ** 2 * (c // 2) * 4 for c, f in ((8 * w, 8), (4 * w, 4), (2 * w, 2)))
+
+
+def test_onnx_macs_counts_conv1d_and_conv_transpose():
+    import io
+
+    import onnx
+    import torch
+
+    net = torch.nn.Sequential(torch.nn.Conv1d(2, 4, 3), torch.nn.Unflatten(2, (1, 14)),
+                              torch.nn.ConvTranspose2d(4, 6, (1, 2), (1, 2)),
+                              torch.nn.Flatten(), torch.nn.Linear(6 * 28, 5))
+    buf = io.BytesIO()
+    torch.onnx.export(net.eval(), (torch.randn(1, 2, 16),), buf, opset_version=17, dynamo=False)
+    model = onnx.load_from_string(buf.getvalue())
+    conv1d = 14 * 4 * 2 * 3
+    convt = 4 * 14 * 6 * 2
+    linear = 6 * 28 * 5
+    assert zoo_measure.onnx_macs(model) == conv1d + convt + linear
+
+
+def test_a_failing_model_is_reported_not_raised(monkeypatch):
+    def broken(*a, **k):
+        raise RuntimeError("exporter says no")
+
+    monkeypatch.setattr(zoo_measure, "export", broken)
+    r = zoo_measure.measure("audio_conv1d", tiny=True)
+    assert r.failed and r.stage == "export" and "exporter says no" in r.error
+
+
+def test_zoo_feeds_are_seeded():
+    a, b = torch_zoo.feeds("bert", 2, 3, tiny=True), torch_zoo.feeds("bert", 2, 3, tiny=True)
+    assert all(np.array_equal(x["input"], y["input"]) for x, y in zip(a, b))
+    assert a[0]["input"].dtype == np.int64 and a[0]["input"].max() < torch_zoo.vocab(
+        torch_zoo.ZOO["bert"], True)
