@@ -10,7 +10,7 @@ compulsory DRAM bytes / bandwidth). Goals (issue 13): depthwise <= 2x, the
 network <= 1.2x. Never asserts::
 
     python benchmarks/bench_depthwise.py [mobilenet_v2 ...] [--hw default] [--size 224]
-        [--engine auto|vector|array] [--all]
+        [--engine auto|vector|array] [--lanes 64] [--all]
 """
 
 from __future__ import annotations
@@ -32,7 +32,8 @@ def engine_of(meta: dict) -> str:
     return "array" if "weights_outer" in meta.get("knobs", {}) else "vector"
 
 
-def bench(name: str, hw: str, size: int, engine: str, show_all: bool) -> dict:
+def bench(name: str, hw: str, size: int, engine: str, show_all: bool,
+          lanes: int | None = None) -> dict:
     import numpy as np
     import tvm
     from tvm import relax
@@ -44,6 +45,8 @@ def bench(name: str, hw: str, size: int, engine: str, show_all: bool) -> dict:
     from dsa_tvm.runtime import take_launches
 
     cfg = dsa_tvm.load_config(hw)
+    if lanes:
+        cfg = cfg.replace(lanes=lanes)
     qdq = get_model(name, quantized=True, input_size=size)
     with dsa_tvm.options(depthwise_engine=engine):
         ex = tvm.compile(from_onnx(qdq, keep_params_in_input=False), target=dsa_tvm.target(cfg))
@@ -58,8 +61,9 @@ def bench(name: str, hw: str, size: int, engine: str, show_all: bool) -> dict:
     launches = take_launches()
     rep = build_report(launches)
     metas = {m["name"]: m for ln in launches for m in ln.program.meta.get("layers", [])}
-    print(f"\n{name} (input {size}) on '{hw}', depthwise engine {engine}")
-    print(f"  {'layer':<28} {'engine':<6} {'load':>9} {'compute':>9} {'store':>9} "
+    print(f"\n{name} (input {size}) on '{hw}' ({cfg.lanes} vector lanes), depthwise "
+          f"engine {engine}")
+    print(f"  {'layer':<28} {'engine':<6} {'knobs':<12} {'load':>9} {'compute':>9} {'store':>9} "
           f"{'cycles':>10} {'bound':>9} {'x bound':>7}")
     total_bound = dw_cycles = dw_bound = 0.0
     worst = 0.0
@@ -74,8 +78,10 @@ def bench(name: str, hw: str, size: int, engine: str, show_all: bool) -> dict:
             worst = max(worst, r.cycles / bound)
         if is_dw or show_all:
             eng = engine_of(m) if is_dw else "-"
-            print(f"  {r.name[:28]:<28} {eng:<6} {r.load_cycles:>9,} {r.compute_cycles:>9,} "
-                  f"{r.store_cycles:>9,} {r.cycles:>10,} {bound:>9,.0f} {r.cycles / bound:>7.2f}")
+            knobs = ",".join(str(int(v)) for v in m.get("knobs", {}).values())
+            print(f"  {r.name[:28]:<28} {eng:<6} {knobs:<12} {r.load_cycles:>9,} "
+                  f"{r.compute_cycles:>9,} {r.store_cycles:>9,} {r.cycles:>10,} {bound:>9,.0f} "
+                  f"{r.cycles / bound:>7.2f}")
     res = {"net": name, "cycles": rep.total_cycles, "bound": total_bound,
            "dw_cycles": dw_cycles, "dw_bound": dw_bound, "dw_worst": worst,
            "dw_share": dw_cycles / rep.total_cycles if rep.total_cycles else 0.0,
@@ -93,8 +99,10 @@ def main() -> None:
     ap.add_argument("--size", type=int, default=224)
     ap.add_argument("--engine", default="auto", choices=("auto", "vector", "array"))
     ap.add_argument("--all", action="store_true", help="print every DSA layer")
+    ap.add_argument("--lanes", type=int, help="the preset with this many vector lanes "
+                    "(wider than block_out: several accumulator rows per cycle)")
     a = ap.parse_args()
-    rows = [bench(n, a.hw, a.size, a.engine, a.all) for n in a.nets]
+    rows = [bench(n, a.hw, a.size, a.engine, a.all, a.lanes) for n in a.nets]
     print(f"\n{'network':<14} {'launches':>8} {'DSA cycles':>12} {'sum bounds':>12} "
           f"{'x bound':>8} {'dw x bound':>10} {'dw worst':>8} {'dw share':>8} {'impossible':>10}")
     for r in rows:
