@@ -115,8 +115,18 @@ class HardwareConfig:
         return 2 * self.peak_macs_per_cycle * self.mhz / 1e3
 
     @cached_property
-    def alu_cycles_per_row(self) -> int:
+    def alu_cycles_per_row(self) -> float:
+        """Cycles per ALU step: whole cycles up to a row per cycle, a fraction for a unit
+        wider than a row (lanes > block_out)."""
+        if self.lanes > self.block_out:
+            return self.block_out / self.lanes
         return math.ceil(self.block_out / self.lanes)
+
+    def alu_step_cycles(self, steps: int) -> int:
+        """Cycles ``steps`` ALU steps of one instruction take (without the pipeline)."""
+        if self.lanes > self.block_out:
+            return math.ceil(steps * self.block_out / self.lanes)
+        return steps * math.ceil(self.block_out / self.lanes)
 
     @cached_property
     def gemm_fill_drain_cycles(self) -> int:
@@ -221,9 +231,10 @@ def config_from_dict(data: Mapping[str, Any], source: str = "<dict>") -> Hardwar
 
 
 def _check_cross_field_rules(cfg: HardwareConfig, source: str) -> None:
-    if cfg.lanes > cfg.block_out:
+    if cfg.lanes > cfg.block_in * cfg.block_out:  # never above the array: the compute bound
         raise ConfigError(f"{source}: field 'vector.lanes' = {cfg.lanes} breaks the rule: "
-                          f"at most array.block_out ({cfg.block_out})")
+                          f"at most array.block_in * array.block_out "
+                          f"({cfg.block_in * cfg.block_out})")
     for fld, unit in (("inp_kib", cfg.inp_row_bytes), ("wgt_kib", cfg.wgt_tile_bytes),
                       ("acc_kib", cfg.acc_row_bytes)):
         if (cfg.values[fld] * 1024) % unit:

@@ -84,7 +84,10 @@ FIELDS: tuple[FieldSpec, ...] = (
     # --- vector unit
     _int("vector", "lanes", "int32 lanes",
          "int32 lanes the vector ALU processes per cycle; one accumulator row takes "
-         "ceil(block_out / lanes) cycles per ALU step.", "power of two, 1..block_out",
+         "ceil(block_out / lanes) cycles per ALU step, and a unit wider than a row "
+         "(lanes > block_out) runs lanes / block_out consecutive steps of an ALU "
+         "instruction per cycle (what depthwise convs need to keep up with DRAM).",
+         "power of two, 1..block_in * block_out",
          lambda v: _pow2(v)),
     _int("vector", "alu_latency_cycles", "cycles",
          "Pipeline depth of the vector ALU, paid once per ALU instruction.", "0..1000",

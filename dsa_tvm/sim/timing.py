@@ -27,7 +27,8 @@ Costs, all from the config:
 
 * LOAD/STORE: bus wait + ceil(bytes / bandwidth) + latency
 * GEMM: one cycle per loop point + fill/drain of the array (block_in + block_out)
-* ALU: loop points x ceil(block_out / lanes) + ALU pipeline latency
+* ALU: loop points x ceil(block_out / lanes) + ALU pipeline latency (a unit wider than
+  a row: ceil(loop points x block_out / lanes))
 * SYNC, FINISH: one cycle
 
 Per instruction the schedule records ``start``, ``end`` (completion) and
@@ -75,7 +76,7 @@ def compute_cycles(ins: Instruction, cfg: "HardwareConfig") -> int:
     if isinstance(ins, Gemm):
         return ins.steps + cfg.gemm_fill_drain_cycles
     if isinstance(ins, Alu):
-        return ins.steps * cfg.alu_cycles_per_row + cfg.alu_latency_cycles
+        return cfg.alu_step_cycles(ins.steps) + cfg.alu_latency_cycles
     return 1
 
 

@@ -279,11 +279,23 @@ def test_rule_violation(section, field, value, rule):
     assert rule in msg
 
 
-def test_lanes_more_than_block_out():
+def test_lanes_beyond_the_array_refused():
+    """A vector unit wider than the MAC array would beat the compute bound every layer's
+    self-check assumes."""
     d = _desc()
-    d["vector"]["lanes"] = 32
+    d["vector"]["lanes"] = 512
     msg = _err(d)
-    assert "'vector.lanes' = 32" in msg and "at most array.block_out (16)" in msg
+    assert "'vector.lanes' = 512" in msg and "at most array.block_in * array.block_out (256)" in msg
+
+
+def test_lanes_wider_than_a_row_run_several_steps_per_cycle():
+    """lanes > block_out: lanes / block_out ALU steps per cycle, rounded up per instruction."""
+    cfg = load_config("default").replace(lanes=64)
+    assert cfg.alu_cycles_per_row == 0.25
+    assert [cfg.alu_step_cycles(n) for n in (1, 4, 5, 100)] == [1, 1, 2, 25]
+    base = load_config("default")
+    assert [base.alu_step_cycles(n) for n in (1, 5)] == [1, 5]
+    assert base.replace(lanes=4).alu_step_cycles(5) == 20
 
 
 def test_weight_scratchpad_not_whole_tiles():

@@ -170,10 +170,17 @@ def estimate_cycles(cfg: HardwareConfig, s: ConvShape, k: ConvKnobs) -> float:
         dma = s.n * tiles_sp * (in_bytes + tiles_oc * (w_bytes + out_bytes))
     steps = s.n * oh * ow * s.ocb * s.kh * s.kw * s.icb
     tiles = s.n * tiles_sp * tiles_oc
-    compute = steps + tiles * (cfg.gemm_fill_drain_cycles * 2 + cfg.alu_latency_cycles
+    # a depthwise nest has more levels than a GEMM holds: each peeled copy fills the array
+    fills = nest_count(_gemm_levels(s, k), GEMM_LEVELS) + 1 if s.depthwise else 2
+    compute = steps + tiles * (cfg.gemm_fill_drain_cycles * fills + cfg.alu_latency_cycles
                                + k.tile_oh * k.tile_ow * k.tile_ocb * cfg.alu_cycles_per_row)
     dma_cycles = dma / cfg.bandwidth_bytes_per_cycle + tiles * cfg.latency_cycles * 0.1
-    return max(compute, dma_cycles) if k.double_buffer else compute + dma_cycles
+    if not k.double_buffer:
+        return compute + dma_cycles
+    if s.depthwise:  # the first tile's loads and the last one's store overlap nothing
+        edge = (in_bytes + w_bytes + out_bytes) / cfg.bandwidth_bytes_per_cycle
+        return max(compute, dma_cycles) + edge + 2 * cfg.latency_cycles
+    return max(compute, dma_cycles)
 
 
 def candidate_knobs(cfg: HardwareConfig, s: ConvShape) -> list[ConvKnobs]:
@@ -240,30 +247,35 @@ def schedule_conv2d(func: tirx.PrimFunc, cfg: HardwareConfig, s: ConvShape,
     return sch
 
 
+def _gemm_levels(s: ConvShape, k: ConvKnobs) -> list[tuple[int, int, int, int]]:
+    """The GEMM loop levels of one tile, (extent, acc, inp, wgt strides), outermost first:
+    ob_i, oh_i, ow_i, kh, kw, icb."""
+    (sh, sw), (dh, dw) = s.strides, s.dilation
+    in_cols = input_tile(s, k)[1]
+    blocks = _input_blocks(s, k)
+    ic = 1 if s.depthwise else s.icb
+    return [(k.tile_ocb, 1, 1 if s.depthwise else 0, s.kh * s.kw * ic),
+            (k.tile_oh, k.tile_ow * k.tile_ocb, sh * in_cols * blocks, 0),
+            (k.tile_ow, k.tile_ocb, sw * blocks, 0),
+            (s.kh, 0, dh * in_cols * blocks, s.kw * ic),
+            (s.kw, 0, dw * blocks, ic),
+            (ic, 0, 1, 1)]
+
+
 def conv_instructions(cfg: HardwareConfig, s: ConvShape, k: ConvKnobs) -> int:
     oh, ow = s.out_hw
-    (sh, sw), (dh, dw) = s.strides, s.dilation
     th, tw, toc = k.tile_oh, k.tile_ow, k.tile_ocb
     in_rows, in_cols = input_tile(s, k)
     blocks = toc if s.depthwise else s.icb       # channel blocks of the input tile
     image_blocks = s.ocb if s.depthwise else s.icb
     loads = tile_copy(in_rows, in_cols, blocks, s.w, image_blocks)
-    ic = 1 if s.depthwise else s.icb
-    # GEMM levels (extent, acc, inp, wgt strides): ob_i, oh_i, ow_i, kh, kw, icb
-    gemm = nest_count([(toc, 1, 1 if s.depthwise else 0, s.kh * s.kw * ic),
-                       (th, tw * toc, sh * in_cols * blocks, 0),
-                       (tw, toc, sw * blocks, 0),
-                       (s.kh, 0, dh * in_cols * blocks, s.kw * ic),
-                       (s.kw, 0, dw * blocks, ic),
-                       (ic, 0, 1, 1)], GEMM_LEVELS)
+    gemm = nest_count(_gemm_levels(s, k), GEMM_LEVELS)
     stores = tile_copy(th, tw, toc, ow, s.ocb)
     per_tile = gemm + 1 + stores  # GEMM, REQUANT, stores
     tiles_sp, tiles_oc = s.n * (oh // th) * (ow // tw), s.ocb // toc
     if k.weights_outer:  # weights and table per channel tile, input per spatial tile
         return tiles_oc * 2 + tiles_oc * tiles_sp * (loads + per_tile) + 1
     return tiles_sp * (loads + tiles_oc * (2 + per_tile)) + 1
-
-
 
 
 def conv_extents(s: ConvShape) -> dict[str, int]:

@@ -113,12 +113,19 @@ def window(s: WindowShape) -> tirx.PrimFunc:
 # ----------------------------------------------------------------------------- knobs
 def acc_rows(s: WindowShape, k: WindowKnobs) -> int:
     """Accumulator rows one set of tiles needs (tile buffers twice when double-buffered;
-    weights and the output-stage table once per channel tile)."""
+    the output-stage table, and a depthwise conv's weights, once per channel tile: twice
+    for a double-buffered depthwise conv, whose next channel tile's weights load while
+    this one computes)."""
     nbuf = 2 if k.double_buffer else 1
     in_rows, in_cols = input_tile(s, k)
     out = k.tile_oh * k.tile_ow * k.tile_cb
     resident = 3 * k.tile_cb + (k.tile_cb * s.kh * s.kw if s.kind == "dw" else 0)
-    return nbuf * (in_rows * in_cols * k.tile_cb + 2 * out) + resident
+    return nbuf * (in_rows * in_cols * k.tile_cb + 2 * out) + resident * _resident_bufs(s, k)
+
+
+def _resident_bufs(s: WindowShape, k: WindowKnobs) -> int:
+    """Slots of the per-channel-tile operands: two when a depthwise conv double-buffers."""
+    return 2 if k.double_buffer and s.kind == "dw" else 1
 
 
 def window_fits(cfg: HardwareConfig, s: WindowShape, k: WindowKnobs) -> str | None:
@@ -134,8 +141,9 @@ def estimate_window_cycles(cfg: HardwareConfig, s: WindowShape, k: WindowKnobs) 
     # a tile narrower than the image in channels is one LOAD per input row
     n_loads = 1 if k.tile_cb == s.cb else in_rows
     resident = (s.kh * s.kw if s.kind == "dw" else 0) * k.tile_cb * b + 12 * k.tile_cb * b
-    once = (s.cb // k.tile_cb) * (resident / cfg.bandwidth_bytes_per_cycle
-                                  + 2 * cfg.latency_cycles)
+    # per channel tile, unless double-buffered (then only the first one is exposed)
+    exposed = 1 if _resident_bufs(s, k) == 2 else s.cb // k.tile_cb
+    once = exposed * (resident / cfg.bandwidth_bytes_per_cycle + 2 * cfg.latency_cycles)
     # taps (the first one writes the init) and the requant pass
     return stream_cycles(cfg, tiles, [(in_rows * in_cols * k.tile_cb * b, n_loads)],
                          out * (s.kh * s.kw + 1), s.kh * s.kw + 2, out * b, k.double_buffer,
@@ -187,6 +195,8 @@ def schedule_window(func: tirx.PrimFunc, cfg: HardwareConfig, s: WindowShape,
     place_output(sch, s, "int32", cb_o, ow_o)
     if k.double_buffer:
         sch.annotate(ow_o, ANN_DOUBLE_BUFFER, 1)
+    if _resident_bufs(s, k) == 2:  # the next channel tile's weights and table too
+        sch.annotate(cb_o, ANN_DOUBLE_BUFFER, 1)
     return sch
 
 
