@@ -17,6 +17,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+import numpy as np
 import onnx
 
 from ..frontend.onnx_graph import Graph
@@ -175,9 +176,11 @@ def binary_reason(g: Graph, n: onnx.NodeProto) -> str | None:
         other = ins[1] if full[0] == ins[0] else ins[0]
         d = broadcast_dims(tuple(out), tuple(g.shape(other)))
         return d if isinstance(d, str) else None
-    if len(ins) != 1 or n.op_type != "Mul":
+    if len(ins) != 1 or n.op_type not in ("Mul", "Div"):
         return None if len(ins) == 1 else "computes from constants only"
     c = [i for i in n.input if i and g.is_const(i)][0]
+    if n.op_type == "Div" and (n.input[1] != c or np.any(g.const(c) == 0)):
+        return "divides by an activation (or by zero)"
     cs = tuple(g.shape(c))
     if tuple(g.shape(ins[0])) != tuple(out):
         return "the activation broadcasts to the output"
@@ -245,7 +248,7 @@ def make_plan(g: Graph, keep_fp32: set[str] = frozenset(), available: set[str] |
             f = Follower(n, ins, act)
             if act is not None:
                 fused.add(id(act))
-        elif n.op_type == "Mul" and quantize_adds:
+        elif n.op_type in ("Mul", "Div") and quantize_adds:
             # x * gate (SE), x * sigmoid(x), x * layer_scale: both activations int8 already
             if not all(i in produced for i in ins) or binary_reason(g, n) is not None:
                 continue
@@ -325,11 +328,11 @@ def fp32_reasons(g: Graph, p: Plan, quantize_adds: bool = True) -> dict[str, tup
         if n.name in done:
             continue
         ins = [i for i in n.input if i and not g.is_const(i)]
-        if n.op_type in ("Add", "Mul") and not quantize_adds:
+        if n.op_type in ("Add", "Mul", "Div") and not quantize_adds:
             why = "residual adds stay FP32 (quantize_adds=False)"
-        elif n.op_type in ("Add", "Mul") and (bad := binary_reason(g, n)) is not None:
+        elif n.op_type in ("Add", "Mul", "Div") and (bad := binary_reason(g, n)) is not None:
             why = f"no int8 form: {bad}"
-        elif n.op_type in POOLS | ACTIVATIONS | SHAPE_OPS | {"Add", "Mul", "Concat", "MatMul",
+        elif n.op_type in POOLS | ACTIVATIONS | SHAPE_OPS | {"Add", "Mul", "Div", "Concat", "MatMul",
                                                              "ReduceMean"} and ins:
             if all(i in p.tensors for i in ins):
                 why = "no int8 op reads its output (an int8 step would only add error)"

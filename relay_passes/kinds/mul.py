@@ -4,10 +4,11 @@
   the quantizer keeps them apart): ``y = requant((a - za) * (b - zb))`` with the factor
   ``s_a * s_b / s_y`` (:class:`~dsa_tvm.layers.ir.Mul`); one operand may broadcast to
   the other with all its channels (``[N, C, 1, 1]`` against ``[N, C, H, W]``).
-* One activation and a per-channel (or scalar) constant, int8 behind a dequantize or
-  float (a layer scale): a :class:`~dsa_tvm.layers.ir.Rescale` whose per-channel
-  REQUANT factor is ``s_a * c[ch] / s_y``, negative or zero factors included (the
-  multiplier carries the sign).
+* One activation times (or divided by) a per-channel or scalar constant, int8 behind a
+  dequantize or float (a layer scale, ``clip(x, 0, 6) / 6``): a
+  :class:`~dsa_tvm.layers.ir.Rescale` whose per-channel REQUANT factor is
+  ``s_a * c[ch] / s_y``, negative or zero factors included (the multiplier carries the
+  sign).
 """
 
 from __future__ import annotations
@@ -26,6 +27,7 @@ from .scales import channel_addend, clip_bounds, requant
 from .spec import ACTS, Kind, act, dq, q
 
 _MUL = "relax.multiply"
+_DIV = "relax.divide"   # by a constant: a product with its reciprocal (``clip(x, 0, 6) / 6``)
 
 
 def _variants() -> list[tuple[str, DFPattern]]:
@@ -35,6 +37,7 @@ def _variants() -> list[tuple[str, DFPattern]]:
         out.append((name, q(act(is_op(_MUL)(dq(), dq()), a))))
         out.append((f"const+{name}", q(act(is_op(_MUL)(dq(), is_const()), a))))
         out.append((f"const_first+{name}", q(act(is_op(_MUL)(is_const(), dq()), a))))
+        out.append((f"div+{name}", q(act(is_op(_DIV)(dq(), is_const()), a))))
     return out
 
 
@@ -50,7 +53,11 @@ def _float_const(r: Reader, expr) -> Operand:
 
 def _read(r: Reader, root: Root) -> Match:
     fused, body = r.activation(root.body)
-    op = r.need(body, _MUL)
+    op = r.need(body, _MUL, _DIV)
+    if op.op.name == _DIV:
+        c = _float_const(r, op.args[1]) if r.call(op.args[1], "relax.dequantize") is None \
+            else r.operand(op.args[1])
+        return root.match("mul", op, [r.operand(op.args[0])], weight=c, act=fused)
     ops = []
     for arg in op.args:
         ops.append(r.operand(arg) if r.call(arg, "relax.dequantize") is not None
@@ -78,7 +85,12 @@ def _real_const(c: Operand) -> np.ndarray:
 def channel_factors(m: Match) -> np.ndarray | None:
     """Per channel ``s_a * c / s_y`` of an activation x constant match (None if the
     constant varies along more than the channel axis)."""
-    c = channel_addend(_real_const(m.weight), tuple(m.out_shape))
+    c = _real_const(m.weight)
+    if m.op_name == _DIV:
+        if np.any(c == 0):
+            return None
+        c = 1.0 / c
+    c = channel_addend(c, tuple(m.out_shape))
     if c is None:
         return None
     return float(m.inputs[0].qp.scale[0]) * c / float(m.out.scale[0])
@@ -101,7 +113,7 @@ def _operands(m: Match, cfg: HardwareConfig) -> str | None:
             return f"operand {x.shape} -> {m.out_shape}: the activation must not broadcast"
         if channel_factors(m) is None:
             return (f"constant factor of shape {m.weight.shape} varies along more than the "
-                    f"channel axis of {m.out_shape}")
+                    f"channel axis of {m.out_shape} (or divides by zero)")
         return None
     if len(m.inputs) != 2:
         return "both operands are constants"
