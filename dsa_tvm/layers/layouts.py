@@ -36,6 +36,9 @@ def broadcast_dims(a: tuple[int, ...], b: tuple[int, ...]) -> tuple[int, int, in
     (N broadcast, H*W full); axes that alternate more often are refused."""
     if len(b) > len(a):
         return f"operand {tuple(b)} has more dimensions than {tuple(a)}"
+    if len(b) != len(a) and 4 in (len(a), len(b)):
+        return (f"operand {tuple(b)} against {tuple(a)}: a 4-D tensor is an NCHW image, the "
+                f"other rank channels-last rows (give both the same rank)")
     b = (1,) * (len(a) - len(b)) + tuple(b)
     if any(db not in (1, da) for da, db in zip(a, b)):
         return f"operand {b} does not broadcast to {tuple(a)}"
