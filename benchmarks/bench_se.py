@@ -47,8 +47,9 @@ def se_model(path: Path, gate: str, c: int = 32, size: int = 28, batch: int = 1,
     return path
 
 
-def measure(gate: str, tmp: Path, c: int, size: int, batch: int = 1) -> dict:
-    """Compile and run one SE model; the numbers the module docstring lists."""
+def measure(gate: str, tmp: Path, c: int, size: int, batch: int = 1, target="dsa") -> dict:
+    """Compile and run one SE model for ``target`` (a target or a hardware config); the
+    numbers the module docstring lists."""
     import tvm
     from tvm import relax
 
@@ -65,7 +66,8 @@ def measure(gate: str, tmp: Path, c: int, size: int, batch: int = 1) -> dict:
     qm = quantize_onnx(str(path), calib, preprocess="raw", show_progress=False)
     mod = qm.to_relax()
     x = np.random.default_rng(99).standard_normal(shape).astype(np.float32)
-    ex = tvm.compile(mod, target="dsa")
+    ex = tvm.compile(mod, target=target) if isinstance(target, str) else dsa_tvm.compile(
+        mod, target)
     rep = dsa_tvm.last_compile_report()
     take_launches()
     got = relax.VirtualMachine(ex, tvm.cpu())["main"](tvm.runtime.tensor(x)).numpy()

@@ -169,6 +169,8 @@ def binary_reason(g: Graph, n: onnx.NodeProto) -> str | None:
     shapes = [g.shape(i) for i in n.input]
     if not (_static(out) and all(_static(s) for s in shapes)):
         return "shapes are not static"
+    if n.op_type == "Div" and n.input[1] in ins:
+        return "divides by an activation (only division by a constant is a product)"
     if len(ins) == 2:
         full = [i for i in ins if tuple(g.shape(i)) == tuple(out)]
         if not full:
@@ -179,8 +181,8 @@ def binary_reason(g: Graph, n: onnx.NodeProto) -> str | None:
     if len(ins) != 1 or n.op_type not in ("Mul", "Div"):
         return None if len(ins) == 1 else "computes from constants only"
     c = [i for i in n.input if i and g.is_const(i)][0]
-    if n.op_type == "Div" and (n.input[1] != c or np.any(g.const(c) == 0)):
-        return "divides by an activation (or by zero)"
+    if n.op_type == "Div" and np.any(g.const(c) == 0):
+        return "divides by zero"
     cs = tuple(g.shape(c))
     if tuple(g.shape(ins[0])) != tuple(out):
         return "the activation broadcasts to the output"
