@@ -156,4 +156,4 @@ KINDS = (Kind(
                    "the same or broadcasting per channel (`[N, C, 1, 1]`), or one activation and "
                    "a per-channel (or scalar) constant", _operands),
     ],
-    _to_layer, "Mul (SE gate, x * sigmoid(x), layer scale; + Relu/Clip)", _MUL),)
+    _to_layer, "Mul (SE gate, x * sigmoid(x), layer scale), Div by a constant; + Relu/Clip", _MUL),)

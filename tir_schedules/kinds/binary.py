@@ -37,7 +37,7 @@ from ..names import ANN_DOUBLE_BUFFER, SCOPE_ACC
 from ..output_stage import place_output, requant_stage
 from ..tiling import divisors, lowest_estimate
 from ..vector_unit import acc_fits, check_fits, no_tiling, stream_cycles
-from .base import Kind, Recipe, UnsupportedLayer, requant_table
+from .base import Kind, Recipe, UnsupportedLayer, describe_layer, requant_table
 
 #: scalar body of the product stage, ``(a - za) * b - zb * a`` (opaque: the simplifier
 #: must not rewrite it away from the intrinsic's description)
@@ -314,12 +314,18 @@ def _run_add(ly: Add, env: dict[str, np.ndarray]) -> np.ndarray:
     return apply_requant(acc, ly.requant, axis=1 if acc.ndim == 4 else -1)
 
 
+def describe(layer) -> str:
+    """The report line: a product reads ``a * b``."""
+    line = describe_layer(layer)
+    return line.replace(" + ", " * ", 1) if isinstance(layer, Mul) else line
+
+
 #: layer type -> (recipe, reference)
 LAYERS = {Mul: (mul_recipe, run_mul), Add: (add_recipe, _run_add)}
 
 KIND = Kind(
     name="binary", layers=tuple(LAYERS),
-    claims=lambda ly: isinstance(ly, Mul) or is_broadcast_add(ly),
+    claims=lambda ly: isinstance(ly, Mul) or is_broadcast_add(ly), describe=describe,
     recipe=lambda ly, cfg, consts: LAYERS[type(ly)][0](ly, cfg, consts),
     reference=lambda ly, env: LAYERS[type(ly)][1](ly, env),
     bounds=lambda ly: with_weights(ly, inputs_read(ly)),
