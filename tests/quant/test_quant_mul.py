@@ -102,3 +102,62 @@ def test_se_block_in_one_region(tmp_path, gate):
     assert not [op for op in r["cpu_ops"] if "multiply" in op or "mean" in op], r
     assert r["bit_exact"], r
     assert r["max_steps_llvm"] <= 1 and r["max_steps_ort"] <= 1, r
+
+
+@pytest.mark.parametrize("gate", ["relu", "clip6"])
+def test_se_block_through_the_relax_quantizer(tmp_path, gate):
+    """The same SE block as an FP32 Relax module through ``dsa_tvm.quantize``: the product,
+    the division by 6 and the global mean planned int8; one region, bit-exact, within one
+    step of llvm; x * sigmoid(x) (sigmoid on the CPU) is left FP32 with its reason."""
+    pytest.importorskip("torch")
+    import onnx
+    import tvm
+    from tvm import relax
+    from tvm.relax.frontend.onnx import from_onnx
+
+    import dsa_tvm
+    from dsa_tvm.hw.config import load_config
+    from dsa_tvm.runtime import take_launches
+    from tir_schedules.kinds import run_region
+
+    path = _bench().se_model(tmp_path / "se.onnx", gate, 16, 12, 2)
+    mod = from_onnx(onnx.load(str(path)), keep_params_in_input=False)
+    calib = [np.random.default_rng(i).standard_normal((2, 3, 12, 12)).astype(np.float32)
+             for i in range(4)]
+    qmod = dsa_tvm.quantize(mod, calib)
+    ex = dsa_tvm.compile(qmod, load_config("default").replace(cpu_gmacs=1e-6,
+                                                              launch_overhead_us=0.0))
+    rep = dsa_tvm.last_compile_report()
+    assert [d.target for d in rep.regions] == ["dsa"], str(rep)
+    layers = [type(ly).__name__ for ly in rep.regions[0].region.layers]
+    assert "Mul" in layers and "GlobalAvgPool" in layers, layers
+    take_launches()
+    x = calib[1]
+    got = relax.VirtualMachine(ex, tvm.cpu())["main"](tvm.runtime.tensor(x)).numpy()
+    (la,) = take_launches()
+    want = run_region(rep.regions[0].region, la.inputs)
+    for name, arr in la.outputs.items():
+        np.testing.assert_array_equal(arr, want[name])
+    ref = relax.VirtualMachine(tvm.compile(qmod, target="llvm"), tvm.cpu())["main"](
+        tvm.runtime.tensor(x)).numpy()
+    step = float(np.min(np.diff(np.unique(ref))))
+    assert np.abs(got - ref).max() <= step * 1.01
+
+
+def test_relax_plan_leaves_a_product_with_a_cpu_operand_fp32():
+    from tvm.script import relax as R
+
+    from dsa_tvm.quant.relax_plan import make_plan
+
+    @R.function
+    def main(x: R.Tensor((1, 8, 4, 4), "float32")):
+        with R.dataflow():
+            s = R.sigmoid(x)
+            y = R.multiply(x, s)
+            R.output(y)
+        return y
+
+    plan = make_plan(main)
+    assert not [c for c in plan.chains if c.kind == "mul"]
+    ops = plan.fp32_ops(main)
+    assert any(op == "relax.multiply" and "operand is FP32" in why for op, why in ops), ops
