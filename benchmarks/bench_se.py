@@ -70,8 +70,10 @@ def measure(gate: str, tmp: Path, c: int, size: int, batch: int = 1, target="dsa
         mod, target)
     rep = dsa_tvm.last_compile_report()
     take_launches()
-    got = relax.VirtualMachine(ex, tvm.cpu())["main"](tvm.runtime.tensor(x)).numpy()
+    vm = relax.VirtualMachine(ex, tvm.cpu())
+    got = vm["main"](tvm.runtime.tensor(x)).numpy()
     launches = take_launches()
+    run = dsa_tvm.run_report(vm)
     regions = {d.name: d.region for d in rep.regions if d.target == "dsa"}
     exact = bool(launches) and all(
         np.array_equal(arr, run_region(regions[la.program.name], la.inputs)[name])
@@ -89,7 +91,10 @@ def measure(gate: str, tmp: Path, c: int, size: int, batch: int = 1, target="dsa
             "differ_llvm": float((got != llvm).mean()),
             "max_steps_ort": float(np.abs(got - ort).max() / step),
             "differ_ort": float((got != ort).mean()),
-            "cpu_ops": [str(op.op) for op in rep.partition.cpu_ops]}
+            "cpu_ops": [str(op.op) for op in rep.partition.cpu_ops],
+            "violations": [r.name for r in run.violations],
+            "cycles": {r.name: (r.op, r.cycles) for r in run.rows if r.target == "DSA"},
+            "total_cycles": run.total_cycles}
 
 
 def _step(model, out_q) -> float:
@@ -115,6 +120,9 @@ def main(argv: list[str] | None = None) -> int:
                   f"{r['max_steps_llvm']:.0f} step(s), {100 * r['differ_llvm']:.2f}% of outputs "
                   f"differ; vs onnxruntime (opt off): max {r['max_steps_ort']:.0f} step(s), "
                   f"{100 * r['differ_ort']:.2f}% differ")
+            muls = [f"{op} {cyc:,}" for op, cyc in r["cycles"].values() if op in ("Mul", "Rescale", "Add")]
+            print(f"    {r['total_cycles']:,} cycles in the region; {', '.join(muls)}; "
+                  f"impossible layers: {r['violations'] or 'none'}")
     return 0
 
 

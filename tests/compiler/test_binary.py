@@ -81,6 +81,8 @@ def test_mul_matches_reference(preset, data):
     ly = L.Mul("mul", a, b, qt(rng, "y", ashape), _requant(rng, factor, int(rng.integers(-128, 128)),
                                                            clip))
     check(region([a, b], [ly]), cfg, rng)
+    sq = L.Mul("square", a, a, qt(rng, "y2", ashape), ly.requant)  # x * x: one tensor twice
+    check(region([a], [sq]), cfg, rng)
 
 
 @pytest.mark.parametrize("preset", PRESETS)

@@ -101,6 +101,7 @@ def test_se_block_in_one_region(tmp_path, gate):
     assert r["layers"].count("Mul") == 1 and "GlobalAvgPool" in r["layers"], r
     assert not [op for op in r["cpu_ops"] if "multiply" in op or "mean" in op], r
     assert r["bit_exact"], r
+    assert not r["violations"], r
     assert r["max_steps_llvm"] <= 1 and r["max_steps_ort"] <= 1, r
 
 
