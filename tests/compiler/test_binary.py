@@ -266,3 +266,25 @@ def test_channel_broadcast_of_an_activation_stays_on_the_cpu(tmp_path):
     assert "broadcasts over the channels" in rep, rep
     np.testing.assert_array_equal(_run(ex, x, gt),
                                   _run(tvm.compile(mod, target=tvm.target.Target(FAST_LLVM)), x, gt))
+
+
+def test_silu_product_with_its_own_qdq(tmp_path):
+    """SiLU as a quantizer keeping x and sigmoid(x) as separate QDQ tensors: the product
+    runs on the DSA (the sigmoid on the CPU until the table unit takes it), within one step
+    of llvm."""
+    g = qm.QDQGraph(4)
+    x = g.qdq("x", 0.03, -5)
+    s = g.qdq(g.op("Sigmoid", [x]), 1 / 256, -128)
+    y = g.qdq(g.op("Mul", [x, s]), 0.025, -10)
+    path = g.save(tmp_path / "silu.onnx", {"x": (1, 24, 6, 6)}, y, (1, 24, 6, 6))
+    mod = from_onnx(onnx.load(path), keep_params_in_input=False)
+    xin = (0.03 * (np.random.default_rng(2).integers(-128, 128, (1, 24, 6, 6)) + 5)).astype(
+        np.float32)
+    want = _run(tvm.compile(mod, target=tvm.target.Target(FAST_LLVM)), xin)
+    ex = dsa_tvm.compile(mod, _always_offload("default"))
+    rep = dsa_tvm.last_compile_report()
+    kinds = [type(ly).__name__ for d in rep.regions if d.target == "dsa" for ly in d.region.layers]
+    assert kinds == ["Mul"], str(rep)
+    got = _run(ex, xin)
+    assert np.abs(got - want).max() <= 0.025 * 1.01
+    assert (got != want).mean() < 0.05
