@@ -148,11 +148,13 @@ class Add:
     """acc = (a - a.zp) * a_mult + (b - b.zp) * b_mult (int32); y = requant(acc).
 
     The two rescale factors share the requant's shift: with ``requant.multiplier = [1]``
-    and ``shift = [n]``, ``a_mult ~ a.scale / y.scale * 2**n``."""
+    and ``shift = [n]``, ``a_mult ~ a.scale / y.scale * 2**n``. ``b`` has a's shape, or
+    broadcasts to it (numpy rules) with all its channels (a per-channel gate
+    ``[N, C, 1, 1]``): the binary room (``tir_schedules.kinds.binary``) runs those."""
 
     name: str
     a: QTensor
-    b: QTensor               # same shape as a
+    b: QTensor               # same shape as a, or broadcasting to it (same channels)
     output: QTensor
     a_mult: int
     b_mult: int
@@ -226,3 +228,26 @@ def layer_inputs(layer: Layer) -> list[QTensor]:
     """The tensors a layer reads: its QTensor fields but ``output``, in field order."""
     return [v for f in fields(layer)
             if f.name != "output" and isinstance(v := getattr(layer, f.name), QTensor)]
+
+
+@dataclass(frozen=True)
+class Mul:
+    """acc = (a - a.zp) * (b - b.zp) (int32, |acc| <= 2**16); y = requant(acc) with the
+    requant's factor ``a.scale * b.scale / y.scale``.
+
+    Two activations (an SE channel gate, SiLU's ``x * sigmoid(x)``): ``b`` has a's shape,
+    or broadcasts to it (numpy rules) with all its channels (``[N, C, 1, 1]`` against
+    ``[N, C, H, W]``; ``[B, 1, C]`` against ``[B, T, C]``). The output has a's shape."""
+
+    name: str
+    a: QTensor
+    b: QTensor
+    output: QTensor
+    requant: Requant
+
+    @property
+    def macs(self) -> int:
+        return 0
+
+
+Layer = Layer | Mul

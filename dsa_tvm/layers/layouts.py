@@ -26,6 +26,44 @@ def image_dims(shape: tuple[int, ...]) -> tuple[int, int, int, int]:
     return 1, shape[-1], rows, 1
 
 
+def broadcast_dims(a: tuple[int, ...], b: tuple[int, ...]) -> tuple[int, int, int, int] | str:
+    """(n, hw, nb, hwb) of ``b`` broadcasting to ``a`` in the blocked layout (the pixels
+    of NCHW, the rows of ``(..., C)``), or why it cannot.
+
+    ``b`` must keep every channel (one lane each: the ALU cannot spread a lane). Over the
+    pixel axes (those of extent 1 in ``a`` aside) ``b`` is full on one run and 1 on the
+    other: ``[N, C, 1, 1]`` is (N images full, H*W pixels broadcast), ``[1, C, H, W]``
+    (N broadcast, H*W full); axes that alternate more often are refused."""
+    if len(b) > len(a):
+        return f"operand {tuple(b)} has more dimensions than {tuple(a)}"
+    if len(b) != len(a) and 4 in (len(a), len(b)):
+        return (f"operand {tuple(b)} against {tuple(a)}: a 4-D tensor is an NCHW image, the "
+                f"other rank channels-last rows (give both the same rank)")
+    b = (1,) * (len(a) - len(b)) + tuple(b)
+    if any(db not in (1, da) for da, db in zip(a, b)):
+        return f"operand {b} does not broadcast to {tuple(a)}"
+    ch = 1 if len(a) == 4 else len(a) - 1
+    if b[ch] != a[ch]:
+        return (f"operand {b} broadcasts over the channels of {tuple(a)} (only per-channel "
+                f"operands broadcast: one lane per channel)")
+    axes = [(da, db == da) for i, (da, db) in enumerate(zip(a, b)) if i != ch and da > 1]
+    runs: list[list] = []
+    for da, full in axes:
+        if runs and runs[-1][1] == full:
+            runs[-1][0] *= da
+        else:
+            runs.append([da, full])
+    total = int(np.prod([d for d, _ in axes], dtype=np.int64))
+    if not runs or (len(runs) == 1 and runs[0][1]):
+        return 1, total, 1, total
+    if len(runs) == 1:
+        return 1, total, 1, 1
+    if len(runs) == 2:
+        (n, outer_full), (hw, _) = runs
+        return (n, hw, n, 1) if outer_full else (n, hw, 1, hw)
+    return f"operand {b} broadcasts to {tuple(a)} over alternating axes"
+
+
 def blocked_shape(shape: tuple[int, ...], block: int) -> tuple[int, int, int, int, int]:
     n, c, h, w = image_dims(shape)
     return n, h, w, ceil_div(c, block), block

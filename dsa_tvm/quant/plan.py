@@ -1,9 +1,10 @@
 """Which nodes run in int8, which tensors get a QDQ pair, and which tensors share a scale.
 
 Anchors carry weights (Conv, Gemm, MatMul with a constant 2-D weight) and always
-quantize unless kept in FP32. Followers (Add, pooling, Concat, Relu/Clip, and
-shape-only ops between quantized tensors) quantize when their inputs already are
-quantized, so QDQ pairs never appear inside FP32-only parts of the graph. An op the
+quantize unless kept in FP32. Followers (Add and Mul of two activations, same shape or
+broadcasting per channel, Mul by a per-channel constant, pooling and global means,
+Concat, Relu/Clip, and shape-only ops between quantized tensors) quantize when their
+inputs already are quantized, so QDQ pairs never appear inside FP32-only parts of the graph. An op the
 DSA does not run is simply not in any table: it stays FP32 and never breaks anything.
 
 Scale sharing (union-find over tensor names): MaxPool, Concat and shape-only ops use
@@ -16,9 +17,11 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+import numpy as np
 import onnx
 
 from ..frontend.onnx_graph import Graph
+from ..layers.layouts import broadcast_dims
 
 ACTIVATIONS = {"Relu", "Clip"}
 POOLS = {"MaxPool", "AveragePool", "GlobalAveragePool"}
@@ -153,6 +156,55 @@ def _same_shape(g: Graph, a: str, b: str) -> bool:
     return sa is not None and sa == sb and -1 not in sa
 
 
+def _static(shape) -> bool:
+    return shape is not None and all(isinstance(d, int) and d > 0 for d in shape)
+
+
+def binary_reason(g: Graph, n: onnx.NodeProto) -> str | None:
+    """None if the DSA runs this two-operand Add/Mul in int8, else why not: two activations
+    of one shape or one broadcasting per channel (``[N, C, 1, 1]`` against ``[N, C, H, W]``),
+    or (Mul) an activation and a per-channel or scalar constant (a layer scale)."""
+    out = g.shape(n.output[0])
+    ins = [i for i in n.input if i and not g.is_const(i)]
+    shapes = [g.shape(i) for i in n.input]
+    if not (_static(out) and all(_static(s) for s in shapes)):
+        return "shapes are not static"
+    if n.op_type == "Div" and n.input[1] in ins:
+        return "divides by an activation (only division by a constant is a product)"
+    if len(ins) == 2:
+        full = [i for i in ins if tuple(g.shape(i)) == tuple(out)]
+        if not full:
+            return f"neither operand has the output's shape {list(out)}"
+        other = ins[1] if full[0] == ins[0] else ins[0]
+        d = broadcast_dims(tuple(out), tuple(g.shape(other)))
+        return d if isinstance(d, str) else None
+    if len(ins) != 1 or n.op_type not in ("Mul", "Div"):
+        return None if len(ins) == 1 else "computes from constants only"
+    c = [i for i in n.input if i and g.is_const(i)][0]
+    if n.op_type == "Div" and np.any(g.const(c) == 0):
+        return "divides by zero"
+    cs = tuple(g.shape(c))
+    if tuple(g.shape(ins[0])) != tuple(out):
+        return "the activation broadcasts to the output"
+    rank = len(out)
+    full = (1,) * (rank - len(cs)) + cs if len(cs) <= rank else None
+    ch = 1 if rank == 4 else rank - 1
+    if full is None or any(d != 1 for i, d in enumerate(full) if i != ch):
+        return f"constant of shape {list(cs)} varies along more than the channel axis"
+    return None
+
+
+def _global_mean(g: Graph, n: onnx.NodeProto) -> bool:
+    """ReduceMean over H and W of an NCHW tensor, dimensions kept (a global average pool)."""
+    shape = g.shape(n.input[0])
+    axes = g.attr(n, "axes", None)
+    if axes is None and len(n.input) > 1 and n.input[1] and g.is_const(n.input[1]):
+        axes = [int(a) for a in g.const(n.input[1]).reshape(-1)]
+    if shape is None or len(shape) != 4 or axes is None:
+        return False
+    return sorted(int(a) % 4 for a in axes) == [2, 3] and g.attr(n, "keepdims", 1) == 1
+
+
 def anchor_output(a: Anchor) -> str:
     return ((a.act or a.bias_add) or a.node).output[0]
 
@@ -191,12 +243,25 @@ def make_plan(g: Graph, keep_fp32: set[str] = frozenset(), available: set[str] |
         if not ins:
             continue
         if n.op_type == "Add" and quantize_adds:
-            if len(ins) != 2 or not _same_shape(g, *ins) or not any(i in produced for i in ins):
+            if len(ins) != 2 or not any(i in produced for i in ins) or (
+                    not _same_shape(g, *ins) and binary_reason(g, n) is not None):
                 continue
             act = _fusable_act(g, n.output[0])
             f = Follower(n, ins, act)
             if act is not None:
                 fused.add(id(act))
+        elif n.op_type in ("Mul", "Div") and quantize_adds:
+            # x * gate (SE), x * sigmoid(x), x * layer_scale: both activations int8 already
+            if not all(i in produced for i in ins) or binary_reason(g, n) is not None:
+                continue
+            act = _fusable_act(g, n.output[0])
+            f = Follower(n, ins, act)
+            if act is not None:
+                fused.add(id(act))
+        elif n.op_type == "ReduceMean":
+            if not _global_mean(g, n) or not all(i in produced for i in ins[:1]):
+                continue
+            f = Follower(n, ins[:1])
         elif n.op_type == "MatMul" and quantize_matmuls:
             # two activations (attention's Q @ K^T, P @ V): the DSA's batch matmul runs it
             # whatever produced its inputs, so it quantizes them itself
@@ -265,9 +330,12 @@ def fp32_reasons(g: Graph, p: Plan, quantize_adds: bool = True) -> dict[str, tup
         if n.name in done:
             continue
         ins = [i for i in n.input if i and not g.is_const(i)]
-        if n.op_type == "Add" and not quantize_adds:
+        if n.op_type in ("Add", "Mul", "Div") and not quantize_adds:
             why = "residual adds stay FP32 (quantize_adds=False)"
-        elif n.op_type in POOLS | ACTIVATIONS | SHAPE_OPS | {"Add", "Concat", "MatMul"} and ins:
+        elif n.op_type in ("Add", "Mul", "Div") and (bad := binary_reason(g, n)) is not None:
+            why = f"no int8 form: {bad}"
+        elif n.op_type in POOLS | ACTIVATIONS | SHAPE_OPS | {"Add", "Mul", "Div", "Concat", "MatMul",
+                                                             "ReduceMean"} and ins:
             if all(i in p.tensors for i in ins):
                 why = "no int8 op reads its output (an int8 step would only add error)"
             else:
@@ -275,7 +343,7 @@ def fp32_reasons(g: Graph, p: Plan, quantize_adds: bool = True) -> dict[str, tup
         elif not ins:
             why = "computes from constants only"
         else:
-            why = "no int8 form (the DSA runs conv/dense/matmul, adds, pooling, Relu/Clip, " \
-                  "Concat and reshapes); runs in FP32 on the CPU"
+            why = ("no int8 form (the DSA runs conv/dense/matmul, adds, products, global "
+                   "means, pooling, Relu/Clip, Concat and reshapes); runs in FP32 on the CPU")
         out[n.name] = (n.op_type, why)
     return out

@@ -22,14 +22,19 @@ from tvm import relax
 from tvm.ir import Op
 from tvm.ir.expr import GenericConst
 
+from dsa_tvm.layers.layouts import broadcast_dims
 from relay_passes.kinds.match import prim_float
 from relay_passes.kinds.scales import channel_addend
 
 ANCHORS = ("relax.nn.conv2d", "relax.matmul", "relax.add", "relax.nn.max_pool2d",
-           "relax.nn.avg_pool2d", "relax.mean")
+           "relax.nn.avg_pool2d", "relax.mean", "relax.multiply", "relax.divide")
 ACTIVATIONS = ("relax.nn.relu", "relax.clip")
 MOVEMENT = ("relax.reshape", "relax.permute_dims", "relax.flatten", "relax.squeeze",
             "relax.expand_dims")
+#: why a multiply or divide stays FP32 (:func:`_binary` says which cases run int8)
+_PRODUCT_WHY = ("no int8 form on the DSA: an operand is FP32 (no int8 op produces it), the "
+                "divisor is not a constant, or a constant or operand varies along more than "
+                "the channel axis")
 
 
 @dataclass
@@ -92,8 +97,10 @@ class Plan:
                 if not op or b.var in absorbed:
                     continue
                 why = self.kept_fp32.get(b.var.name) or (
-                    "an anchor no int8 chain could take" if op in ANCHORS
-                    else "no int8 form on the DSA (conv/dense/matmul, adds, pooling, ReLU/Clip)")
+                    _PRODUCT_WHY if op in ("relax.multiply", "relax.divide")
+                    else "an anchor no int8 chain could take" if op in ANCHORS
+                    else "no int8 form on the DSA (conv/dense/matmul, adds, products, pooling, "
+                    "ReLU/Clip)")
                 out.setdefault((op, why), []).append(b.var.name)
         return out
 
@@ -168,6 +175,38 @@ def _absorb_affine(ch: Chain, axis: int, var2val: dict, only_user, absorbed: set
         absorbed.update(chain)
 
 
+def _binary(v: relax.Var, call: relax.Call, var2val: dict,
+            produced: set[relax.Var]) -> Chain | None:
+    """An add or multiply the DSA runs int8: two activations of one shape, or one
+    broadcasting per channel (``[N, C, 1, 1]``), or (multiply) an activation times a
+    per-channel constant (or divided by one). A product needs both activations int8 already (an SE gate
+    from a conv, a table activation's output), or it would only add a quantize step."""
+    args, kind = list(call.args), "add" if _op(call) == "relax.add" else "mul"
+    consts = [_const(a, var2val) for a in args]
+    out = _shape(call)
+    if _op(call) == "relax.divide" and (consts[1] is None or np.any(consts[1] == 0)):
+        return None  # only a division by a (non-zero) constant is a product
+    if all(c is None for c in consts):
+        if not all(_float_tensor(a) for a in args):
+            return None
+        shapes = [_shape(a) for a in args]
+        if shapes[0] == shapes[1] == out:
+            pass
+        elif out not in shapes or isinstance(broadcast_dims(out, shapes[1 - shapes.index(out)]),
+                                             str):
+            return None
+        if kind == "mul" and not all(a in produced for a in args):
+            return None
+        return Chain(kind, v, args[:2], v)
+    if kind != "mul" or sum(c is None for c in consts) != 1:
+        return None
+    x = args[0] if consts[0] is None else args[1]
+    c = consts[1] if consts[0] is None else consts[0]
+    if x not in produced or _shape(x) != out or channel_addend(c, out) is None:
+        return None
+    return Chain("mul", v, [x], v)
+
+
 def anchor_names(func: relax.Function) -> list[str]:
     """Names of the bindings ``keep_fp32`` may name (the ops a plan can quantize)."""
     return [b.var.name for blk in func.body.blocks for b in blk.bindings if _op(b.value) in ANCHORS]
@@ -223,10 +262,8 @@ def make_plan(func: relax.Function, keep_fp32: frozenset[str] = frozenset()) -> 
                 axis = -1
             elif w is None and all(_float_tensor(a) for a in args):
                 ch = Chain("batch_matmul", v, args[:2], v)
-        elif op == "relax.add":
-            consts = [_const(a, var2val) for a in args]
-            if all(c is None for c in consts) and _shape(args[0]) == _shape(args[1]) == _shape(call):
-                ch = Chain("add", v, args[:2], v)
+        elif op in ("relax.add", "relax.multiply", "relax.divide"):
+            ch = _binary(v, call, var2val, {c.output for c in plan.chains})
         else:
             ch = Chain(op.split(".")[-1], v, [args[0]], v)
             if op == "relax.nn.max_pool2d":
@@ -235,7 +272,7 @@ def make_plan(func: relax.Function, keep_fp32: frozenset[str] = frozenset()) -> 
             continue
         if ch.kind in ("conv2d", "dense"):
             _absorb_affine(ch, axis, var2val, only_user, absorbed)
-        if ch.kind in ("conv2d", "dense", "add"):
+        if ch.kind in ("conv2d", "dense", "add", "mul"):
             activation(ch)
         plan.chains.append(ch)
     # data movement between a quantized tensor and an anchor input keeps its scale

@@ -1,5 +1,7 @@
-"""add: ``quantize(act(dq(a) + dq(b)))``, two int8 activations of one shape (a residual), or
-one activation and a per-channel constant (a bias the exporter kept apart).
+"""add: ``quantize(act(dq(a) + dq(b)))``, two int8 activations of one shape (a residual) or
+one broadcasting to the other with all its channels (``[N, C, 1, 1] + [N, C, H, W]``: the
+binary room's), or one activation and a per-channel constant (a bias the exporter kept
+apart).
 
 Both operands are rescaled to the output in integers: ``a_mult = round(s_a / s_y * 2**n)``,
 ``b_mult`` likewise, with n chosen so both stay below ``2**ADD_MULT_BITS``; REQUANT is
@@ -16,9 +18,10 @@ from tvm.relax.dpl import DFPattern, is_op
 from dsa_tvm.hw.config import HardwareConfig
 from dsa_tvm.isa import semantics as sem
 from dsa_tvm.layers.ir import Add, BiasAdd, Layer, QTensor, Requant
+from dsa_tvm.layers.layouts import broadcast_dims
 
 from .common import Constraint, common_constraints
-from .match import Match, Reader, Root
+from .match import Match, Operand, Reader, Root
 from .scales import channel_addend, clip_bounds
 from .spec import ACTS, Kind, act, dq, q
 
@@ -62,10 +65,20 @@ def _operands(m: Match, cfg: HardwareConfig) -> str | None:
     a, b = m.inputs
     if a.value is not None and b.value is not None:
         return "both operands are constants"
-    if a.shape != b.shape or tuple(m.out_shape) != a.shape:
-        return (f"operands {a.shape} + {b.shape} -> {m.out_shape}: two activations must have "
-                f"the same shape (no broadcast)")
-    return None
+    if a.shape == b.shape == tuple(m.out_shape):
+        return None
+    full, other = _ordered(m)
+    if full.shape != tuple(m.out_shape):
+        return (f"operands {a.shape} + {b.shape} -> {m.out_shape}: two activations need one "
+                f"of the output's shape")
+    d = broadcast_dims(full.shape, other.shape)
+    return d if isinstance(d, str) else None
+
+
+def _ordered(m: Match) -> tuple[Operand, Operand]:
+    """(full operand, the other) of two activations: a broadcasting one goes second."""
+    a, b = m.inputs
+    return (b, a) if b.shape == tuple(m.out_shape) and a.shape != b.shape else (a, b)
 
 
 def _add_params(m: Match) -> tuple[int, int, int]:
@@ -83,13 +96,16 @@ def _to_layer(m: Match, name: str, inputs: list[QTensor], output: QTensor) -> La
         c = channel_addend(m.addend.value, tuple(m.out_shape)).astype(np.int64)
         bias = (c - int(m.addend.qp.zero_point[0])) * bm
         return BiasAdd(name, inputs[0], output, am, bias.astype(np.int32), rq)
+    if _ordered(m)[0] is not m.inputs[0]:  # the broadcasting operand second
+        return Add(name, inputs[1], inputs[0], output, bm, am, rq)
     return Add(name, inputs[0], inputs[1], output, am, bm, rq)
 
 
 KINDS = (Kind(
     "add", 400, _variants, _read,
     common_constraints(rescale_factors, limit=2.0 ** ADD_MULT_BITS) + [
-        Constraint("operands", "two int8 activations of the same shape, or one and a "
-                   "per-channel (or scalar) constant", _operands),
+        Constraint("operands", "two int8 activations of the same shape or one broadcasting "
+                   "per channel (`[N, C, 1, 1]`), or one activation and a per-channel (or "
+                   "scalar) constant", _operands),
     ],
     _to_layer, "Add (residual, + Relu/Clip)", "relax.add"),)

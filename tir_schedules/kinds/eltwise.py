@@ -261,8 +261,13 @@ def run_rescale(ly: Rescale, env: dict[str, np.ndarray]) -> np.ndarray:
 LAYERS = {Add: (add_recipe, run_add), BiasAdd: (bias_add_recipe, run_bias_add),
           Rescale: (rescale_recipe, run_rescale)}
 
+def _same_shape(ly) -> bool:
+    """Not a broadcasting Add (the binary room's)."""
+    return not isinstance(ly, Add) or tuple(ly.a.shape) == tuple(ly.b.shape)
+
+
 KIND = Kind(
-    name="eltwise", layers=tuple(LAYERS),
+    name="eltwise", layers=tuple(LAYERS), claims=_same_shape,
     recipe=lambda ly, cfg, consts: LAYERS[type(ly)][0](ly, cfg, consts),
     reference=lambda ly, env: LAYERS[type(ly)][1](ly, env),
     bounds=lambda ly: with_weights(ly, inputs_read(ly)),
