@@ -30,8 +30,10 @@ LAYERS: tuple[tuple[str, tuple[str, ...]], ...] = (
     # what users run on top of the compiler: quantization, then tuning and the bundled models
     ("quant", ("dsa_tvm.quant",)),
     ("tuning/models", ("dsa_tvm.tuning", "dsa_tvm.models")),
-    # the entry points: the package API, the CLI and its subcommands, the ONNX backend
+    # the entry points: the package API, the CLI and its subcommands, the ONNX backend, and
+    # the zoo's measurement, which drives a model through the public API end to end
     ("api/cli", ("dsa_tvm", "dsa_tvm.api", "dsa_tvm.cli", "dsa_tvm.cli_common",
+                 "dsa_tvm.models.torch_zoo.measure",
                  "dsa_tvm.quantize_cli", "dsa_tvm.tune_cli", "dsa_tvm.flow", "dsa_tvm.demo",
                  "dsa_tvm.conformance", "dsa_tvm.onnx_backend")),
 )
