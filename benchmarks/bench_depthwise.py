@@ -6,7 +6,9 @@ over accumulator rows, ``array``: diagonal weight tiles), the busy cycles of the
 load / compute / store engines, the cycles charged to it, its bound and the ratio;
 then the network's cycles against the sum of every DSA layer's bound. The bound is
 the one the program's layer table records: max(MACs / peak MACs per cycle,
-compulsory DRAM bytes / bandwidth). Goals (issue 13): depthwise <= 2x, the
+compulsory DRAM bytes / bandwidth); ``floor`` is the fewest cycles this ISA allows (one
+compute step per accumulator row and tap, plus the requant step: the engine's ceiling,
+whatever the mapping). Goals (issue 13): depthwise <= 2x, the
 network <= 1.2x. Never asserts::
 
     python benchmarks/bench_depthwise.py [mobilenet_v2 ...] [--hw default] [--size 224]
@@ -25,6 +27,17 @@ def layer_bound(meta: dict, cfg) -> float:
 
     dram = (meta["min_read_bytes"] + meta["min_write_bytes"]) / cfg.bandwidth_bytes_per_cycle
     return max(compute_bound(int(meta["macs"]), cfg.peak_macs_per_cycle), math.ceil(dram))
+
+
+def engine_floor(layer, cfg) -> float:
+    """Fewest compute-engine cycles of a depthwise layer on this ISA: every output row of
+    ``block_out`` channels takes one step per tap (a GEMM step on the array, an ALU step on
+    the vector unit, whichever is faster) and one requant step."""
+    n, c, oh, ow = layer.output.shape
+    kh, kw = layer.weight.shape[2:]
+    rows = n * oh * ow * -(-c // cfg.block_out)
+    alu = cfg.alu_cycles_per_row
+    return rows * (kh * kw * min(1.0, alu) + alu)
 
 
 def engine_of(meta: dict) -> str:
@@ -51,8 +64,8 @@ def bench(name: str, hw: str, size: int, engine: str, show_all: bool,
     with dsa_tvm.options(depthwise_engine=engine):
         ex = tvm.compile(from_onnx(qdq, keep_params_in_input=False), target=dsa_tvm.target(cfg))
     crep = dsa_tvm.last_compile_report()
-    dw_names = {ly.name for d in crep.regions if d.region is not None for ly in d.region.layers
-                if getattr(ly, "depthwise", False)}
+    dw_layers = {ly.name: ly for d in crep.regions if d.region is not None
+                 for ly in d.region.layers if getattr(ly, "depthwise", False)}
     vm = relax.VirtualMachine(ex, tvm.cpu())
     shape = tuple(int(d.dim_value) for d in qdq.graph.input[0].type.tensor_type.shape.dim)
     x = np.random.default_rng(7).standard_normal(shape).astype("float32")
@@ -64,24 +77,25 @@ def bench(name: str, hw: str, size: int, engine: str, show_all: bool,
     print(f"\n{name} (input {size}) on '{hw}' ({cfg.lanes} vector lanes), depthwise "
           f"engine {engine}")
     print(f"  {'layer':<28} {'engine':<6} {'knobs':<12} {'load':>9} {'compute':>9} {'store':>9} "
-          f"{'cycles':>10} {'bound':>9} {'x bound':>7}")
+          f"{'cycles':>10} {'bound':>9} {'x bound':>7} {'floor':>9} {'x floor':>7}")
     total_bound = dw_cycles = dw_bound = 0.0
     worst = 0.0
     for r in rep.rows:
         m = metas[r.name]
         bound = layer_bound(m, cfg)
         total_bound += bound
-        is_dw = r.name in dw_names
+        is_dw = r.name in dw_layers
         if is_dw:
             dw_cycles += r.cycles
             dw_bound += bound
             worst = max(worst, r.cycles / bound)
         if is_dw or show_all:
             eng = engine_of(m) if is_dw else "-"
+            fl = engine_floor(dw_layers[r.name], cfg) if is_dw else 0.0
             knobs = ",".join(str(int(v)) for v in m.get("knobs", {}).values())
             print(f"  {r.name[:28]:<28} {eng:<6} {knobs:<12} {r.load_cycles:>9,} "
                   f"{r.compute_cycles:>9,} {r.store_cycles:>9,} {r.cycles:>10,} {bound:>9,.0f} "
-                  f"{r.cycles / bound:>7.2f}")
+                  f"{r.cycles / bound:>7.2f}" + (f" {fl:>9,.0f} {r.cycles / fl:>7.2f}" if is_dw else ""))
     res = {"net": name, "cycles": rep.total_cycles, "bound": total_bound,
            "dw_cycles": dw_cycles, "dw_bound": dw_bound, "dw_worst": worst,
            "dw_share": dw_cycles / rep.total_cycles if rep.total_cycles else 0.0,

@@ -5,11 +5,17 @@ to the window room (``dw``: an ALU MAC per tap over accumulator rows) or the con
 room (diagonal weight tiles on the array), by the ``depthwise_engine`` option;
 "auto" takes the lower estimate of the two default schedules.
 
-Both spend a cycle per output row and tap when the vector unit has a lane per
-channel of a block. The array also fetches its input tiles on the load engine,
-overlapped with compute, where ACC loads hold the compute engine; the vector unit
-needs no weight scratchpad and no array fill/drain per instruction, and parts with
-fewer lanes than the block take several cycles per vector row.
+Both spend a compute-engine cycle per output row and tap when the vector unit has a
+lane per channel of a block (a GEMM step on a diagonal tile does ``block_out`` useful
+MACs: an input row holds one pixel, so each output lane has one useful input), plus
+the requant step; measured, the default schedules come within 2-10% of that ceiling
+(``benchmarks/bench_depthwise.py``, column ``x floor``). A 3x3 stride-1 layer then
+takes ``(9 + 1) / 2`` = 5x its DRAM bound at 16 B/cycle, whichever engine. A vector unit
+wider than a row (``vector.lanes > block_out``) runs ``lanes / block_out`` rows per
+cycle and makes the layer DRAM-bound; parts with fewer lanes than the block take
+several cycles per vector row, where the array wins. The array fetches its input
+tiles on the load engine; the vector unit needs no weight scratchpad and no array
+fill/drain per instruction.
 """
 
 from __future__ import annotations
