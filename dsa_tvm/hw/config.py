@@ -18,7 +18,7 @@ from pathlib import Path
 from types import MappingProxyType
 from typing import Any
 
-from .schema import FIELDS, SECTIONS, FieldSpec
+from .schema import FIELDS, QUIET_AT_DEFAULT, SECTIONS, FieldSpec
 
 
 class ConfigError(ValueError):
@@ -132,7 +132,10 @@ class HardwareConfig:
     @cached_property
     def fingerprint(self) -> bytes:
         """16-byte digest of every field; programs carry it and refuse other configs."""
-        canon = json.dumps(dict(sorted(self.values.items())), sort_keys=True)
+        quiet = {f.name for f in FIELDS if f.section in QUIET_AT_DEFAULT
+                 and self.values.get(f.name) == f.default}
+        canon = json.dumps({k: v for k, v in sorted(self.values.items()) if k not in quiet},
+                           sort_keys=True)
         return hashlib.sha256(canon.encode()).digest()[:16]
 
     def as_dict(self) -> dict[str, dict[str, Any]]:
