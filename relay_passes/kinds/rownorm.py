@@ -13,6 +13,7 @@ whose ValueError becomes the ``fold`` constraint's reason.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import numpy as np
@@ -41,13 +42,16 @@ def _op(name: str, *args: DFPattern) -> DFPattern:
     return is_op(name)(*args)
 
 
-def _square(x: DFPattern) -> DFPattern:
-    return _op("relax.power", x, is_const()) | _op("relax.multiply", x, x)
+def _square(x: Callable[[], DFPattern]) -> DFPattern:
+    return _op("relax.power", x(), is_const()) | _op("relax.multiply", x(), x())
 
 
-def _normalized(x: DFPattern) -> DFPattern:
-    """``x / sqrt(mean(x**2) + eps)`` or ``x * rsqrt(mean(x**2) + eps)``."""
+def _normalized(x: Callable[[], DFPattern]) -> DFPattern:
+    """``x / sqrt(mean(x**2) + eps)`` or ``x * rsqrt(mean(x**2) + eps)``. ``x`` makes the
+    pattern of each use: the partitioner gives every reader of an int8 tensor its own
+    dequantize, so the uses are separate dequantizes of one tensor (the read checks it)."""
     den = _op("relax.add", _op("relax.mean", _square(x)), is_const())
+    x = x()
     return (_op("relax.divide", x, _op("relax.sqrt", den))
             | _op("relax.multiply", x, _op("relax.rsqrt", den)))
 
@@ -90,8 +94,24 @@ def _read_normalized(r: Reader, body: relax.Expr) -> tuple[relax.Call, relax.Exp
     sq = r.need(mean.args[0], "relax.power", "relax.multiply")
     if sq.op.name == "relax.power" and _scalar(r, sq.args[1]) != 2.0:
         raise NotAMatch("power with an exponent other than 2")
+    _same_tensor(r, top.args[0], sq.args[0])
+    if sq.op.name == "relax.multiply":
+        _same_tensor(r, sq.args[0], sq.args[1])
     _last_axis(mean)
     return top, top.args[0], _scalar(r, add.args[1])
+
+
+def _same_tensor(r: Reader, a: relax.Expr, b: relax.Expr) -> None:
+    """``a`` and ``b`` are one tensor, or dequantizes of one int8 tensor with one scale."""
+    va, vb = r.value(a), r.value(b)
+    if va.same_as(vb):
+        return
+    da, db = r.call(a, "relax.dequantize"), r.call(b, "relax.dequantize")
+    if da is None or db is None or not r.value(da.args[0]).same_as(r.value(db.args[0])):
+        raise NotAMatch("the normalized tensor and its statistics are different tensors")
+    qa, qb = r.qparams(da), r.qparams(db)
+    if not (np.array_equal(qa.scale, qb.scale) and np.array_equal(qa.zero_point, qb.zero_point)):
+        raise NotAMatch("two dequantizes of one tensor with different parameters")
 
 
 def _split_scale(r: Reader, body: relax.Expr) -> tuple[np.ndarray | None, relax.Expr]:
@@ -140,8 +160,7 @@ def _read_layer_norm(r: Reader, root: Root) -> Match:
     sub = r.need(d, "relax.subtract")
     mean = r.need(sub.args[1], "relax.mean")
     _last_axis(mean)
-    if not r.value(mean.args[0]).same_as(r.value(sub.args[0])):
-        raise NotAMatch("mean of another tensor")
+    _same_tensor(r, mean.args[0], sub.args[0])
     x = r.operand(sub.args[0])
     return _norm_match(root, "layer_norm", top, x, gamma=gamma if gamma is not None else 1.0,
                        beta=beta, eps=eps)
@@ -166,15 +185,13 @@ def _softmax_variants() -> list[tuple[str, DFPattern]]:
 
 
 def _layer_norm_variants() -> list[tuple[str, DFPattern]]:
-    x = dq()
-    d = _op("relax.subtract", x, _op("relax.mean", x))
+    d = _op("relax.subtract", dq(), _op("relax.mean", dq()))
     return [("fused", q(_op("relax.nn.layer_norm", dq(), wildcard(), wildcard()))),
-            ("decomposed", q(_op("relax.add", _scaled(_normalized(d)), wildcard())))]
+            ("decomposed", q(_op("relax.add", _scaled(_normalized(lambda: d)), wildcard())))]
 
 
 def _rms_norm_variants() -> list[tuple[str, DFPattern]]:
-    x = dq()
-    return [("weighted", q(_scaled(_normalized(x)))), ("plain", q(_normalized(x)))]
+    return [("weighted", q(_scaled(_normalized(dq)))), ("plain", q(_normalized(dq)))]
 
 
 # ----------------------------------------------------------------------------- layers

@@ -107,11 +107,15 @@ def test_match_reads_back_to_integer_layer(kind, shape):
     assert not ok and "not lowered yet" in why
 
 
-def test_partition_reports_the_norm_unit_reason():
-    model, _, _ = _model("softmax", (3, N))
+@pytest.mark.parametrize("kind", list(KINDS))
+def test_partition_reports_the_norm_unit_reason(kind):
+    """Through the partitioner (which gives each reader of a tensor its own dequantize)."""
+    model, _, _ = _model(kind, (3, N))
     _, report = partition_for_dsa(from_onnx(model, keep_params_in_input=False),
                                   load_config("default"))
-    assert any("no [norm] units" in c.reason for c in report.cpu_ops), report
+    want = f"dsa.{KINDS[kind][0]}"
+    assert any(want in c.reason and "no [norm] units" in c.reason for c in report.cpu_ops), \
+        report
 
 
 def test_softmax_over_other_axis_is_not_a_match():
