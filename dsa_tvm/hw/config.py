@@ -139,9 +139,12 @@ class HardwareConfig:
         return hashlib.sha256(canon.encode()).digest()[:16]
 
     def as_dict(self) -> dict[str, dict[str, Any]]:
-        """The description as nested sections, as it would be written in TOML."""
+        """The description as nested sections, as it would be written in TOML (a
+        QUIET_AT_DEFAULT section's fields only when set: programs embed this)."""
         out: dict[str, dict[str, Any]] = {}
         for f in FIELDS:
+            if f.section in QUIET_AT_DEFAULT and self.values[f.name] == f.default:
+                continue
             if f.section:
                 out.setdefault(f.section, {})[f.name] = self.values[f.name]
             else:
@@ -157,7 +160,7 @@ class HardwareConfig:
                 raise ConfigError(f"unknown hardware field '{k}'")
             f = spec_by_name[k]
             if f.section:
-                nested[f.section][k] = v
+                nested.setdefault(f.section, {})[k] = v
             else:
                 nested[k] = v
         return config_from_dict(nested, source=f"{self.source} (modified)")
