@@ -18,7 +18,7 @@ from pathlib import Path
 from types import MappingProxyType
 from typing import Any
 
-from .schema import FIELDS, SECTIONS, FieldSpec
+from .schema import FIELDS, QUIET_AT_DEFAULT, SECTIONS, FieldSpec
 
 
 class ConfigError(ValueError):
@@ -142,13 +142,19 @@ class HardwareConfig:
     @cached_property
     def fingerprint(self) -> bytes:
         """16-byte digest of every field; programs carry it and refuse other configs."""
-        canon = json.dumps(dict(sorted(self.values.items())), sort_keys=True)
+        quiet = {f.name for f in FIELDS if f.section in QUIET_AT_DEFAULT
+                 and self.values.get(f.name) == f.default}
+        canon = json.dumps({k: v for k, v in sorted(self.values.items()) if k not in quiet},
+                           sort_keys=True)
         return hashlib.sha256(canon.encode()).digest()[:16]
 
     def as_dict(self) -> dict[str, dict[str, Any]]:
-        """The description as nested sections, as it would be written in TOML."""
+        """The description as nested sections, as it would be written in TOML (a
+        QUIET_AT_DEFAULT section's fields only when set: programs embed this)."""
         out: dict[str, dict[str, Any]] = {}
         for f in FIELDS:
+            if f.section in QUIET_AT_DEFAULT and self.values[f.name] == f.default:
+                continue
             if f.section:
                 out.setdefault(f.section, {})[f.name] = self.values[f.name]
             else:
@@ -164,7 +170,7 @@ class HardwareConfig:
                 raise ConfigError(f"unknown hardware field '{k}'")
             f = spec_by_name[k]
             if f.section:
-                nested[f.section][k] = v
+                nested.setdefault(f.section, {})[k] = v
             else:
                 nested[k] = v
         return config_from_dict(nested, source=f"{self.source} (modified)")

@@ -119,6 +119,19 @@ FIELDS: tuple[FieldSpec, ...] = (
     _float("host", "launch_overhead_us", "us",
            "Host time to start one DSA region (pack inputs, launch, unpack outputs).",
            ">= 0", lambda v: v >= 0, 20.0),
+    # --- softmax / LayerNorm / RMSNorm row units (optional; 0 units means none)
+    _int("norm", "norm_units", "units",
+         "Row units for integer softmax, LayerNorm and RMSNorm over the last axis "
+         "(dsa_tvm.layers.intnorm: I-BERT i-exp, table+Newton reciprocal and inverse "
+         "square root). 0: the DSA has none and those ops stay on the CPU.", "0..64",
+         lambda v: 0 <= v <= 64, 0),
+    _int("norm", "norm_elements_per_cycle", "elements/cycle",
+         "Row elements one unit takes per cycle in each of its passes over a row "
+         "(softmax: max, exp+sum, scale; norms: sums, normalize).", "1..4096",
+         lambda v: 1 <= v <= 4096, 16),
+    _int("norm", "norm_row_latency_cycles", "cycles",
+         "Cycles a unit adds per row beyond its passes (reciprocal or inverse-square-root "
+         "table lookup and Newton steps).", "0..100000", lambda v: 0 <= v <= 100000, 24),
     # --- energy (optional; 0 means not modelled)
     _float("energy", "mac_pj", "pJ", "Energy of one int8 MAC.", ">= 0", lambda v: v >= 0, 0.0),
     _float("energy", "alu_lane_op_pj", "pJ", "Energy of one int32 vector-lane operation.", ">= 0",
@@ -128,5 +141,9 @@ FIELDS: tuple[FieldSpec, ...] = (
     _float("energy", "dram_byte_pj", "pJ", "Energy per DRAM byte transferred.", ">= 0",
            lambda v: v >= 0, 0.0),
 )
+
+#: sections added after programs were first hashed: their fields leave a description's
+#: fingerprint while at their defaults, so existing programs and their bytes stay valid
+QUIET_AT_DEFAULT: frozenset[str] = frozenset({"norm"})
 
 SECTIONS: tuple[str, ...] = tuple(dict.fromkeys(f.section for f in FIELDS))

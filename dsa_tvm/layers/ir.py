@@ -251,3 +251,50 @@ class Mul:
 
 
 Layer = Layer | Mul
+
+
+# ----------------------------------------------------------------------------- row norms
+# Integer semantics and parameter folding: dsa_tvm.layers.intnorm (the [norm] unit's spec).
+@dataclass(frozen=True)
+class Softmax:
+    """y = int_softmax(x) over the last axis (I-BERT i-exp, table+Newton reciprocal)."""
+
+    name: str
+    input: QTensor
+    output: QTensor          # same shape; typically scale 1/256, zero point -128
+    params: object           # intnorm.SoftmaxParams
+
+    @property
+    def macs(self) -> int:
+        return 0
+
+
+@dataclass(frozen=True)
+class LayerNorm:
+    """y = int_norm(x) over the last axis, centred (mean and variance), gamma and beta folded."""
+
+    name: str
+    input: QTensor
+    output: QTensor
+    params: object           # intnorm.NormParams with center=True
+
+    @property
+    def macs(self) -> int:
+        return 0
+
+
+@dataclass(frozen=True)
+class RMSNorm:
+    """y = int_norm(x) over the last axis, not centred (root mean square), weight folded."""
+
+    name: str
+    input: QTensor
+    output: QTensor
+    params: object           # intnorm.NormParams with center=False
+
+    @property
+    def macs(self) -> int:
+        return 0
+
+
+RowNormLayer = Softmax | LayerNorm | RMSNorm

@@ -39,6 +39,7 @@ class QuantOptions:
     percentile: float = 99.999
     bias_correction: bool = True
     split_outliers: bool = True
+    quantize_norms: bool = False
 
 
 @dataclass
@@ -144,7 +145,8 @@ def quantize_onnx(model: onnx.ModelProto | str | Path | Intake, calibration_data
                   preprocess: str | Callable[[np.ndarray], np.ndarray] = "imagenet",
                   quantize_adds: bool = True, percentile: float = 99.999, bias_correction: bool = True,
                   split_outliers: bool = True, show_progress: bool = True,
-                  verbose: bool = False, shapes: Shapes | None = None) -> QuantizedModel:
+                  verbose: bool = False, shapes: Shapes | None = None,
+                  quantize_norms: bool = False) -> QuantizedModel:
     """Post-training int8 quantization of an FP32 ONNX model into QDQ form.
 
     ``calibration_data``: feeds, arrays, an ``.npz`` or a folder of images (see
@@ -154,6 +156,8 @@ def quantize_onnx(model: onnx.ModelProto | str | Path | Intake, calibration_data
     ``keep_fp32``: node names to leave in FP32. ``num_batches``: use only the first n.
     ``bias_correction``: fold the mean output shift of rounded weights into the biases.
     ``split_outliers``: move outlier channels of dense layers to FP32 side paths (``outliers.py``).
+    ``quantize_norms``: Softmax, LayerNormalization and RMSNorm chains int8 in and out, for a
+    DSA with ``[norm]`` units (``dsa_tvm.layers.intnorm``); default off: FP32 on the CPU.
     ``shapes``: fixed shapes for dynamic inputs, e.g. ``{"x": (1, 3, 48, 320)}``; the model goes
     through :func:`dsa_tvm.load_onnx` first (any opset it can upgrade; notes in ``summary()``).
     """
@@ -165,7 +169,8 @@ def quantize_onnx(model: onnx.ModelProto | str | Path | Intake, calibration_data
     taken = load_onnx(model, shapes)
     src = taken.model
     opts = QuantOptions(method, per_channel, symmetric_activations, frozenset(keep_fp32),
-                        quantize_adds, percentile, bias_correction, split_outliers)
+                        quantize_adds, percentile, bias_correction, split_outliers,
+                        quantize_norms)
     if is_qdq(src):  # intake has rewritten a QOperator model into QDQ already
         if verbose:
             print("dsa-tvm quantize: model is already quantized (QDQ); passing it through",
@@ -178,7 +183,8 @@ def quantize_onnx(model: onnx.ModelProto | str | Path | Intake, calibration_data
     if split_outliers:
         fp32, side = _split_outliers(fp32, feeds, show_progress)
     g = Graph(fp32)
-    plan = make_plan(g, opts.keep_fp32 | set(side), None, quantize_adds)
+    plan = make_plan(g, opts.keep_fp32 | set(side), None, quantize_adds,
+                     quantize_norms=quantize_norms)
     if not plan.tensors:
         raise ValueError("nothing to quantize: the model has no Conv/Gemm/MatMul with constant weights "
                          f"(kept in FP32: {dict(plan.kept_fp32)})")
@@ -220,7 +226,8 @@ def _split_outliers(fp32: onnx.ModelProto, feeds, show_progress: bool
 def _build(fp32: onnx.ModelProto, opts: QuantOptions, ranges: dict[str, tuple[float, float]],
            folded: list[str], means: dict[str, np.ndarray], side: list[str]) -> QuantizedModel:
     g = Graph(fp32)
-    plan = make_plan(g, opts.keep_fp32 | set(side), set(ranges), opts.quantize_adds)
+    plan = make_plan(g, opts.keep_fp32 | set(side), set(ranges), opts.quantize_adds,
+                     quantize_norms=opts.quantize_norms)
     for name in side:
         plan.kept_fp32[name] = "FP32 side path of split outlier channels"
     means = means if opts.bias_correction else None

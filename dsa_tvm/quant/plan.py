@@ -69,11 +69,13 @@ class Plan:
     # calibration observes the pre-activation and clamps to the bounds (a ReLU6 output's
     # spike at 6 would otherwise mislead the histogram methods)
     pre_act: dict[str, tuple[str, float, float]] = field(default_factory=dict)
+    #: FP32-looking nodes inside a norm chain whose ends are int8 (RMSNorm's Pow, Sqrt, ...)
+    interior: set[str] = field(default_factory=set)
 
     @property
     def quantized_nodes(self) -> set[str]:
         """Names of every node that consumes int8 operands (anchors, followers, fused acts)."""
-        out = set(self.anchors) | {f.name for f in self.followers}
+        out = set(self.anchors) | {f.name for f in self.followers} | self.interior
         out |= {a.act.name for a in self.anchors.values() if a.act} | \
                {a.bias_add.name for a in self.anchors.values() if a.bias_add} | \
                {f.act.name for f in self.followers if f.act}
@@ -210,9 +212,12 @@ def anchor_output(a: Anchor) -> str:
 
 
 def make_plan(g: Graph, keep_fp32: set[str] = frozenset(), available: set[str] | None = None,
-              quantize_adds: bool = True, quantize_matmuls: bool = True) -> Plan:
+              quantize_adds: bool = True, quantize_matmuls: bool = True,
+              quantize_norms: bool = False) -> Plan:
     """Decide what to quantize. ``available``: tensors that have a calibrated range (None
-    while planning calibration itself); a node whose tensors lack one stays FP32."""
+    while planning calibration itself); a node whose tensors lack one stays FP32.
+    ``quantize_norms``: Softmax, LayerNormalization and the RMSNorm chain get int8 in and
+    out (:func:`norm_chain`), for a DSA with ``[norm]`` units."""
     p = Plan()
 
     def ok(t: str) -> bool:
@@ -268,6 +273,11 @@ def make_plan(g: Graph, keep_fp32: set[str] = frozenset(), available: set[str] |
             if len(ins) != 2 or g.is_const(n.input[1]):
                 continue
             f = Follower(n, ins)
+        elif quantize_norms and (chain := norm_chain(g, n)) is not None:
+            # like a matmul of two activations, it quantizes its input itself
+            f = Follower(n, [chain[0]])
+            if all(ok(t) for t in f.inputs + [f.output]):
+                p.interior.update(chain[1])
         elif n.op_type in POOLS | ACTIVATIONS | {"Concat"} | SHAPE_OPS:
             if not all(i in produced for i in ins):
                 continue
@@ -308,13 +318,56 @@ def _act_bounds(g: Graph, act: onnx.NodeProto) -> tuple[float, float]:
     return lo, hi
 
 
+NORM_OPS = ("Softmax", "LayerNormalization", "Mul", "Div")
+
+
+def _last_axis(g: Graph, n: onnx.NodeProto, default: int) -> bool:
+    shape = g.shape(n.input[0])
+    axes = g.attr(n, "axes", None)
+    axis = axes if axes is not None else [g.attr(n, "axis", default)]
+    if n.op_type == "ReduceMean" and axes is None and len(n.input) > 1 and n.input[1]:
+        axis = [int(v) for v in g.const(n.input[1]).reshape(-1)] if g.is_const(n.input[1]) else []
+    return shape is not None and len(axis) == 1 and int(axis[0]) % len(shape) == len(shape) - 1
+
+
+def norm_chain(g: Graph, n: onnx.NodeProto) -> tuple[str, list[str]] | None:
+    """(input tensor, interior node names) when ``n`` ends a row op the [norm] units run:
+    Softmax / LayerNormalization over the last axis, or RMSNorm as exported,
+    ``Mul(Div(x, Sqrt(Add(ReduceMean(Pow(x, 2)), eps))), weight)``; else None."""
+    if n.op_type == "Softmax":
+        return (n.input[0], []) if _last_axis(g, n, -1) else None
+    if n.op_type == "LayerNormalization":
+        return (n.input[0], []) if _last_axis(g, n, -1) else None
+    if n.op_type not in ("Mul", "Div"):
+        return None
+    prod = {o: m for m in g.model.graph.node for o in m.output}
+    div = n
+    if n.op_type == "Mul":
+        div = next((prod.get(i) for i in n.input if not g.is_const(i)), None)
+        if div is None or div.op_type != "Div" or not any(g.is_const(i) for i in n.input):
+            return None
+    x, sq = div.input[0], prod.get(div.input[1])
+    add = prod.get(sq.input[0]) if sq is not None and sq.op_type == "Sqrt" else None
+    mean = prod.get(next((i for i in add.input if not g.is_const(i)), "")) \
+        if add is not None and add.op_type == "Add" else None
+    pw = prod.get(mean.input[0]) if mean is not None and mean.op_type == "ReduceMean" else None
+    if pw is None or pw.op_type != "Pow" or pw.input[0] != x or not g.is_const(pw.input[1]) \
+            or float(g.const(pw.input[1])) != 2.0 or not _last_axis(g, mean, -1):
+        return None
+    if n.op_type == "Div" and any(c.op_type == "Mul" and any(g.is_const(i) for i in c.input)
+                                  for c in g.consumers.get(n.output[0], [])):
+        return None  # the weighted Mul after it ends the chain
+    inner = [m.name for m in (pw, mean, add, sq)] + ([div.name] if div is not n else [])
+    return x, inner
+
+
 def _prune_followers(g: Graph, p: Plan) -> None:
     """Drop followers whose result no int8 op reads (repeat until stable): a residual Add
     feeding a LayerNorm, or a reshape before an FP32 op, would only add a quantization
     step to an FP32 path. Matmuls of two activations stay: their MACs run on the DSA."""
     while True:
         readers = set(p.anchors) | {f.name for f in p.followers}
-        keep = [f for f in p.followers if f.node.op_type == "MatMul"
+        keep = [f for f in p.followers if f.node.op_type in ("MatMul", *NORM_OPS)
                 or any(c.name in readers for c in g.consumers.get(f.output, []))]
         if len(keep) == len(p.followers):
             return
