@@ -255,6 +255,11 @@ def make_plan(g: Graph, keep_fp32: set[str] = frozenset(), available: set[str] |
             f = Follower(n, ins, act)
             if act is not None:
                 fused.add(id(act))
+        elif quantize_norms and (chain := norm_chain(g, n)) is not None:
+            # like a matmul of two activations, it quantizes its input itself
+            f = Follower(n, [chain[0]])
+            if all(ok(t) for t in f.inputs + [f.output]):
+                p.interior.update(chain[1])
         elif n.op_type in ("Mul", "Div") and quantize_adds:
             # x * gate (SE), x * sigmoid(x), x * layer_scale: both activations int8 already
             if not all(i in produced for i in ins) or binary_reason(g, n) is not None:
@@ -273,11 +278,6 @@ def make_plan(g: Graph, keep_fp32: set[str] = frozenset(), available: set[str] |
             if len(ins) != 2 or g.is_const(n.input[1]):
                 continue
             f = Follower(n, ins)
-        elif quantize_norms and (chain := norm_chain(g, n)) is not None:
-            # like a matmul of two activations, it quantizes its input itself
-            f = Follower(n, [chain[0]])
-            if all(ok(t) for t in f.inputs + [f.output]):
-                p.interior.update(chain[1])
         elif n.op_type in POOLS | ACTIVATIONS | {"Concat"} | SHAPE_OPS:
             if not all(i in produced for i in ins):
                 continue
