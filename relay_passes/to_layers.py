@@ -12,7 +12,7 @@ import dataclasses
 
 from tvm import relax
 
-from dsa_tvm.layers.ir import Add, Dense, Layer, QTensor, Region, Rescale, layer_inputs
+from dsa_tvm.layers.ir import Add, Conv2d, Dense, Layer, QTensor, Region, Rescale, layer_inputs
 
 from .kinds import describe, layer_from_match
 from .kinds.dense import as_rows
@@ -77,7 +77,7 @@ def region_from_function(func: relax.Function, name: str) -> Region:
         if not isinstance(r, relax.Var) or tname(r) not in tensors:
             raise LoweringError(f"region {name}: output is not produced by a layer")
         outs.append(tensors[tname(r)])
-    layers = _row_views(layers, name)
+    layers = _row_views(_height1_views(layers), name)
     inputs = {t.name: t for ly in layers for t in layer_inputs(ly) if t.name in params}
     tensors = {ly.output.name: ly.output for ly in layers}
     outs = [tensors[t.name] for t in outs]
@@ -85,6 +85,38 @@ def region_from_function(func: relax.Function, name: str) -> Region:
     if missing:
         raise LoweringError(f"region {name}: parameters {missing} are not used by any layer")
     return Region(name, [inputs[tname(p)] for p in func.params], outs, layers)
+
+
+def _as_height1(t: QTensor) -> QTensor:
+    return dataclasses.replace(t, shape=(t.shape[0], t.shape[1], 1, t.shape[2]))
+
+
+def _height1_views(layers: list[Layer]) -> list[Layer]:
+    """A conv1d runs as a conv2d of height 1 and sees its (N, C, W) tensors as
+    (N, C, 1, W) (the same bytes); element-wise layers (Add, Rescale) that touch such a
+    tensor as 3-D take the same view of all their 3-D tensors, so a 1-D residual add
+    stays in the region."""
+    h1 = {t.name for ly in layers if isinstance(ly, Conv2d)
+          for t in (ly.input, ly.output) if t.shape[2] == 1}
+    out = list(layers)
+    changed = True
+    while changed:
+        changed = False
+        for i, ly in enumerate(out):
+            if not isinstance(ly, (Add, Rescale)):
+                continue
+            ts = layer_inputs(ly) + [ly.output]
+            if not (all(len(t.shape) == 3 for t in ts) and {t.name for t in ts} & h1):
+                continue
+            if isinstance(ly, Add):
+                out[i] = dataclasses.replace(ly, a=_as_height1(ly.a), b=_as_height1(ly.b),
+                                             output=_as_height1(ly.output))
+            else:
+                out[i] = dataclasses.replace(ly, input=_as_height1(ly.input),
+                                             output=_as_height1(ly.output))
+            h1 |= {t.name for t in ts}
+            changed = True
+    return out
 
 
 def _row_views(layers: list[Layer], region: str) -> list[Layer]:

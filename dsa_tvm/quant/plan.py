@@ -121,8 +121,8 @@ def _anchor(g: Graph, n: onnx.NodeProto) -> Anchor | str:
     if n.op_type == "Conv":
         if not g.is_const(n.input[1]):
             return "weights are not a constant"
-        if len(g.shape(n.input[1]) or ()) != 4:
-            return "only 2-D convolutions are quantized"
+        if len(g.shape(n.input[1]) or ()) not in (3, 4):
+            return "only 1-D and 2-D convolutions are quantized"
         bias = n.input[2] if len(n.input) > 2 and n.input[2] else None
         if bias is not None and not g.is_const(bias):
             return "bias is not a constant"

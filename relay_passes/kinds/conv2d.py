@@ -54,7 +54,7 @@ def _layout(m: Match, cfg: HardwareConfig) -> str | None:
     return None
 
 
-def _groups(m: Match, cfg: HardwareConfig) -> str | None:
+def groups(m: Match, cfg: HardwareConfig) -> str | None:
     g = int(m.op.attrs.groups)
     cin, cout = m.inputs[0].shape[1], m.out_shape[1]
     if g == 1 or (g == cin == cout):
@@ -62,7 +62,7 @@ def _groups(m: Match, cfg: HardwareConfig) -> str | None:
     return f"groups={g} with {cin}->{cout} channels: only groups=1 or depthwise (groups=C_in=C_out)"
 
 
-def _tile(m: Match, cfg: HardwareConfig) -> str | None:
+def tile(m: Match, cfg: HardwareConfig) -> str | None:
     kh, kw = m.weight.shape[2], m.weight.shape[3]
     if kh * kw > cfg.inp_depth or kh * kw > cfg.wgt_depth:
         return (f"a one-pixel tile of the {kh}x{kw} kernel needs {kh * kw} input rows and weight "
@@ -70,7 +70,8 @@ def _tile(m: Match, cfg: HardwareConfig) -> str | None:
     return None
 
 
-def _to_layer(m: Match, name: str, inputs: list[QTensor], output: QTensor) -> Layer:
+def layer_2d(m: Match, name: str, inputs: list[QTensor], output: QTensor) -> Layer:
+    """The Conv2d layer of a match whose ``op.attrs`` are conv2d's (conv1d passes a stand-in)."""
     a = m.op.attrs
     w = m.weight.value.astype(np.int8)
     pads = tuple(int(p) for p in a.padding)
@@ -79,19 +80,22 @@ def _to_layer(m: Match, name: str, inputs: list[QTensor], output: QTensor) -> La
                   tuple(int(d) for d in a.dilation), int(a.groups), requant(rescale_factors(m), m))
 
 
+_to_layer = layer_2d
+
+
 KINDS = (Kind(
     "conv2d", 900, _variants, _read,
     common_constraints(rescale_factors) + weight_constraints(
         channel_axis=lambda m: 0, channels=lambda m: m.out_shape[1],
         rows=lambda m, w: w.reshape(w.shape[0], -1)) + [
         Constraint("layout", "NCHW data, OIHW kernel", _layout),
-        Constraint("groups", "groups = 1 or depthwise (groups = C_in = C_out)", _groups),
+        Constraint("groups", "groups = 1 or depthwise (groups = C_in = C_out)", groups),
         Constraint("padding", f"padding <= {MAX_PAD} per side (LOAD pad fields, "
                    f"{PAD_BITS} bits)", image.pads),
         Constraint("strides", "strides < 2^(input address bits)", image.strides),
         Constraint("dma", f"W*ceil(C/block_in) and H <= {MAX_DMA} (16-bit DMA fields)",
                    image.image_dma),
         Constraint("tile", "KH*KW <= {cfg.inp_depth} input rows and <= {cfg.wgt_depth} weight "
-                   "tiles (one-pixel tile)", _tile),
+                   "tiles (one-pixel tile)", tile),
     ],
     _to_layer, "Conv (+ bias, + Relu/Clip)", "relax.nn.conv2d"),)
