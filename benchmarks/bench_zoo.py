@@ -81,7 +81,7 @@ def text_table(table: list[list[str]]) -> str:
 
 def markdown(results, hw: str, tiny: bool, command: str, seconds: float,
              overrides: dict[str, dict[str, int]]) -> str:
-    from dsa_tvm.models.torch_zoo import ZOO
+    from dsa_tvm.models.torch_zoo import ZOO, input_shape
 
     table = rows(results)
     md = ["# Coverage: twelve architectures on the DSA", "",
@@ -91,7 +91,8 @@ def markdown(results, hw: str, tiny: bool, command: str, seconds: float,
           "(TorchScript exporter, opset 17), quantized with `dsa_tvm.quant.quantize_onnx` "
           "(8 seeded calibration inputs, MinMax, per-channel weights), compiled for "
           f"`{hw}` and run once on the simulator{' (tiny sizes)' if tiny else ''}.", "",
-          f"Command: `{command}` ({seconds:.0f} s on this machine).", "",
+          f"Command: `{command}` ({seconds:.0f} s of model wall time on the shared 2-core "
+          "development machine, other jobs running).", "",
           "| " + " | ".join(HEAD) + " |", "|" + "---|" * len(HEAD)]
     md += ["| " + " | ".join(c.replace("|", "/") for c in r) + " |" for r in table]
     md += ["", "Columns:", "",
@@ -114,15 +115,51 @@ def markdown(results, hw: str, tiny: bool, command: str, seconds: float,
            "costs on the CPU, independent of the DSA).",
            "- **on the CPU**: Relax ops left on the host by op (Q/DQ and reshape-like glue "
            "not listed); `(cost model)` marks layers the offload cost model kept on the CPU.",
-           "", "Sizes (inputs are batch 1):", ""]
+           "",
+           "Reading it: the inputs are small so the whole zoo runs in minutes, and at these "
+           "sizes the offload cost model (DSA time + launch overhead against the host's "
+           "`cpu_gmacs`) keeps many small regions on the CPU (`(cost model)` entries: "
+           "MobileNetV3-Small's and EfficientNet-B0's depthwise and squeeze-excite convs, "
+           "attention matmuls at sequence 32). `--offload-all` gives the host a speed at "
+           "which every region the DSA supports is offloaded: what the DSA can run rather "
+           "than what pays off at these sizes.", "",
+           "Sizes (batch 1; builder arguments, defaults included):", ""]
     for e in ZOO.values():
-        md.append(f"- `{e.name}` ({e.builder}): {e.kwargs(tiny) or 'defaults'}")
+        args = ", ".join(f"{k}={v}" for k, v in builder_args(e, tiny).items())
+        md.append(f"- `{e.name}` ({e.builder}, input {input_shape(e, tiny)}): {args}")
     md += ["", "Overrides (`--set`): " + (", ".join(f"{m}: {o}" for m, o in overrides.items())
                                           or "none"), "", GOALS, ""]
     fails = [r for r in results if r.failed]
     if fails:
         md += ["Failures:", ""] + [f"- `{r.name}` at {r.stage}: {r.error}" for r in fails] + [""]
     return "\n".join(md)
+
+
+def builder_args(entry, tiny: bool) -> dict:
+    """Every argument the entry's builder is called with (its defaults filled in)."""
+    import inspect
+
+    from dsa_tvm.models.torch_zoo import _builder
+
+    sig = inspect.signature(_builder(entry))
+    bound = sig.bind(**entry.kwargs(tiny))
+    bound.apply_defaults()
+    return dict(bound.arguments)
+
+
+def load_results(path: Path) -> list:
+    """Results saved by ``--json`` (to regenerate the docs without measuring again)."""
+    from collections import Counter
+
+    from dsa_tvm.models.torch_zoo.measure import ZooResult
+
+    out = []
+    for d in json.loads(path.read_text()):
+        d.pop("mac_share", None)
+        r = ZooResult(**d)
+        r.dsa_ops, r.cpu_ops, r.input_shape = Counter(r.dsa_ops), Counter(r.cpu_ops), tuple(r.input_shape)
+        out.append(r)
+    return out
 
 
 def main() -> None:
@@ -141,6 +178,8 @@ def main() -> None:
                     help="override a builder argument that keeps the input shape, e.g. "
                          "vit_tiny.depth=4 (repeatable)")
     ap.add_argument("--json", type=Path, help="also write the results as JSON")
+    ap.add_argument("--from-json", type=Path, help="take the results from a --json file "
+                    "instead of measuring (with --write-docs: regenerate the page)")
     ap.add_argument("--verbose", action="store_true", help="print failures' tracebacks and "
                     "the quantizer's FP32 reasons")
     a = ap.parse_args()
@@ -156,8 +195,8 @@ def main() -> None:
         except ValueError:
             ap.error(f"--set {item!r}: expected MODEL.ARG=INT")
     t0 = time.perf_counter()
-    results = []
-    for n in a.models:
+    results = load_results(a.from_json) if a.from_json else []
+    for n in [] if a.from_json else a.models:
         r = measure(n, a.hw, tiny=a.tiny, overrides=overrides.get(n),
                     cpu_gmacs=SLOW_HOST_GMACS if a.offload_all else None)
         results.append(r)
@@ -166,7 +205,7 @@ def main() -> None:
         if a.verbose:
             for line in ([r.trace] if r.trace else []) + r.kept_fp32:
                 print("    " + line, file=sys.stderr)
-    seconds = time.perf_counter() - t0
+    seconds = sum(r.seconds for r in results) if a.from_json else time.perf_counter() - t0
     print(text_table(rows(results)))
     print(GOALS)
     if a.json:
