@@ -22,8 +22,17 @@ from ..frontend.onnx_graph import Graph
 
 ACTIVATIONS = {"Relu", "Clip"}
 POOLS = {"MaxPool", "AveragePool", "GlobalAveragePool"}
-SHARED_SCALE_OPS = {"MaxPool", "Concat", "Reshape", "Flatten", "Transpose", "Squeeze", "Unsqueeze"}
+SHARED_SCALE_OPS = {"MaxPool", "Concat", "Reshape", "Flatten", "Transpose", "Squeeze", "Unsqueeze",
+                    "Resize"}
 SHAPE_OPS = {"Reshape", "Flatten", "Transpose", "Squeeze", "Unsqueeze"}
+#: data movement the DSA runs as DMA copies (one scale in and out): nearest Resize only
+MOVEMENT_OPS = {"Resize"}
+
+
+def _is_copy(g: Graph, n: onnx.NodeProto) -> bool:
+    """A Resize that copies elements (nearest): bilinear/cubic compute new values."""
+    mode = g.attr(n, "mode", b"nearest")
+    return (mode.decode() if isinstance(mode, bytes) else str(mode)) == "nearest"
 
 
 @dataclass
@@ -203,8 +212,10 @@ def make_plan(g: Graph, keep_fp32: set[str] = frozenset(), available: set[str] |
             if len(ins) != 2 or g.is_const(n.input[1]):
                 continue
             f = Follower(n, ins)
-        elif n.op_type in POOLS | ACTIVATIONS | {"Concat"} | SHAPE_OPS:
+        elif n.op_type in POOLS | ACTIVATIONS | {"Concat"} | SHAPE_OPS | MOVEMENT_OPS:
             if not all(i in produced for i in ins):
+                continue
+            if n.op_type in MOVEMENT_OPS and (not _is_copy(g, n) or len(ins) != 1):
                 continue
             if n.op_type == "Clip" and any(i and not g.is_const(i) for i in n.input[1:]):
                 continue
@@ -267,7 +278,10 @@ def fp32_reasons(g: Graph, p: Plan, quantize_adds: bool = True) -> dict[str, tup
         ins = [i for i in n.input if i and not g.is_const(i)]
         if n.op_type == "Add" and not quantize_adds:
             why = "residual adds stay FP32 (quantize_adds=False)"
-        elif n.op_type in POOLS | ACTIVATIONS | SHAPE_OPS | {"Add", "Concat", "MatMul"} and ins:
+        elif n.op_type == "Resize" and ins and not _is_copy(g, n):
+            why = "only nearest Resize is a copy; this one interpolates (FP32 on the CPU)"
+        elif n.op_type in POOLS | ACTIVATIONS | SHAPE_OPS | MOVEMENT_OPS | {"Add", "Concat",
+                                                                         "MatMul"} and ins:
             if all(i in p.tensors for i in ins):
                 why = "no int8 op reads its output (an int8 step would only add error)"
             else:
@@ -276,6 +290,6 @@ def fp32_reasons(g: Graph, p: Plan, quantize_adds: bool = True) -> dict[str, tup
             why = "computes from constants only"
         else:
             why = "no int8 form (the DSA runs conv/dense/matmul, adds, pooling, Relu/Clip, " \
-                  "Concat and reshapes); runs in FP32 on the CPU"
+                  "Concat, nearest Resize and reshapes); runs in FP32 on the CPU"
         out[n.name] = (n.op_type, why)
     return out
