@@ -100,3 +100,19 @@ def test_unsupported_forms_give_reasons():
     assert lowering_supports(L.Concat("k", (a2, a2), yb, axis=0), cfg)
     r = L.Resize("r", a, L.QTensor("r", (1, b + 1, 4, 5), 0.1, 0), (2, 2))
     assert "integer nearest" in lowering_supports(r, cfg)
+
+
+@pytest.mark.parametrize("preset", PRESETS)
+def test_movement_layers_within_their_bounds(preset):
+    """Measured DMA bytes of concat and resize never fall below the compulsory bytes."""
+    from .test_layer_checks import _run_region
+
+    cfg, rng = CFGS[preset], np.random.default_rng(4)
+    b = cfg.block_out
+    x = qt(rng, "x", (1, b, 3, 5))
+    s = same_grid(x, "s", (1, b + 3, 6, 10), x)
+    up = L.Resize("up", x, same_grid(x, "up", (1, b, 6, 10), x), (2, 2))
+    cat = L.Concat("cat", (up.output, s), same_grid(x, "cat", (1, 2 * b + 3, 6, 10), x))
+    rep = _run_region(region([x, s], [up, cat]), cfg, rng)
+    assert len(rep.rows) == 2
+    assert not rep.violations, "\n" + str(rep)
