@@ -17,8 +17,9 @@ from tests.compiler.test_movement_e2e import neck  # noqa: E402
 
 
 def main() -> None:
-    import dsa_tvm
     from tvm.relax.frontend.onnx import from_onnx
+
+    import dsa_tvm
 
     for name, unet in (("yolo_neck", False), ("unet_skip", True)):
         rng = np.random.default_rng(1)
