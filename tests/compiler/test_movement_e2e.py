@@ -74,3 +74,17 @@ def test_bilinear_resize_stays_on_cpu_with_a_reason():
     part = dsa_tvm.last_compile_report().partition
     assert not any("Resize" in ly for r in part.regions for ly in r.layers)
     assert any(c.op == "relax.image.resize2d" for c in part.cpu_ops), str(part)
+
+
+def _qparams_of(q: onnx.ModelProto) -> dict[str, tuple[float, int]]:
+    """tensor -> (scale, zero point) of the QuantizeLinear that produces its int8 form."""
+    init = {i.name: onnx.numpy_helper.to_array(i) for i in q.graph.initializer}
+    return {n.input[0].removesuffix("/fp32"): (float(init[n.input[1]]), int(init[n.input[2]]))
+            for n in q.graph.node if n.op_type == "QuantizeLinear"}
+
+
+def test_quantizer_shares_one_scale_over_resize_and_concat():
+    qp = _qparams_of(_qdq(neck(False)))
+    assert qp["r2"] == qp["up"] == qp["r1"] == qp["cat"], qp
+    lin = _qparams_of(_qdq(neck(False, mode="linear")))
+    assert "up" not in lin  # interpolation stays FP32 (no int8 step of its own)
