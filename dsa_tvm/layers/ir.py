@@ -199,7 +199,38 @@ class Rescale:
         return 0
 
 
-Layer = Conv2d | Dense | BatchMatmul | Pool2d | GlobalAvgPool | Add | BiasAdd | Rescale
+@dataclass(frozen=True)
+class Concat:
+    """y = the inputs side by side along ``axis`` (1: channels of NCHW); every input and the
+    output share one scale and zero point, so it is a copy (no requant)."""
+
+    name: str
+    inputs: tuple[QTensor, ...]
+    output: QTensor
+    axis: int = 1
+
+    @property
+    def macs(self) -> int:
+        return 0
+
+
+@dataclass(frozen=True)
+class Resize:
+    """Nearest-neighbour upsampling by integer factors: y[n, c, i, j] = x[n, c, i // sh, j // sw];
+    input and output share one scale and zero point (a copy)."""
+
+    name: str
+    input: QTensor           # NCHW
+    output: QTensor          # NCHW, (H * sh, W * sw)
+    scale: tuple[int, int]
+
+    @property
+    def macs(self) -> int:
+        return 0
+
+
+Layer = (Conv2d | Dense | BatchMatmul | Pool2d | GlobalAvgPool | Add | BiasAdd | Rescale
+         | Concat | Resize)
 
 
 @dataclass
@@ -225,9 +256,18 @@ class Region:
 
 
 def layer_inputs(layer: Layer) -> list[QTensor]:
-    """The tensors a layer reads: its QTensor fields but ``output``, in field order."""
-    return [v for f in fields(layer)
-            if f.name != "output" and isinstance(v := getattr(layer, f.name), QTensor)]
+    """The tensors a layer reads: its QTensor fields (and tuples of them) but ``output``,
+    in field order."""
+    out: list[QTensor] = []
+    for f in fields(layer):
+        v = getattr(layer, f.name)
+        if f.name == "output":
+            continue
+        if isinstance(v, QTensor):
+            out.append(v)
+        elif isinstance(v, tuple) and v and all(isinstance(t, QTensor) for t in v):
+            out.extend(v)
+    return out
 
 
 @dataclass(frozen=True)

@@ -121,7 +121,6 @@ def compile_region(region: Region, cfg: HardwareConfig,
                 knobs = r.kind.default(cfg, r.shape)
             except ValueError as e:
                 raise UnsupportedLayer(f"{layer.name}: {e}") from None
-        func = _lowered(r, cfg, knobs, lower_for_walker)
         regions = {}
         for name, data in r.consts.items():
             regions[name] = b.region(f"{layer.name}.{name}", "const", data.shape,
@@ -132,8 +131,12 @@ def compile_region(region: Region, cfg: HardwareConfig,
             regions[name] = tensors[region_name]
         regions["y"] = dram(layer.output, "scratch")
         first = len(b.instructions)
-        with paused_gc():
-            TirWalker(cfg, b, regions).run(func)
+        if r.kind.emit is not None:  # a data-movement room emits its DMA itself
+            r.kind.emit(b, cfg, r.shape, knobs, regions)
+        else:
+            func = _lowered(r, cfg, knobs, lower_for_walker)
+            with paused_gc():
+                TirWalker(cfg, b, regions).run(func)
         layers_meta.append({"name": layer.name, "op": type(layer).__name__, "first": first,
                             "last": len(b.instructions) - 1, "macs": layer.macs,
                             **dict(zip(("min_read_bytes", "min_write_bytes"),

@@ -25,8 +25,17 @@ from ..layers.layouts import broadcast_dims
 
 ACTIVATIONS = {"Relu", "Clip"}
 POOLS = {"MaxPool", "AveragePool", "GlobalAveragePool"}
-SHARED_SCALE_OPS = {"MaxPool", "Concat", "Reshape", "Flatten", "Transpose", "Squeeze", "Unsqueeze"}
+SHARED_SCALE_OPS = {"MaxPool", "Concat", "Reshape", "Flatten", "Transpose", "Squeeze", "Unsqueeze",
+                    "Resize"}
 SHAPE_OPS = {"Reshape", "Flatten", "Transpose", "Squeeze", "Unsqueeze"}
+#: data movement the DSA runs as DMA copies (one scale in and out): nearest Resize only
+MOVEMENT_OPS = {"Resize"}
+
+
+def _is_copy(g: Graph, n: onnx.NodeProto) -> bool:
+    """A Resize that copies elements (nearest): bilinear/cubic compute new values."""
+    mode = g.attr(n, "mode", b"nearest")
+    return (mode.decode() if isinstance(mode, bytes) else str(mode)) == "nearest"
 
 
 @dataclass
@@ -278,8 +287,10 @@ def make_plan(g: Graph, keep_fp32: set[str] = frozenset(), available: set[str] |
             if len(ins) != 2 or g.is_const(n.input[1]):
                 continue
             f = Follower(n, ins)
-        elif n.op_type in POOLS | ACTIVATIONS | {"Concat"} | SHAPE_OPS:
+        elif n.op_type in POOLS | ACTIVATIONS | {"Concat"} | SHAPE_OPS | MOVEMENT_OPS:
             if not all(i in produced for i in ins):
+                continue
+            if n.op_type in MOVEMENT_OPS and (not _is_copy(g, n) or len(ins) != 1):
                 continue
             if n.op_type == "Clip" and any(i and not g.is_const(i) for i in n.input[1:]):
                 continue
@@ -387,8 +398,10 @@ def fp32_reasons(g: Graph, p: Plan, quantize_adds: bool = True) -> dict[str, tup
             why = "residual adds stay FP32 (quantize_adds=False)"
         elif n.op_type in ("Add", "Mul", "Div") and (bad := binary_reason(g, n)) is not None:
             why = f"no int8 form: {bad}"
-        elif n.op_type in POOLS | ACTIVATIONS | SHAPE_OPS | {"Add", "Mul", "Div", "Concat", "MatMul",
-                                                             "ReduceMean"} and ins:
+        elif n.op_type == "Resize" and ins and not _is_copy(g, n):
+            why = "only nearest Resize is a copy; this one interpolates (FP32 on the CPU)"
+        elif n.op_type in POOLS | ACTIVATIONS | SHAPE_OPS | MOVEMENT_OPS | {
+                "Add", "Mul", "Div", "Concat", "MatMul", "ReduceMean"} and ins:
             if all(i in p.tensors for i in ins):
                 why = "no int8 op reads its output (an int8 step would only add error)"
             else:
@@ -397,6 +410,7 @@ def fp32_reasons(g: Graph, p: Plan, quantize_adds: bool = True) -> dict[str, tup
             why = "computes from constants only"
         else:
             why = ("no int8 form (the DSA runs conv/dense/matmul, adds, products, global "
-                   "means, pooling, Relu/Clip, Concat and reshapes); runs in FP32 on the CPU")
+                   "means, pooling, Relu/Clip, Concat, nearest Resize and reshapes); runs in "
+                   "FP32 on the CPU")
         out[n.name] = (n.op_type, why)
     return out

@@ -86,6 +86,9 @@ class Kind:
     fill: Callable | None = None
     #: shape -> the shape with value-only fields fixed (one tuning task for all of them)
     perf_shape: Callable | None = None
+    #: (builder, cfg, shape, knobs, DRAM regions by parameter) -> None: a room that emits
+    #: its DMA instructions itself (data movement) instead of building TIR
+    emit: Callable | None = None
 
 
 @dataclass

@@ -1,0 +1,128 @@
+"""Data movement inside a region: ``quantize(concat(dq(a), dq(b), ...))`` along channels and
+``quantize(resize2d(dq(x)))`` nearest-neighbour by an integer factor. Both are copies when
+every tensor shares one scale and zero point (the quantizer plans them so); the layers go
+to the movement room (``tir_schedules.kinds.movement``), DMA only.
+
+Nearest resize is ``y[i] = x[i // s]`` for an integer factor ``s`` under the
+``half_pixel``/``pytorch_half_pixel`` coordinates with any rounding (the source
+coordinate ``k + (r + 0.5) / s - 0.5`` of ``i = s * k + r`` lies strictly inside
+``(k - 0.5, k + 0.5)``) and under ``asymmetric`` with ``floor`` (PyTorch's nearest).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+from tvm.relax.dpl import DFPattern, is_op, is_tuple, wildcard
+
+from dsa_tvm.hw.config import HardwareConfig
+from dsa_tvm.layers.ir import Concat, Layer, QTensor, Resize
+
+from .common import Constraint, common_constraints
+from .match import Match, Reader, Root
+from .spec import Kind, dq, q
+
+#: concat inputs the table has patterns for (larger first)
+CONCAT_INPUTS = (4, 3, 2)
+#: (coordinate mode, rounding) pairs under which nearest resize is ``x[i // s]``
+_HALF = ("half_pixel", "pytorch_half_pixel")
+
+
+def _one(m: Match) -> np.ndarray:
+    return np.array([1.0])
+
+
+def _same_grid(m: Match, cfg: HardwareConfig) -> str | None:
+    out = (float(m.out.scale[0]), int(m.out.zero_point[0]))
+    for i, o in enumerate(m.inputs):
+        if (float(o.qp.scale[0]), int(o.qp.zero_point[0])) != out:
+            return (f"input {i} has scale/zero point ({float(o.qp.scale[0]):g}, "
+                    f"{int(o.qp.zero_point[0])}), the output {out}: a copy needs one grid "
+                    f"(the quantizer shares one scale over Concat/Resize)")
+    return None
+
+
+# ----------------------------------------------------------------------------- concat
+def _concat_variants() -> list[tuple[str, DFPattern]]:
+    return [(f"{k}_inputs", q(is_op("relax.concat")(is_tuple([dq() for _ in range(k)]))))
+            for k in CONCAT_INPUTS]
+
+
+def _read_concat(r: Reader, root: Root) -> Match:
+    op = r.need(root.body, "relax.concat")
+    tup = r.value(op.args[0])
+    return root.match("concat", op, [r.operand(f) for f in tup.fields])
+
+
+def _axis(m: Match) -> int:
+    axis = int(m.op.attrs.axis)
+    return axis + len(m.out_shape) if axis < 0 else axis
+
+
+def _concat_axis(m: Match, cfg: HardwareConfig) -> str | None:
+    if len(m.out_shape) != 4 or _axis(m) != 1:
+        return (f"concat of {len(m.out_shape)}-D tensors on axis {_axis(m)}: the DSA "
+                f"concatenates the channels (axis 1) of NCHW images")
+    return None
+
+
+def _concat_layer(m: Match, name: str, inputs: list[QTensor], output: QTensor) -> Layer:
+    return Concat(name, tuple(inputs), output, _axis(m))
+
+
+# ----------------------------------------------------------------------------- resize
+def _resize_variants() -> list[tuple[str, DFPattern]]:
+    return [("nearest", q(is_op("relax.image.resize2d")(dq(), wildcard())))]
+
+
+def _read_resize(r: Reader, root: Root) -> Match:
+    op = r.need(root.body, "relax.image.resize2d")
+    return root.match("resize", op, [r.operand(op.args[0])])
+
+
+def _factors(m: Match) -> tuple[int, int] | None:
+    (_, _, h, w), (_, _, oh, ow) = m.inputs[0].shape, m.out_shape
+    if oh % h or ow % w:
+        return None
+    return oh // h, ow // w
+
+
+def _resize_form(m: Match, cfg: HardwareConfig) -> str | None:
+    a = m.op.attrs
+    method, coord, rnd = str(a.method), str(a.coordinate_transformation_mode), \
+        str(a.rounding_method)
+    if method != "nearest_neighbor":
+        return f"{method} resize (only nearest-neighbour is a copy)"
+    if str(a.layout) != "NCHW":
+        return f"layout {a.layout} (NCHW only)"
+    if len(m.inputs[0].shape) != 4 or _factors(m) is None:
+        return f"{m.inputs[0].shape} -> {m.out_shape} is not an integer upsampling"
+    if not (coord in _HALF or (coord == "asymmetric" and rnd == "floor")):
+        return (f"coordinate mode {coord} with rounding {rnd or 'round'}: nearest is "
+                f"x[i // s] only under half_pixel or asymmetric+floor")
+    return None
+
+
+def _resize_layer(m: Match, name: str, inputs: list[QTensor], output: QTensor) -> Layer:
+    f = _factors(m)
+    if f is None:
+        raise ValueError(f"{m.inputs[0].shape} -> {m.out_shape}: not an integer upsampling")
+    return Resize(name, inputs[0], output, f)
+
+
+def _constraints(extra: Constraint) -> list[Constraint]:
+    grid = Constraint("one_grid", "every input and the output share one scale and zero "
+                      "point (a copy)", _same_grid)
+    return common_constraints(_one) + [extra, grid]
+
+
+KINDS = (
+    Kind("concat", 200, _concat_variants, _read_concat,
+         _constraints(Constraint("concat_axis", "channel axis of 4-D NCHW tensors; every "
+                                 "input but the last a multiple of `{cfg.block_out}` channels",
+                                 _concat_axis)),
+         _concat_layer, "Concat (channels, 2-4 inputs, one scale)", "relax.concat"),
+    Kind("resize", 201, _resize_variants, _read_resize,
+         _constraints(Constraint("nearest", "nearest-neighbour, integer factors, NCHW, "
+                                 "half_pixel or asymmetric+floor coordinates", _resize_form)),
+         _resize_layer, "Resize (nearest, integer scale)", "relax.image.resize2d"),
+)

@@ -1,0 +1,240 @@
+"""Room: data movement inside a region (concat along channels, nearest resize): DMA only.
+
+Both layers are copies in the blocked layout ``[N][H][W][CB][block]`` (one scale for
+input and output, no requant), so the room emits LOAD/STORE pairs through the
+accumulator scratchpad itself instead of building TIR:
+
+* concat: each input's pixels are loaded in chunks and stored into its channel-block
+  slice of the output (STORE ``x_stride`` = the output's blocks per pixel). Only whole
+  channel blocks move, so every input but the last must have a multiple of ``block``
+  channels (the last one's padded lanes land in the output's padding);
+* resize ``(sh, sw)``: one input row (or a piece of it) is loaded once and stored
+  ``sh * sw`` times, each STORE writing every ``sw``-th output pixel
+  (``x_stride = sw * CB``): the repeat is in the addressing, no lane moves.
+
+Cost: DMA bytes at the DRAM bandwidth plus one latency per transfer.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from dsa_tvm.hw.config import HardwareConfig
+from dsa_tvm.intmath import ceil_div
+from dsa_tvm.isa.formats import DRAM_SIZE_BITS
+from dsa_tvm.isa.instructions import Buffer
+from dsa_tvm.layers.checks import inputs_read, with_weights
+from dsa_tvm.layers.ir import Concat, Resize
+
+from .base import Kind, Recipe, UnsupportedLayer
+
+MAX_DMA = (1 << DRAM_SIZE_BITS) - 1
+
+
+@dataclass(frozen=True)
+class MoveShape:
+    """``concat``: inputs of ``cbs`` channel blocks each over ``n*h*w`` pixels;
+    ``resize``: one input of ``cbs[0]`` blocks, ``n x h x w`` pixels, upsampled by ``scale``."""
+
+    kind: str                 # "concat" | "resize"
+    n: int
+    h: int
+    w: int
+    cbs: tuple[int, ...]
+    block: int
+    scale: tuple[int, int] = (1, 1)
+
+
+@dataclass(frozen=True)
+class MoveKnobs:
+    rows: int                 # accumulator rows one transfer stages
+
+
+def _cb_out(s: MoveShape) -> int:
+    return sum(s.cbs) if s.kind == "concat" else s.cbs[0]
+
+
+def _transfers(s: MoveShape, k: MoveKnobs) -> list[tuple[int, int]]:
+    """(rows loaded, stores of them) per staged chunk, in program order."""
+    out = []
+    if s.kind == "concat":
+        p = s.n * s.h * s.w
+        for cb in s.cbs:
+            pc = max(1, k.rows // cb)
+            out += [(min(pc, p - p0) * cb, 1) for p0 in range(0, p, pc)]
+    else:
+        cb, (sh, sw) = s.cbs[0], s.scale
+        wc = max(1, k.rows // cb)
+        for _ in range(s.n * s.h):
+            out += [(min(wc, s.w - w0) * cb, sh * sw) for w0 in range(0, s.w, wc)]
+    return out
+
+
+def move_fits(cfg: HardwareConfig, s: MoveShape, k: MoveKnobs) -> str | None:
+    if k.rows > cfg.acc_depth:
+        return f"{k.rows} staged rows exceed the {cfg.acc_depth}-row accumulator"
+    if max(s.cbs) > k.rows:
+        return f"one pixel's {max(s.cbs)} channel blocks exceed {k.rows} staged rows"
+    if max(s.cbs) * max(s.scale[1], 1) > MAX_DMA or _cb_out(s) > MAX_DMA:
+        return f"DMA stride exceeds the {DRAM_SIZE_BITS}-bit DMA fields"
+    return None
+
+
+def candidate_move_knobs(cfg: HardwareConfig, s: MoveShape) -> list[MoveKnobs]:
+    rows = min(cfg.acc_depth, MAX_DMA)
+    k = MoveKnobs(rows)
+    return [k] if move_fits(cfg, s, k) is None else []
+
+
+def default_move_knobs(cfg: HardwareConfig, s: MoveShape) -> MoveKnobs:
+    cands = candidate_move_knobs(cfg, s)
+    if not cands:
+        raise ValueError(move_fits(cfg, s, MoveKnobs(min(cfg.acc_depth, MAX_DMA))))
+    return cands[0]
+
+
+def estimate_move_cycles(cfg: HardwareConfig, s: MoveShape, k: MoveKnobs) -> float:
+    """Every byte in and out at the DRAM bandwidth, one latency per transfer."""
+    cycles = 0.0
+    for rows, stores in _transfers(s, k):
+        moved = rows * s.block * (1 + stores)
+        cycles += moved / cfg.bandwidth_bytes_per_cycle + (1 + stores) * cfg.latency_cycles
+    return cycles
+
+
+def move_instructions(cfg: HardwareConfig, s: MoveShape, k: MoveKnobs) -> int:
+    return sum(1 + stores for _, stores in _transfers(s, k))
+
+
+def emit_move(b, cfg: HardwareConfig, s: MoveShape, k: MoveKnobs, regions: dict) -> None:
+    """The LOAD/STORE pairs of the layer; staging alternates between two halves of the
+    rows so the derived tokens let the next load overlap the previous stores."""
+    buf = Buffer.ACC8
+    half = k.rows // 2 if k.rows >= 2 * max(s.cbs) else 0
+    y = regions["y"]
+    cbo = _cb_out(s)
+    slot = 0
+
+    def stage() -> int:
+        nonlocal slot
+        base = slot * half
+        slot ^= 1 if half else 0
+        return base
+
+    if s.kind == "concat":
+        p = s.n * s.h * s.w
+        cb0 = 0
+        for i, cb in enumerate(s.cbs):
+            x = regions[f"x{i}"]
+            pc = max(1, (half or k.rows) // cb)
+            for p0 in range(0, p, pc):
+                m = min(pc, p - p0)
+                base = stage()
+                b.load(buf, base, b.addr(x, buf) + p0 * cb, 1, m * cb, m * cb)
+                b.store(buf, base, b.addr(y, buf) + p0 * cbo + cb0, m, cb, cbo)
+            cb0 += cb
+        return
+    cb, (sh, sw) = s.cbs[0], s.scale
+    ow = s.w * sw
+    wc = max(1, (half or k.rows) // cb)
+    x = regions["x"]
+    for n in range(s.n):
+        for i in range(s.h):
+            for w0 in range(0, s.w, wc):
+                m = min(wc, s.w - w0)
+                base = stage()
+                b.load(buf, base, b.addr(x, buf) + ((n * s.h + i) * s.w + w0) * cb, 1, m * cb,
+                       m * cb)
+                for dy in range(sh):
+                    row = (n * s.h * sh + i * sh + dy) * ow
+                    for dx in range(sw):
+                        b.store(buf, base, b.addr(y, buf) + (row + w0 * sw + dx) * cb, m, cb,
+                                sw * cb)
+
+
+# ----------------------------------------------------------------------------- layers
+def _same_grid(layer, ins) -> None:
+    for t in ins:
+        if (t.scale, t.zero_point) != (layer.output.scale, layer.output.zero_point):
+            raise UnsupportedLayer(f"{layer.name}: input '{t.name}' has scale/zero point "
+                                   f"({t.scale:g}, {t.zero_point}), the output "
+                                   f"({layer.output.scale:g}, {layer.output.zero_point}): a "
+                                   f"copy needs one grid")
+
+
+def concat_recipe(layer: Concat, cfg: HardwareConfig, consts: bool) -> Recipe:
+    block = cfg.block_out
+    out = layer.output.shape
+    if len(out) != 4 or layer.axis not in (1, -3):
+        raise UnsupportedLayer(f"{layer.name}: concat of {len(out)}-D tensors on axis "
+                               f"{layer.axis}; the DSA concatenates NCHW channels (axis 1)")
+    if not 2 <= len(layer.inputs) <= 8:
+        raise UnsupportedLayer(f"{layer.name}: {len(layer.inputs)} inputs (2..8 supported)")
+    _same_grid(layer, layer.inputs)
+    for t in layer.inputs[:-1]:
+        if t.shape[1] % block:
+            raise UnsupportedLayer(f"{layer.name}: input '{t.name}' has {t.shape[1]} channels, "
+                                   f"not a multiple of the {block}-lane block (DMA moves whole "
+                                   f"blocks; only the last input may be partial)")
+    for t in layer.inputs:
+        if (t.shape[0],) + tuple(t.shape[2:]) != (out[0],) + tuple(out[2:]):
+            raise UnsupportedLayer(f"{layer.name}: input {t.shape} and output {out} differ "
+                                   f"off the channel axis")
+    if sum(t.shape[1] for t in layer.inputs) != out[1]:
+        raise UnsupportedLayer(f"{layer.name}: channels do not add up to {out[1]}")
+    n, _, h, w = out
+    shape = MoveShape("concat", n, h, w, tuple(ceil_div(t.shape[1], block)
+                                              for t in layer.inputs), block)
+    return Recipe(KIND, shape, {f"x{i}": t for i, t in enumerate(layer.inputs)})
+
+
+def resize_recipe(layer: Resize, cfg: HardwareConfig, consts: bool) -> Recipe:
+    x, y = layer.input.shape, layer.output.shape
+    sh, sw = layer.scale
+    if len(x) != 4 or len(y) != 4:
+        raise UnsupportedLayer(f"{layer.name}: resize of {len(x)}-D tensors (NCHW only)")
+    if min(sh, sw) < 1 or tuple(y) != (x[0], x[1], x[2] * sh, x[3] * sw):
+        raise UnsupportedLayer(f"{layer.name}: {x} -> {y} is not an integer nearest upsample")
+    _same_grid(layer, [layer.input])
+    shape = MoveShape("resize", x[0], x[2], x[3], (ceil_div(x[1], cfg.block_out),),
+                      cfg.block_out, (sh, sw))
+    return Recipe(KIND, shape, {"x": layer.input})
+
+
+def run_concat(ly: Concat, env: dict[str, np.ndarray]) -> np.ndarray:
+    return np.concatenate([env[t.name].reshape(t.shape) for t in ly.inputs], axis=ly.axis)
+
+
+def run_resize(ly: Resize, env: dict[str, np.ndarray]) -> np.ndarray:
+    sh, sw = ly.scale
+    return np.repeat(np.repeat(env[ly.input.name].reshape(ly.input.shape), sh, axis=2), sw,
+                     axis=3)
+
+
+def _describe(ly) -> str:
+    ins = ly.inputs if isinstance(ly, Concat) else (ly.input,)
+    extra = f" x{ly.scale}" if isinstance(ly, Resize) else f" axis={ly.axis}"
+    return (f"{type(ly).__name__} {ly.name}: {' + '.join(str(tuple(t.shape)) for t in ins)}"
+            f"{extra} -> {tuple(ly.output.shape)}")
+
+
+def _bounds(ly) -> tuple[int, int]:
+    """Resize reads every input element once (each is a source of some output pixel)."""
+    return with_weights(ly, inputs_read(ly))
+
+
+LAYERS = {Concat: (concat_recipe, run_concat), Resize: (resize_recipe, run_resize)}
+
+KIND = Kind(
+    name="movement", layers=tuple(LAYERS),
+    recipe=lambda ly, cfg, consts: LAYERS[type(ly)][0](ly, cfg, consts),
+    reference=lambda ly, env: LAYERS[type(ly)][1](ly, env),
+    bounds=_bounds, describe=_describe,
+    shape=MoveShape, knobs=MoveKnobs,
+    fits=move_fits, candidates=candidate_move_knobs, default=default_move_knobs,
+    estimate=estimate_move_cycles, instructions=move_instructions,
+    tiles=lambda s: {}, extents=lambda s: {},
+    fill=lambda cfg, s, k: [0.0, 0.0, k.rows / cfg.acc_depth],
+    emit=emit_move)
