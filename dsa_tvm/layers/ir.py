@@ -226,3 +226,23 @@ def layer_inputs(layer: Layer) -> list[QTensor]:
     """The tensors a layer reads: its QTensor fields but ``output``, in field order."""
     return [v for f in fields(layer)
             if f.name != "output" and isinstance(v := getattr(layer, f.name), QTensor)]
+
+
+@dataclass(frozen=True)
+class Table:
+    """y = table[x + 128]: an element-wise function of one int8 tensor, as 256 int8 codes
+    (a dequantize -> sigmoid / SiLU / GELU / ... -> quantize chain evaluated on every input
+    code by the compiler); the vector unit's activation table applies it (ALU LUT)."""
+
+    name: str
+    input: QTensor
+    output: QTensor          # same shape as input
+    table: np.ndarray        # int8 [256]: entry i is the output code of input code i - 128
+    what: str = ""           # the chain it replaces, for reports ("sigmoid", "x*sigmoid(x)")
+
+    @property
+    def macs(self) -> int:
+        return 0
+
+
+Layer = Layer | Table

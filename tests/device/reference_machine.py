@@ -236,6 +236,12 @@ class RefMachine:
                     brow, b2row, b3row = [lo] * bo, [hi] * bo, none
                 else:
                     brow, b2row, b3row = [ins.imm] * bo, none, none
+            elif ins.op == AluOp.LUT:  # entry i: row b + i // block_out, lane i % block_out
+                def entry(code: int) -> int:
+                    i = min(max(code, -128), 127) + 128
+                    return int(self.acc[ins.b_base + i // bo, i % bo])
+                self.acc[d] = [entry(arow[k]) for k in range(bo)]
+                continue
             else:
                 b = _row(ins.b_base, loops, p, "b")
                 rows = [[int(v) for v in self.acc[b + k]]
