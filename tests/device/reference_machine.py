@@ -237,10 +237,8 @@ class RefMachine:
                 else:
                     brow, b2row, b3row = [ins.imm] * bo, none, none
             elif ins.op == AluOp.LUT:  # entry i: row b + i // block_out, lane i % block_out
-                def entry(code: int) -> int:
-                    i = min(max(code, -128), 127) + 128
-                    return int(self.acc[ins.b_base + i // bo, i % bo])
-                self.acc[d] = [entry(arow[k]) for k in range(bo)]
+                idx = [min(max(v, -128), 127) + 128 for v in arow]
+                self.acc[d] = [int(self.acc[ins.b_base + i // bo, i % bo]) for i in idx]
                 continue
             else:
                 b = _row(ins.b_base, loops, p, "b")

@@ -16,7 +16,7 @@ from functools import cache
 
 import numpy as np
 import tvm
-from tvm import s_tir, te, tirx
+from tvm import s_tir, tirx
 from tvm.script import tirx as T
 
 from dsa_tvm.hw.config import HardwareConfig
