@@ -14,8 +14,8 @@ infinity included), and rewrites each into its canonical form::
 is exact (``(q - z) * s / s`` rounds back to ``q - z``, and so does quantizing ``T[i]``),
 so the rewritten graph computes the same int8 codes on the CPU. The ``table`` front-end
 kind matches the canonical form and the DSA applies it with ALU LUT. Chains the rewrite
-cannot keep exact (scales outside the normal float32 range) are left alone and listed in
-:data:`LAST_SKIPPED`.
+cannot keep exact (scales outside the normal float32 range) are left alone, each with
+the reason, in the module attribute ``SKIPPED_ATTR`` (the partition report's notes).
 """
 
 from __future__ import annotations
@@ -48,8 +48,8 @@ PLAIN = frozenset({"relax.nn.relu", "relax.clip", "relax.astype"})
 MIN_SCALE = 2.0 ** -118
 MAX_SCALE = 2.0 ** 118
 
-#: (root var name, why it stays as it is) of the last rewrite: chains left alone
-LAST_SKIPPED: list[tuple[str, str]] = []
+#: module attribute listing the chains left alone ("<var>: <why>")
+SKIPPED_ATTR = "dsa_table_chains_skipped"
 
 
 class _NotChain(Exception):
@@ -274,7 +274,7 @@ def _scale_problem(scale: float) -> str | None:
 
 def table_chains(mod: tvm.IRModule) -> tvm.IRModule:
     """Rewrite every maximal element-wise chain of ``main`` into its exact table form."""
-    LAST_SKIPPED.clear()
+    skipped: list[tuple[str, str]] = []
     func = mod["main"] if "main" in [gv.name_hint for gv in mod.get_global_vars()] else None
     if not isinstance(func, relax.Function):
         return mod
@@ -283,17 +283,17 @@ def table_chains(mod: tvm.IRModule) -> tvm.IRModule:
         s_in, s_out = _scalar(c.leaf.args[1]), _scalar(c.root.args[1])
         why = _scale_problem(s_in) or _scale_problem(s_out)
         if why:
-            LAST_SKIPPED.append((c.var.name_hint, why))
+            skipped.append((c.var.name, why))
         else:
             chains.append(c)
     if not chains:
-        return mod
+        return _noted(mod, skipped)
     try:
         tables = evaluate(func, chains)
     except Exception as e:  # noqa: BLE001 - the chains then run as they are, on the CPU
-        LAST_SKIPPED.extend((c.var.name_hint, f"evaluating the chain failed: "
-                             f"{type(e).__name__}: {e}") for c in chains)
-        return mod
+        skipped += [(c.var.name, f"evaluating the chain failed: {type(e).__name__}: {e}")
+                    for c in chains]
+        return _noted(mod, skipped)
     plans = {}
     for c, t in zip(chains, tables):
         s_out = np.float32(_scalar(c.root.args[1]))
@@ -304,4 +304,18 @@ def table_chains(mod: tvm.IRModule) -> tvm.IRModule:
     gv = mod.get_global_var("main")
     new = _Rewrite(mod, plans).visit_expr(func)
     mod[gv] = relax.analysis.remove_all_unused(new)
-    return mod
+    return _noted(mod, skipped)
+
+
+def _noted(mod: tvm.IRModule, skipped: list[tuple[str, str]]) -> tvm.IRModule:
+    if not skipped:
+        return mod
+    return mod.with_attr(SKIPPED_ATTR, [f"{v}: {why}" for v, why in skipped])
+
+
+def skipped_notes(mod: tvm.IRModule) -> list[str]:
+    """The partition report's notes on chains :func:`table_chains` left alone."""
+    attrs = mod.attrs
+    got = attrs[SKIPPED_ATTR] if attrs is not None and SKIPPED_ATTR in attrs else None
+    return [f"element-wise chain ending at {s} (not a DSA table; it runs on the CPU as "
+            f"written)" for s in (got or [])]

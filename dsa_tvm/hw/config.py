@@ -155,13 +155,19 @@ class HardwareConfig:
         return hashlib.sha256(canon.encode()).digest()[:16]
 
     def as_dict(self) -> dict[str, dict[str, Any]]:
-        """The description as nested sections, as it would be written in TOML."""
+        """The description as nested sections, as it would be written in TOML. Fields added
+        later are left out while at their default (as in the fingerprint): loading the dict
+        gives them back, and programs and tuning records written before they existed
+        carry the same description."""
         out: dict[str, dict[str, Any]] = {}
         for f in FIELDS:
+            v = self.values[f.name]
+            if f.key in FINGERPRINT_OMIT_AT_DEFAULT and v == f.default:
+                continue
             if f.section:
-                out.setdefault(f.section, {})[f.name] = self.values[f.name]
+                out.setdefault(f.section, {})[f.name] = v
             else:
-                out[f.name] = self.values[f.name]  # type: ignore[assignment]
+                out[f.name] = v  # type: ignore[assignment]
         return out
 
     def replace(self, **changes: Any) -> "HardwareConfig":
@@ -173,7 +179,7 @@ class HardwareConfig:
                 raise ConfigError(f"unknown hardware field '{k}'")
             f = spec_by_name[k]
             if f.section:
-                nested[f.section][k] = v
+                nested.setdefault(f.section, {})[k] = v
             else:
                 nested[k] = v
         return config_from_dict(nested, source=f"{self.source} (modified)")

@@ -54,7 +54,7 @@ def _read(r: Reader, root: Root) -> Match:
 
 
 def _to_layer(m: Match, name: str, inputs: list[QTensor], output: QTensor) -> Layer:
-    return Table(name, inputs[0], output, getattr(m, "table"), "table")
+    return Table(name, inputs[0], output, m.table, "table")
 
 
 def _same_shape(m: Match, cfg) -> str | None:

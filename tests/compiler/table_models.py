@@ -53,6 +53,8 @@ ACTS = {
     "leaky_relu": lambda g, x: g.op("LeakyRelu", [x], alpha=0.1),
     "tanh": lambda g, x: g.op("Tanh", [x]),
     "exp": lambda g, x: g.op("Exp", [x]),
+    "log": lambda g, x: g.op("Log", [x]),          # NaN below 0, -inf at 0
+    "sqrt_div": lambda g, x: g.op("Div", [g.const(np.array(1, np.float32)), g.op("Sqrt", [x])]),
 }
 
 
@@ -62,6 +64,24 @@ def act_model(path: Path, act: str, s_in: float, z_in: int, s_out: float, z_out:
     x = g.qdq("x", s_in, z_in)
     y = g.qdq(ACTS[act](g, x), s_out, z_out)
     return g.save(path / f"{act}.onnx", {"x": shape}, y, shape)
+
+
+def all_acts_model(path: Path, s_in: float, z_in: int, outs: dict[str, tuple[float, int]],
+                   shape=(1, 4, 8, 8), name: str = "acts") -> Path:
+    """One input, one branch per activation of ``outs`` (its output scale and zero point),
+    each ``x -> QDQ -> act -> QDQ -> out_<act>``: one build compares all of them."""
+    from tests.qdq_models import make_model, node
+
+    g = QDQGraph(0)
+    x = g.qdq("x", s_in, z_in)
+    names = {}
+    for act, (s_out, z_out) in outs.items():
+        y = g.qdq(ACTS[act](g, x), s_out, z_out)
+        g.nodes.append(node("Identity", [y], [f"out_{act}"]))
+        names[f"out_{act}"] = shape
+    file = path / f"{name}.onnx"
+    onnx.save(make_model(g.nodes, g.inits, {"x": shape}, names), file)
+    return file
 
 
 def every_code(s_in: float, z_in: int, shape=(1, 4, 8, 8)) -> np.ndarray:
