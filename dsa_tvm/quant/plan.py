@@ -1,7 +1,8 @@
 """Which nodes run in int8, which tensors get a QDQ pair, and which tensors share a scale.
 
 Anchors carry weights (Conv, Gemm, MatMul with a constant 2-D weight) and always
-quantize unless kept in FP32. Followers (Add, pooling, Concat, Relu/Clip, and
+quantize unless kept in FP32. Followers (Add, pooling, Concat, Relu/Clip, activation
+chains on one int8 tensor (``table_plan``: the DSA's tables), and
 shape-only ops between quantized tensors) quantize when their inputs already are
 quantized, so QDQ pairs never appear inside FP32-only parts of the graph. An op the
 DSA does not run is simply not in any table: it stays FP32 and never breaks anything.
@@ -19,6 +20,7 @@ from dataclasses import dataclass, field
 import onnx
 
 from ..frontend.onnx_graph import Graph
+from .table_plan import TABLE_OPS, grow_chain
 
 ACTIVATIONS = {"Relu", "Clip"}
 POOLS = {"MaxPool", "AveragePool", "GlobalAveragePool"}
@@ -45,6 +47,7 @@ class Follower:
     node: onnx.NodeProto
     inputs: list[str]                      # activation inputs
     act: onnx.NodeProto | None = None      # Relu/Clip fused into a residual Add
+    chain: list[onnx.NodeProto] = field(default_factory=list)  # an activation table's ops
 
     @property
     def name(self) -> str:
@@ -66,6 +69,8 @@ class Plan:
     # calibration observes the pre-activation and clamps to the bounds (a ReLU6 output's
     # spike at 6 would otherwise mislead the histogram methods)
     pre_act: dict[str, tuple[str, float, float]] = field(default_factory=dict)
+    # activation ops (table_plan.TABLE_OPS) on an int8 tensor left FP32: node name -> why
+    table_fp32: dict[str, str] = field(default_factory=dict)
 
     @property
     def quantized_nodes(self) -> set[str]:
@@ -73,7 +78,8 @@ class Plan:
         out = set(self.anchors) | {f.name for f in self.followers}
         out |= {a.act.name for a in self.anchors.values() if a.act} | \
                {a.bias_add.name for a in self.anchors.values() if a.bias_add} | \
-               {f.act.name for f in self.followers if f.act}
+               {f.act.name for f in self.followers if f.act} | \
+               {n.name for f in self.followers for n in f.chain}
         return out
 
     def group_members(self) -> dict[str, list[str]]:
@@ -190,7 +196,12 @@ def make_plan(g: Graph, keep_fp32: set[str] = frozenset(), available: set[str] |
         ins = [i for i in n.input if i and not g.is_const(i)]
         if not ins:
             continue
-        if n.op_type == "Add" and quantize_adds:
+        f = _table_follower(g, p, n, ins, produced, keep_fp32)
+        if f is not None:
+            if not all(ok(t) for t in f.inputs + [f.output]):
+                continue
+            fused.update(id(c) for c in f.chain)
+        elif n.op_type == "Add" and quantize_adds:
             if len(ins) != 2 or not _same_shape(g, *ins) or not any(i in produced for i in ins):
                 continue
             act = _fusable_act(g, n.output[0])
@@ -232,6 +243,28 @@ def make_plan(g: Graph, keep_fp32: set[str] = frozenset(), available: set[str] |
     return p
 
 
+def _table_follower(g: Graph, p: Plan, n: onnx.NodeProto, ins: list[str], produced: set[str],
+                    keep_fp32: set[str]) -> Follower | None:
+    """An activation chain (``table_plan``) starting at ``n`` on one int8 tensor, as one
+    follower whose output is the chain's end; None when ``n`` starts none (why, if it
+    could have, goes to ``p.table_fp32``)."""
+    if n.op_type not in TABLE_OPS or len(set(ins)) != 1 or ins[0] not in produced:
+        return None
+    got = grow_chain(g, n, ins[0])
+    if got is None:
+        return None
+    if isinstance(got, str):
+        p.table_fp32[n.name] = got
+        return None
+    nodes, end = got
+    kept = [c.name for c in nodes if c.name in keep_fp32]
+    if kept:
+        p.table_fp32[n.name] = f"its chain holds {kept[0]}, kept in FP32 on request"
+        return None
+    last = next(c for c in nodes if end in c.output)
+    return Follower(last, [ins[0]], chain=nodes)
+
+
 def _act_bounds(g: Graph, act: onnx.NodeProto) -> tuple[float, float]:
     """The output interval of a Relu or a constant-bound Clip."""
     if act.op_type == "Relu":
@@ -265,7 +298,9 @@ def fp32_reasons(g: Graph, p: Plan, quantize_adds: bool = True) -> dict[str, tup
         if n.name in done:
             continue
         ins = [i for i in n.input if i and not g.is_const(i)]
-        if n.op_type == "Add" and not quantize_adds:
+        if n.name in p.table_fp32:
+            why = p.table_fp32[n.name]
+        elif n.op_type == "Add" and not quantize_adds:
             why = "residual adds stay FP32 (quantize_adds=False)"
         elif n.op_type in POOLS | ACTIVATIONS | SHAPE_OPS | {"Add", "Concat", "MatMul"} and ins:
             if all(i in p.tensors for i in ins):
@@ -274,6 +309,11 @@ def fp32_reasons(g: Graph, p: Plan, quantize_adds: bool = True) -> dict[str, tup
                 why = "an input is not int8 (no int8 op produces it)"
         elif not ins:
             why = "computes from constants only"
+        elif n.op_type in TABLE_OPS and all(i in p.tensors for i in ins):
+            why = "no int8 op reads its chain's output (an int8 step would only add error)"
+        elif n.op_type in TABLE_OPS:
+            why = ("activation on an FP32 tensor (no int8 op produces its input, or it reads "
+                   "two different tensors): stays FP32 on the CPU")
         else:
             why = "no int8 form (the DSA runs conv/dense/matmul, adds, pooling, Relu/Clip, " \
                   "Concat and reshapes); runs in FP32 on the CPU"
