@@ -84,3 +84,25 @@ def test_chain_on_fp32_tensor_is_listed_with_its_reason():
     s = qm.summary()
     assert "FP32: Sigmoid" in s and "FP32 tensor" in s, s
     assert "FP32: Tanh" in s and "no int8 op reads" in s, s
+
+
+def test_relax_path_plans_the_chains_as_tables():
+    from tvm.relax.frontend.onnx import from_onnx
+
+    from dsa_tvm.quant.relax_quantize import quantize_relax
+
+    torch.manual_seed(0)
+    shape = (1, 3, 16, 16)
+    mod = from_onnx(_export(_Block(), shape), keep_params_in_input=False)
+    rng = np.random.default_rng(0)
+    calib = [{"x": rng.standard_normal(shape).astype(np.float32)} for _ in range(4)]
+    qmod, plan = quantize_relax(mod, calib)
+    assert [c.kind for c in plan.chains].count("table") == 4
+    assert not plan.fp32, plan.fp32  # every activation op is part of a table chain
+    x = tvm.runtime.tensor(calib[0]["x"])
+    want = relax.VirtualMachine(tvm.compile(qmod, target="llvm"), tvm.cpu())["main"](x).numpy()
+    ex = tvm.compile(qmod, target="dsa")
+    got = relax.VirtualMachine(ex, tvm.cpu())["main"](x).numpy()
+    np.testing.assert_array_equal(got, want)
+    rep = dsa_tvm.compile_report(ex)
+    assert [r.target for r in rep.regions] == ["dsa"], str(rep)
