@@ -137,3 +137,23 @@ def test_scale_outside_float32_range_is_left_alone_with_a_reason(tmp_path):
     np.testing.assert_array_equal(got[0], want[0])
     assert _table_layers(rep) == 0
     assert any("not a DSA table" in n for n in rep.partition.notes), rep.partition.notes
+
+
+@pytest.mark.parametrize("preset", ["edge", "default", "large"])
+@settings(max_examples=3, deadline=None, suppress_health_check=list(HealthCheck))
+@given(data=st.data())
+def test_table_layer_lowers_bit_exact(preset, data):
+    """A hand-made Table layer alone and after a conv: the simulator against the integer
+    reference (``run_region``) on every preset's block size and scratchpads."""
+    from dsa_tvm.layers import ir as L
+
+    from .test_lowering import CFGS, channels, check, conv, qt, region
+
+    cfg, draw = CFGS[preset], data.draw
+    rng = np.random.default_rng(draw(st.integers(0, 2**32 - 1)))
+    x = qt(rng, "x", (1, channels(draw, cfg), draw(st.integers(1, 6)), draw(st.integers(1, 6))))
+    tab = rng.integers(-128, 128, 256).astype(np.int8)
+    check(region([x], [L.Table("t", x, qt(rng, "y", x.shape), tab)]), cfg, rng)
+    c = conv(rng, x, channels(draw, cfg), 3, 1, 1)
+    t = L.Table("t2", c.output, qt(rng, "y2", c.output.shape), tab)
+    check(region([x], [c, t]), cfg, rng)
