@@ -5,6 +5,8 @@
   pattern owns the dequantize of its inputs, so every consumer gets its own copy.
 * ``int8_data_movement``: Flatten/Reshape/Transpose between QDQ pairs with the same
   parameters run on the int8 tensor instead of dequantize -> op -> quantize.
+* ``table_chains`` (``table_chains.py``): element-wise chains on one int8 tensor
+  (sigmoid, SiLU, GELU, hardswish, ...) become exact 256-entry table lookups.
 * ``canonicalize_clip``: TVM's ONNX importer turns Clip (opset >= 11) into
   ``call_tir(maximum/minimum)`` against ``where(isnan(c), -inf, c)`` bounds;
   constant bounds become one ``R.clip`` (``R.nn.relu`` for [0, inf)) that the
@@ -24,6 +26,8 @@ from tvm import relax
 from tvm.ir import Op
 from tvm.ir.expr import GenericConst
 from tvm.relax.expr_functor import PyExprMutator, mutator
+
+from .table_chains import table_chains
 
 
 def _var2val(func: relax.Function) -> dict[relax.Var, relax.Expr]:
@@ -215,4 +219,4 @@ def prepare(mod: tvm.IRModule) -> tvm.IRModule:
     # the importer emits no dataflow block around control flow (ONNX If), and the
     # patterns only fuse inside dataflow blocks: regroup the pure bindings into them
     mod = relax.transform.ConvertToDataflow()(mod)
-    return dedup_dequantize(int8_data_movement(canonicalize_clip(mod)))
+    return dedup_dequantize(table_chains(int8_data_movement(canonicalize_clip(mod))))

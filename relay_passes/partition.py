@@ -38,6 +38,7 @@ from .kinds import ANCHOR_OPS
 from .kinds.match import Match
 from .kinds.spec import CODEGENS
 from .match_memo import MatchMemo
+from .table_chains import skipped_notes
 from .to_layers import region_from_function
 from .walkable import merge_blockers
 
@@ -348,7 +349,7 @@ def partition_report(cfg: HardwareConfig, prepared: tvm.IRModule, part: tvm.IRMo
                      regions: list[RegionRead], reasons: dict[str, str],
                      notes: list[str]) -> PartitionReport:
     """The partition's report: its regions' layers, every op left on the CPU and why, notes."""
-    report = PartitionReport(cfg.name, notes=list(notes))
+    report = PartitionReport(cfg.name, notes=list(notes) + skipped_notes(prepared))
     for r in regions:
         if r.region is None:
             report.regions.append(RegionInfo(r.name, [], 0, r.error))

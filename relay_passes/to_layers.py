@@ -12,7 +12,7 @@ import dataclasses
 
 from tvm import relax
 
-from dsa_tvm.layers.ir import Add, Conv2d, Dense, Layer, QTensor, Region, Rescale, layer_inputs
+from dsa_tvm.layers.ir import Add, Conv2d, Dense, Layer, QTensor, Region, Rescale, Table, layer_inputs
 
 from .kinds import describe, layer_from_match
 from .kinds.dense import as_rows
@@ -132,7 +132,7 @@ def _row_views(layers: list[Layer], region: str) -> list[Layer]:
     while changed:
         changed = False
         for i, ly in enumerate(out):
-            if not isinstance(ly, (Add, Rescale)):
+            if not isinstance(ly, (Add, Rescale, Table)):
                 continue
             ts = layer_inputs(ly) + [ly.output]
             if any(len(t.shape) == 4 for t in ts) and {t.name for t in ts} & rows:

@@ -18,7 +18,7 @@ from pathlib import Path
 from types import MappingProxyType
 from typing import Any
 
-from .schema import FIELDS, QUIET_AT_DEFAULT, SECTIONS, FieldSpec
+from .schema import FIELDS, FINGERPRINT_OMIT_AT_DEFAULT, SECTIONS, FieldSpec
 
 
 class ConfigError(ValueError):
@@ -129,6 +129,21 @@ class HardwareConfig:
         return steps * math.ceil(self.block_out / self.lanes)
 
     @cached_property
+    def table_present(self) -> bool:
+        """The vector unit has the activation table unit (ALU LUT)."""
+        return bool(self.table_unit)
+
+    @cached_property
+    def lut_lookups_per_cycle(self) -> int:
+        """Table lookups per cycle: the field, or one per vector lane when it is 0."""
+        return self.table_lookups_per_cycle or self.lanes
+
+    @cached_property
+    def lut_cycles_per_row(self) -> int:
+        """Cycles of one ALU LUT step over an accumulator row."""
+        return math.ceil(self.block_out / self.lut_lookups_per_cycle)
+
+    @cached_property
     def gemm_fill_drain_cycles(self) -> int:
         """Cycles to fill and drain the systolic array, paid once per GEMM instruction."""
         return self.block_in + self.block_out
@@ -136,29 +151,33 @@ class HardwareConfig:
     @property
     def energy_modelled(self) -> bool:
         return any(self.values[k] > 0 for k in ("mac_pj", "alu_lane_op_pj", "sram_byte_pj",
-                                                 "dram_byte_pj"))
+                                                 "dram_byte_pj", "table_lookup_pj"))
 
     # --- identity
     @cached_property
     def fingerprint(self) -> bytes:
-        """16-byte digest of every field; programs carry it and refuse other configs."""
-        quiet = {f.name for f in FIELDS if f.section in QUIET_AT_DEFAULT
-                 and self.values.get(f.name) == f.default}
-        canon = json.dumps({k: v for k, v in sorted(self.values.items()) if k not in quiet},
+        """16-byte digest of every field; programs carry it and refuse other configs.
+        Fields added later are left out while at their default (FINGERPRINT_OMIT_AT_DEFAULT)."""
+        omit = {f.name for f in FIELDS
+                if f.key in FINGERPRINT_OMIT_AT_DEFAULT and self.values[f.name] == f.default}
+        canon = json.dumps({k: v for k, v in sorted(self.values.items()) if k not in omit},
                            sort_keys=True)
         return hashlib.sha256(canon.encode()).digest()[:16]
 
     def as_dict(self) -> dict[str, dict[str, Any]]:
-        """The description as nested sections, as it would be written in TOML (a
-        QUIET_AT_DEFAULT section's fields only when set: programs embed this)."""
+        """The description as nested sections, as it would be written in TOML. Fields added
+        later are left out while at their default (as in the fingerprint): loading the dict
+        gives them back, and programs and tuning records written before they existed
+        carry the same description."""
         out: dict[str, dict[str, Any]] = {}
         for f in FIELDS:
-            if f.section in QUIET_AT_DEFAULT and self.values[f.name] == f.default:
+            v = self.values[f.name]
+            if f.key in FINGERPRINT_OMIT_AT_DEFAULT and v == f.default:
                 continue
             if f.section:
-                out.setdefault(f.section, {})[f.name] = self.values[f.name]
+                out.setdefault(f.section, {})[f.name] = v
             else:
-                out[f.name] = self.values[f.name]  # type: ignore[assignment]
+                out[f.name] = v  # type: ignore[assignment]
         return out
 
     def replace(self, **changes: Any) -> "HardwareConfig":

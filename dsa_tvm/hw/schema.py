@@ -92,6 +92,19 @@ FIELDS: tuple[FieldSpec, ...] = (
     _int("vector", "alu_latency_cycles", "cycles",
          "Pipeline depth of the vector ALU, paid once per ALU instruction.", "0..1000",
          lambda v: 0 <= v <= 1000, 4),
+    # --- activation table unit (ALU LUT)
+    _int("table", "table_unit", "0/1",
+         "1: the vector unit has the activation table unit (ALU op LUT looks each lane up in "
+         "a 256-entry table held in the accumulator scratchpad); 0: it has none and the "
+         "compiler keeps table layers (sigmoid, SiLU, GELU, ...) on the host. Part of every "
+         "bundled preset.", "0 or 1", lambda v: v in (0, 1), 1),
+    _int("table", "table_entries", "entries",
+         "Entries of one table: one per int8 input code.", "must be 256",
+         lambda v: v == 256, 256),
+    _int("table", "table_lookups_per_cycle", "lookups/cycle",
+         "Table lookups per cycle (read ports); one LUT step over an accumulator row takes "
+         "ceil(block_out / table_lookups_per_cycle) cycles. 0: one per vector lane "
+         "(vector.lanes).", "0..256", lambda v: 0 <= v <= 256, 0),
     # --- engines
     _int("queues", "load_depth", "instructions", "Instruction queue depth of the load engine.",
          "1..4096", lambda v: 1 <= v <= 4096, 32),
@@ -140,10 +153,16 @@ FIELDS: tuple[FieldSpec, ...] = (
            lambda v: v >= 0, 0.0),
     _float("energy", "dram_byte_pj", "pJ", "Energy per DRAM byte transferred.", ">= 0",
            lambda v: v >= 0, 0.0),
+    _float("energy", "table_lookup_pj", "pJ",
+           "Energy of one activation-table lookup (one lane of an ALU LUT step), beside its "
+           "scratchpad bytes; 0 counts it as a vector-lane operation.", ">= 0",
+           lambda v: v >= 0, 0.0),
 )
 
-#: sections added after programs were first hashed: their fields leave a description's
-#: fingerprint while at their defaults, so existing programs and their bytes stay valid
-QUIET_AT_DEFAULT: frozenset[str] = frozenset({"norm"})
+#: Fields added after programs were first fingerprinted: left out of a description's
+#: fingerprint (and of the description programs embed) while they hold their default, so
+#: programs compiled before they existed (and the bundled presets' program bytes) stay valid.
+FINGERPRINT_OMIT_AT_DEFAULT: frozenset[str] = frozenset(
+    {f.key for f in FIELDS if f.section in ("norm", "table")} | {"energy.table_lookup_pj"})
 
 SECTIONS: tuple[str, ...] = tuple(dict.fromkeys(f.section for f in FIELDS))

@@ -52,6 +52,8 @@ def disassemble_one(ins: Instruction) -> str:
                 stage = f"imm {ins.imm & 0xFFFFFFFF:#010x} (invalid: bits 24-31 set)"
             src = (f"acc[{ins.a_base}] + bias acc[{b}], mult acc[{b + 1}], "
                    f"shift acc[{b + 2}], {stage}")
+        elif ins.op == AluOp.LUT:
+            src = f"table acc[{ins.b_base}...][acc[{ins.a_base}]]"
         elif ins.use_imm:
             imm = ins.imm
             if ins.op == AluOp.CLIP:

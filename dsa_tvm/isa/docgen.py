@@ -49,6 +49,12 @@ Semantics (see `dsa_tvm/isa/instructions.py` and `dsa_tvm/isa/semantics.py`):
   the immediate packing `zp` (bits 0-7), `lo` (bits 8-15) and `hi` (bits 16-23),
   each a signed int8; bits 24-31 must be zero. The product is exact (64 bits)
   and `rshift_round` rounds half up. ReLU is `lo = zp`; ReLU6 also lowers `hi`.
+- **LUT** is the activation table unit: `dst = table[clamp(a, -128, 127) + 128]`,
+  the table being 256 int32 entries packed `block_out` to a row from row b on
+  (an ACC8 LOAD of 256 int8 codes fills it). Every b stride is 0 (one table per
+  instruction); only parts whose description has `[table] table_unit = 1` have it.
+  The compiler fills the table with the exact result of a dequantize -> elementwise
+  -> quantize chain on each of the 256 input codes (sigmoid, SiLU, GELU, ...).
 - **SYNC** does nothing but pop/push tokens on its engine; **FINISH** ends the program.
 
 Dependency tokens: `pop_prev`/`pop_next` wait for and take a token from the
@@ -121,7 +127,8 @@ def hardware_markdown(configs: list[HardwareConfig]) -> str:
               "| quantity | " + " | ".join(c.name for c in configs) + " |",
               "|---|" + "---|" * len(configs)]
     for name in ("peak_macs_per_cycle", "peak_gops", "inp_depth", "wgt_depth", "acc_depth",
-                 "alu_cycles_per_row", "gemm_fill_drain_cycles", "dram_align"):
+                 "alu_cycles_per_row", "lut_cycles_per_row", "gemm_fill_drain_cycles",
+                 "dram_align"):
         vals = " | ".join(f"{getattr(c, name):g}" for c in configs)
         lines.append(f"| `{name}` | {vals} |")
     return "\n".join(lines) + "\n"

@@ -36,8 +36,10 @@ def dram_span(ins: Load | Store, cfg: "HardwareConfig") -> tuple[int, int]:
     return first, end - 1
 
 
-def footprint(ins: Instruction, cfg: "HardwareConfig | None" = None) -> Footprint:
-    """Scratchpad ranges; with ``cfg``, DMA transfers also carry their DRAM byte range."""
+def footprint(ins: Instruction, cfg: "HardwareConfig | None" = None,
+              block_out: int | None = None) -> Footprint:
+    """Scratchpad ranges; with ``cfg``, DMA transfers also carry their DRAM byte range.
+    An ALU LUT's table rows depend on the row width: ``cfg`` or ``block_out`` gives it."""
     if isinstance(ins, Load):
         dram = (("dram", *dram_span(ins, cfg)),) if cfg is not None else ()
         return Footprint(reads=dram, writes=((BUF_SRAM[ins.buffer], ins.sram_base,
@@ -67,7 +69,9 @@ def footprint(ins: Instruction, cfg: "HardwareConfig | None" = None) -> Footprin
         if ins.use_imm:
             reads: tuple[Range, ...] = (("acc", ins.a_base, a),)
         else:  # CLIP and REQUANT read parameter rows b + 1 (and b + 2) too
-            reads = (("acc", ins.a_base, a), ("acc", ins.b_base, b + b_rows(ins.op) - 1))
+            lanes = cfg.block_out if cfg is not None else block_out
+            reads = (("acc", ins.a_base, a),
+                     ("acc", ins.b_base, b + b_rows(ins.op, lanes) - 1))
         return Footprint(reads=reads, writes=(("acc", ins.dst_base, dst),))
     return Footprint()
 

@@ -13,7 +13,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from ..hw.config import add_rule
-from .instructions import ALU_LEVELS, GEMM_LEVELS, Opcode
+from .instructions import ALU_LEVELS, GEMM_LEVELS, AluOp, Opcode
 
 if TYPE_CHECKING:
     from ..hw.config import HardwareConfig
@@ -143,8 +143,8 @@ def _gemm_fields() -> tuple[FieldDef, ...]:
 
 
 def _alu_fields() -> tuple[FieldDef, ...]:
-    fs = [FieldDef("alu_op", _fixed(4), "MOV ADD SUB MUL MAC MIN MAX SHR CLIP REQUANT (0..9)",
-                   width_rule="4"),
+    ops = " ".join(op.name for op in AluOp) + f" (0..{int(max(AluOp))})"
+    fs = [FieldDef("alu_op", _fixed(4), ops, width_rule="4"),
           FieldDef("use_imm", _fixed(1), "source B is the immediate", width_rule="1"),
           FieldDef("dst_base", _acc, "first destination row", width_rule="acc address bits"),
           FieldDef("a_base", _acc, "first source-A row", width_rule="acc address bits"),

@@ -72,17 +72,34 @@ class AluOp(enum.IntEnum):
     #              (0..62). imm: zp = bits 0-7, lo = bits 8-15, hi = bits 16-23 (each signed
     #              int8), bits 24-31 zero. Tensor form only. One pass does bias add,
     #              requantize and a ReLU (lo = zp) or ReLU6 clamp.
+    LUT = 10     # the activation table: dst = table[clamp(a, -128, 127) + 128]. The table is
+    #              256 int32 entries packed into rows b, b + 1, ... (entry i in row b + i //
+    #              block_out, lane i % block_out; 256 / block_out rows, ACC8-loaded int8
+    #              codes). Tensor form only; every b stride 0 (one table per instruction).
+    #              Needs the table unit (`[table] table_unit`).
 
 
 #: Consecutive parameter rows the tensor form of an ALU op reads from row b on
 #: (every op not listed reads one).
 B_PARAM_ROWS: dict[AluOp, int] = {AluOp.CLIP: 2, AluOp.REQUANT: 3}
 #: ALU ops that must use the tensor form (their parameters are per lane).
-TENSOR_ONLY_OPS = frozenset({AluOp.REQUANT})
+TENSOR_ONLY_OPS = frozenset({AluOp.REQUANT, AluOp.LUT})
+#: Entries of the activation table LUT reads: one per int8 input code.
+LUT_ENTRIES = 256
 
 
-def b_rows(op: AluOp) -> int:
-    """Rows the tensor form of ``op`` reads per loop point (b, b + 1, ...)."""
+def lut_rows(block_out: int) -> int:
+    """Accumulator rows one LUT table fills (LUT_ENTRIES packed block_out per row)."""
+    return -(-LUT_ENTRIES // block_out)
+
+
+def b_rows(op: AluOp, block_out: int | None = None) -> int:
+    """Rows the tensor form of ``op`` reads from row b on (b, b + 1, ...); LUT's table
+    depends on the row width, so it needs ``block_out``."""
+    if op == AluOp.LUT:
+        if block_out is None:
+            raise ValueError("LUT reads a table whose row count depends on block_out")
+        return lut_rows(block_out)
     return B_PARAM_ROWS.get(op, 1)
 
 

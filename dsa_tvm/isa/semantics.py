@@ -120,6 +120,7 @@ def alu_apply(op: int, dst: np.ndarray, a: np.ndarray, b: np.ndarray,
               imm: int = 0) -> np.ndarray:
     """One vector ALU operation on integer operand arrays; returns int32 results.
 
+    For LUT, ``b`` is the whole table (:func:`table_lookup`).
     ``b``, ``b2``, ``b3`` are the parameter rows b, b + 1, b + 2 of the tensor form
     (CLIP reads two: lo, hi; REQUANT three: bias, mult, shift); in the immediate
     form ``b`` is the immediate (and CLIP's ``b``/``b2`` its two halves). ``imm`` is
@@ -157,10 +158,25 @@ def alu_apply(op: int, dst: np.ndarray, a: np.ndarray, b: np.ndarray,
         elif op == AluOp.REQUANT:
             zp, lo, hi = split_requant_imm(imm)
             return output_stage(a, b, b2, b3, zp, lo, hi)
+        elif op == AluOp.LUT:
+            return table_lookup(a, b)
         else:
             raise ValueError(f"unknown ALU op {op}")
     r = np.asarray(r)
     return r if r.dtype == np.int32 else wrap_int32(r)
+
+
+def table_lookup(a: np.ndarray, table: np.ndarray) -> np.ndarray:
+    """ALU LUT: ``table[clamp(a, -128, 127) + 128]``, int32.
+
+    ``table`` is the flat table (256 entries, entry i for input code i - 128); out-of-range
+    accumulators saturate to the nearest code, as the int8 tensor they stand for would.
+    """
+    t = np.asarray(table).reshape(-1)
+    if t.size < 256:
+        raise ValueError(f"an activation table has 256 entries, got {t.size}")
+    idx = np.clip(np.asarray(a, dtype=np.int64), INT8_MIN, INT8_MAX) + 128
+    return t[:256].astype(np.int32, copy=False)[idx]
 
 
 def _signed(v: int, bits: int) -> int:

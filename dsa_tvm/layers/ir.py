@@ -338,3 +338,23 @@ class RMSNorm:
 
 
 RowNormLayer = Softmax | LayerNorm | RMSNorm
+
+
+@dataclass(frozen=True)
+class Table:
+    """y = table[x + 128]: an element-wise function of one int8 tensor, as 256 int8 codes
+    (a dequantize -> sigmoid / SiLU / GELU / ... -> quantize chain evaluated on every input
+    code by the compiler); the vector unit's activation table applies it (ALU LUT)."""
+
+    name: str
+    input: QTensor
+    output: QTensor          # same shape as input
+    table: np.ndarray        # int8 [256]: entry i is the output code of input code i - 128
+    what: str = ""           # the chain it replaces, for reports ("sigmoid", "x*sigmoid(x)")
+
+    @property
+    def macs(self) -> int:
+        return 0
+
+
+Layer = Layer | Table

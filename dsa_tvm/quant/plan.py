@@ -3,8 +3,9 @@
 Anchors carry weights (Conv, Gemm, MatMul with a constant 2-D weight) and always
 quantize unless kept in FP32. Followers (Add and Mul of two activations, same shape or
 broadcasting per channel, Mul by a per-channel constant, pooling and global means,
-Concat, Relu/Clip, and shape-only ops between quantized tensors) quantize when their
-inputs already are quantized, so QDQ pairs never appear inside FP32-only parts of the graph. An op the
+Concat, Relu/Clip, activation chains on one int8 tensor (``table_plan``: the DSA's
+tables), and shape-only ops between quantized tensors) quantize when their inputs
+already are quantized, so QDQ pairs never appear inside FP32-only parts of the graph. An op the
 DSA does not run is simply not in any table: it stays FP32 and never breaks anything.
 
 Scale sharing (union-find over tensor names): MaxPool, Concat and shape-only ops use
@@ -22,6 +23,7 @@ import onnx
 
 from ..frontend.onnx_graph import Graph
 from ..layers.layouts import broadcast_dims
+from .table_plan import TABLE_OPS, grow_chain
 
 ACTIVATIONS = {"Relu", "Clip"}
 POOLS = {"MaxPool", "AveragePool", "GlobalAveragePool"}
@@ -57,6 +59,7 @@ class Follower:
     node: onnx.NodeProto
     inputs: list[str]                      # activation inputs
     act: onnx.NodeProto | None = None      # Relu/Clip fused into a residual Add
+    chain: list[onnx.NodeProto] = field(default_factory=list)  # an activation table's ops
 
     @property
     def name(self) -> str:
@@ -80,6 +83,8 @@ class Plan:
     pre_act: dict[str, tuple[str, float, float]] = field(default_factory=dict)
     #: FP32-looking nodes inside a norm chain whose ends are int8 (RMSNorm's Pow, Sqrt, ...)
     interior: set[str] = field(default_factory=set)
+    # activation ops (table_plan.TABLE_OPS) on an int8 tensor left FP32: node name -> why
+    table_fp32: dict[str, str] = field(default_factory=dict)
 
     @property
     def quantized_nodes(self) -> set[str]:
@@ -87,7 +92,8 @@ class Plan:
         out = set(self.anchors) | {f.name for f in self.followers} | self.interior
         out |= {a.act.name for a in self.anchors.values() if a.act} | \
                {a.bias_add.name for a in self.anchors.values() if a.bias_add} | \
-               {f.act.name for f in self.followers if f.act}
+               {f.act.name for f in self.followers if f.act} | \
+               {n.name for f in self.followers for n in f.chain}
         return out
 
     def group_members(self) -> dict[str, list[str]]:
@@ -256,7 +262,12 @@ def make_plan(g: Graph, keep_fp32: set[str] = frozenset(), available: set[str] |
         ins = [i for i in n.input if i and not g.is_const(i)]
         if not ins:
             continue
-        if n.op_type == "Add" and quantize_adds:
+        f = _table_follower(g, p, n, ins, produced, keep_fp32)
+        if f is not None:
+            if not all(ok(t) for t in f.inputs + [f.output]):
+                continue
+            fused.update(id(c) for c in f.chain)
+        elif n.op_type == "Add" and quantize_adds:
             if len(ins) != 2 or not any(i in produced for i in ins) or (
                     not _same_shape(g, *ins) and binary_reason(g, n) is not None):
                 continue
@@ -316,6 +327,28 @@ def make_plan(g: Graph, keep_fp32: set[str] = frozenset(), available: set[str] |
         if act is not None and act.output[0] in p.tensors:
             p.pre_act[act.output[0]] = (act.input[0], *_act_bounds(g, act))
     return p
+
+
+def _table_follower(g: Graph, p: Plan, n: onnx.NodeProto, ins: list[str], produced: set[str],
+                    keep_fp32: set[str]) -> Follower | None:
+    """An activation chain (``table_plan``) starting at ``n`` on one int8 tensor, as one
+    follower whose output is the chain's end; None when ``n`` starts none (why, if it
+    could have, goes to ``p.table_fp32``)."""
+    if n.op_type not in TABLE_OPS or len(set(ins)) != 1 or ins[0] not in produced:
+        return None
+    got = grow_chain(g, n, ins[0])
+    if got is None:
+        return None
+    if isinstance(got, str):
+        p.table_fp32[n.name] = got
+        return None
+    nodes, end = got
+    kept = [c.name for c in nodes if c.name in keep_fp32]
+    if kept:
+        p.table_fp32[n.name] = f"its chain holds {kept[0]}, kept in FP32 on request"
+        return None
+    last = next(c for c in nodes if end in c.output)
+    return Follower(last, [ins[0]], chain=nodes)
 
 
 def _act_bounds(g: Graph, act: onnx.NodeProto) -> tuple[float, float]:
@@ -394,7 +427,9 @@ def fp32_reasons(g: Graph, p: Plan, quantize_adds: bool = True) -> dict[str, tup
         if n.name in done:
             continue
         ins = [i for i in n.input if i and not g.is_const(i)]
-        if n.op_type in ("Add", "Mul", "Div") and not quantize_adds:
+        if n.name in p.table_fp32:
+            why = p.table_fp32[n.name]
+        elif n.op_type in ("Add", "Mul", "Div") and not quantize_adds:
             why = "residual adds stay FP32 (quantize_adds=False)"
         elif n.op_type in ("Add", "Mul", "Div") and (bad := binary_reason(g, n)) is not None:
             why = f"no int8 form: {bad}"
@@ -408,6 +443,11 @@ def fp32_reasons(g: Graph, p: Plan, quantize_adds: bool = True) -> dict[str, tup
                 why = "an input is not int8 (no int8 op produces it)"
         elif not ins:
             why = "computes from constants only"
+        elif n.op_type in TABLE_OPS and all(i in p.tensors for i in ins):
+            why = "no int8 op reads its chain's output (an int8 step would only add error)"
+        elif n.op_type in TABLE_OPS:
+            why = ("activation on an FP32 tensor (no int8 op produces its input, or it reads "
+                   "two different tensors): stays FP32 on the CPU")
         else:
             why = ("no int8 form (the DSA runs conv/dense/matmul, adds, products, global "
                    "means, pooling, Relu/Clip, Concat, nearest Resize and reshapes); runs in "

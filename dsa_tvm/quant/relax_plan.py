@@ -53,6 +53,7 @@ class Chain:
     pre_activation: relax.Var | None = None  # the var before the absorbed ReLU/Clip
     act: tuple[float, float] | None = None    # its bounds in real units
     groups: int = 1
+    members: list[relax.Var] = field(default_factory=list)  # a table chain's inner ops
 
 
 @dataclass
@@ -88,7 +89,7 @@ class Plan:
         stay FP32: every op no chain quantizes or absorbs, so the summary hides none."""
         absorbed: set[relax.Var] = set()
         for c in self.chains:
-            absorbed |= {c.anchor, c.output, *c.folded}
+            absorbed |= {c.anchor, c.output, *c.folded, *c.members}
             absorbed |= {v for v in (c.bias_var, c.pre_activation) if v is not None}
         out: dict[tuple[str, str], list[str]] = {}
         for blk in func.body.blocks:
@@ -275,6 +276,7 @@ def make_plan(func: relax.Function, keep_fp32: frozenset[str] = frozenset()) -> 
         if ch.kind in ("conv2d", "dense", "add", "mul"):
             activation(ch)
         plan.chains.append(ch)
+    _table_chains(bindings, var2val, plan, absorbed)
     # data movement between a quantized tensor and an anchor input keeps its scale
     points = set(plan.points)
     for b in bindings:
@@ -283,3 +285,45 @@ def make_plan(func: relax.Function, keep_fp32: frozenset[str] = frozenset()) -> 
             if isinstance(src, relax.Var) and src in points:
                 plan.union(src, b.var)
     return plan
+
+
+def _table_chains(bindings: list, var2val: dict, plan: Plan, absorbed: set) -> None:
+    """Element-wise chains (sigmoid, SiLU, hardswish, GELU, ...) from one quantized tensor
+    to one that an int8 op reads: chains of kind ``table`` (the DSA's activation tables,
+    ``relay_passes.table_chains``). Both ends are quantized already (they are anchor
+    inputs or outputs); the chain records the ops so the summary does not list them as
+    FP32, and its end's QDQ pair is what makes the chain a table."""
+    from relay_passes.table_chains import BINARY, PLAIN, UNARY
+
+    points = set(plan.points)
+    taken = {c.anchor for c in plan.chains}
+
+    def walk(e, sources: set, members: list, ops: list, end: bool = False) -> bool:
+        if isinstance(e, relax.Var) and e in points and not end:
+            sources.add(e)
+            return True
+        if _const(e, var2val) is not None:
+            return _const(e, var2val).size == 1
+        call = var2val.get(e) if isinstance(e, relax.Var) else None
+        op = _op(call) if call is not None else ""
+        if op not in UNARY | BINARY or e in absorbed or not _float_tensor(call):
+            return False
+        members.append(e)
+        ops.append(op)
+        tensors = call.args if op in BINARY else call.args[:1]
+        return all(walk(a, sources, members, ops) for a in tensors)
+
+    for b in bindings:
+        v = b.var
+        if v not in points or v in taken or v in absorbed or _op(b.value) not in UNARY | BINARY:
+            continue
+        sources: set = set()
+        members: list = []
+        ops: list = []
+        if not walk(v, sources, members, ops, end=True) or len(sources) != 1 or set(ops) <= PLAIN:
+            continue
+        src = next(iter(sources))
+        if _shape(src) != _shape(v):
+            continue
+        plan.chains.append(Chain("table", v, [src], v,
+                                 members=[m for m in dict.fromkeys(members) if m is not v]))

@@ -21,6 +21,8 @@ COUNTER_DOCS: dict[str, tuple[str, str]] = {
     "mac_utilization": ("", "array MAC slots issued / peak (padding lanes count): "
                             "macs / (cycles x peak MACs per cycle)"),
     "alu_lane_ops": ("ops", "int32 vector-lane operations"),
+    "table_lookups": ("lookups", "activation-table lookups (ALU LUT lanes; also counted in "
+                                 "alu_lane_ops)"),
     "dram_read_bytes": ("bytes", "DRAM bytes read by all loads"),
     "dram_write_bytes": ("bytes", "DRAM bytes written by all stores"),
     "dram_busy_cycles": ("cycles", "cycles the DRAM channel was transferring"),
@@ -49,7 +51,7 @@ def collect_counters(instrs: list[Instruction], sched: Schedule, footprints: lis
     c["instructions"] = len(instrs)
     # one pass over the program: instruction kinds, array steps, ALU rows, DRAM bytes
     kinds = dict.fromkeys(Opcode, 0)
-    gemm_steps = alu_steps = 0
+    gemm_steps = alu_steps = lut_steps = 0
     rd = {b: 0 for b in ("inp", "wgt", "acc")}
     wr = {"acc32": 0, "acc8": 0}
     unit_of = {b: cfg.element_bytes(b) for b in Buffer}
@@ -60,6 +62,8 @@ def collect_counters(instrs: list[Instruction], sched: Schedule, footprints: lis
             gemm_steps += ins.steps
         elif isinstance(ins, Alu):
             alu_steps += ins.steps
+            if ins.op == AluOp.LUT:
+                lut_steps += ins.steps
         elif isinstance(ins, Load):
             rd[rd_of[ins.buffer]] += ins.y_size * ins.x_size * unit_of[ins.buffer]
         elif isinstance(ins, Store):
@@ -71,6 +75,7 @@ def collect_counters(instrs: list[Instruction], sched: Schedule, footprints: lis
     c["macs"] = macs
     c["mac_utilization"] = macs / (cycles * cfg.peak_macs_per_cycle) if cycles else 0.0
     c["alu_lane_ops"] = alu_steps * cfg.block_out
+    c["table_lookups"] = lut_steps * cfg.block_out
     for eng in ("load", "compute", "store"):
         c[f"{eng}.busy_cycles"] = sched.busy[eng]
         c[f"{eng}.active_cycles"] = sched.active[eng]
@@ -95,7 +100,10 @@ def collect_counters(instrs: list[Instruction], sched: Schedule, footprints: lis
         c[f"sram_peak_bytes.{b}"] = (peak[b] + 1) * unit[b]
     if cfg.energy_modelled:
         sram_bytes = _sram_bytes(instrs, cfg)
+        # a lookup costs table_lookup_pj where the description gives one, else a lane op
+        lut_pj = (cfg.table_lookup_pj or cfg.alu_lane_op_pj) - cfg.alu_lane_op_pj
         pj = (macs * cfg.mac_pj + c["alu_lane_ops"] * cfg.alu_lane_op_pj
+              + c["table_lookups"] * lut_pj
               + sram_bytes * cfg.sram_byte_pj
               + (c["dram_read_bytes"] + c["dram_write_bytes"]) * cfg.dram_byte_pj)
         c["sram_bytes"] = sram_bytes
@@ -113,7 +121,9 @@ def _sram_bytes(instrs: list[Instruction], cfg: "HardwareConfig") -> int:
         if isinstance(ins, Gemm):
             total += ins.steps * (cfg.inp_row_bytes + cfg.wgt_tile_bytes + 2 * cfg.acc_row_bytes)
         elif isinstance(ins, Alu):
-            rows = 2 + (0 if ins.use_imm else b_rows(ins.op)) + (ins.op == AluOp.MAC)
+            # a LUT step reads one table entry per lane: one row's worth
+            b = 1 if ins.op == AluOp.LUT else b_rows(ins.op)
+            rows = 2 + (0 if ins.use_imm else b) + (ins.op == AluOp.MAC)
             total += ins.steps * cfg.acc_row_bytes * rows
         elif isinstance(ins, Load):
             total += ins.rows_written * cfg.element_bytes(ins.buffer)

@@ -17,7 +17,17 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 from ..isa import semantics as sem
-from ..isa.instructions import Alu, AluOp, Buffer, Gemm, Instruction, Load, Store, b_rows
+from ..isa.instructions import (
+    Alu,
+    AluOp,
+    Buffer,
+    Gemm,
+    Instruction,
+    Load,
+    Store,
+    b_rows,
+    lut_rows,
+)
 from .errors import SimulationError
 from .plans import alu_plan, gemm_plan
 
@@ -166,7 +176,8 @@ class Machine:
 
     def alu(self, i: int, ins: Alu) -> None:
         plan = alu_plan(ins.loops, ins.a_base - ins.dst_base,
-                        None if ins.use_imm else ins.b_base - ins.dst_base, ins.op)
+                        None if ins.use_imm else ins.b_base - ins.dst_base, ins.op,
+                        self.cfg.block_out)
         base = ins.dst_base
         if plan.vectorized:
             n = plan.dst.shape[1]
@@ -221,6 +232,9 @@ class Machine:
             else:
                 bv = np.int32(ins.imm)
             period = None
+        elif op == AluOp.LUT:  # one table (validation: b strides 0), rows b_base...
+            first = ins.b_base
+            bv = acc[first:first + lut_rows(acc.shape[1])].reshape(-1)
         else:
             rows = b_rows(op)
             bv = self._param(b, 0)

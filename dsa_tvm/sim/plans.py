@@ -145,7 +145,8 @@ def _runs(x: np.ndarray | None) -> bool:
 
 
 @lru_cache(maxsize=4096)
-def alu_plan(loops: tuple[AluLoop, ...], a_off: int, b_off: int | None, op: AluOp) -> AluPlan:
+def alu_plan(loops: tuple[AluLoop, ...], a_off: int, b_off: int | None, op: AluOp,
+             block_out: int | None = None) -> AluPlan:
     shape = [lp.extent for lp in loops]
     d = nest_offsets(loops, "dst")
     a = nest_offsets(loops, "a") + a_off
@@ -160,7 +161,7 @@ def alu_plan(loops: tuple[AluLoop, ...], a_off: int, b_off: int | None, op: AluO
     d2, a2 = regroup(d), regroup(a)
     b2 = None if b is None else regroup(b)
     vec = _alu_vectorizable(op, d.reshape(-1), a.reshape(-1),
-                            None if b is None else b.reshape(-1), d2[0])
+                            None if b is None else b.reshape(-1), d2[0], block_out)
     for x in (d2, a2, b2):
         if x is not None:
             x.setflags(write=False)
@@ -169,13 +170,13 @@ def alu_plan(loops: tuple[AluLoop, ...], a_off: int, b_off: int | None, op: AluO
                    b_run, None if b_run else _period(b2))
 
 
-def _alu_vectorizable(op: AluOp, d, a, b, d_step) -> bool:
+def _alu_vectorizable(op: AluOp, d, a, b, d_step, block_out: int | None = None) -> bool:
     if len(np.unique(d_step)) != len(d_step):
         return False
     written = np.unique(d)
     reads = [] if op == AluOp.MOV else [a]
     if b is not None:
-        reads += [b + k for k in range(b_rows(op))]
+        reads += [b + k for k in range(b_rows(op, block_out))]
     for r in reads:
         hit = np.isin(r, written)
         if hit.any() and not np.array_equal(r[hit], d[hit]):

@@ -29,6 +29,7 @@ Costs, all from the config:
 * GEMM: one cycle per loop point + fill/drain of the array (block_in + block_out)
 * ALU: loop points x ceil(block_out / lanes) + ALU pipeline latency (a unit wider than
   a row: ceil(loop points x block_out / lanes))
+* ALU LUT: loop points x ceil(block_out / table lookups per cycle) + ALU pipeline latency
 * SYNC, FINISH: one cycle
 
 Per instruction the schedule records ``start``, ``end`` (completion) and
@@ -52,7 +53,7 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
-from ..isa.instructions import Alu, Engine, Gemm, Instruction, Load, Store
+from ..isa.instructions import Alu, AluOp, Engine, Gemm, Instruction, Load, Store
 from .errors import DeadlockError
 
 if TYPE_CHECKING:
@@ -76,6 +77,8 @@ def compute_cycles(ins: Instruction, cfg: "HardwareConfig") -> int:
     if isinstance(ins, Gemm):
         return ins.steps + cfg.gemm_fill_drain_cycles
     if isinstance(ins, Alu):
+        if ins.op == AluOp.LUT:  # the table unit's read ports set the rate
+            return ins.steps * cfg.lut_cycles_per_row + cfg.alu_latency_cycles
         return cfg.alu_step_cycles(ins.steps) + cfg.alu_latency_cycles
     return 1
 

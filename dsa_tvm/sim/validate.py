@@ -61,6 +61,16 @@ def _check_dram(i: int, ins: Load | Store, cfg: "HardwareConfig",
                              f"outside every DRAM region of the program ({known or 'none'})")
 
 
+def _check_lut(i: int, ins: Alu, cfg: "HardwareConfig") -> None:
+    """LUT needs the table unit and reads one table for the whole nest."""
+    if not cfg.table_present:
+        raise SimulationError(i, f"ALU LUT needs the activation table unit; hardware "
+                                 f"'{cfg.name}' has none ([table] table_unit = 0)")
+    if any(lp.b for lp in ins.loops if lp.extent > 1):
+        raise SimulationError(i, "ALU LUT reads one table per instruction: every b stride "
+                                 "must be 0")
+
+
 def validate_program(program: "Program", cfg: "HardwareConfig") -> list[Footprint]:
     """Raise SimulationError on the first bad instruction (ProgramError for a bad DRAM
     layout); return every footprint."""
@@ -106,11 +116,13 @@ def validate_program(program: "Program", cfg: "HardwareConfig") -> list[Footprin
             if ins.use_imm and ins.op in TENSOR_ONLY_OPS:
                 raise SimulationError(i, f"ALU {ins.op.name} reads per-lane parameters from the "
                                          f"accumulator; the immediate form is not allowed")
+            if ins.op == AluOp.LUT:
+                _check_lut(i, ins, cfg)
             if ins.op == AluOp.REQUANT and ins.imm & REQUANT_IMM_RESERVED:
                 raise SimulationError(i, f"ALU REQUANT immediate {ins.imm & 0xFFFFFFFF:#010x} has "
                                          f"bits 24-31 set; they must be zero (zero point, lo and "
                                          f"hi occupy bits 0-23)")
-        fp = footprint(ins)
+        fp = footprint(ins, block_out=cfg.block_out)
         for what, ranges in (("reads", fp.reads), ("writes", fp.writes)):
             for sram, lo, hi in ranges:
                 depth = depths[sram]

@@ -236,6 +236,10 @@ class RefMachine:
                     brow, b2row, b3row = [lo] * bo, [hi] * bo, none
                 else:
                     brow, b2row, b3row = [ins.imm] * bo, none, none
+            elif ins.op == AluOp.LUT:  # entry i: row b + i // block_out, lane i % block_out
+                idx = [min(max(v, -128), 127) + 128 for v in arow]
+                self.acc[d] = [int(self.acc[ins.b_base + i // bo, i % bo]) for i in idx]
+                continue
             else:
                 b = _row(ins.b_base, loops, p, "b")
                 rows = [[int(v) for v in self.acc[b + k]]

@@ -283,12 +283,12 @@ def test_malformed_words_name_the_index(name):
         "bits above SYNC": sync | 1 << 9,
         "top bit": load | 1 << (cfg.instruction_bits - 1),
         "alu_op 15": alu | 15 << alu_op,
-        "alu_op 10": (alu & ~(15 << alu_op)) | 10 << alu_op,
+        "first unused alu_op": (alu & ~(15 << alu_op)) | (int(max(AluOp)) + 1) << alu_op,
         "sync engine 3": sync | 3 << engine,
     }
     expect = {"opcode 6": "opcode", "opcode 7": "opcode", "bits above FINISH": "bits above",
               "bits above SYNC": "bits above", "top bit": "bits above", "alu_op 15": "alu_op",
-              "alu_op 10": "alu_op", "sync engine 3": "engine"}
+              "first unused alu_op": "alu_op", "sync engine 3": "engine"}
     for label, word in bad.items():
         with pytest.raises(DecodeError) as ei:
             decode_program_words(_words_bytes(cfg, [finish, sync, word, finish]), cfg)
