@@ -18,7 +18,7 @@ from pathlib import Path
 from types import MappingProxyType
 from typing import Any
 
-from .schema import FIELDS, SECTIONS, FieldSpec
+from .schema import FIELDS, FINGERPRINT_OMIT_AT_DEFAULT, SECTIONS, FieldSpec
 
 
 class ConfigError(ValueError):
@@ -123,6 +123,16 @@ class HardwareConfig:
         """Cycles to fill and drain the systolic array, paid once per GEMM instruction."""
         return self.block_in + self.block_out
 
+    @cached_property
+    def wgt_port(self) -> int:
+        """Weight-scratchpad read bytes per cycle (0 in the description: one tile)."""
+        return self.wgt_port_bytes or self.wgt_tile_bytes
+
+    @cached_property
+    def inp_port(self) -> int:
+        """Input-scratchpad read bytes per cycle (0 in the description: one row)."""
+        return self.inp_port_bytes or self.inp_row_bytes
+
     @property
     def energy_modelled(self) -> bool:
         return any(self.values[k] > 0 for k in ("mac_pj", "alu_lane_op_pj", "sram_byte_pj",
@@ -132,7 +142,10 @@ class HardwareConfig:
     @cached_property
     def fingerprint(self) -> bytes:
         """16-byte digest of every field; programs carry it and refuse other configs."""
-        canon = json.dumps(dict(sorted(self.values.items())), sort_keys=True)
+        defaults = {f.name: f.default for f in FIELDS}
+        kept = {k: v for k, v in self.values.items()
+                if not (k in FINGERPRINT_OMIT_AT_DEFAULT and v == defaults[k])}
+        canon = json.dumps(dict(sorted(kept.items())), sort_keys=True)
         return hashlib.sha256(canon.encode()).digest()[:16]
 
     def as_dict(self) -> dict[str, dict[str, Any]]:
@@ -179,6 +192,10 @@ class HardwareConfig:
 def _coerce(spec: FieldSpec, value: Any, source: str) -> Any:
     if spec.type is float and isinstance(value, int) and not isinstance(value, bool):
         return float(value)
+    if spec.type is bool:
+        if not isinstance(value, bool):
+            raise ConfigError(f"{source}: field '{spec.key}' must be true or false, got {value!r}")
+        return value
     if not isinstance(value, spec.type) or isinstance(value, bool):
         raise ConfigError(f"{source}: field '{spec.key}' must be "
                           f"{spec.type.__name__}, got {value!r}")
