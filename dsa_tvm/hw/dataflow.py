@@ -19,9 +19,10 @@ The array has R = block_in rows and C = block_out columns.
   streams T points and fills/drains (R + C - 2): ``T + 2R + C - 2`` per fold, as
   SCALE-Sim counts a weight-stationary fold. With ``weight_double_buffer`` a preload
   hides behind the previous fold's stream (``max(0, R - T)`` shows), bar the first.
-* output-stationary: R accumulator rows x C lanes stay in the PEs while their whole
+* output-stationary: R pixels x C output channels stay in the PEs while their whole
   reduction streams (K = reduction points x block_in elements, one per cycle), then
-  drain: ``K + R + C - 2`` per fold, ``ceil(outputs / R)`` folds.
+  drain: ``K + R + C - 2`` per fold, ``ceil(pixels / R)`` folds per output-channel block
+  (accumulator levels with a weight stride walk channel blocks, the others pixels).
 """
 
 from __future__ import annotations
@@ -78,9 +79,12 @@ def gemm_cycles(cfg: "HardwareConfig", loops: Sequence[Loop]) -> int:
             return preload + folds * per_fold + (folds - 1) * max(0, preload - stream)
         return folds * (preload + per_fold)
     if flow == "output-stationary":
-        outputs = _steps(lp for lp in loops if lp[1] != 0)
-        k = (steps // outputs) * r
-        folds = math.ceil(outputs / r)
+        # accumulator levels that walk the weights are output-channel blocks (C lanes
+        # each); the others are pixels, R of them share a fold (one per array row)
+        pixels = _steps(lp for lp in loops if lp[1] != 0 and lp[3] == 0)
+        blocks = _steps(lp for lp in loops if lp[1] != 0 and lp[3] != 0)
+        k = steps // (pixels * blocks) * r
+        folds = math.ceil(pixels / r) * blocks
         # each cycle: one element per array row (R bytes in), one weight row (C bytes)
         beat = max(math.ceil(r / cfg.inp_port), math.ceil(c / cfg.wgt_port))
         return folds * (k * beat + r + c - 2)
