@@ -297,6 +297,26 @@ def load_config(spec: "str | Path | HardwareConfig | None" = None) -> HardwareCo
     return config_from_dict(data, source=str(path))
 
 
+def with_overrides(cfg: HardwareConfig, assignments: "list[str] | tuple[str, ...]") -> HardwareConfig:
+    """``cfg`` with ``section.field=value`` (or ``field=value``) assignments applied, as the
+    CLI's ``--set`` gives them: the value is read as a TOML value (``32``, ``true``,
+    ``16.0``) and taken as text when it is not one (``weight-stationary``)."""
+    changes: dict[str, Any] = {}
+    by_key = {f.key: f.name for f in FIELDS} | {f.name: f.name for f in FIELDS}
+    for text in assignments:
+        key, sep, raw = text.partition("=")
+        key, raw = key.strip(), raw.strip()
+        if not sep or key not in by_key:
+            raise ConfigError(f"--set {text!r}: expected section.field=value with a field of "
+                              f"the hardware description (docs/hardware.md)")
+        try:
+            value = tomllib.loads(f"v = {raw}")["v"]
+        except tomllib.TOMLDecodeError:
+            value = raw
+        changes[by_key[key]] = value
+    return cfg.replace(**changes) if changes else cfg
+
+
 def shadowed_by(spec: str) -> Path | None:
     """The file or folder in the current directory that has the name of preset ``spec``
     (``load_config`` takes the preset; a caller may say so), else None."""

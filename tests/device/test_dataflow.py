@@ -153,3 +153,24 @@ def test_gemm_waits_for_the_stage_on_rows_it_still_reads():
     b.finish()
     sched = run(hz, b.build(), timing_only=True).schedule
     assert sched.start[2] == sched.start[1] + 1
+
+
+def test_with_overrides_reads_cli_assignments():
+    from dsa_tvm.hw.config import with_overrides
+
+    cfg = with_overrides(load_config("default"), ["array.dataflow=weight-stationary",
+                                                  "array.weight_double_buffer=true",
+                                                  "output.stage=pipelined", "block_in=32"])
+    assert (cfg.dataflow, cfg.weight_double_buffer, cfg.stage, cfg.block_in) == (
+        "weight-stationary", True, "pipelined", 32)
+    for bad in (["array.nope=1"], ["dataflow"], ["array.dataflow=diagonal"]):
+        with pytest.raises(ConfigError):
+            with_overrides(load_config("default"), bad)
+
+
+def test_cli_set_reaches_the_description(capsys):
+    from dsa_tvm.cli import main
+
+    assert main(["demo", "--set", "array.dataflow=output-stationary"]) == 0
+    assert main(["demo", "--set", "array.dataflow=bogus"]) == 2
+    assert "array.dataflow" in capsys.readouterr().err
