@@ -166,7 +166,6 @@ def main() -> None:
         if a.network:
             for flow in DATAFLOWS[1:]:
                 in_net[flow] = network_layers(net, a.size, base.replace(dataflow=flow))[1]
-        seen: dict[tuple, str] = {}
         print(f"\n== {net} @ {a.hw} ({a.size}x{a.size}), output stage {a.stage}, "
               f"weight double buffer {a.double_buffer}; network total (matrix-vector) "
               f"{net_mv['__total__']:,} cycles")
@@ -174,6 +173,7 @@ def main() -> None:
             cfg = base.replace(dataflow=flow)
             print(f"\n-- dataflow {flow}" + (f"; network total {in_net[flow]['__total__']:,}"
                                             if flow in in_net else ""))
+            seen: dict[tuple, str] = {}
             print(f"  {'layer':<28} {'m x k x n':>18} {'sim GEMM':>11} {'closed':>11} "
                   f"{'ratio':>6} {'total alone':>11} {'in network':>11} {'bound':>5}"
                   + ("  scalesim" if scalesim else "") + "  why")

@@ -152,6 +152,8 @@ class HardwareConfig:
         """The description as nested sections, as it would be written in TOML."""
         out: dict[str, dict[str, Any]] = {}
         for f in FIELDS:
+            if f.name in FINGERPRINT_OMIT_AT_DEFAULT and self.values[f.name] == f.default:
+                continue  # timing-only fields at their default: as before they existed
             if f.section:
                 out.setdefault(f.section, {})[f.name] = self.values[f.name]
             else:
@@ -161,6 +163,9 @@ class HardwareConfig:
     def replace(self, **changes: Any) -> "HardwareConfig":
         """A new validated config with some fields changed (flat names: ``block_in=32``)."""
         nested = self.as_dict()
+        for f in FIELDS:  # the fields as_dict leaves out at their default
+            if f.section:
+                nested.setdefault(f.section, {}).setdefault(f.name, self.values[f.name])
         spec_by_name = {f.name: f for f in FIELDS}
         for k, v in changes.items():
             if k not in spec_by_name:
