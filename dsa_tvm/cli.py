@@ -14,7 +14,7 @@ from .cli_common import CliError, hw_spec, interrupted, read_model
 from .demo import demo_program
 from .flow import run_model
 from .frontend.intake import IntakeError, add_shape_arg, parse_shape_args
-from .hw.config import ConfigError, load_config, preset_names
+from .hw.config import ConfigError, load_config, preset_names, with_overrides
 from .isa.disasm import disassemble
 from .isa.docgen import main as write_docs
 from .isa.encoding import IsaError
@@ -66,6 +66,9 @@ def _read_inputs(path: str, prog) -> dict[str, np.ndarray]:
 def _hw_arg(p: argparse.ArgumentParser) -> None:
     p.add_argument("--hw", default="default", type=hw_spec,
                    help=f"hardware preset ({', '.join(preset_names())}) or a .toml file")
+    p.add_argument("--set", action="append", default=[], metavar="SECTION.FIELD=VALUE",
+                   help="override one field of the hardware description (repeatable), e.g. "
+                        "--set array.dataflow=weight-stationary --set output.stage=pipelined")
 
 
 def cmd_demo(args: argparse.Namespace) -> int:
@@ -207,6 +210,8 @@ def main(argv: list[str] | None = None) -> int:
         argv = ["run", *argv]  # the main job: the bundled model, default preset unless --hw
     args = build_parser().parse_args(argv)
     try:
+        if getattr(args, "set", None):
+            args.hw = with_overrides(load_config(args.hw), args.set)
         return args.fn(args)
     except KeyboardInterrupt:
         print("dsa-tvm: error: interrupted", file=sys.stderr)

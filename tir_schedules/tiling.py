@@ -6,6 +6,11 @@ from __future__ import annotations
 import math
 
 from dsa_tvm import intmath
+from dsa_tvm.hw.config import HardwareConfig
+from dsa_tvm.hw.dataflow import gemm_cycles
+from dsa_tvm.isa.instructions import GEMM_LEVELS
+
+from .nests import merge_levels
 
 
 def window_out_hw(s) -> tuple[int, int]:
@@ -44,3 +49,25 @@ def scratchpads_fit(cfg, need: dict[str, int]) -> str | None:
         if need[sram] > depth:
             return f"{sram.upper()} tile needs {need[sram]} rows, the scratchpad has {depth}"
     return None
+
+
+def pixels_inner(cfg: HardwareConfig) -> bool:
+    """Loop order the array's dataflow wants: pixels innermost for weight-stationary (one
+    weight tile per fold of streamed pixels), the reduction innermost otherwise."""
+    return cfg.dataflow == "weight-stationary"
+
+
+def tile_gemm_cycles(cfg: HardwareConfig, levels: list[tuple]) -> int:
+    """Compute-engine cycles of one tile's GEMM stage: the instructions the walker peels it
+    into, each costed by the dataflow's GEMM cost (``dsa_tvm.hw.dataflow``)."""
+    merged = merge_levels(levels)
+    cut = max(0, len(merged) - GEMM_LEVELS)
+    copies = math.prod(lv[0] for lv in merged[:cut])
+    inner = merged[cut:] or [(1, 0, 0, 0)]
+    return copies * gemm_cycles(cfg, inner)
+
+
+def output_stage_cycles(cfg: HardwareConfig, gemm: float, alu: float) -> float:
+    """Compute-engine cycles of a tile's GEMMs and output-stage ALU work: serialized on a
+    shared stage, overlapped (the ALU pays its issue) on a pipelined one."""
+    return max(gemm, alu) + 1 if cfg.stage == "pipelined" else gemm + alu

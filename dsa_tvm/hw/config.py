@@ -148,6 +148,16 @@ class HardwareConfig:
         """Cycles to fill and drain the systolic array, paid once per GEMM instruction."""
         return self.block_in + self.block_out
 
+    @cached_property
+    def wgt_port(self) -> int:
+        """Weight-scratchpad read bytes per cycle (0 in the description: one tile)."""
+        return self.wgt_port_bytes or self.wgt_tile_bytes
+
+    @cached_property
+    def inp_port(self) -> int:
+        """Input-scratchpad read bytes per cycle (0 in the description: one row)."""
+        return self.inp_port_bytes or self.inp_row_bytes
+
     @property
     def energy_modelled(self) -> bool:
         return any(self.values[k] > 0 for k in ("mac_pj", "alu_lane_op_pj", "sram_byte_pj",
@@ -183,6 +193,9 @@ class HardwareConfig:
     def replace(self, **changes: Any) -> "HardwareConfig":
         """A new validated config with some fields changed (flat names: ``block_in=32``)."""
         nested = self.as_dict()
+        for f in FIELDS:  # the fields as_dict leaves out at their default
+            if f.section:
+                nested.setdefault(f.section, {}).setdefault(f.name, self.values[f.name])
         spec_by_name = {f.name: f for f in FIELDS}
         for k, v in changes.items():
             if k not in spec_by_name:
@@ -214,6 +227,10 @@ class HardwareConfig:
 def _coerce(spec: FieldSpec, value: Any, source: str) -> Any:
     if spec.type is float and isinstance(value, int) and not isinstance(value, bool):
         return float(value)
+    if spec.type is bool:
+        if not isinstance(value, bool):
+            raise ConfigError(f"{source}: field '{spec.key}' must be true or false, got {value!r}")
+        return value
     if not isinstance(value, spec.type) or isinstance(value, bool):
         raise ConfigError(f"{source}: field '{spec.key}' must be "
                           f"{spec.type.__name__}, got {value!r}")
@@ -314,6 +331,26 @@ def load_config(spec: "str | Path | HardwareConfig | None" = None) -> HardwareCo
     except tomllib.TOMLDecodeError as e:
         raise ConfigError(f"{path}: not valid TOML: {e}") from e
     return config_from_dict(data, source=str(path))
+
+
+def with_overrides(cfg: HardwareConfig, assignments: "list[str] | tuple[str, ...]") -> HardwareConfig:
+    """``cfg`` with ``section.field=value`` (or ``field=value``) assignments applied, as the
+    CLI's ``--set`` gives them: the value is read as a TOML value (``32``, ``true``,
+    ``16.0``) and taken as text when it is not one (``weight-stationary``)."""
+    changes: dict[str, Any] = {}
+    by_key = {f.key: f.name for f in FIELDS} | {f.name: f.name for f in FIELDS}
+    for text in assignments:
+        key, sep, raw = text.partition("=")
+        key, raw = key.strip(), raw.strip()
+        if not sep or key not in by_key:
+            raise ConfigError(f"--set {text!r}: expected section.field=value with a field of "
+                              f"the hardware description (docs/hardware.md)")
+        try:
+            value = tomllib.loads(f"v = {raw}")["v"]
+        except tomllib.TOMLDecodeError:
+            value = raw
+        changes[by_key[key]] = value
+    return cfg.replace(**changes) if changes else cfg
 
 
 def shadowed_by(spec: str) -> Path | None:

@@ -10,6 +10,9 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass
 
+#: values of ``array.dataflow`` and ``output.stage``
+DATAFLOWS = ("matrix-vector", "weight-stationary", "output-stationary")
+OUTPUT_STAGES = ("shared", "pipelined")
 
 def _pow2(v: int) -> bool:
     return v > 0 and (v & (v - 1)) == 0
@@ -61,6 +64,36 @@ FIELDS: tuple[FieldSpec, ...] = (
               'must be "int8"', lambda v: v == "int8", "int8"),
     FieldSpec("array", "acc_dtype", str, "", "Accumulator element type; sums wrap around on overflow.",
               'must be "int32"', lambda v: v == "int32", "int32"),
+    FieldSpec("array", "dataflow", str, "",
+              "How the array walks a GEMM instruction's loop nest (timing only; values are "
+              "bit-exact under every dataflow). \"matrix-vector\": one loop point per cycle, a new "
+              "weight tile may enter every cycle, fill+drain (block_in + block_out) once per "
+              "instruction. \"weight-stationary\": a weight tile is preloaded into the R x C "
+              "PEs (R = block_in, C = block_out; R cycles, one weight row per cycle) and the "
+              "loop points that share it stream through: per fold T + 2R + C - 2 (T streamed "
+              "points), minus the preload when double-buffered (weight_double_buffer). "
+              "\"output-stationary\": R accumulator rows x C lanes stay in the PEs while their "
+              "reduction streams: per fold K + R + C - 2 (K reduction elements). The cost is "
+              "dsa_tvm/hw/dataflow.py gemm_cycles, shared by the simulator and the estimates.",
+              '"matrix-vector", "weight-stationary" or "output-stationary"',
+              lambda v: v in DATAFLOWS, "matrix-vector"),
+    FieldSpec("array", "weight_double_buffer", bool, "",
+              "Weight-stationary only: the PEs hold a second weight tile, so the next fold's "
+              "preload (R cycles) hides behind the current fold's T streamed points when "
+              "T >= R (only R - T cycles show otherwise; the first preload always shows).",
+              "true or false", lambda v: isinstance(v, bool), False),
+    _int("array", "wgt_port_bytes", "bytes/cycle",
+         "Read port of the weight scratchpad into the array. Matrix-vector needs a whole "
+         "block_out x block_in tile per cycle when the weight changes every loop point; "
+         "weight-stationary preloads C bytes per cycle; output-stationary reads C per cycle. A "
+         "schedule that needs more is charged the extra cycles. 0: one weight tile per cycle "
+         "(block_in x block_out bytes, what matrix-vector needs).", "0..1048576",
+         lambda v: 0 <= v <= 1 << 20, 0),
+    _int("array", "inp_port_bytes", "bytes/cycle",
+         "Read port of the input scratchpad into the array: every dataflow reads one input "
+         "row (block_in bytes) per streamed cycle; a narrower port is charged the extra cycles. "
+         "0: one input row per cycle (block_in bytes).", "0..1048576",
+         lambda v: 0 <= v <= 1 << 20, 0),
     # --- scratchpads
     _int("sram", "inp_kib", "KiB",
          "Input scratchpad: int8 rows of block_in elements that GEMM reads its activations from.",
@@ -105,6 +138,15 @@ FIELDS: tuple[FieldSpec, ...] = (
          "Table lookups per cycle (read ports); one LUT step over an accumulator row takes "
          "ceil(block_out / table_lookups_per_cycle) cycles. 0: one per vector lane "
          "(vector.lanes).", "0..256", lambda v: 0 <= v <= 256, 0),
+    # --- output stage (requantize / activation ALU instructions)
+    FieldSpec("output", "stage", str, "",
+              "Where the vector-unit (ALU) instructions run. \"shared\": on the compute engine, "
+              "serialized with the GEMMs (VTA). \"pipelined\": in an output stage of their own "
+              "(TPU / Gemmini class): the compute engine spends one cycle issuing each, the stage "
+              "runs them in order, the next GEMM overlaps unless it touches the rows the stage "
+              "is still working on, and the tokens an ALU pushes (to the store) wait for the "
+              "stage to finish it. Timing only.",
+              '"shared" or "pipelined"', lambda v: v in OUTPUT_STAGES, "shared"),
     # --- engines
     _int("queues", "load_depth", "instructions", "Instruction queue depth of the load engine.",
          "1..4096", lambda v: 1 <= v <= 4096, 32),
@@ -163,6 +205,8 @@ FIELDS: tuple[FieldSpec, ...] = (
 #: fingerprint (and of the description programs embed) while they hold their default, so
 #: programs compiled before they existed (and the bundled presets' program bytes) stay valid.
 FINGERPRINT_OMIT_AT_DEFAULT: frozenset[str] = frozenset(
-    {f.key for f in FIELDS if f.section in ("norm", "table")} | {"energy.table_lookup_pj"})
+    {f.key for f in FIELDS if f.section in ("norm", "table", "output")}
+    | {"energy.table_lookup_pj", "array.dataflow", "array.weight_double_buffer",
+       "array.wgt_port_bytes", "array.inp_port_bytes"})
 
 SECTIONS: tuple[str, ...] = tuple(dict.fromkeys(f.section for f in FIELDS))

@@ -26,11 +26,25 @@ like INP/WGT loads, overlapped with compute and ordered by tokens.
 Costs, all from the config:
 
 * LOAD/STORE: bus wait + ceil(bytes / bandwidth) + latency
-* GEMM: one cycle per loop point + fill/drain of the array (block_in + block_out)
+* GEMM: by the array's dataflow, ``dsa_tvm.hw.dataflow.gemm_cycles`` (matrix-vector,
+  the default: one cycle per loop point + fill/drain of the array, block_in + block_out)
 * ALU: loop points x ceil(block_out / lanes) + ALU pipeline latency (a unit wider than
   a row: ceil(loop points x block_out / lanes))
 * ALU LUT: loop points x ceil(block_out / table lookups per cycle) + ALU pipeline latency
 * SYNC, FINISH: one cycle
+
+Output stage (``[output] stage``). "shared": ALU instructions hold the compute engine
+for their whole cost (above). "pipelined": the compute engine spends one cycle issuing an
+ALU instruction (its ``release``) and the output stage runs it, in program order with
+the other ALU instructions, from when both the issue and the stage are free; the
+instruction completes (pushes its tokens, e.g. to the STORE that writes its rows out)
+when the stage finishes it, and, as every instruction, no earlier than the one before it
+on the compute engine. A later compute-engine instruction that may touch the rows the
+stage is still working on waits for the stage to finish them: a GEMM whose accumulator
+rows overlap the rows (destination or sources) of an unfinished ALU instruction, and any
+other compute-engine instruction (ACC loads, SYNC) until the stage is empty. Tokens keep
+their meaning ("everything before me on my engine is done"), so the store of a
+requantized tile never starts before its requantize has left the stage.
 
 Per instruction the schedule records ``start``, ``end`` (completion) and
 ``release`` (when its engine could start the next instruction: ``end``, except
@@ -53,6 +67,7 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
+from ..hw.dataflow import gemm_cycles
 from ..isa.instructions import Alu, AluOp, Engine, Gemm, Instruction, Load, Store
 from .errors import DeadlockError
 
@@ -75,7 +90,7 @@ def dma_bytes(ins: Load | Store, cfg: "HardwareConfig") -> int:
 def compute_cycles(ins: Instruction, cfg: "HardwareConfig") -> int:
     """Cycles a non-DMA instruction keeps its engine busy."""
     if isinstance(ins, Gemm):
-        return ins.steps + cfg.gemm_fill_drain_cycles
+        return gemm_cycles(cfg, [(lp.extent, lp.acc, lp.inp, lp.wgt) for lp in ins.loops])
     if isinstance(ins, Alu):
         if ins.op == AluOp.LUT:  # the table unit's read ports set the rate
             return ins.steps * cfg.lut_cycles_per_row + cfg.alu_latency_cycles
@@ -100,6 +115,7 @@ class Schedule:
     fetch_stall: int = 0
     dram_busy: int = 0
     bus: list[tuple[int, int, int]] = field(default_factory=list)  # (index, start, end) on DRAM
+    stage_busy: int = 0    # cycles the pipelined output stage spent on ALU instructions
 
 
 _FIFOS = ("l2c", "c2l", "c2s", "s2c")
@@ -114,6 +130,30 @@ def _token_plan(ins: Instruction) -> tuple[tuple[int, ...], tuple[int, ...]]:
     pushes = tuple(_FIFO_ID[m[e]] for flag, m in ((d.push_prev, _PUSH_PREV),
                                                   (d.push_next, _PUSH_NEXT)) if flag)
     return pops, pushes
+
+
+def _span(base: int, loops, attr: str) -> tuple[int, int]:
+    """Lowest and highest row a loop nest touches through one operand."""
+    lo = hi = base
+    for lp in loops:
+        d = (lp.extent - 1) * getattr(lp, attr)
+        if d > 0:
+            hi += d
+        else:
+            lo += d
+    return lo, hi
+
+
+def _acc_rows(ins: Instruction) -> tuple[tuple[int, int], ...] | None:
+    """Accumulator row ranges of a GEMM or ALU instruction (None: any other instruction)."""
+    if isinstance(ins, Gemm):
+        return (_span(ins.acc_base, ins.loops, "acc"),)
+    if isinstance(ins, Alu):
+        rows = [_span(ins.dst_base, ins.loops, "dst"), _span(ins.a_base, ins.loops, "a")]
+        if not ins.use_imm:
+            rows.append(_span(ins.b_base, ins.loops, "b"))
+        return tuple(rows)
+    return None
 
 
 def schedule(instrs: list[Instruction], cfg: "HardwareConfig",
@@ -134,6 +174,27 @@ def schedule(instrs: list[Instruction], cfg: "HardwareConfig",
         eng.append(p[0])
         toks.append(p[1])
         cost.append(p[2])
+    staged = cfg.stage == "pipelined"
+    is_alu = [isinstance(ins, Alu) for ins in instrs] if staged else []
+    rows_of: dict[int, tuple | None] = {}
+    in_stage: list[tuple[int, tuple]] = []  # (stage end, rows) of ALU work not yet retired
+    stage_free = stage_busy = 0
+
+    def stage_ready(i: int, t: int) -> int:
+        """Earliest start >= t of compute instruction i given the output stage's work."""
+        if is_alu[i]:
+            return t
+        rows = rows_of.get(i, 0)
+        if rows == 0:
+            rows = rows_of[i] = _acc_rows(instrs[i])
+        for t_end, busy_rows in in_stage:
+            if t_end <= t:
+                continue
+            if rows is None or any(lo <= bh and blo <= hi for lo, hi in rows
+                                   for blo, bh in busy_rows):
+                t = t_end
+        return t
+
     depth = (cfg.load_depth, cfg.compute_depth, cfg.store_depth)
     lat, disp_cycles = cfg.latency_cycles, cfg.dispatch_cycles
     start = [0] * n
@@ -172,6 +233,8 @@ def schedule(instrs: list[Instruction], cfg: "HardwareConfig",
                 continue
             i = q[0]
             t = free_at[e] if free_at[e] > dispatch[i] else dispatch[i]
+            if staged and e == 1 and in_stage:
+                t = stage_ready(i, t)
             ok = True
             for f in toks[i][0]:
                 if not tokens[f]:
@@ -196,6 +259,8 @@ def schedule(instrs: list[Instruction], cfg: "HardwareConfig",
         i = queues[e].popleft()
         t0 = best_t
         ready = free_at[e] if free_at[e] > dispatch[i] else dispatch[i]
+        if staged and e == 1 and in_stage:
+            ready = stage_ready(i, ready)
         token_wait[e] += t0 - ready
         pops, pushes = toks[i]
         for f in pops:
@@ -209,6 +274,13 @@ def schedule(instrs: list[Instruction], cfg: "HardwareConfig",
             bus.append((i, bus_start, bus_free))
             t1 = bus_free + lat
             rel = bus_free if pipelined[e] else t1
+        elif staged and is_alu[i]:
+            s0 = t0 if t0 > stage_free else stage_free
+            t1 = stage_free = s0 - c
+            stage_busy -= c
+            rel = t0 + 1
+            in_stage = [w for w in in_stage if w[0] > t0]
+            in_stage.append((t1, _acc_rows(instrs[i])))
         else:
             t1 = rel = t0 - c
         if t1 < last_end[e]:  # retire in program order (a SYNC behind transfers in flight)
@@ -232,7 +304,7 @@ def schedule(instrs: list[Instruction], cfg: "HardwareConfig",
                     max(end) if n else 0, np.array(release, dtype=np.int64),
                     dict(zip(names, busy)), dict(zip(names, active)),
                     dict(zip(names, token_wait)), dict(zip(names, dram_wait)), fetch_stall,
-                    dram_busy, bus)
+                    dram_busy, bus, stage_busy)
 
 
 def _deadlock(instrs, queues, tokens, fetch_idx, eng, depth, toks) -> DeadlockError:

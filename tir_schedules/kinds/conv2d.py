@@ -39,7 +39,16 @@ from dsa_tvm.layers.reference import apply_requant, centered, pad, windows
 from ..counts import nest_count, tile_copy
 from ..intrinsics import gemm_intrin, requant_intrin
 from ..names import ANN_DOUBLE_BUFFER, SCALAR_REQUANT, SCOPE_ACC, SCOPE_INP, SCOPE_WGT
-from ..tiling import divisors, input_tile, lowest_estimate, scratchpads_fit, window_out_hw
+from ..tiling import (
+    divisors,
+    input_tile,
+    lowest_estimate,
+    output_stage_cycles,
+    pixels_inner,
+    scratchpads_fit,
+    tile_gemm_cycles,
+    window_out_hw,
+)
 from .base import Kind, Recipe, UnsupportedLayer, check_out_hw, mac_ops, requant_table
 
 
@@ -168,12 +177,18 @@ def estimate_cycles(cfg: HardwareConfig, s: ConvShape, k: ConvKnobs) -> float:
         dma = s.n * tiles_oc * (w_bytes + tiles_sp * (in_bytes + out_bytes))
     else:
         dma = s.n * tiles_sp * (in_bytes + tiles_oc * (w_bytes + out_bytes))
-    steps = s.n * oh * ow * s.ocb * s.kh * s.kw * s.icb
     tiles = s.n * tiles_sp * tiles_oc
-    # a depthwise nest has more levels than a GEMM holds: each peeled copy fills the array
-    fills = nest_count(_gemm_levels(s, k), GEMM_LEVELS) + 1 if s.depthwise else 2
-    compute = steps + tiles * (cfg.gemm_fill_drain_cycles * fills + cfg.alu_latency_cycles
-                               + k.tile_oh * k.tile_ow * k.tile_ocb * cfg.alu_cycles_per_row)
+    alu = cfg.alu_latency_cycles + k.tile_oh * k.tile_ow * k.tile_ocb * cfg.alu_cycles_per_row
+    if cfg.dataflow == "matrix-vector":
+        # the tile's points plus its fills/drains (the simulator charges one per GEMM
+        # instruction): two, or for a depthwise nest, which has more levels than a GEMM
+        # holds, one per peeled copy and one more
+        fills = nest_count(conv_gemm_levels(cfg, s, k), GEMM_LEVELS) + 1 if s.depthwise else 2
+        gemm = k.tile_oh * k.tile_ow * k.tile_ocb * s.kh * s.kw * s.icb \
+            + fills * cfg.gemm_fill_drain_cycles
+    else:
+        gemm = tile_gemm_cycles(cfg, conv_gemm_levels(cfg, s, k))
+    compute = tiles * output_stage_cycles(cfg, gemm, alu)
     dma_cycles = dma / cfg.bandwidth_bytes_per_cycle + tiles * cfg.latency_cycles * 0.1
     if not k.double_buffer:
         return compute + dma_cycles
@@ -220,7 +235,10 @@ def schedule_conv2d(func: tirx.PrimFunc, cfg: HardwareConfig, s: ConvShape,
     oh_o, oh_i = sch.split(oh, [None, k.tile_oh])
     ow_o, ow_i = sch.split(ow, [None, k.tile_ow])
     ob_o, ob_i = sch.split(ob, [None, k.tile_ocb])
-    inner = [ob_i, oh_i, ow_i, kh, kw, icb, o, i]
+    if pixels_inner(cfg):  # a weight tile stays in the PEs while the tile's pixels stream
+        inner = [ob_i, kh, kw, icb, oh_i, ow_i, o, i]
+    else:
+        inner = [ob_i, oh_i, ow_i, kh, kw, icb, o, i]
     if k.weights_outer:
         sch.reorder(n, ob_o, oh_o, ow_o, *inner)
         tile_loop, w_at = ow_o, ob_o
@@ -247,19 +265,19 @@ def schedule_conv2d(func: tirx.PrimFunc, cfg: HardwareConfig, s: ConvShape,
     return sch
 
 
-def _gemm_levels(s: ConvShape, k: ConvKnobs) -> list[tuple[int, int, int, int]]:
-    """The GEMM loop levels of one tile, (extent, acc, inp, wgt strides), outermost first:
-    ob_i, oh_i, ow_i, kh, kw, icb."""
+def conv_gemm_levels(cfg: HardwareConfig, s: ConvShape, k: ConvKnobs) -> list[tuple]:
+    """One tile's GEMM loop levels (extent, acc, inp, wgt strides), outermost first, in the
+    order :func:`schedule_conv2d` gives them (the walker emits the same nest)."""
+    th, tw, toc = k.tile_oh, k.tile_ow, k.tile_ocb
     (sh, sw), (dh, dw) = s.strides, s.dilation
     in_cols = input_tile(s, k)[1]
-    blocks = _input_blocks(s, k)
+    blocks = toc if s.depthwise else s.icb
     ic = 1 if s.depthwise else s.icb
-    return [(k.tile_ocb, 1, 1 if s.depthwise else 0, s.kh * s.kw * ic),
-            (k.tile_oh, k.tile_ow * k.tile_ocb, sh * in_cols * blocks, 0),
-            (k.tile_ow, k.tile_ocb, sw * blocks, 0),
-            (s.kh, 0, dh * in_cols * blocks, s.kw * ic),
-            (s.kw, 0, dw * blocks, ic),
-            (ic, 0, 1, 1)]
+    ob = (toc, 1, 1 if s.depthwise else 0, s.kh * s.kw * ic)
+    pix = [(th, tw * toc, sh * in_cols * blocks, 0), (tw, toc, sw * blocks, 0)]
+    red = [(s.kh, 0, dh * in_cols * blocks, s.kw * ic), (s.kw, 0, dw * blocks, ic),
+           (ic, 0, 1, 1)]
+    return [ob, *red, *pix] if pixels_inner(cfg) else [ob, *pix, *red]
 
 
 def conv_instructions(cfg: HardwareConfig, s: ConvShape, k: ConvKnobs) -> int:
@@ -269,7 +287,7 @@ def conv_instructions(cfg: HardwareConfig, s: ConvShape, k: ConvKnobs) -> int:
     blocks = toc if s.depthwise else s.icb       # channel blocks of the input tile
     image_blocks = s.ocb if s.depthwise else s.icb
     loads = tile_copy(in_rows, in_cols, blocks, s.w, image_blocks)
-    gemm = nest_count(_gemm_levels(s, k), GEMM_LEVELS)
+    gemm = nest_count(conv_gemm_levels(cfg, s, k), GEMM_LEVELS)
     stores = tile_copy(th, tw, toc, ow, s.ocb)
     per_tile = gemm + 1 + stores  # GEMM, REQUANT, stores
     tiles_sp, tiles_oc = s.n * (oh // th) * (ow // tw), s.ocb // toc

@@ -32,7 +32,14 @@ from dsa_tvm.layers.reference import apply_requant, centered
 
 from ..intrinsics import alu_intrin, gemm_intrin, requant_intrin
 from ..names import ANN_DOUBLE_BUFFER, SCALAR_REQUANT, SCOPE_ACC, SCOPE_INP, SCOPE_WGT
-from ..tiling import divisors, lowest_estimate, scratchpads_fit
+from ..tiling import (
+    divisors,
+    lowest_estimate,
+    output_stage_cycles,
+    pixels_inner,
+    scratchpads_fit,
+    tile_gemm_cycles,
+)
 from .base import Kind, Recipe, UnsupportedLayer, mac_ops
 
 
@@ -93,14 +100,23 @@ def matmul_fits(cfg: HardwareConfig, s: MatmulShape, k: MatmulKnobs) -> str | No
     return scratchpads_fit(cfg, matmul_footprint(s, k))
 
 
+def matmul_gemm_levels(cfg: HardwareConfig, s: MatmulShape, k: MatmulKnobs) -> list[tuple]:
+    """One tile's GEMM loop levels (extent, acc, inp, wgt strides) in schedule order."""
+    m = (k.tile_m, k.tile_nb, s.kb, 0)
+    nb = (k.tile_nb, 1, 0, s.kb)
+    kb = (s.kb, 0, 1, 1)
+    return [nb, kb, m] if pixels_inner(cfg) else [m, nb, kb]
+
+
 def estimate_matmul_cycles(cfg: HardwareConfig, s: MatmulShape, k: MatmulKnobs) -> float:
     """GEMM steps and two ALU passes per output row against the DMA of the tiles."""
     bw, lat = cfg.bandwidth_bytes_per_cycle, cfg.latency_cycles
     tiles_m, tiles_n = s.m // k.tile_m, s.nb // k.tile_nb
     tiles = s.batch * tiles_m * tiles_n
     rows = k.tile_m * k.tile_nb
-    compute = tiles * (rows * s.kb + 2 * cfg.gemm_fill_drain_cycles
-                       + 2 * rows * cfg.alu_cycles_per_row + 3 * cfg.alu_latency_cycles)
+    compute = tiles * output_stage_cycles(
+        cfg, tile_gemm_cycles(cfg, matmul_gemm_levels(cfg, s, k)) + cfg.gemm_fill_drain_cycles,
+        2 * rows * cfg.alu_cycles_per_row + 3 * cfg.alu_latency_cycles)
     w_bytes = k.tile_nb * s.kb * cfg.wgt_tile_bytes
     in_bytes = k.tile_m * (s.kb * cfg.block_in + 4 * cfg.block_out)
     out_bytes = rows * cfg.block_out
@@ -142,7 +158,8 @@ def schedule_batch_matmul(func: tirx.PrimFunc, cfg: HardwareConfig, s: MatmulSha
     t, m, nb, o, kb, i = sch.get_loops(mm)
     m_o, m_i = sch.split(m, [None, k.tile_m])
     nb_o, nb_i = sch.split(nb, [None, k.tile_nb])
-    sch.reorder(t, nb_o, m_o, m_i, nb_i, kb, o, i)
+    ws = pixels_inner(cfg)  # weight-stationary: the rows stream past one weight tile
+    sch.reorder(t, nb_o, m_o, *((nb_i, kb, m_i) if ws else (m_i, nb_i, kb)), o, i)
     for blk in (mm, corr, rq):
         sch.set_scope(blk, 0, SCOPE_ACC)
     x_s = sch.cache_read(mm, 0, SCOPE_INP)
@@ -155,7 +172,7 @@ def schedule_batch_matmul(func: tirx.PrimFunc, cfg: HardwareConfig, s: MatmulSha
     sch.compute_at(r_s, m_o)
     p_s = sch.cache_read(rq, 1, SCOPE_ACC)
     sch.compute_at(p_s, nb_o)
-    sch.decompose_reduction(mm, m_i)
+    sch.decompose_reduction(mm, nb_i if ws else m_i)
     sch.tensorize(o, gemm_intrin(cfg.block_in, cfg.block_out))
     sch.tensorize(sch.get_loops(corr)[-1], alu_intrin("add", s.block_out))
     sch.tensorize(sch.get_loops(rq)[-1],
