@@ -18,8 +18,8 @@ from dsa_tvm.models.quantize import _reader
 #: a host slow enough that every region of these small models is worth offloading
 SLOW_HOST_GMACS = 0.01
 #: one-op models whose op has a DSA pattern (the rest run on the CPU by design)
-OFFLOADED = {"QLinearConv", "QLinearMatMul", "QGemm", "QLinearAdd", "QLinearGlobalAveragePool",
-             "QLinearAveragePool"}
+OFFLOADED = {"QLinearConv", "QLinearMatMul", "QGemm", "QLinearAdd", "QLinearMul",
+             "QLinearGlobalAveragePool", "QLinearAveragePool"}
 
 
 def ort_quantize(model: onnx.ModelProto, feeds, act: str, dynamic: bool = False) -> onnx.ModelProto:
