@@ -63,32 +63,50 @@ class ZooResult:
         return self.dsa_macs / total if total else 0.0
 
 
+MAC_NODES = ("Conv", "ConvTranspose", "Gemm", "MatMul")
+
+
 def onnx_macs(model: onnx.ModelProto) -> int:
-    """MACs of every Conv, ConvTranspose, Gemm and MatMul of an FP32 ONNX graph (static
-    shapes): the denominator, counted independently of the compiler."""
+    """MACs of every Conv, ConvTranspose, Gemm and MatMul of an FP32 ONNX graph: the
+    denominator, counted independently of the compiler. Shapes a raw export hides behind
+    Shape/Gather arithmetic are found after intake's constant folding."""
+    total, unknown = _count_macs(model)
+    if unknown:
+        from ...frontend.intake import load_onnx
+
+        total, unknown = _count_macs(load_onnx(model).model)
+    if unknown:
+        raise ValueError(f"MACs of {len(unknown)} node(s) unknown (no static shapes): "
+                         f"{', '.join(unknown[:5])}")
+    return total
+
+
+def _count_macs(model: onnx.ModelProto) -> tuple[int, list[str]]:
     inferred = shape_inference.infer_shapes(model, data_prop=True)
     shapes: dict[str, tuple[int, ...]] = {}
     for vi in [*inferred.graph.input, *inferred.graph.value_info, *inferred.graph.output]:
-        shapes[vi.name] = tuple(d.dim_value for d in vi.type.tensor_type.shape.dim)
+        dims = tuple(d.dim_value for d in vi.type.tensor_type.shape.dim)
+        if dims and all(d > 0 for d in dims):
+            shapes[vi.name] = dims
     for init in model.graph.initializer:
         shapes[init.name] = tuple(init.dims)
-    total = 0
+    total, unknown = 0, []
     for node in inferred.graph.node:
-        if len(node.input) < 2:
+        if node.op_type not in MAC_NODES or len(node.input) < 2:
             continue
-        out, a = shapes.get(node.output[0]), shapes.get(node.input[0])
-        w = shapes.get(node.input[1])
+        out, a, w = (shapes.get(node.output[0]), shapes.get(node.input[0]),
+                     shapes.get(node.input[1]))
         if not (out and a and w):
+            unknown.append(node.name or node.output[0])
             continue
         if node.op_type == "Conv":            # w (O, I/g, k...)
             total += int(np.prod(out)) * int(np.prod(w[1:]))
         elif node.op_type == "ConvTranspose":  # w (I, O/g, k...)
             total += int(np.prod(a)) * int(np.prod(w[1:]))
-        elif node.op_type in ("Gemm", "MatMul"):
+        else:
             trans_a = any(at.name == "transA" and at.i for at in node.attribute)
-            k = a[-2] if trans_a else a[-1]
-            total += int(np.prod(out)) * int(k)
-    return total
+            total += int(np.prod(out)) * int(a[-2] if trans_a else a[-1])
+    return total, unknown
 
 
 def _cosine(a: np.ndarray, b: np.ndarray) -> float:
@@ -133,12 +151,11 @@ def measure(name: str, hw: str = "default", tiny: bool = False, cpu_gmacs: float
     stage = "export"
     try:
         fp32 = export(name, tiny, seed, overrides)
+        stage = enter("count MACs")
         res.onnx_macs = onnx_macs(fp32)
         stage = enter("quantize")
         qm = quantize_onnx(fp32, feeds(name, CALIBRATION, CALIBRATION_SEED, tiny),
                            show_progress=False)
-        # the quantizer's FP32 copy has shape arithmetic folded: shapes a raw export hides
-        res.onnx_macs = max(res.onnx_macs, onnx_macs(qm.fp32))
         res.kept_fp32 = [ln.strip() for ln in qm.summary().splitlines() if "FP32:" in ln]
         stage = enter("compile")
         cfg = dsa_tvm.load_config(hw)
