@@ -124,10 +124,11 @@ def single_op_net(tmp_path: Path, op: str, shape=(1, 8, 8, 8), seed=0, **attrs) 
 
 
 def branch_net(tmp_path: Path, seed=0) -> Path:
-    """conv1 feeds a CPU Sigmoid and conv2; add(sigmoid, conv2): a region with two outputs."""
+    """conv1 feeds a CPU Softmax and conv2; add(softmax, conv2): a region with two outputs
+    (a Sigmoid would be a DSA table now, in the region)."""
     rng = np.random.default_rng(seed)
     inits = {"W1": rand(rng, 4, 3, 3, 3), "W2": rand(rng, 4, 4, 1, 1)}
-    nodes = [node("Conv", ["x", "W1"], ["c"], pads=[1] * 4), node("Sigmoid", ["c"], ["s"]),
+    nodes = [node("Conv", ["x", "W1"], ["c"], pads=[1] * 4), node("Softmax", ["c"], ["s"], axis=1),
              node("Conv", ["c", "W2"], ["d"]), node("Add", ["s", "d"], ["y"])]
     m = make_model(nodes, inits, {"x": (1, 3, 5, 5)}, {"y": None})
     return quantize(m, tmp_path, seed, name="branch")

@@ -256,11 +256,17 @@ def test_asymmetric_weights_fall_back(tmp_path):
     e.check(max_steps=0)  # all on the CPU: the LLVM build of the QDQ graph
 
 
-@pytest.mark.parametrize("op,attrs", [("Sigmoid", {}), ("Softmax", {"axis": 1})])
+def test_sigmoid_after_conv_is_a_table(tmp_path):
+    e = E2E(qm.single_op_net(tmp_path, "Sigmoid"))
+    assert _kinds(e) == ["Conv2d", "Table"]
+    e.check()
+
+
+@pytest.mark.parametrize("op,attrs", [("Softmax", {"axis": 1})])
 def test_unsupported_ops_fall_back(tmp_path, op, attrs):
     e = E2E(qm.single_op_net(tmp_path, op, **attrs))
     assert _kinds(e) == ["Conv2d"]
-    relax_op = {"Sigmoid": "relax.sigmoid", "Softmax": "relax.nn.softmax"}[op]
+    relax_op = {"Softmax": "relax.nn.softmax"}[op]
     assert f"no DSA pattern for op {relax_op}" in _reasons(e.report)
     e.check()
 
