@@ -427,12 +427,12 @@ def fp32_reasons(g: Graph, p: Plan, quantize_adds: bool = True) -> dict[str, tup
         if n.name in done:
             continue
         ins = [i for i in n.input if i and not g.is_const(i)]
-        if n.name in p.table_fp32:
-            why = p.table_fp32[n.name]
-        elif n.op_type in ("Add", "Mul", "Div") and not quantize_adds:
+        if n.op_type in ("Add", "Mul", "Div") and not quantize_adds:
             why = "residual adds stay FP32 (quantize_adds=False)"
         elif n.op_type in ("Add", "Mul", "Div") and (bad := binary_reason(g, n)) is not None:
             why = f"no int8 form: {bad}"
+        elif n.name in p.table_fp32:
+            why = p.table_fp32[n.name]
         elif n.op_type == "Resize" and ins and not _is_copy(g, n):
             why = "only nearest Resize is a copy; this one interpolates (FP32 on the CPU)"
         elif n.op_type in POOLS | ACTIVATIONS | SHAPE_OPS | MOVEMENT_OPS | {

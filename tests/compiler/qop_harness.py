@@ -19,6 +19,7 @@ from dsa_tvm.models.quantize import _reader
 SLOW_HOST_GMACS = 0.01
 #: one-op models whose op has a DSA pattern (the rest run on the CPU by design)
 OFFLOADED = {"QLinearConv", "QLinearMatMul", "QGemm", "QLinearAdd", "QLinearMul",
+             "QLinearSigmoid", "QLinearLeakyRelu",  # activation tables
              "QLinearGlobalAveragePool", "QLinearAveragePool"}
 
 

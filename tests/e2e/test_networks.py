@@ -175,9 +175,11 @@ def test_encoder_matmuls_on_dsa_rest_on_cpu_with_reasons(encoder_default):
     assert not [op for op in cpu if op.op in ("relax.add", "relax.matmul")], str(rep)
     assert dsa == total == 16 * (4 * 64 * 64 + 2 * 64 * 128) + 2 * 2 * 16 * 16 * 32
     reasons = " | ".join(f"{op.op}: {op.reason}" for op in cpu)
-    for name in ("softmax", "layer_norm", "erf"):
+    for name in ("softmax", "layer_norm"):
         hits = [op for op in cpu if name in op.op]
         assert hits and all(op.reason for op in hits), f"no CPU {name} with a reason: {reasons}"
+    # GELU's erf chain is a function of one int8 tensor: an activation table on the DSA
+    assert "Table" in ops and not [op for op in cpu if "erf" in op.op], str(rep)
 
 
 def test_cost_model_keeps_a_tiny_region_on_the_cpu():
