@@ -276,7 +276,7 @@ def test_cli_missing_model_and_bad_synthetic_count(tmp_path, capsys):
 def test_summary_lists_every_fp32_op_with_its_reason():
     qm = quantize_onnx(conv_net("Sigmoid"), feeds(3), **Q)
     s = qm.summary()
-    assert "FP32: Sigmoid x1 (my_sigmoid): no int8 form" in s
+    assert "FP32: Sigmoid x1 (my_sigmoid): no int8 op reads" in s
     assert "removed Identity x1" in s     # intake's onnxslim pass dropped it, and says so
     qm = qm.requantize(["conv2"])
     assert "FP32: conv2: kept in FP32 on request" in qm.summary()
