@@ -29,6 +29,8 @@ from tvm.ir import Op
 from tvm.ir.expr import GenericConst
 from tvm.relax.expr_functor import PyExprMutator, mutator
 
+from dsa_tvm.frontend.onnx_names import named, node_name
+
 #: element-wise ops of one tensor (extra arguments are attributes or PrimValues)
 UNARY = frozenset({
     "relax.sigmoid", "relax.tanh", "relax.exp", "relax.erf", "relax.nn.gelu",
@@ -65,6 +67,7 @@ class Chain:
     source: relax.Var
     leaf: relax.Call           # a dequantize of ``source`` (its qparams index the table)
     ops: list[str]
+    onnx_node: str = ""        # the ONNX node of the chain's last op, for the report
 
 
 def _is(e: relax.Expr, *names: str) -> bool:
@@ -172,7 +175,7 @@ class _Finder:
                 return None
         except (AttributeError, TypeError):
             return None
-        return Chain(var, root, src, leaves[0], ops)
+        return Chain(var, root, src, leaves[0], ops, node_name(body))
 
 
 def find_chains(func: relax.Function) -> list[Chain]:
@@ -255,14 +258,19 @@ class _Rewrite(PyExprMutator):
         zp = _scalar(leaf.args[2]) if isinstance(leaf.args[2], GenericConst) else None
         if scale is None or zp is None:
             return super().visit_call_(call)
-        emit = self.builder_.emit
+        bb = self.builder_
+
+        def emit(e: relax.Call) -> relax.Var:
+            return bb.emit(named(bb, e, c.onnx_node))
+
         dq = emit(relax.Call(leaf.op, [self.visit_expr(c.source), leaf.args[1], leaf.args[2]],
                              leaf.attrs))
         idx = emit(relax.op.divide(dq, _const(np.float32(scale), "float32")))
         idx = emit(relax.op.astype(emit(relax.op.round(idx)), "int32"))
         idx = emit(relax.op.add(idx, _const(int(zp) + 128, "int32")))
         look = emit(relax.op.take(_const(real, "float32"), idx, axis=0))
-        return relax.Call(call.op, [look, call.args[1], call.args[2]], call.attrs)
+        return named(bb, relax.Call(call.op, [look, call.args[1], call.args[2]], call.attrs),
+                     node_name(call) or c.onnx_node)
 
 
 def _scale_problem(scale: float) -> str | None:

@@ -21,6 +21,19 @@ def node_name(expr) -> str:
     return str(src.name) if src is not None else ""
 
 
+def named(bb, call, name: str):
+    """``call`` normalized by ``bb`` and stamped with ONNX node ``name`` (for rewrites that
+    replace an imported op by new ones: the report keeps naming the node)."""
+    import tvm
+    from tvm import relax
+
+    n = bb.normalize(call)
+    if not name or not isinstance(n, relax.Call):
+        return n
+    span = tvm.ir.Span(tvm.ir.SourceName(name), 0, 0, 0, 0)
+    return relax.Call(n.op, n.args, n.attrs, n.ty_args, span, ret_ty=n.ty)
+
+
 def install() -> None:
     """Wrap ``ONNXGraphImporter._convert_operator`` once (idempotent)."""
     global _installed
