@@ -129,21 +129,13 @@ def test_minilm_embeddings_and_matmuls_on_the_dsa(minilm):
     print("\n" + format_table([row]))
     assert row.cosine_mean >= 0.99 and row.cosine_min >= 0.98, format_table([row])
     assert len(qm.quantized_layers) == 36  # q, k, v, out, ffn up, ffn down x 6 layers
-    rep, launches, got = _run_on_dsa(qm.to_relax(), evals[0])
-    dense = [ly for d in rep.regions if d.target == "dsa" for ly in d.region.layers
-             if type(ly).__name__ == "Dense"]
-    assert len(dense) == 36, str(rep)
-    # attention's Q @ K^T and P @ V in each of 6 layers run int8 too: on the DSA, unless
-    # the cost model finds the host faster for these small ones (launch overhead)
-    bmm = [d for d in rep.regions for ly in d.region.layers if type(ly).__name__ == "BatchMatmul"]
-    assert len(bmm) == 12, str(rep)
-    assert all(d.target == "dsa" or "CPU is estimated faster" in d.reason for d in bmm), str(rep)
+    # a slow host (1 GMAC/s) so the cost model sends every matmul, attention's Q @ K^T and
+    # P @ V included, to the DSA: one compile checks them all bit-exact (the default host
+    # keeping small ones is the cost model's business, tested in tests/compiler)
+    slow = dsa_tvm.target(dsa_tvm.load_config("default").replace(cpu_gmacs=1))
+    rep, launches, got = _run_on_dsa(qm.to_relax(), evals[0], slow)
+    on_dsa = [type(ly).__name__ for d in rep.regions if d.target == "dsa" for ly in d.region.layers]
+    assert on_dsa.count("Dense") == 36 and on_dsa.count("BatchMatmul") == 12, str(rep)
     assert _dsa_share(rep) > 0.95, str(rep)
     _assert_bit_exact(rep, launches)
-    # a slower host: every matmul on the DSA, still bit-exact
-    slow = dsa_tvm.target(dsa_tvm.load_config("default").replace(cpu_gmacs=1))
-    rep_all, launches_all, _ = _run_on_dsa(qm.to_relax(), evals[0], slow)
-    assert sum(type(ly).__name__ == "BatchMatmul" for d in rep_all.regions if d.target == "dsa"
-               for ly in d.region.layers) == 12, str(rep_all)
-    _assert_bit_exact(rep_all, launches_all)
     assert float(np.dot(got.ravel(), ref[0].ravel())) >= 0.99  # unit-norm embeddings
