@@ -86,10 +86,6 @@ def test_chain_on_fp32_tensor_is_listed_with_its_reason():
     assert "FP32: Tanh" in s and "no int8 op reads" in s, s
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    "known regression (merge of products and tables): the Relax plan takes a product by a "
-    "scalar constant (GELU's / sqrt(2), hardsigmoid's * 2) as a mul chain before the table "
-    "chains grow, so GELU's erf stays FP32; the ONNX path tries tables first"))
 def test_relax_path_plans_the_chains_as_tables():
     from tvm.relax.frontend.onnx import from_onnx
 
