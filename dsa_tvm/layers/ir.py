@@ -293,6 +293,32 @@ class Mul:
 Layer = Layer | Mul
 
 
+@dataclass(frozen=True)
+class Permute:
+    """Data movement between layouts: ``y = transpose(reshape(x, view), perm)``, read in
+    the element order of ``output.shape`` (a reshape alone: ``perm`` the identity). The
+    input and output shapes are the views the region lays them out in (rows of the last
+    axis, or NCHW images), so a reshape that keeps the element order may still move
+    bytes; one scale and zero point (a copy)."""
+
+    name: str
+    input: QTensor
+    output: QTensor
+    view: tuple[int, ...]
+    perm: tuple[int, ...]
+
+    @property
+    def macs(self) -> int:
+        return 0
+
+    def apply(self, x: np.ndarray) -> np.ndarray:
+        """The logical movement on an array of ``input.shape`` (any dtype)."""
+        return np.transpose(x.reshape(self.view), self.perm).reshape(self.output.shape)
+
+
+Layer = Layer | Permute
+
+
 # ----------------------------------------------------------------------------- row norms
 # Integer semantics and parameter folding: dsa_tvm.layers.intnorm (the [norm] unit's spec).
 @dataclass(frozen=True)

@@ -64,6 +64,8 @@ class Plan:
     kept_fp32: dict[str, str] = field(default_factory=dict)  # anchor name -> why
     #: (op, why) -> bindings left FP32, filled by ``quantize_relax`` (:meth:`fp32_ops`)
     fp32: dict[tuple[str, str], list[str]] = field(default_factory=dict)
+    #: products by a scalar constant left to the table chains (``make_plan``)
+    deferred: frozenset = frozenset()
 
     def root(self, v: relax.Var) -> relax.Var:
         while self.parent.get(v, v) is not v:
@@ -208,12 +210,53 @@ def _binary(v: relax.Var, call: relax.Call, var2val: dict,
     return Chain("mul", v, [x], v)
 
 
+def _scalar_product(call: relax.Call, var2val: dict) -> bool:
+    consts = [_const(a, var2val) for a in call.args[:2]]
+    return any(c is not None and c.size == 1 for c in consts)
+
+
+def _feeds_a_table(v: relax.Var, var2val: dict, users: dict) -> bool:
+    """Whether ``v`` flows, through element-wise ops of ``v`` alone and scalar constants,
+    into an op only a table computes (erf, sigmoid, tanh, ...): then a product by a scalar
+    constant at ``v`` is the head of a table chain (GELU's ``x / sqrt(2)``, hardsigmoid's
+    ``x / 6``), not a mul chain of its own."""
+    from relay_passes.table_chains import BINARY, PLAIN, UNARY
+
+    seen, todo = {v}, [v]
+    while todo:
+        for u in users.get(todo.pop(), []):
+            call = var2val.get(u)
+            op = _op(call) if call is not None else ""
+            if u in seen or op not in UNARY | BINARY:
+                continue
+            tensors = call.args if op in BINARY else call.args[:1]
+            if not all(a in seen or _const(a, var2val) is not None for a in tensors):
+                continue
+            if op in UNARY - PLAIN - {"relax.astype"}:
+                return True
+            seen.add(u)
+            todo.append(u)
+    return False
+
+
 def anchor_names(func: relax.Function) -> list[str]:
     """Names of the bindings ``keep_fp32`` may name (the ops a plan can quantize)."""
     return [b.var.name for blk in func.body.blocks for b in blk.bindings if _op(b.value) in ANCHORS]
 
 
 def make_plan(func: relax.Function, keep_fp32: frozenset[str] = frozenset()) -> Plan:
+    """Chains and scale groups of ``func``. Table chains grow first: a product by a scalar
+    constant that feeds a table op is left to them; if no table chain takes it after all
+    (its ends are not both int8), the plan is made again with it a mul chain."""
+    plan = _make_plan(func, keep_fp32, None)
+    taken = {m for c in plan.chains if c.kind == "table" for m in (c.anchor, *c.members)}
+    if plan.deferred <= taken:
+        return plan
+    return _make_plan(func, keep_fp32, plan.deferred & taken)
+
+
+def _make_plan(func: relax.Function, keep_fp32: frozenset[str],
+               deferred: frozenset | None) -> Plan:
     bindings = [b for blk in func.body.blocks for b in blk.bindings]
     var2val = {b.var: b.value for b in bindings}
     users: dict[relax.Var, list[relax.Var]] = {}
@@ -265,6 +308,11 @@ def make_plan(func: relax.Function, keep_fp32: frozenset[str] = frozenset()) -> 
                 ch = Chain("batch_matmul", v, args[:2], v)
         elif op in ("relax.add", "relax.multiply", "relax.divide"):
             ch = _binary(v, call, var2val, {c.output for c in plan.chains})
+            if ch is not None and _scalar_product(call, var2val) and (
+                    v in deferred if deferred is not None
+                    else _feeds_a_table(v, var2val, users)):
+                plan.deferred |= {v}  # GELU's / sqrt(2), hardsigmoid's / 6: the table's
+                continue
         else:
             ch = Chain(op.split(".")[-1], v, [args[0]], v)
             if op == "relax.nn.max_pool2d":
