@@ -167,3 +167,37 @@ def test_grouped_conv_transpose_stays_fp32_with_a_reason():
     qm = quantize_onnx(model, [{"x": rng.normal(0, 1, (1, 8, 5, 5)).astype(np.float32)}],
                        show_progress=False)
     assert "grouped ConvTranspose" in qm.plan.kept_fp32.get("convt", ""), qm.plan.kept_fp32
+
+
+@pytest.mark.parametrize("preset", ["default", "edge", "large"])
+@pytest.mark.parametrize("c, hw, factor, zp", [
+    (3, (5, 7), (2, 2), -7), (40, (4, 3), (3, 2), 0), (130, (3, 5), (2, 3), 11),
+    (16, (6, 1), (3, 1), -128), (20, (1, 4), (1, 2), 127)])
+def test_dilate_room_alone_bit_exact(preset, c, hw, factor, zp):
+    """The zero insertion by itself through compile_region and the simulator (hazard
+    checks on), on every preset: input pixels at every factor-th place, the zero point
+    everywhere else (channels across several blocks, partial last blocks)."""
+    from dsa_tvm.isa.program import Program
+    from dsa_tvm.layers.host_pack import pack_region_input
+    from dsa_tvm.layers.ir import QTensor, Region
+    from dsa_tvm.layers.layouts import unpack_activation
+    from dsa_tvm.lowering.region import compile_region
+    from dsa_tvm.sim.simulator import Simulator
+
+    cfg = dsa_tvm.load_config(preset)
+    (h, w), (sh, sw) = hw, factor
+    xt = QTensor("x", (1, c, h, w), 0.1, zp)
+    yt = QTensor("y", (1, c, (h - 1) * sh + 1, (w - 1) * sw + 1), 0.1, zp)
+    reg = Region("r", [xt], [yt], [Dilate("zi", xt, yt, factor)])
+    x = np.random.default_rng(c).integers(-128, 128, xt.shape, dtype=np.int8)
+    prog = compile_region(reg, cfg).program
+    prog = Program.from_bytes(prog.to_bytes(cfg), cfg)
+    res = Simulator(cfg).run(prog, pack_region_input("x", x, prog.meta["io"]["x"],
+                                                     cfg.block_in, cfg.block_out))
+    got = unpack_activation(res.outputs["y"], yt.shape)
+    want = np.full(yt.shape, zp, np.int8)
+    for i in range(h):
+        for j in range(w):
+            want[:, :, i * sh, j * sw] = x[:, :, i, j]
+    np.testing.assert_array_equal(got, want)
+    np.testing.assert_array_equal(run_region(reg, {"x": x})["y"], want)

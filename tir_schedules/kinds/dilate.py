@@ -86,6 +86,10 @@ def dilate_fits(cfg: HardwareConfig, s: DilateShape, k: DilateKnobs) -> str | No
         return f"{k.rows} staged rows exceed the {cfg.acc_depth}-row accumulator"
     if 2 * s.cb > k.rows:
         return f"a zero-point pixel and a data pixel ({2 * s.cb} rows) exceed {k.rows} staged rows"
+    zero = _areas(s, k)[0]
+    if (s.factor[1] - 1) * s.cb > zero:
+        return (f"the {s.factor[1] - 1} zero-point pixels between two data pixels "
+                f"({(s.factor[1] - 1) * s.cb} rows) exceed the {zero} zero-point rows staged")
     if s.factor[1] * s.cb > MAX_DMA:
         return f"DMA stride {s.factor[1] * s.cb} exceeds the {DRAM_SIZE_BITS}-bit DMA fields"
     return None
