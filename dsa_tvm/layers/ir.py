@@ -253,8 +253,24 @@ class Dilate:
         return 0
 
 
+@dataclass(frozen=True)
+class Interleave:
+    """Phases woven into one image, the last half of a transposed conv whose kernel equals
+    its stride: y[n, c, i * sh + a, j * sw + b] = inputs[a * sw + b][n, c, i, j]; every
+    input (N, C, H, W), output (N, C, H * sh, W * sw), all on one grid (a copy)."""
+
+    name: str
+    inputs: tuple[QTensor, ...]
+    output: QTensor
+    factor: tuple[int, int]
+
+    @property
+    def macs(self) -> int:
+        return 0
+
+
 Layer = (Conv2d | Dense | BatchMatmul | Pool2d | GlobalAvgPool | Add | BiasAdd | Rescale
-         | Concat | Resize | Dilate)
+         | Concat | Resize | Dilate | Interleave)
 
 
 @dataclass

@@ -10,6 +10,11 @@ a :class:`~dsa_tvm.layers.ir.Conv2d` that the conv room runs as any other. The w
 transform happens here, at compile time. The conv's array also multiplies the inserted
 zero points (about ``s*s`` times the useful products): the layer reports the transposed
 conv's own MACs (``Conv2d.useful_macs``), so its roofline bound is the useful one.
+
+When the kernel equals the stride and nothing is padded (a UNet's 2x2/2 up-sampling),
+the output's phases do not overlap: phase ``(a, b)`` is a 1x1 conv with kernel tap
+``(a, b)``, and an :class:`~dsa_tvm.layers.ir.Interleave` (strided stores,
+``tir_schedules.kinds.interleave``) weaves the ``s*s`` phases together; no zero products.
 """
 
 from __future__ import annotations
@@ -22,7 +27,7 @@ from tvm.relax.dpl import DFPattern, is_const, is_op, wildcard
 
 from dsa_tvm.hw.config import HardwareConfig
 from dsa_tvm.isa.formats import PAD_BITS
-from dsa_tvm.layers.ir import Conv2d, Dilate, QTensor
+from dsa_tvm.layers.ir import Conv2d, Dilate, Interleave, QTensor
 
 from . import conv2d, image
 from .common import MAX_DMA, MAX_PAD, Constraint, Test, common_constraints
@@ -31,8 +36,8 @@ from .scales import int32_bias, requant
 from .spec import ACTS, Kind, act, dq, q, variant_name
 from .weights import weight_constraints
 
-#: the pixel suffix of the zero-inserted tensor a transposed conv reads
-DILATED = ".dilated"
+#: the name suffixes of the zero-inserted tensor a transposed conv reads, of its phases
+DILATED, PHASE = ".dilated", ".phase"
 
 
 def _pattern(bias: bool, act_name: str | None) -> DFPattern:
@@ -133,7 +138,35 @@ def useful_macs(m: Match) -> int:
     return int(np.prod(m.inputs[0].shape, dtype=np.int64)) * int(np.prod(m.weight.shape[1:]))
 
 
+def _phased(m: Match) -> bool:
+    """Kernel = stride > 1, no padding: the output's stride phases do not overlap."""
+    a = m.op.attrs
+    s = _ints(a.strides)
+    return (s == tuple(m.weight.shape[2:]) and max(s) > 1 and not any(_ints(a.padding))
+            and not any(_ints(a.output_padding)))
+
+
+def _phase_layers(m: Match, name: str, x: QTensor, output: QTensor) -> tuple:
+    """One 1x1 conv per output phase (a, b) with the kernel tap (a, b), then an
+    Interleave: no product with an inserted zero."""
+    sh, sw = _ints(m.op.attrs.strides)
+    w = m.weight.value.astype(np.int8)
+    bias, rq = int32_bias(m, w.shape[1]), requant(conv2d.rescale_factors(m), m)
+    phases, layers = [], []
+    for a in range(sh):
+        for b in range(sw):
+            t = dataclasses.replace(output, name=f"{output.name}{PHASE}{a}{b}",
+                                    shape=(*output.shape[:2], *x.shape[2:]))
+            wt = np.ascontiguousarray(w[:, :, a, b].T)[:, :, None, None]
+            layers.append(Conv2d(f"{name}{PHASE}{a}{b}", x, t, wt, bias, (1, 1), (0, 0, 0, 0),
+                                 (1, 1), 1, rq))
+            phases.append(t)
+    return (*layers, Interleave(name, tuple(phases), output, (sh, sw)))
+
+
 def _to_layers(m: Match, name: str, inputs: list[QTensor], output: QTensor) -> tuple:
+    if _phased(m):
+        return _phase_layers(m, name, inputs[0], output)
     e = equivalent(m)
     w = conv_weight(m.weight.value.astype(np.int8))
     x = inputs[0]

@@ -20,7 +20,7 @@ from tvm import relax  # noqa: E402
 
 import dsa_tvm  # noqa: E402
 from dsa_tvm.layers.checks import compute_bound  # noqa: E402
-from dsa_tvm.layers.ir import Conv2d, Dilate  # noqa: E402
+from dsa_tvm.layers.ir import Conv2d, Dilate, Interleave  # noqa: E402
 from dsa_tvm.quant import quantize_onnx  # noqa: E402
 from dsa_tvm.report import build_report  # noqa: E402
 from dsa_tvm.runtime import take_launches  # noqa: E402
@@ -104,21 +104,47 @@ def test_conv_transpose_runs_on_dsa_bit_exact(cin, cout, hw, k, stride, data, bi
     qm, ex, rep, feed = _compile(convt_net(cin, cout, hw, k, stride, pads, out_pad, bias, act))
     layers = _layers(rep)
     assert not [op for op in rep.partition.cpu_ops if op.macs], str(rep)
+    useful = cin * hw[0] * hw[1] * cout * k * k
+    dsa_macs = sum(r.macs for r in rep.regions if r.target == "dsa")
+    assert dsa_macs == useful + 4 * cout * oh * ow, str(rep)  # + the 1x1 head
+    peak = dsa_tvm.load_config("default").peak_macs_per_cycle
+    if k == stride > 1 and not any(pads) and not any(out_pad):  # phases: 1x1 convs, woven
+        weave = [ly for ly in layers if isinstance(ly, Interleave)]
+        assert len(weave) == 1 and weave[0].output.shape == (1, cout, oh, ow), str(rep)
+        phases = [ly for ly in layers if ly.output.name in {t.name for t in weave[0].inputs}]
+        assert len(phases) == k * k and all(p.weight.shape[2:] == (1, 1) for p in phases)
+        assert not [ly for ly in layers if isinstance(ly, Dilate)]
+        run = _run_and_check(qm, ex, rep, feed)
+        rows = [r for r in run.rows if r.name in {p.name for p in phases}]
+        assert sum(r.macs for r in rows) == useful
+        assert all(r.cycles >= compute_bound(r.macs, peak) for r in rows)
+        return
     convt = [ly for ly in layers if isinstance(ly, Conv2d) and ly.useful_macs is not None]
     assert len(convt) == 1, str(rep)
     c = convt[0]
     assert c.output.shape == (1, cout, oh, ow) and c.strides == (1, 1)
-    assert c.useful_macs == cin * hw[0] * hw[1] * cout * k * k
+    assert c.useful_macs == useful
     assert c.padding == (k - 1 - pads[0], k - 1 - pads[1], k - 1 - pads[2] + out_pad[0],
                          k - 1 - pads[3] + out_pad[1])
     dil = [ly for ly in layers if isinstance(ly, Dilate)]
     assert len(dil) == (stride > 1) and all(d.output.name == c.input.name for d in dil)
-    dsa_macs = sum(r.macs for r in rep.regions if r.target == "dsa")
-    assert dsa_macs == c.useful_macs + 4 * cout * oh * ow  # the 1x1 head: no zero products
     run = _run_and_check(qm, ex, rep, feed)
     row = next(r for r in run.rows if r.name == c.name)
     assert row.macs == c.useful_macs
-    assert row.cycles >= compute_bound(c.useful_macs, dsa_tvm.load_config("default").peak_macs_per_cycle)
+    assert row.cycles >= compute_bound(c.useful_macs, peak)
+
+
+@pytest.mark.parametrize("cin, cout, hw, s", [(32, 16, (8, 8), 2), (20, 5, (3, 5), 3),
+                                              (8, 18, (1, 4), 2)])
+def test_kernel_equal_to_stride_runs_as_phases(cin, cout, hw, s):
+    """A UNet's up-sampling (kernel = stride, no pads): s*s 1x1 convs and an Interleave,
+    no Dilate; exact, and the convs do only the transposed conv's own MACs."""
+    qm, ex, rep, feed = _compile(convt_net(cin, cout, hw, s, s, (0,) * 4, (0, 0), True, "relu"))
+    layers = _layers(rep)
+    assert [type(ly).__name__ for ly in layers] == ["Conv2d"] * (s * s) + ["Interleave", "Conv2d"]
+    assert sum(ly.macs for ly in layers[:-2]) == cin * hw[0] * hw[1] * cout * s * s
+    assert all(ly.array_macs == ly.macs for ly in layers if isinstance(ly, Conv2d))
+    _run_and_check(qm, ex, rep, feed)
 
 
 def test_conv_transpose_weight_is_flipped_and_swapped():
@@ -201,3 +227,37 @@ def test_dilate_room_alone_bit_exact(preset, c, hw, factor, zp):
             want[:, :, i * sh, j * sw] = x[:, :, i, j]
     np.testing.assert_array_equal(got, want)
     np.testing.assert_array_equal(run_region(reg, {"x": x})["y"], want)
+
+
+@pytest.mark.parametrize("preset", ["default", "edge", "large"])
+@pytest.mark.parametrize("c, hw, factor", [(3, (5, 7), (2, 2)), (130, (3, 2), (3, 2)),
+                                           (16, (4, 1), (1, 3))])
+def test_interleave_room_alone_bit_exact(preset, c, hw, factor):
+    """The weave by itself through compile_region and the simulator, on every preset."""
+    from dsa_tvm.isa.program import Program
+    from dsa_tvm.layers.host_pack import pack_region_input
+    from dsa_tvm.layers.ir import QTensor, Region
+    from dsa_tvm.layers.layouts import unpack_activation
+    from dsa_tvm.lowering.region import compile_region
+    from dsa_tvm.sim.simulator import Simulator
+
+    cfg = dsa_tvm.load_config(preset)
+    (h, w), (sh, sw) = hw, factor
+    xs = tuple(QTensor(f"p{i}", (1, c, h, w), 0.1, 3) for i in range(sh * sw))
+    yt = QTensor("y", (1, c, h * sh, w * sw), 0.1, 3)
+    reg = Region("r", list(xs), [yt], [Interleave("weave", xs, yt, factor)])
+    rng = np.random.default_rng(c)
+    ins = {t.name: rng.integers(-128, 128, t.shape, dtype=np.int8) for t in xs}
+    prog = compile_region(reg, cfg).program
+    prog = Program.from_bytes(prog.to_bytes(cfg), cfg)
+    feeds = {}
+    for t in xs:
+        feeds |= pack_region_input(t.name, ins[t.name], prog.meta["io"][t.name], cfg.block_in,
+                                   cfg.block_out)
+    got = unpack_activation(Simulator(cfg).run(prog, feeds).outputs["y"], yt.shape)
+    want = np.empty(yt.shape, np.int8)
+    for i in range(h * sh):
+        for j in range(w * sw):
+            want[:, :, i, j] = ins[f"p{(i % sh) * sw + j % sw}"][:, :, i // sh, j // sw]
+    np.testing.assert_array_equal(got, want)
+    np.testing.assert_array_equal(run_region(reg, ins)["y"], want)
