@@ -63,13 +63,15 @@ def region_from_function(func: relax.Function, name: str) -> Region:
             if not isinstance(src, relax.Var):
                 raise LoweringError(f"region {name}: input of {b.var.name} is not a region tensor")
             ins.append(qtensor(tname(src), op.shape, op.qp))
-        layer = layer_from_match(m, f"{name}.{len(layers)}:{m.kind}", ins,
-                                 qtensor(tname(b.var), m.out_shape, m.out))
-        for t in layer_inputs(layer):  # the layer's own view (a batch matmul flattens)
-            if t.name in params:
-                inputs.setdefault(t.name, t)
-        tensors[layer.output.name] = layer.output
-        layers.append(layer)
+        made = layer_from_match(m, f"{name}.{len(layers)}:{m.kind}", ins,
+                                qtensor(tname(b.var), m.out_shape, m.out))
+        # a kind may make several layers (a transposed conv: zero insertion, then a conv)
+        for layer in made if isinstance(made, tuple) else (made,):
+            for t in layer_inputs(layer):  # the layer's own view (a batch matmul flattens)
+                if t.name in params:
+                    inputs.setdefault(t.name, t)
+            tensors[layer.output.name] = layer.output
+            layers.append(layer)
     ret = func.body.body if isinstance(func.body, relax.SeqExpr) else func.body
     rets = list(ret.fields) if isinstance(ret, relax.Tuple) else [ret]
     outs = []

@@ -63,16 +63,24 @@ class Conv2d:
     dilation: tuple[int, int]
     groups: int
     requant: Requant
+    #: a transposed conv run over its zero-inserted input (:class:`Dilate`) counts only its
+    #: own MACs (input pixels x C_out x taps), not the array's products with inserted zeros
+    useful_macs: int | None = None
 
     @property
     def depthwise(self) -> bool:
         return self.groups > 1 and self.groups == self.input.shape[1] == self.weight.shape[0]
 
     @property
-    def macs(self) -> int:
+    def array_macs(self) -> int:
+        """The products the array performs (zeros of a zero-inserted input included)."""
         o, ipg, kh, kw = self.weight.shape
         n, _, oh, ow = self.output.shape
         return n * o * oh * ow * ipg * kh * kw
+
+    @property
+    def macs(self) -> int:
+        return self.array_macs if self.useful_macs is None else self.useful_macs
 
 
 @dataclass(frozen=True)
@@ -229,8 +237,40 @@ class Resize:
         return 0
 
 
+@dataclass(frozen=True)
+class Dilate:
+    """Zero insertion by integer factors, the first half of a transposed conv:
+    y = x.zero_point everywhere but y[n, c, i * sh, j * sw] = x[n, c, i, j]; output
+    (N, C, (H - 1) * sh + 1, (W - 1) * sw + 1), input and output on one grid (a copy)."""
+
+    name: str
+    input: QTensor           # NCHW
+    output: QTensor          # NCHW
+    factor: tuple[int, int]
+
+    @property
+    def macs(self) -> int:
+        return 0
+
+
+@dataclass(frozen=True)
+class Interleave:
+    """Phases woven into one image, the last half of a transposed conv whose kernel equals
+    its stride: y[n, c, i * sh + a, j * sw + b] = inputs[a * sw + b][n, c, i, j]; every
+    input (N, C, H, W), output (N, C, H * sh, W * sw), all on one grid (a copy)."""
+
+    name: str
+    inputs: tuple[QTensor, ...]
+    output: QTensor
+    factor: tuple[int, int]
+
+    @property
+    def macs(self) -> int:
+        return 0
+
+
 Layer = (Conv2d | Dense | BatchMatmul | Pool2d | GlobalAvgPool | Add | BiasAdd | Rescale
-         | Concat | Resize)
+         | Concat | Resize | Dilate | Interleave)
 
 
 @dataclass

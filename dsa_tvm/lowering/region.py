@@ -57,7 +57,10 @@ def lowering_supports(layer: Layer, cfg: HardwareConfig) -> str | None:
     """None if :func:`compile_region` can lower ``layer`` for ``cfg``, else why not.
 
     Cheap (no TIR is built): the layer's recipe, and at least one schedule whose
-    tiles fit the scratchpads."""
+    tiles fit the scratchpads. A tuple (what a kind that makes several layers returns)
+    is supported when each of its layers is."""
+    if isinstance(layer, tuple):
+        return next((why for why in (lowering_supports(ly, cfg) for ly in layer) if why), None)
     try:
         r = recipe(layer, cfg, consts=False)
     except UnsupportedLayer as e:

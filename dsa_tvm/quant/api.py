@@ -189,7 +189,8 @@ def quantize_onnx(model: onnx.ModelProto | str | Path | Intake, calibration_data
         raise ValueError("nothing to quantize: the model has no Conv/Gemm/MatMul with constant weights "
                          f"(kept in FP32: {dict(plan.kept_fp32)})")
     extra = {"percentile": percentile} if method == "percentile" else {}
-    mean_axes = {a.node.input[0]: 1 if a.node.op_type == "Conv" else -1 for a in plan.anchors.values()}
+    mean_axes = {a.node.input[0]: 1 if a.node.op_type in ("Conv", "ConvTranspose") else -1
+                 for a in plan.anchors.values()}
     observe = sorted({plan.pre_act[t][0] if t in plan.pre_act else t for t in plan.tensors})
     observers, chans = calibrate(fp32, feeds, observe, method, show_progress,
                                  mean_axes if bias_correction else None, **extra)

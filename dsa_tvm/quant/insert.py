@@ -173,7 +173,9 @@ def _weights_and_bias(g: Graph, a: Anchor, w: np.ndarray, ws: np.ndarray, axis: 
     shift = None
     if input_means is not None and n.input[0] in input_means:
         dw = w - quant_dequant(wq, ws, axis)
-        if n.op_type == "Conv":
+        if n.op_type == "ConvTranspose":
+            shift = None  # no bias correction for transposed convs (their taps overlap)
+        elif n.op_type == "Conv":
             shift = conv_shift(dw, input_means[n.input[0]], int(g.attr(n, "group", 1)))
         else:
             shift = dense_shift(dw, input_means[n.input[0]], a.axis == 0)

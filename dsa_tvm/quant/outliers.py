@@ -27,7 +27,7 @@ from onnx import helper, numpy_helper
 
 from ..frontend.onnx_graph import Graph
 
-WEIGHTED = {"Conv", "Gemm", "MatMul"}
+WEIGHTED = {"Conv", "ConvTranspose", "Gemm", "MatMul"}
 
 
 @dataclass(frozen=True)

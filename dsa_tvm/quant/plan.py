@@ -40,6 +40,10 @@ def _is_copy(g: Graph, n: onnx.NodeProto) -> bool:
     return (mode.decode() if isinstance(mode, bytes) else str(mode)) == "nearest"
 
 
+#: the ONNX ops whose constant weights make them anchors (int8 weighted layers)
+WEIGHTED_OPS = ("Conv", "ConvTranspose", "Gemm", "MatMul")
+
+
 @dataclass
 class Anchor:
     """A weighted layer: its weight (and bias) initializers and the per-channel axis."""
@@ -142,6 +146,17 @@ def _anchor(g: Graph, n: onnx.NodeProto) -> Anchor | str:
         if bias is not None and not g.is_const(bias):
             return "bias is not a constant"
         a = Anchor(n, n.input[1], 0, bias)
+    elif n.op_type == "ConvTranspose":
+        if not g.is_const(n.input[1]):
+            return "weights are not a constant"
+        if len(g.shape(n.input[1]) or ()) != 4:
+            return "only 2-D transposed convolutions are quantized"
+        if int(g.attr(n, "group", 1)) != 1:
+            return "grouped ConvTranspose (its output channels are not one weight axis)"
+        bias = n.input[2] if len(n.input) > 2 and n.input[2] else None
+        if bias is not None and not g.is_const(bias):
+            return "bias is not a constant"
+        a = Anchor(n, n.input[1], 1, bias)  # weight [C_in, C_out, kh, kw]: outputs on axis 1
     elif n.op_type == "Gemm":
         if g.attr(n, "transA", 0) or g.attr(n, "alpha", 1.0) != 1.0 or g.attr(n, "beta", 1.0) != 1.0:
             return "Gemm with transA or alpha/beta != 1"
@@ -241,7 +256,7 @@ def make_plan(g: Graph, keep_fp32: set[str] = frozenset(), available: set[str] |
     for name in keep_fp32:
         p.kept_fp32[name] = "kept in FP32 on request"
     for n in g.model.graph.node:
-        if n.op_type not in ("Conv", "Gemm", "MatMul") or n.name in keep_fp32:
+        if n.op_type not in WEIGHTED_OPS or n.name in keep_fp32:
             continue
         a = _anchor(g, n)
         if isinstance(a, str):

@@ -25,7 +25,8 @@ MAX_DMA = (1 << DRAM_SIZE_BITS) - 1
 
 Test = Callable[[Match, HardwareConfig], "str | None"]
 #: a kind's conversion of a match to the integer layer IR: (match, name, inputs, output) -> layer
-ToLayer = Callable[[Match, str, list[QTensor], QTensor], Layer]
+#: match, layer name, inputs, output -> the layer (or layers, in order: a transposed conv)
+ToLayer = Callable[[Match, str, list[QTensor], QTensor], "Layer | tuple[Layer, ...]"]
 #: the real factors a kind's REQUANT must represent (float64, one per channel or one)
 Factors = Callable[[Match], np.ndarray]
 

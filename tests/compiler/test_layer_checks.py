@@ -154,14 +154,17 @@ def test_bundled_networks_within_bounds(networks, name, preset):
 
 
 # ----------------------------------------------------------------------------- MAC share
-def test_mac_share_counts_conv_transpose_on_the_cpu(tmp_path):
-    """conv -> ConvTranspose2d -> conv: the transposed conv stays on the CPU and its MACs
-    count (they used to be left out, and the share read 100%)."""
+@pytest.mark.parametrize("dilation", [2, 1])
+def test_mac_share_counts_conv_transpose(tmp_path, dilation):
+    """conv -> ConvTranspose2d -> conv: a dilated transposed conv stays on the CPU and its
+    MACs count (they used to be left out, and the share read 100%); an undilated one runs
+    on the DSA and counts its own MACs there, not the zero products of its array."""
     rng = np.random.default_rng(0)
     inits = {"W1": qm.rand(rng, 16, 8, 3, 3), "Wt": qm.rand(rng, 16, 8, 2, 2),
              "W3": qm.rand(rng, 8, 8, 3, 3)}
     nodes = [qm.node("Conv", ["x", "W1"], ["a"], pads=[1, 1, 1, 1]),
-             qm.node("ConvTranspose", ["a", "Wt"], ["b"], strides=[2, 2]),
+             qm.node("ConvTranspose", ["a", "Wt"], ["b"], strides=[2, 2],
+                     dilations=[dilation, dilation]),
              qm.node("Conv", ["b", "W3"], ["y"], pads=[1, 1, 1, 1])]
     path = qm.quantize(qm.make_model(nodes, inits, {"x": (1, 8, 8, 8)}, {"y": None}), tmp_path,
                        name="convt")
@@ -171,11 +174,19 @@ def test_mac_share_counts_conv_transpose_on_the_cpu(tmp_path):
     relax.VirtualMachine(ex, tvm.cpu())["main"](
         tvm.runtime.tensor(rng.standard_normal((1, 8, 8, 8)).astype(np.float32)))
     rep = dsa_tvm.last_run_report()
+    side = 7 * 2 + dilation + 1             # (H - 1) * stride + dilation * (k - 1) + 1
     conv1 = 16 * 8 * 8 * (8 * 3 * 3)        # outputs x taps
     convt = 16 * 8 * 8 * (8 * 2 * 2)        # each input pixel feeds 8 channels x 2x2 taps
-    conv3 = 8 * 16 * 16 * (8 * 3 * 3)
+    conv3 = 8 * side * side * (8 * 3 * 3)
+    if dilation == 1:
+        assert not [r for r in rep.rows if r.target == "CPU" and r.macs], str(rep)
+        assert rep.dsa_mac_share == 1.0
+        assert sum(r.macs for r in rep.rows if r.target == "DSA") == conv1 + convt + conv3
+        assert not rep.violations, "\n" + str(rep)
+        return
     rows = {r.op: r for r in rep.rows if r.target == "CPU"}
     assert rows["nn.conv2d_transpose"].macs == convt, str(rep)
+    assert "dilation" in rows["nn.conv2d_transpose"].why, str(rep)
     assert rep.dsa_mac_share == pytest.approx((conv1 + conv3) / (conv1 + convt + conv3))
     assert f"{(conv1 + conv3) / (conv1 + convt + conv3):.1%} of MACs on the DSA" in str(rep)
 
