@@ -86,6 +86,27 @@ def _activation(m: Match, cfg: HardwareConfig) -> str | None:
     return None
 
 
+def layouts(data: str, kernel: str) -> Test:
+    """The constraint that a conv-like op's data / kernel / output layouts are these."""
+    def test(m: Match, cfg: HardwareConfig) -> str | None:
+        a = m.op.attrs
+        lay = (str(a.data_layout), str(a.kernel_layout), str(a.out_layout or a.data_layout))
+        if lay != (data, kernel, data):
+            return f"layouts must be {data}/{kernel}/{data}, got {'/'.join(lay)}"
+        return None
+
+    return test
+
+
+def viewed(view: Callable[[Match], Match], test: Test) -> Test:
+    """``test`` applied to the match as ``view`` sees it (a conv1d or a transposed conv
+    checked as the conv2d it becomes)."""
+    def wrapped(m: Match, cfg: HardwareConfig) -> str | None:
+        return test(view(m), cfg)
+
+    return wrapped
+
+
 def common_constraints(factors: Factors, limit: float = 2.0 ** 31) -> list[Constraint]:
     """The constraints every kind starts with; ``factors`` are the kind's rescale factors,
     ``limit`` the bound REQUANT (or the kind's integer arithmetic) puts on them."""

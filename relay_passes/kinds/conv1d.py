@@ -12,29 +12,14 @@ from __future__ import annotations
 import dataclasses
 from types import SimpleNamespace
 
-from tvm.relax.dpl import DFPattern, is_const, is_op, wildcard
-
-from dsa_tvm.hw.config import HardwareConfig
 from dsa_tvm.isa.formats import PAD_BITS
 from dsa_tvm.layers.ir import Layer, QTensor
 
 from . import conv2d, image
-from .common import MAX_DMA, MAX_PAD, Constraint, Test, common_constraints
+from .common import MAX_DMA, MAX_PAD, Constraint, common_constraints, layouts, viewed
 from .match import Match, NotAMatch, Operand, Reader, Root
-from .spec import ACTS, Kind, act, dq, q, variant_name
+from .spec import Kind, conv_variants
 from .weights import weight_constraints
-
-
-def _pattern(bias: bool, act_name: str | None) -> DFPattern:
-    conv = is_op("relax.nn.conv1d")(dq(), dq(is_const()))
-    if bias:
-        b = dq(is_const())
-        conv = is_op("relax.add")(conv, b | is_op("relax.reshape")(b, wildcard()))
-    return q(act(conv, act_name))
-
-
-def _variants() -> list[tuple[str, DFPattern]]:
-    return [(variant_name(bias, a), _pattern(bias, a)) for bias in (True, False) for a in ACTS]
 
 
 def _h1(shape: tuple[int, ...]) -> tuple[int, ...]:
@@ -75,36 +60,21 @@ def as_conv2d(m: Match) -> Match:
     return dataclasses.replace(m, op=SimpleNamespace(attrs=attrs_2d(m), op=m.op.op))
 
 
-def _via_2d(test: Test) -> Test:
-    def wrapped(m: Match, cfg: HardwareConfig) -> str | None:
-        return test(as_conv2d(m), cfg)
-
-    return wrapped
-
-
-def _layout(m: Match, cfg: HardwareConfig) -> str | None:
-    a = m.op.attrs
-    lay = (str(a.data_layout), str(a.kernel_layout), str(a.out_layout or a.data_layout))
-    if lay != ("NCW", "OIW", "NCW"):
-        return f"layouts must be NCW/OIW/NCW, got {'/'.join(lay)}"
-    return None
-
-
 def _to_layer(m: Match, name: str, inputs: list[QTensor], output: QTensor) -> Layer:
     return conv2d.layer_2d(as_conv2d(m), name, inputs, output)
 
 
 KINDS = (Kind(
-    "conv1d", 950, _variants, _read,
+    "conv1d", 950, conv_variants("relax.nn.conv1d"), _read,
     common_constraints(conv2d.rescale_factors) + weight_constraints(
         channel_axis=lambda m: 0, channels=lambda m: m.out_shape[1],
         rows=lambda m, w: w.reshape(w.shape[0], -1)) + [
-        Constraint("layout", "NCW data, OIW kernel", _layout),
+        Constraint("layout", "NCW data, OIW kernel", layouts("NCW", "OIW")),
         Constraint("groups", "groups = 1 or depthwise (groups = C_in = C_out)",
-                   _via_2d(conv2d.groups)),
+                   viewed(as_conv2d, conv2d.groups)),
         Constraint("padding", f"padding <= {MAX_PAD} per side (LOAD pad fields, "
-                   f"{PAD_BITS} bits)", _via_2d(image.pads)),
-        Constraint("strides", "stride < 2^(input address bits)", _via_2d(image.strides)),
+                   f"{PAD_BITS} bits)", viewed(as_conv2d, image.pads)),
+        Constraint("strides", "stride < 2^(input address bits)", viewed(as_conv2d, image.strides)),
         Constraint("dma", f"W*ceil(C/block_in) <= {MAX_DMA} (16-bit DMA fields)", image.image_dma),
         Constraint("tile", "K <= {cfg.inp_depth} input rows and <= {cfg.wgt_depth} weight "
                    "tiles (one-pixel tile)", conv2d.tile),

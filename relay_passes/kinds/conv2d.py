@@ -7,30 +7,17 @@ when its scale is ``s_in * s_w[c]`` (what quantizers emit), else rescaled to it.
 from __future__ import annotations
 
 import numpy as np
-from tvm.relax.dpl import DFPattern, is_const, is_op, wildcard
 
 from dsa_tvm.hw.config import HardwareConfig
 from dsa_tvm.isa.formats import PAD_BITS
 from dsa_tvm.layers.ir import Conv2d, Layer, QTensor
 
 from . import image
-from .common import MAX_DMA, MAX_PAD, Constraint, common_constraints
+from .common import MAX_DMA, MAX_PAD, Constraint, common_constraints, layouts
 from .match import Match, Reader, Root
 from .scales import int32_bias, requant
-from .spec import ACTS, Kind, act, dq, q, variant_name
+from .spec import Kind, conv_variants
 from .weights import weight_constraints
-
-
-def _pattern(bias: bool, act_name: str | None) -> DFPattern:
-    conv = is_op("relax.nn.conv2d")(dq(), dq(is_const()))
-    if bias:
-        b = dq(is_const())
-        conv = is_op("relax.add")(conv, b | is_op("relax.reshape")(b, wildcard()))
-    return q(act(conv, act_name))
-
-
-def _variants() -> list[tuple[str, DFPattern]]:
-    return [(variant_name(bias, a), _pattern(bias, a)) for bias in (True, False) for a in ACTS]
 
 
 def _read(r: Reader, root: Root) -> Match:
@@ -44,14 +31,6 @@ def _read(r: Reader, root: Root) -> Match:
 def rescale_factors(m: Match) -> np.ndarray:
     s_in, s_out = float(m.inputs[0].qp.scale[0]), float(m.out.scale[0])
     return s_in * m.weight.qp.scale.astype(np.float64) / s_out
-
-
-def _layout(m: Match, cfg: HardwareConfig) -> str | None:
-    a = m.op.attrs
-    lay = (str(a.data_layout), str(a.kernel_layout), str(a.out_layout or a.data_layout))
-    if lay != ("NCHW", "OIHW", "NCHW"):
-        return f"layouts must be NCHW/OIHW/NCHW, got {'/'.join(lay)}"
-    return None
 
 
 def groups(m: Match, cfg: HardwareConfig) -> str | None:
@@ -84,11 +63,11 @@ _to_layer = layer_2d
 
 
 KINDS = (Kind(
-    "conv2d", 900, _variants, _read,
+    "conv2d", 900, conv_variants("relax.nn.conv2d"), _read,
     common_constraints(rescale_factors) + weight_constraints(
         channel_axis=lambda m: 0, channels=lambda m: m.out_shape[1],
         rows=lambda m, w: w.reshape(w.shape[0], -1)) + [
-        Constraint("layout", "NCHW data, OIHW kernel", _layout),
+        Constraint("layout", "NCHW data, OIHW kernel", layouts("NCHW", "OIHW")),
         Constraint("groups", "groups = 1 or depthwise (groups = C_in = C_out)", groups),
         Constraint("padding", f"padding <= {MAX_PAD} per side (LOAD pad fields, "
                    f"{PAD_BITS} bits)", image.pads),

@@ -23,33 +23,20 @@ import dataclasses
 from types import SimpleNamespace
 
 import numpy as np
-from tvm.relax.dpl import DFPattern, is_const, is_op, wildcard
 
 from dsa_tvm.hw.config import HardwareConfig
 from dsa_tvm.isa.formats import PAD_BITS
 from dsa_tvm.layers.ir import Conv2d, Dilate, Interleave, QTensor
 
 from . import conv2d, image
-from .common import MAX_DMA, MAX_PAD, Constraint, Test, common_constraints
+from .common import MAX_DMA, MAX_PAD, Constraint, common_constraints, layouts, viewed
 from .match import Match, Reader, Root
 from .scales import int32_bias, requant
-from .spec import ACTS, Kind, act, dq, q, variant_name
+from .spec import Kind, conv_variants
 from .weights import weight_constraints
 
 #: the name suffixes of the zero-inserted tensor a transposed conv reads, of its phases
 DILATED, PHASE = ".dilated", ".phase"
-
-
-def _pattern(bias: bool, act_name: str | None) -> DFPattern:
-    conv = is_op("relax.nn.conv2d_transpose")(dq(), dq(is_const()))
-    if bias:
-        b = dq(is_const())
-        conv = is_op("relax.add")(conv, b | is_op("relax.reshape")(b, wildcard()))
-    return q(act(conv, act_name))
-
-
-def _variants() -> list[tuple[str, DFPattern]]:
-    return [(variant_name(bias, a), _pattern(bias, a)) for bias in (True, False) for a in ACTS]
 
 
 def _read(r: Reader, root: Root) -> Match:
@@ -84,21 +71,6 @@ def _as_conv(m: Match) -> Match:
     e = equivalent(m)
     x = dataclasses.replace(m.inputs[0], shape=e.dilated)
     return dataclasses.replace(m, inputs=[x], op=SimpleNamespace(attrs=e, op=m.op.op))
-
-
-def _via_conv(test: Test) -> Test:
-    def wrapped(m: Match, cfg: HardwareConfig) -> str | None:
-        return test(_as_conv(m), cfg)
-
-    return wrapped
-
-
-def _layout(m: Match, cfg: HardwareConfig) -> str | None:
-    a = m.op.attrs
-    lay = (str(a.data_layout), str(a.kernel_layout), str(a.out_layout or a.data_layout))
-    if lay != ("NCHW", "IOHW", "NCHW"):
-        return f"layouts must be NCHW/IOHW/NCHW, got {'/'.join(lay)}"
-    return None
 
 
 def _groups_dilation(m: Match, cfg: HardwareConfig) -> str | None:
@@ -182,16 +154,16 @@ def _to_layers(m: Match, name: str, inputs: list[QTensor], output: QTensor) -> t
 
 
 KINDS = (Kind(
-    "conv2d_transpose", 940, _variants, _read,
+    "conv2d_transpose", 940, conv_variants("relax.nn.conv2d_transpose"), _read,
     common_constraints(conv2d.rescale_factors) + weight_constraints(
         channel_axis=lambda m: 1, channels=lambda m: m.out_shape[1], rows=_rows) + [
-        Constraint("layout", "NCHW data, IOHW kernel", _layout),
+        Constraint("layout", "NCHW data, IOHW kernel", layouts("NCHW", "IOHW")),
         Constraint("groups", "groups = 1, dilation = 1", _groups_dilation),
         Constraint("padding", "output_padding < strides, padding <= kernel - 1", _padding),
         Constraint("conv padding", f"kernel - 1 - padding (+ output_padding) <= {MAX_PAD} "
-                   f"(LOAD pad fields, {PAD_BITS} bits)", _via_conv(image.pads)),
+                   f"(LOAD pad fields, {PAD_BITS} bits)", viewed(_as_conv, image.pads)),
         Constraint("dma", f"zero-inserted W*ceil(C/block_in) and H <= {MAX_DMA} "
-                   f"(16-bit DMA fields)", _via_conv(image.image_dma)),
+                   f"(16-bit DMA fields)", viewed(_as_conv, image.image_dma)),
         Constraint("tile", "KH*KW <= {cfg.inp_depth} input rows and <= {cfg.wgt_depth} weight "
                    "tiles (one-pixel tile)", conv2d.tile),
     ],

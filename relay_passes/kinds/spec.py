@@ -48,6 +48,20 @@ def unary(op: str) -> DFPattern:
     return q(is_op(op)(dq()))
 
 
+def conv_variants(op_name: str) -> Callable[[], list[tuple[str, DFPattern]]]:
+    """The variants of a conv-like kind: ``quantize(act(op(dq(x), dq(W)) [+ dq(bias)]))``,
+    with and without the bias, under each of :data:`ACTS`."""
+    def pattern(bias: bool, act_name: str | None) -> DFPattern:
+        conv = is_op(op_name)(dq(), dq(is_const()))
+        if bias:
+            b = dq(is_const())
+            conv = is_op("relax.add")(conv, b | is_op("relax.reshape")(b, wildcard()))
+        return q(act(conv, act_name))
+
+    return lambda: [(variant_name(bias, a), pattern(bias, a)) for bias in (True, False)
+                    for a in ACTS]
+
+
 def variant_name(bias: bool, act_name: str | None) -> str:
     """The variant's name in the table: ``bias+relu``, ``clip``, ``plain``, ..."""
     return "+".join(["bias"] * bias + [act_name] * (act_name is not None)) or "plain"
