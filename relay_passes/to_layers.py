@@ -13,6 +13,7 @@ import dataclasses
 from tvm import relax
 
 from dsa_tvm.layers.ir import Add, Conv2d, Dense, Layer, QTensor, Region, Rescale, Table, layer_inputs
+from dsa_tvm.layers.layouts import same_bytes
 
 from .kinds import describe, layer_from_match
 from .kinds.dense import as_rows
@@ -150,7 +151,7 @@ def _row_views(layers: list[Layer], region: str) -> list[Layer]:
     for ly in out:
         for t in layer_inputs(ly) + [ly.output]:
             shape, who = seen.setdefault(t.name, (tuple(t.shape), ly.name))
-            if shape != tuple(t.shape):
+            if not same_bytes(shape, tuple(t.shape)):
                 raise LoweringError(
                     f"region {region}: tensor '{t.name}' is read as {shape} by {who} and as "
                     f"{tuple(t.shape)} by {ly.name}: a dense layer reads a 4-D tensor as rows "

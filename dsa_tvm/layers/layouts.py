@@ -26,6 +26,15 @@ def image_dims(shape: tuple[int, ...]) -> tuple[int, int, int, int]:
     return 1, shape[-1], rows, 1
 
 
+def same_bytes(a: tuple[int, ...], b: tuple[int, ...]) -> bool:
+    """Two views of one tensor with one DSA layout: equal, or an (N, C, 1, 1) image and the
+    (N, C) rows a dense reads it as (a flatten: each image is one row of blocks)."""
+    if a == b:
+        return True
+    img, rows = (a, b) if len(a) == 4 else (b, a)
+    return len(img) == 4 and img[2:] == (1, 1) and rows == img[:2]
+
+
 def broadcast_dims(a: tuple[int, ...], b: tuple[int, ...]) -> tuple[int, int, int, int] | str:
     """(n, hw, nb, hwb) of ``b`` broadcasting to ``a`` in the blocked layout (the pixels
     of NCHW, the rows of ``(..., C)``), or why it cannot.

@@ -13,6 +13,7 @@ import numpy as np
 
 from ..isa import semantics as sem
 from .ir import QTensor, Requant
+from .layouts import same_bytes
 
 __all__ = ["apply_requant", "centered", "pad", "windows"]
 
@@ -36,7 +37,9 @@ def apply_requant(acc: np.ndarray, rq: Requant, axis: int) -> np.ndarray:
 
 
 def centered(x: np.ndarray, t: QTensor) -> np.ndarray:
-    """``x - zero_point`` as int64 (the value every layer starts from)."""
+    """``x - zero_point`` as int64 (the value every layer starts from), in ``t``'s view."""
+    if tuple(x.shape) != tuple(t.shape) and same_bytes(tuple(x.shape), tuple(t.shape)):
+        x = x.reshape(t.shape)  # an (N, C, 1, 1) image a dense reads as (N, C) rows
     if tuple(x.shape) != tuple(t.shape):
         raise ValueError(f"tensor '{t.name}': expected shape {t.shape}, got {x.shape}")
     return x.astype(np.int64) - np.int64(t.zero_point)

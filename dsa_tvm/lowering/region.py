@@ -30,7 +30,7 @@ from ..isa.program import Program
 from ..isa.sync import insert_dependencies
 from ..layers.host_pack import PARAMS, ROWSUM, batch_dims
 from ..layers.ir import BatchMatmul, Layer, QTensor, Region, layer_inputs
-from ..layers.layouts import blocked_shape
+from ..layers.layouts import blocked_shape, same_bytes
 from .fold_input import fold_region_inputs
 
 __all__ = ["CompiledRegion", "LayerPlan", "UnsupportedLayer", "compile_region",
@@ -164,7 +164,7 @@ def _check_views(region: Region) -> None:
     for ly in region.layers:
         for t in layer_inputs(ly) + [ly.output]:
             seen = shapes.setdefault(t.name, t.shape)
-            if tuple(seen) != tuple(t.shape):
+            if not same_bytes(tuple(seen), tuple(t.shape)):
                 raise UnsupportedLayer(f"{ly.name}: tensor '{t.name}' is {tuple(t.shape)} here "
                                        f"and {tuple(seen)} elsewhere in the region")
 

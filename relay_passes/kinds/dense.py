@@ -8,7 +8,7 @@ has rank >= 2 and is read as rows of its last axis. REQUANT factors as conv2d's:
 from __future__ import annotations
 
 import numpy as np
-from tvm.relax.dpl import DFPattern, is_const, is_op
+from tvm.relax.dpl import DFPattern, is_const, is_op, wildcard
 
 from dsa_tvm.hw.config import HardwareConfig
 from dsa_tvm.intmath import ceil_div
@@ -16,31 +16,46 @@ from dsa_tvm.isa.formats import DRAM_SIZE_BITS
 from dsa_tvm.layers.ir import Dense, Layer, QTensor
 
 from .common import MAX_DMA, Constraint, common_constraints
-from .match import Match, Reader, Root
+from .match import Match, NotAMatch, Operand, Reader, Root, shape_of
 from .scales import int32_bias, requant
 from .spec import ACTS, Kind, act, dq, q, variant_name
 from .weights import weight_constraints
 
 
-def _pattern(bias: bool, act_name: str | None) -> DFPattern:
+def _pattern(bias: bool, act_name: str | None, flat: bool = False) -> DFPattern:
     w = dq(is_const())
-    mm = is_op("relax.matmul")(dq(), w | is_op("relax.permute_dims")(w))
+    x = dq(is_op("relax.reshape")(wildcard(), wildcard())) if flat else dq()
+    mm = is_op("relax.matmul")(x, w | is_op("relax.permute_dims")(w))
     if bias:
         mm = is_op("relax.add")(mm, dq(is_const()))
     return q(act(mm, act_name))
 
 
-def _variants() -> list[tuple[str, DFPattern]]:
-    return [(variant_name(bias, a), _pattern(bias, a)) for bias in (True, False) for a in ACTS]
+def _variants(flat: bool = False) -> list[tuple[str, DFPattern]]:
+    return [(variant_name(bias, a), _pattern(bias, a, flat)) for bias in (True, False)
+            for a in ACTS]
 
 
-def _read(r: Reader, root: Root) -> Match:
+def _flat_input(r: Reader, dq_expr) -> Operand:
+    """A flatten ``reshape(x)`` of an (N, C, 1, 1) image to (N, C), read as ``x`` itself: its
+    channel-blocked bytes are the rows of (N, C) (a view, no copy)."""
+    dq_call = r.need(dq_expr, "relax.dequantize")
+    rs = r.need(dq_call.args[0], "relax.reshape")
+    src, flat = shape_of(rs.args[0]), shape_of(rs)
+    if len(src) != 4 or src[2:] != (1, 1) or flat != src[:2]:
+        raise NotAMatch(f"reshape {src} -> {flat} before a dense is not a flatten of 1x1 "
+                        f"pixels (only those are a view of the same bytes)")
+    return Operand(rs.args[0], r.qparams(dq_call), flat)
+
+
+def _read(r: Reader, root: Root, flat: bool = False) -> Match:
     fused, body = r.activation(root.body)
     bias, body = r.bias_add(body)
     op = r.need(body, "relax.matmul")
     perm = r.call(op.args[1], "relax.permute_dims")
     w = r.operand(perm.args[0] if perm is not None else op.args[1])
-    return root.match("dense", op, [r.operand(op.args[0])], weight=w,
+    x = _flat_input(r, op.args[0]) if flat else r.operand(op.args[0])
+    return root.match("dense_flat" if flat else "dense", op, [x], weight=w,
                       weight_transposed=perm is not None, bias=bias, act=fused)
 
 
@@ -87,15 +102,19 @@ def _to_layer(m: Match, name: str, inputs: list[QTensor], output: QTensor) -> La
                  requant(rescale_factors(m), m))
 
 
-KINDS = (Kind(
-    "dense", 800, _variants, _read,
-    common_constraints(rescale_factors) + weight_constraints(
-        channel_axis=lambda m: 0 if m.weight_transposed else 1,
-        channels=lambda m: m.out_shape[-1],
-        rows=lambda m, w: w if m.weight_transposed else w.T) + [
-        Constraint("shapes", "2-D weight; ceil(K/block_in), ceil(N/block_out) within the DMA "
-                   "fields", _shapes),
-        MATMUL_DTYPE,
-    ],
-    _to_layer, "Gemm, MatMul with constant B (+ Relu/Clip)",
-    "relax.matmul"),)
+_CONSTRAINTS = common_constraints(rescale_factors) + weight_constraints(
+    channel_axis=lambda m: 0 if m.weight_transposed else 1,
+    channels=lambda m: m.out_shape[-1],
+    rows=lambda m, w: w if m.weight_transposed else w.T) + [
+    Constraint("shapes", "2-D weight; ceil(K/block_in), ceil(N/block_out) within the DMA "
+               "fields", _shapes),
+    MATMUL_DTYPE,
+]
+
+KINDS = (
+    Kind("dense_flat", 801, lambda: _variants(flat=True), lambda r, root: _read(r, root, True),
+         _CONSTRAINTS, _to_layer, "Flatten (of 1x1 pixels) + Gemm, MatMul with constant B",
+         "relax.matmul"),
+    Kind("dense", 800, _variants, _read, _CONSTRAINTS, _to_layer,
+         "Gemm, MatMul with constant B (+ Relu/Clip)", "relax.matmul"),
+)

@@ -171,3 +171,51 @@ def test_convnext_block_quantized_by_us_matches_fp32(tmp_path):
     want = ort.InferenceSession(str(path)).run(None, {"x": calib[0]})[0]
     cos = float((got * want).sum() / np.linalg.norm(got) / np.linalg.norm(want))
     assert cos > 0.99, cos
+
+
+def _head_net(tmp_path, pool: bool, seed: int, c: int, n: int):
+    """Conv -> [GlobalAveragePool] -> Flatten -> Gemm (a classifier head), QDQ by ORT."""
+    rng = np.random.default_rng(seed)
+    nodes = [qm.node("Conv", ["x", "W"], ["c"], pads=[1, 1, 1, 1]),
+             qm.node("Relu", ["c"], ["r"])]
+    feat = "r"
+    if pool:
+        nodes.append(qm.node("GlobalAveragePool", ["r"], ["p"]))
+        feat = "p"
+    nodes += [qm.node("Flatten", [feat], ["f"]), qm.node("Gemm", ["f", "G", "B"], ["y"], transB=1)]
+    k = c if pool else c * 2 * 2
+    model = qm.make_model(nodes, {"W": qm.rand(rng, c, 3, 3, 3), "G": qm.rand(rng, n, k),
+                                  "B": qm.rand(rng, n)}, {"x": (1, 3, 2, 2)}, {"y": None})
+    return qm.quantize(model, tmp_path, seed=seed, name=f"head_{pool}_{seed}")
+
+
+@settings(max_examples=4, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(seed=st.integers(0, 2**16), c=st.sampled_from([5, 16, 40]), n=st.integers(1, 20))
+def test_flatten_of_pooled_pixels_stays_in_the_region(tmp_path, seed, c, n):
+    """(N, C, 1, 1) -> (N, C) is a view (same blocked bytes): pool and head in one region,
+    bit-exact against llvm."""
+    mod = from_onnx(onnx.load(_head_net(tmp_path, True, seed, c, n)), keep_params_in_input=False)
+    x = np.random.default_rng(seed).standard_normal((1, 3, 2, 2)).astype(np.float32)
+    want = _run(tvm.compile(mod, target=tvm.target.Target(FAST_LLVM)), x)
+    take_launches()
+    ex = dsa_tvm.compile(mod, _always_offload("default"))
+    rep = dsa_tvm.last_compile_report()
+    assert [d.target for d in rep.regions] == ["dsa"], str(rep)
+    kinds = [type(ly).__name__ for ly in rep.regions[0].region.layers]
+    assert kinds == ["Conv2d", "GlobalAvgPool", "Dense"], kinds
+    assert not [c.op for c in rep.partition.cpu_ops if c.op == "relax.reshape"], str(rep)
+    np.testing.assert_array_equal(_run(ex, x), want)
+    assert take_launches()
+
+
+def test_flatten_of_an_image_is_not_a_view(tmp_path):
+    """(N, C, 2, 2) -> (N, 4C) reorders bytes: the reshape stays on the CPU (between two
+    regions), the answer stays llvm's."""
+    mod = from_onnx(onnx.load(_head_net(tmp_path, False, 0, 8, 6)), keep_params_in_input=False)
+    x = np.random.default_rng(1).standard_normal((1, 3, 2, 2)).astype(np.float32)
+    want = _run(tvm.compile(mod, target=tvm.target.Target(FAST_LLVM)), x)
+    ex = dsa_tvm.compile(mod, _always_offload("default"))
+    rep = dsa_tvm.last_compile_report()
+    assert [d.target for d in rep.regions] == ["dsa", "dsa"], str(rep)
+    assert [c.op for c in rep.partition.cpu_ops if c.op == "relax.reshape"], str(rep)
+    np.testing.assert_array_equal(_run(ex, x), want)
