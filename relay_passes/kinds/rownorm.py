@@ -25,6 +25,7 @@ from dsa_tvm.layers import intnorm as inn
 from dsa_tvm.layers.ir import Layer, LayerNorm, QTensor, RMSNorm, Softmax
 
 from .common import Constraint, common_constraints
+from .dense import as_rows
 from .match import Match, NotAMatch, Reader, Root, const_value
 from .spec import Kind, dq, q
 
@@ -223,7 +224,9 @@ _TYPES = {"softmax": Softmax, "layer_norm": LayerNorm, "rms_norm": RMSNorm}
 
 
 def _to_layer(m: Match, name: str, inputs: list[QTensor], output: QTensor) -> Layer:
-    return _TYPES[m.kind](name, inputs[0], output, _params(m))
+    """The layer over rows of the last axis (a 4-D tensor, an NCHW image on the DSA, as
+    the (rows, n) matrix: the same elements in the channels-last layout)."""
+    return _TYPES[m.kind](name, as_rows(inputs[0]), as_rows(output), _params(m))
 
 
 def _constraints() -> list[Constraint]:
