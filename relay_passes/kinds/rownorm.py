@@ -4,7 +4,8 @@
 * layer_norm ``quantize(layer_norm(dq(x), gamma, beta))`` (TVM's ONNX importer for
   LayerNormalization) or decomposed as GPT-2 / BERT exports give it:
   ``d = x - mean(x)``, ``d / sqrt(mean(d**2) + eps)`` (or ``d * rsqrt(...)``), ``* gamma + beta``;
-* rms_norm (Llama): ``x / sqrt(mean(x**2) + eps)`` (or ``x * rsqrt(...)``), ``* weight``.
+* rms_norm (Llama): ``x / sqrt(mean(x**2) + eps)`` (or ``x * rsqrt(...)``, or
+  ``x * (1 / sqrt(...))`` as ``torch.rsqrt`` exports), ``* weight``.
 
 Gamma, beta and the weight are float constants (or dequantized ones); their folding
 into integers is :func:`dsa_tvm.layers.intnorm.norm_params` (and ``softmax_params``),
@@ -54,7 +55,8 @@ def _normalized(x: Callable[[], DFPattern]) -> DFPattern:
     den = _op("relax.add", _op("relax.mean", _square(x)), is_const())
     x = x()
     return (_op("relax.divide", x, _op("relax.sqrt", den))
-            | _op("relax.multiply", x, _op("relax.rsqrt", den)))
+            | _op("relax.multiply", x, _op("relax.rsqrt", den))
+            | _op("relax.multiply", x, _op("relax.divide", is_const(), _op("relax.sqrt", den))))
 
 
 def _scaled(body: DFPattern) -> DFPattern:
@@ -87,9 +89,15 @@ def _norm_match(root: Root, kind: str, op: relax.Call, x, **kw) -> NormMatch:
 def _read_normalized(r: Reader, body: relax.Expr) -> tuple[relax.Call, relax.Expr, float]:
     """(the divide/multiply, its numerator, eps) of ``x / sqrt(mean(x**2) + eps)``."""
     top = r.need(body, "relax.divide", "relax.multiply")
-    root = r.need(top.args[1], "relax.sqrt", "relax.rsqrt")
-    if (top.op.name == "relax.divide") != (root.op.name == "relax.sqrt"):
-        raise NotAMatch("x / sqrt or x * rsqrt expected")
+    recip = r.call(top.args[1], "relax.divide") if top.op.name == "relax.multiply" else None
+    if recip is not None:  # x * (1 / sqrt(...)): torch.rsqrt as exported
+        if _scalar(r, recip.args[0]) != 1.0:
+            raise NotAMatch("x * (c / sqrt(...)) with c other than 1")
+        root = r.need(recip.args[1], "relax.sqrt")
+    else:
+        root = r.need(top.args[1], "relax.sqrt", "relax.rsqrt")
+        if (top.op.name == "relax.divide") != (root.op.name == "relax.sqrt"):
+            raise NotAMatch("x / sqrt or x * rsqrt expected")
     add = r.need(root.args[0], "relax.add")
     mean = r.need(add.args[0], "relax.mean")
     sq = r.need(mean.args[0], "relax.power", "relax.multiply")

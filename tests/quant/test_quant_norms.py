@@ -102,6 +102,23 @@ def test_quantize_norms_puts_int8_around_each_row_op():
     assert not any(f"dsa.{k}" in reasons for k in ("softmax", "layer_norm", "rms_norm")), reasons
 
 
+def test_rsqrt_form_of_rmsnorm_is_one_chain():
+    """Llama's ``x * torch.rsqrt(mean(x**2) + eps) * w`` exports as Mul(x, Div(1, Sqrt)):
+    int8 in and out, its interior float, like the Div form."""
+    net = _net()
+    nodes = list(net.graph.node)
+    k = next(i for i, nd in enumerate(nodes) if nd.name == "rms.div")
+    nodes[k:k + 1] = [qm.node("Div", ["one", "rt"], ["inv"], name="rms.inv"),
+                      qm.node("Mul", ["h1", "inv"], ["nd"], name="rms.scale")]
+    del net.graph.node[:]
+    net.graph.node.extend(nodes)
+    net.graph.initializer.append(onnx.numpy_helper.from_array(np.array(1.0, np.float32), "one"))
+    q = quantize_onnx(net, _feeds(), show_progress=False, quantize_norms=True)
+    readers, outs = _consumers_of_dq(q.model), _quantized_outputs(q.model)
+    assert {"rms.pow", "rms.scale"} <= readers and "rms" in outs
+    assert not {"p", "ms", "me", "rt", "inv", "nd"} & outs
+
+
 def test_softmax_output_is_quantized_to_steps_of_one_256th():
     """Whatever the calibration saw (rows far from one-hot here), probabilities get the
     fixed grid 1/256 with zero point -128: 0 .. 255/256."""
