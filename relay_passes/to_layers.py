@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import dataclasses
 
+import numpy as np
 from tvm import relax
 
 from dsa_tvm.layers.ir import (
@@ -135,6 +136,15 @@ def _height1_views(layers: list[Layer]) -> list[Layer]:
 _NORMS = (Softmax, LayerNorm, RMSNorm)
 
 
+def _per_tensor(rq):
+    """The requant with one multiplier and shift when all its channels share them (a
+    rows view changes which axis is the channel axis), else None."""
+    m, s = np.asarray(rq.multiplier).reshape(-1), np.asarray(rq.shift).reshape(-1)
+    if np.all(m == m[0]) and np.all(s == s[0]):
+        return dataclasses.replace(rq, multiplier=m[:1].copy(), shift=s[:1].copy())
+    return None
+
+
 def _norm_views(layers: list[Layer]) -> list[Layer]:
     """A row norm reads its tensors as rows of the last axis, which every non-image view
     keeps ((B, T, D), (B*H, T, T), (rows, D) are the same bytes): it takes the view the
@@ -176,6 +186,11 @@ def _row_views(layers: list[Layer], region: str) -> list[Layer]:
                 continue
             ts = layer_inputs(ly) + [ly.output]
             if any(len(t.shape) == 4 for t in ts) and {t.name for t in ts} & rows:
+                if isinstance(ly, Rescale):
+                    rq = _per_tensor(ly.requant)
+                    if rq is None:  # per-channel over NCHW channels: no rows view of it
+                        continue
+                    ly = dataclasses.replace(ly, requant=rq)
                 if isinstance(ly, Add):
                     out[i] = dataclasses.replace(ly, a=as_rows(ly.a), b=as_rows(ly.b),
                                                  output=as_rows(ly.output))

@@ -19,7 +19,7 @@ from dataclasses import dataclass
 
 import numpy as np
 from tvm import relax
-from tvm.relax.dpl import DFPattern, is_const, is_op, wildcard
+from tvm.relax.dpl import DFPattern, is_const, is_op
 
 from dsa_tvm.hw.config import HardwareConfig
 from dsa_tvm.layers import intnorm as inn
@@ -59,8 +59,14 @@ def _normalized(x: Callable[[], DFPattern]) -> DFPattern:
             | _op("relax.multiply", x, _op("relax.divide", is_const(), _op("relax.sqrt", den))))
 
 
+def _param() -> DFPattern:
+    """gamma, beta, the weight: a float constant or a dequantized one, inside the composite
+    (so the region function carries it, not a parameter the host would pass)."""
+    return is_const() | dq(is_const())
+
+
 def _scaled(body: DFPattern) -> DFPattern:
-    w = wildcard()
+    w = _param()
     return _op("relax.multiply", body, w) | _op("relax.multiply", w, body)
 
 
@@ -195,8 +201,8 @@ def _softmax_variants() -> list[tuple[str, DFPattern]]:
 
 def _layer_norm_variants() -> list[tuple[str, DFPattern]]:
     d = _op("relax.subtract", dq(), _op("relax.mean", dq()))
-    return [("fused", q(_op("relax.nn.layer_norm", dq(), wildcard(), wildcard()))),
-            ("decomposed", q(_op("relax.add", _scaled(_normalized(lambda: d)), wildcard())))]
+    return [("fused", q(_op("relax.nn.layer_norm", dq(), _param(), _param()))),
+            ("decomposed", q(_op("relax.add", _scaled(_normalized(lambda: d)), _param())))]
 
 
 def _rms_norm_variants() -> list[tuple[str, DFPattern]]:
