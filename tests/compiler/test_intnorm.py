@@ -221,6 +221,6 @@ def test_room_reference_cost_and_refusal():
         assert norm_cycles(two, ly) == 5 * per_row  # 10 rows over 2 units
 
 
-def test_norm_fields_keep_fingerprints_at_their_defaults():
+def test_norm_units_change_the_fingerprint():
     cfg = load_config("default").replace(norm_units=0)
     assert cfg.replace(norm_units=1).fingerprint != cfg.fingerprint
