@@ -10,9 +10,23 @@ from __future__ import annotations
 
 import dataclasses
 
+import numpy as np
 from tvm import relax
 
-from dsa_tvm.layers.ir import Add, Conv2d, Dense, Layer, QTensor, Region, Rescale, Table, layer_inputs
+from dsa_tvm.layers.ir import (
+    Add,
+    Conv2d,
+    Dense,
+    Layer,
+    LayerNorm,
+    QTensor,
+    Region,
+    Rescale,
+    RMSNorm,
+    Softmax,
+    Table,
+    layer_inputs,
+)
 from dsa_tvm.layers.layouts import same_bytes
 
 from .kinds import describe, layer_from_match
@@ -122,13 +136,49 @@ def _height1_views(layers: list[Layer]) -> list[Layer]:
     return out
 
 
+_NORMS = (Softmax, LayerNorm, RMSNorm)
+
+
+def _per_tensor(rq):
+    """The requant with one multiplier and shift when all its channels share them (a
+    rows view changes which axis is the channel axis), else None."""
+    m, s = np.asarray(rq.multiplier).reshape(-1), np.asarray(rq.shift).reshape(-1)
+    if np.all(m == m[0]) and np.all(s == s[0]):
+        return dataclasses.replace(rq, multiplier=m[:1].copy(), shift=s[:1].copy())
+    return None
+
+
+def _norm_views(layers: list[Layer]) -> list[Layer]:
+    """A row norm reads its tensors as rows of the last axis, which every non-image view
+    keeps ((B, T, D), (B*H, T, T), (rows, D) are the same bytes): it takes the view the
+    region's other layers give a tensor (a batch matmul's (B*H, T, T), a dense layer's
+    (1, T, D)), so that one DRAM layout serves both."""
+    views: dict[str, QTensor] = {}
+    for ly in layers:
+        if not isinstance(ly, _NORMS):
+            for t in layer_inputs(ly) + [ly.output]:
+                if len(t.shape) != 4:
+                    views.setdefault(t.name, t)
+    out = []
+    for ly in layers:
+        if isinstance(ly, _NORMS):
+            def pick(t: QTensor) -> QTensor:
+                v = views.get(t.name)
+                if v is None or v.shape[-1] != t.shape[-1]:
+                    return t
+                return dataclasses.replace(t, shape=tuple(v.shape))
+            ly = dataclasses.replace(ly, input=pick(ly.input), output=pick(ly.output))
+        out.append(ly)
+    return out
+
+
 def _row_views(layers: list[Layer], region: str) -> list[Layer]:
     """Give every tensor of the region one view: element-wise layers (Add, Rescale) that
     touch a 4-D tensor a dense layer reads as rows read all their tensors as rows too
     (same element order, so the same result). A 4-D tensor that a conv, pool or
     per-channel add needs as an NCHW image and a dense layer as rows cannot be laid
     out for both: the region stays on the CPU, saying so."""
-    rows = {t.name for ly in layers if isinstance(ly, Dense)
+    rows = {t.name for ly in layers if isinstance(ly, (Dense, *_NORMS))
             for t in (ly.input, ly.output) if len(t.shape) == 2}
     out = list(layers)
     changed = True
@@ -139,6 +189,11 @@ def _row_views(layers: list[Layer], region: str) -> list[Layer]:
                 continue
             ts = layer_inputs(ly) + [ly.output]
             if any(len(t.shape) == 4 for t in ts) and {t.name for t in ts} & rows:
+                if isinstance(ly, Rescale):
+                    rq = _per_tensor(ly.requant)
+                    if rq is None:  # per-channel over NCHW channels: no rows view of it
+                        continue
+                    ly = dataclasses.replace(ly, requant=rq)
                 if isinstance(ly, Add):
                     out[i] = dataclasses.replace(ly, a=as_rows(ly.a), b=as_rows(ly.b),
                                                  output=as_rows(ly.output))
@@ -147,6 +202,7 @@ def _row_views(layers: list[Layer], region: str) -> list[Layer]:
                                                  output=as_rows(ly.output))
                 rows |= {t.name for t in ts}
                 changed = True
+    out = _norm_views(out)
     seen: dict[str, tuple[tuple[int, ...], str]] = {}
     for ly in out:
         for t in layer_inputs(ly) + [ly.output]:

@@ -26,6 +26,8 @@ from .instructions import (
     GemmLoop,
     Instruction,
     Load,
+    Norm,
+    NormOp,
     Store,
     Sync,
 )
@@ -113,6 +115,13 @@ class ProgramBuilder:
         REQUANT takes its zero point in ``imm`` with ``use_imm`` off."""
         return self.emit(Alu(op, dst_base, a_base, b_base, tuple(AluLoop(*lp) for lp in loops),
                              use_imm, imm, deps(**dep)))
+
+    def norm(self, op: NormOp, dst_base: int, src_base: int, param_base: int, rows: int,
+             length: int, in_zp: int = 0, **dep) -> int:
+        """``rows`` rows of ``length`` codes through the [norm] units (``dst_base =
+        src_base``: in place); parameters from row ``param_base`` (``isa.norm_unit``)."""
+        return self.emit(Norm(op, dst_base, src_base, param_base, rows, length, in_zp,
+                              deps(**dep)))
 
     def sync(self, engine: Engine, **dep) -> int:
         return self.emit(Sync(engine, deps(**dep)))

@@ -5,7 +5,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 from .encoding import encode_instruction
-from .instructions import Alu, AluOp, Deps, Finish, Gemm, Instruction, Load, Store, Sync
+from .instructions import Alu, AluOp, Deps, Finish, Gemm, Instruction, Load, Norm, Store, Sync
 from .semantics import split_clip_imm, split_requant_imm
 
 if TYPE_CHECKING:
@@ -64,6 +64,10 @@ def disassemble_one(ins: Instruction) -> str:
             src = f"acc[{ins.a_base}], acc[{ins.b_base}]"
         text = (f"ALU    {ins.op.name:<7} acc[{ins.dst_base}] <- {src}  loops "
                 f"{_loops(ins.loops, ('dst', 'a', 'b'))}")
+    elif isinstance(ins, Norm):
+        text = (f"NORM   {ins.op.name:<9} acc[{ins.dst_base}] <- acc[{ins.src_base}] "
+                f"{ins.rows} rows x {ins.length}, in_zp {ins.in_zp}, "
+                f"params acc[{ins.param_base}...]")
     elif isinstance(ins, Sync):
         text = f"SYNC   {ins.on.name.lower()}"
     elif isinstance(ins, Finish):

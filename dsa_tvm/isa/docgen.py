@@ -12,7 +12,7 @@ from pathlib import Path
 from ..hw.config import HardwareConfig, load_config, preset_names
 from ..hw.schema import FIELDS
 from .formats import FORMATS
-from .instructions import AluOp, Buffer, Opcode
+from .instructions import AluOp, Buffer, NormOp, Opcode
 
 _INTRO = """# DSA instruction set reference
 
@@ -55,6 +55,20 @@ Semantics (see `dsa_tvm/isa/instructions.py` and `dsa_tvm/isa/semantics.py`):
   instruction); only parts whose description has `[table] table_unit = 1` have it.
   The compiler fills the table with the exact result of a dequantize -> elementwise
   -> quantize chain on each of the 256 input codes (sigmoid, SiLU, GELU, ...).
+- **NORM** runs the `[norm]` units (only parts with `[norm] norm_units >= 1` have
+  them): `rows` rows of `length` int8 codes (int32 lanes, clamped to int8; a row
+  spans `ceil(length / block_out)` accumulator rows from `src_base`, the last one
+  padded) become their integer softmax, LayerNorm or RMSNorm (`dsa_tvm/isa/intnorm.py`:
+  I-BERT i-exp, table + Newton reciprocal and inverse square root), written in the
+  same layout from `dst_base` (equal to `src_base`: in place; otherwise disjoint),
+  lanes past `length` zero. The integer parameters are a block of int32 words from
+  row `param_base` on, packed `block_out` to a row (an ACC LOAD of a constant region
+  fills it; layout in `dsa_tvm/isa/norm_unit.py`): 8 header words (softmax: in_mult,
+  in_shift, out_mult, out_shift, out_zp; norms: eps_term low and high word, frac,
+  out_zp), then for the norms `ceil(length / block_out)` rows each of gamma (int32),
+  beta's low and beta's high words (int64). Cost: `ceil(rows / norm_units)` x
+  (passes x `ceil(length / norm_elements_per_cycle)` + `norm_row_latency_cycles`),
+  3 passes for softmax, 2 for the norms.
 - **SYNC** does nothing but pop/push tokens on its engine; **FINISH** ends the program.
 
 Dependency tokens: `pop_prev`/`pop_next` wait for and take a token from the
@@ -76,6 +90,9 @@ def isa_markdown(configs: list[HardwareConfig]) -> str:
     lines += ["### ALU operations", "", "| value | name | meaning |", "|---|---|---|"]
     doc = {op: line.split("#", 1)[1].strip() for op, line in _alu_docs().items()}
     lines += [f"| {int(op)} | {op.name} | {doc.get(op, '')} |" for op in AluOp] + [""]
+    lines += ["### NORM operations", "", "| value | name | meaning |", "|---|---|---|"]
+    ndoc = {op: line.split("#", 1)[1].strip() for op, line in _alu_docs(NormOp).items()}
+    lines += [f"| {int(op)} | {op.name} | {ndoc.get(op, '')} |" for op in NormOp] + [""]
     for fmt in FORMATS.values():
         lines += [f"## {fmt.opcode.name}: {fmt.doc}", ""]
         head = "| field | width rule | " + " | ".join(f"{c.name} bits @ offset" for c in configs)
@@ -91,14 +108,14 @@ def isa_markdown(configs: list[HardwareConfig]) -> str:
     return "\n".join(lines) + "\n"
 
 
-def _alu_docs() -> dict[AluOp, str]:
-    """The comment beside each AluOp member, with its continuation lines (comment-only
-    lines that follow it), read from the source."""
+def _alu_docs(enum_cls=AluOp) -> dict:
+    """The comment beside each AluOp (or NormOp) member, with its continuation lines
+    (comment-only lines that follow it), read from the source."""
     import inspect
 
-    src = inspect.getsource(AluOp).splitlines()
+    src = inspect.getsource(enum_cls).splitlines()
     out = {}
-    for op in AluOp:
+    for op in enum_cls:
         for j, line in enumerate(src):
             if line.strip().startswith(f"{op.name} =") and "#" in line:
                 parts = [line.split("#", 1)[1].strip()]

@@ -28,6 +28,8 @@ from .instructions import (
     GemmLoop,
     Instruction,
     Load,
+    Norm,
+    NormOp,
     Opcode,
     Store,
     Sync,
@@ -72,7 +74,7 @@ def _field_getter(name: str):
         attr = {"ext": "extent", "acc_stride": "acc", "inp_stride": "inp", "wgt_stride": "wgt",
                 "dst_stride": "dst", "a_stride": "a", "b_stride": "b"}[attr]
         return lambda ins: getattr(ins.loops[k], attr)
-    attr = {"alu_op": "op", "engine": "on"}.get(name, name)
+    attr = {"alu_op": "op", "norm_op": "op", "engine": "on"}.get(name, name)
     return lambda ins: int(getattr(ins, attr))
 
 
@@ -129,6 +131,10 @@ def from_fields(f: dict[str, int], index: int = 0) -> Instruction:
                    use_imm=bool(f["use_imm"]), imm=f["imm"], deps=deps)
     if op == Opcode.SYNC:
         return Sync(on=_enum(index, Engine, f["engine"], "engine"), deps=deps)
+    if op == Opcode.NORM:
+        return Norm(op=_enum(index, NormOp, f["norm_op"], "norm_op"), dst_base=f["dst_base"],
+                    src_base=f["src_base"], param_base=f["param_base"], rows=f["rows"],
+                    length=f["length"], in_zp=f["in_zp"], deps=deps)
     return Finish(deps=deps)
 
 
@@ -156,7 +162,7 @@ def encode_instruction(ins: Instruction, cfg: "HardwareConfig", index: int = 0,
                        checked: bool = False) -> int:
     """One instruction as an integer of ``cfg.instruction_bits`` bits (``checked``: the
     fields are known to fit, skip the range checks)."""
-    if not isinstance(ins, (Load, Store, Gemm, Alu, Sync, Finish)):
+    if not isinstance(ins, (Load, Store, Gemm, Alu, Sync, Finish, Norm)):
         raise EncodeError(index, f"not an instruction: {ins!r}")
     word = 0
     for name, get, off, mask, lo, hi, width, signed in _packer(ins.opcode, cfg):

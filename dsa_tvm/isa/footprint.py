@@ -9,7 +9,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-from .instructions import Alu, Buffer, Gemm, Instruction, Load, Store, b_rows
+from .instructions import Alu, Buffer, Gemm, Instruction, Load, Norm, Store, b_rows
+from .norm_unit import param_rows, row_span
 
 if TYPE_CHECKING:
     from ..hw.config import HardwareConfig
@@ -73,6 +74,13 @@ def footprint(ins: Instruction, cfg: "HardwareConfig | None" = None,
             reads = (("acc", ins.a_base, a),
                      ("acc", ins.b_base, b + b_rows(ins.op, lanes) - 1))
         return Footprint(reads=reads, writes=(("acc", ins.dst_base, dst),))
+    if isinstance(ins, Norm):
+        lanes = cfg.block_out if cfg is not None else block_out
+        n = ins.rows * row_span(max(ins.length, 1), lanes)
+        reads = (("acc", ins.src_base, ins.src_base + n - 1),
+                 ("acc", ins.param_base,
+                  ins.param_base + param_rows(ins.op, max(ins.length, 1), lanes) - 1))
+        return Footprint(reads=reads, writes=(("acc", ins.dst_base, ins.dst_base + n - 1),))
     return Footprint()
 
 

@@ -13,7 +13,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from ..hw.config import add_rule
-from .instructions import ALU_LEVELS, GEMM_LEVELS, AluOp, Opcode
+from .instructions import ALU_LEVELS, GEMM_LEVELS, AluOp, NormOp, Opcode
 
 if TYPE_CHECKING:
     from ..hw.config import HardwareConfig
@@ -85,7 +85,7 @@ class Format:
 
 
 HEADER: tuple[FieldDef, ...] = (
-    FieldDef("opcode", _fixed(3), "LOAD=0 STORE=1 GEMM=2 ALU=3 SYNC=4 FINISH=5", width_rule="3"),
+    FieldDef("opcode", _fixed(3), "LOAD=0 STORE=1 GEMM=2 ALU=3 SYNC=4 FINISH=5 NORM=6", width_rule="3"),
     FieldDef("pop_prev", _fixed(1), "wait for a token from the previous engine", width_rule="1"),
     FieldDef("pop_next", _fixed(1), "wait for a token from the next engine", width_rule="1"),
     FieldDef("push_prev", _fixed(1), "send a token to the previous engine when done",
@@ -171,9 +171,25 @@ SYNC_FORMAT = Format(Opcode.SYNC, (
     FieldDef("engine", _fixed(2), "LOAD=0 COMPUTE=1 STORE=2", width_rule="2"),),
     "no work; carries dependency tokens on the named engine")
 FINISH_FORMAT = Format(Opcode.FINISH, (), "end of program (compute engine)")
+#: bits of NORM's row length (rows of 1..intnorm.MAX_ROW = 2**16 codes)
+NORM_LENGTH_BITS = 17
+NORM_FORMAT = Format(Opcode.NORM, (
+    FieldDef("norm_op", _fixed(2), " ".join(f"{op.name}={int(op)}" for op in NormOp),
+             width_rule="2"),
+    FieldDef("dst_base", _acc, "first destination row (= src_base: in place)",
+             width_rule="acc address bits"),
+    FieldDef("src_base", _acc, "first source row", width_rule="acc address bits"),
+    FieldDef("param_base", _acc, "first row of the parameter block (isa.norm_unit)",
+             width_rule="acc address bits"),
+    FieldDef("rows", _fixed(EXTENT_BITS), "rows to normalize", width_rule=str(EXTENT_BITS)),
+    FieldDef("length", _fixed(NORM_LENGTH_BITS), "codes per row (n); a row spans "
+             "ceil(n / block_out) accumulator rows", width_rule=str(NORM_LENGTH_BITS)),
+    FieldDef("in_zp", _fixed(8), "input zero point (int8; the norms subtract it, softmax "
+             "ignores it)", signed=True, width_rule="8"),
+), "softmax / LayerNorm / RMSNorm of accumulator rows on the [norm] units (compute engine)")
 
 FORMATS: dict[Opcode, Format] = {f.opcode: f for f in (
-    LOAD_FORMAT, STORE_FORMAT, GEMM_FORMAT, ALU_FORMAT, SYNC_FORMAT, FINISH_FORMAT)}
+    LOAD_FORMAT, STORE_FORMAT, GEMM_FORMAT, ALU_FORMAT, SYNC_FORMAT, FINISH_FORMAT, NORM_FORMAT)}
 
 
 def check_formats_fit(cfg: "HardwareConfig") -> str | None:

@@ -9,6 +9,8 @@ Six kinds, VTA-style decoupled access/execute:
 * ``ALU``   a 3-level loop nest of vector operations on accumulator rows (compute).
 * ``SYNC``  no work; carries dependency tokens on a chosen engine.
 * ``FINISH`` marks the end of the program (compute engine).
+* ``NORM``  softmax / LayerNorm / RMSNorm of rows held in the accumulator, on the
+  ``[norm]`` units (compute engine).
 
 Every instruction carries four dependency-token flags. Tokens flow through four
 FIFOs between neighbouring engines: load->compute, compute->load,
@@ -31,6 +33,7 @@ class Opcode(enum.IntEnum):
     ALU = 3
     SYNC = 4
     FINISH = 5
+    NORM = 6
 
 
 class Buffer(enum.IntEnum):
@@ -77,6 +80,19 @@ class AluOp(enum.IntEnum):
     #              block_out, lane i % block_out; 256 / block_out rows, ACC8-loaded int8
     #              codes). Tensor form only; every b stride 0 (one table per instruction).
     #              Needs the table unit (`[table] table_unit`).
+
+
+class NormOp(enum.IntEnum):
+    """Row operations of the ``[norm]`` units (``NORM``); integer semantics:
+    ``isa.intnorm``, parameter block layout: ``isa.norm_unit``.
+
+    The comment beside each member is its definition in the ISA reference."""
+
+    SOFTMAX = 0    # dst = int_softmax(clamp(src, -128, 127)) per row (I-BERT i-exp, table +
+    #                Newton reciprocal); parameters: in_mult, in_shift, out_mult, out_shift, out_zp
+    LAYERNORM = 1  # dst = int_norm(clamp(src, -128, 127) - in_zp), centred; parameters: eps_term
+    #                (int64), frac, out_zp, per-channel gamma (int32) and beta (int64)
+    RMSNORM = 2    # as LAYERNORM, not centred (root mean square; sqrt(n) folded in gamma)
 
 
 #: Consecutive parameter rows the tensor form of an ALU op reads from row b on
@@ -284,4 +300,24 @@ class Finish:
     engine = Engine.COMPUTE
 
 
-Instruction = Load | Store | Gemm | Alu | Sync | Finish
+@dataclass(frozen=True)
+class Norm:
+    """``rows`` rows of ``length`` int8 codes (int32 lanes, each row spanning
+    ``ceil(length / block_out)`` accumulator rows from ``src_base`` on, the last one
+    padded) through the ``[norm]`` units' ``op``; results (int8 codes, lanes past
+    ``length`` zero) to the same layout from ``dst_base`` (``dst_base = src_base``: in
+    place). The integer parameters are the block at ``param_base`` (``isa.norm_unit``)."""
+
+    op: NormOp
+    dst_base: int
+    src_base: int
+    param_base: int
+    rows: int
+    length: int
+    in_zp: int = 0
+    deps: Deps = NO_DEPS
+    opcode = Opcode.NORM
+    engine = Engine.COMPUTE
+
+
+Instruction = Load | Store | Gemm | Alu | Sync | Finish | Norm

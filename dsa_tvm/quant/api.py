@@ -224,6 +224,12 @@ def _split_outliers(fp32: onnx.ModelProto, feeds, show_progress: bool
     return (with_shapes(fp32), side) if side else (fp32, [])
 
 
+#: a softmax's int8 output (``quantize_norms``): probabilities 0..255/256 in steps of 1/256,
+#: whatever the calibration saw (the [norm] units' natural grid; a calibrated max below 1
+#: would clip a sharper row at run time)
+SOFTMAX_OUT = ActQuant(1 / 256, -128)
+
+
 def _build(fp32: onnx.ModelProto, opts: QuantOptions, ranges: dict[str, tuple[float, float]],
            folded: list[str], means: dict[str, np.ndarray], side: list[str]) -> QuantizedModel:
     g = Graph(fp32)
@@ -234,11 +240,14 @@ def _build(fp32: onnx.ModelProto, opts: QuantOptions, ranges: dict[str, tuple[fl
     means = means if opts.bias_correction else None
     floors = bias_scale_floors(fp32, plan, opts.per_channel, means)
     qparams: dict[str, ActQuant] = {}
+    softmax_out = {n.output[0] for n in fp32.graph.node if n.op_type == "Softmax"}
     for root, members in plan.group_members().items():
         lo = min(ranges[t][0] for t in members if t in ranges)
         hi = max(ranges[t][1] for t in members if t in ranges)
         floor = max((floors.get(t, 0.0) for t in members), default=0.0)
         qparams[root] = activation_qparams(lo, hi, opts.symmetric_activations, floor)
+        if opts.quantize_norms and softmax_out.intersection(members):
+            qparams[root] = SOFTMAX_OUT
     qmodel = insert_qdq(fp32, plan, qparams, opts.per_channel, means)
     return QuantizedModel(qmodel, fp32, opts, plan, dict(ranges), qparams, list(folded),
                           input_means=means or {}, side_path=list(side))

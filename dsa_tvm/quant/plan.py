@@ -392,7 +392,9 @@ def _last_axis(g: Graph, n: onnx.NodeProto, default: int) -> bool:
 def norm_chain(g: Graph, n: onnx.NodeProto) -> tuple[str, list[str]] | None:
     """(input tensor, interior node names) when ``n`` ends a row op the [norm] units run:
     Softmax / LayerNormalization over the last axis, or RMSNorm as exported,
-    ``Mul(Div(x, Sqrt(Add(ReduceMean(Pow(x, 2)), eps))), weight)``; else None."""
+    ``Mul(Div(x, Sqrt(Add(ReduceMean(Pow(x, 2)), eps))), weight)`` or (``torch.rsqrt``, as
+    Llama writes it) ``Mul(Mul(x, Div(1, Sqrt(...))), weight)``, the weight optional; else
+    None."""
     if n.op_type == "Softmax":
         return (n.input[0], []) if _last_axis(g, n, -1) else None
     if n.op_type == "LayerNormalization":
@@ -400,12 +402,38 @@ def norm_chain(g: Graph, n: onnx.NodeProto) -> tuple[str, list[str]] | None:
     if n.op_type not in ("Mul", "Div"):
         return None
     prod = {o: m for m in g.model.graph.node for o in m.output}
-    div = n
-    if n.op_type == "Mul":
-        div = next((prod.get(i) for i in n.input if not g.is_const(i)), None)
-        if div is None or div.op_type != "Div" or not any(g.is_const(i) for i in n.input):
+    core = _rms_core(g, prod, n)
+    top = n
+    if core is None and n.op_type == "Mul" and any(g.is_const(i) for i in n.input):
+        top = next((prod.get(i) for i in n.input if not g.is_const(i)), None)
+        core = _rms_core(g, prod, top) if top is not None else None
+    if core is None:
+        return None
+    x, inner = core
+    if top is n and any(c.op_type == "Mul" and any(g.is_const(i) for i in c.input)
+                        for c in g.consumers.get(n.output[0], [])):
+        return None  # the weighted Mul after it ends the chain
+    return x, inner + ([top.name] if top is not n else [])
+
+
+def _rms_core(g: Graph, prod: dict, node: onnx.NodeProto) -> tuple[str, list[str]] | None:
+    """(x, interior nodes) of ``Div(x, Sqrt(...))`` or ``Mul(x, Div(1, Sqrt(...)))`` whose
+    ``...`` is ``Add(ReduceMean(Pow(x, 2)), eps)`` over the last axis."""
+    extra: list[str] = []
+    if node.op_type == "Div":
+        x, sq = node.input[0], prod.get(node.input[1])
+    elif node.op_type == "Mul" and not any(g.is_const(i) for i in node.input):
+        for i in (1, 0):
+            rd = prod.get(node.input[i])
+            if rd is not None and rd.op_type == "Div" and g.is_const(rd.input[0]) \
+                    and float(np.asarray(g.const(rd.input[0])).reshape(-1)[0]) == 1.0 \
+                    and np.asarray(g.const(rd.input[0])).size == 1:
+                x, sq, extra = node.input[1 - i], prod.get(rd.input[1]), [rd.name]
+                break
+        else:
             return None
-    x, sq = div.input[0], prod.get(div.input[1])
+    else:
+        return None
     add = prod.get(sq.input[0]) if sq is not None and sq.op_type == "Sqrt" else None
     mean = prod.get(next((i for i in add.input if not g.is_const(i)), "")) \
         if add is not None and add.op_type == "Add" else None
@@ -413,11 +441,7 @@ def norm_chain(g: Graph, n: onnx.NodeProto) -> tuple[str, list[str]] | None:
     if pw is None or pw.op_type != "Pow" or pw.input[0] != x or not g.is_const(pw.input[1]) \
             or float(g.const(pw.input[1])) != 2.0 or not _last_axis(g, mean, -1):
         return None
-    if n.op_type == "Div" and any(c.op_type == "Mul" and any(g.is_const(i) for i in c.input)
-                                  for c in g.consumers.get(n.output[0], [])):
-        return None  # the weighted Mul after it ends the chain
-    inner = [m.name for m in (pw, mean, add, sq)] + ([div.name] if div is not n else [])
-    return x, inner
+    return x, [m.name for m in (pw, mean, add, sq)] + extra
 
 
 def _prune_followers(g: Graph, p: Plan) -> None:

@@ -16,6 +16,7 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
+from ..isa import norm_unit
 from ..isa import semantics as sem
 from ..isa.instructions import (
     Alu,
@@ -24,6 +25,7 @@ from ..isa.instructions import (
     Gemm,
     Instruction,
     Load,
+    Norm,
     Store,
     b_rows,
     lut_rows,
@@ -102,6 +104,8 @@ class Machine:
             self.load(ins)
         elif isinstance(ins, Store):
             self.store(ins)
+        elif isinstance(ins, Norm):
+            self.norm(i, ins)
 
     def load(self, ins: Load) -> None:
         src = self._dram_window(ins)
@@ -122,6 +126,24 @@ class Machine:
         n = ins.y_size * ins.x_size
         rows = self.acc[ins.sram_base:ins.sram_base + n].reshape(ins.y_size, ins.x_size, -1)
         self._dram_window(ins)[...] = rows.astype(np.int8) if ins.buffer == Buffer.ACC8 else rows
+
+    def norm(self, i: int, ins: Norm) -> None:
+        """The [norm] units on ``ins.rows`` rows: parameters from the block at
+        ``param_base``, the math in ``isa.intnorm`` (through ``isa.norm_unit``)."""
+        bo, n = self.cfg.block_out, ins.length
+        span = norm_unit.row_span(n, bo)
+        prow = norm_unit.param_rows(ins.op, n, bo)
+        try:
+            params = norm_unit.unpack_params(
+                ins.op, self.acc[ins.param_base:ins.param_base + prow], n)
+        except ValueError as e:
+            raise SimulationError(i, f"NORM {ins.op.name} parameter block at accumulator row "
+                                     f"{ins.param_base}: {e}") from None
+        rows = ins.rows * span
+        x = self.acc[ins.src_base:ins.src_base + rows].reshape(ins.rows, span * bo)[:, :n]
+        out = np.zeros((ins.rows, span * bo), np.int32)
+        out[:, :n] = norm_unit.apply(ins.op, x, ins.in_zp, params)
+        self.acc[ins.dst_base:ins.dst_base + rows] = out.reshape(rows, bo)
 
     def gemm(self, ins: Gemm) -> None:
         plan = gemm_plan(ins.loops, self.cfg.block_in)

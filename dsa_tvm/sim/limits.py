@@ -14,7 +14,7 @@ import os
 from typing import TYPE_CHECKING
 
 from ..intmath import ceil_div
-from ..isa.instructions import Alu, Gemm
+from ..isa.instructions import Alu, Gemm, Norm
 from .errors import SimulationError
 from .plans import EXACT_F32_PRODUCTS
 
@@ -85,7 +85,14 @@ def _alu_bytes(ins: Alu, cfg: "HardwareConfig") -> int:
     return ins.steps * (64 + 32 * cfg.block_out)
 
 
-def functional_bytes(ins: Gemm | Alu, cfg: "HardwareConfig") -> int:
+def _norm_bytes(ins: Norm, cfg: "HardwareConfig") -> int:
+    """int64 intermediates of ``isa.intnorm`` on every lane of the rows (a dozen arrays)."""
+    return ins.rows * -(-ins.length // cfg.block_out) * cfg.block_out * 8 * 12
+
+
+def functional_bytes(ins: Gemm | Alu | Norm, cfg: "HardwareConfig") -> int:
+    if isinstance(ins, Norm):
+        return _norm_bytes(ins, cfg)
     return _gemm_bytes(ins, cfg) if isinstance(ins, Gemm) else _alu_bytes(ins, cfg)
 
 
@@ -110,13 +117,14 @@ def check_functional(program: "Program", cfg: "HardwareConfig") -> None:
                                     f"or on a larger host")
     seen: set[int] = set()
     for i, ins in enumerate(program.instructions):
-        if not isinstance(ins, (Gemm, Alu)) or id(ins) in seen:
+        if not isinstance(ins, (Gemm, Alu, Norm)) or id(ins) in seen:
             continue
         seen.add(id(ins))
         nbytes = functional_bytes(ins, cfg)
         if nbytes > FUNCTIONAL_BYTES_LIMIT:
-            raise SimulationError(i, f"{ins.opcode.name} loop nest {_nest(ins)} "
-                                     f"({ins.steps:,} points) would need about {_gib(nbytes)} "
+            what = (f"{ins.rows} x {ins.length} rows" if isinstance(ins, Norm)
+                    else f"loop nest {_nest(ins)} ({ins.steps:,} points)")
+            raise SimulationError(i, f"{ins.opcode.name} {what} would need about {_gib(nbytes)} "
                                      f"of host memory in the functional model (limit "
                                      f"{_gib(FUNCTIONAL_BYTES_LIMIT)}); split the nest into "
                                      f"smaller instructions, or run with timing_only=True")

@@ -31,6 +31,9 @@ Costs, all from the config:
 * ALU: loop points x ceil(block_out / lanes) + ALU pipeline latency (a unit wider than
   a row: ceil(loop points x block_out / lanes))
 * ALU LUT: loop points x ceil(block_out / table lookups per cycle) + ALU pipeline latency
+* NORM: ``dsa_tvm.isa.norm_unit.norm_cycles`` (rows over the units, passes per row at
+  ``norm_elements_per_cycle``, plus ``norm_row_latency_cycles`` per row); it holds the
+  compute engine (with a pipelined output stage, it waits until the stage is empty)
 * SYNC, FINISH: one cycle
 
 Output stage (``[output] stage``). "shared": ALU instructions hold the compute engine
@@ -68,7 +71,8 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 from ..hw.dataflow import gemm_cycles
-from ..isa.instructions import Alu, AluOp, Engine, Gemm, Instruction, Load, Store
+from ..isa.instructions import Alu, AluOp, Engine, Gemm, Instruction, Load, Norm, Store
+from ..isa.norm_unit import norm_cycles
 from .errors import DeadlockError
 
 if TYPE_CHECKING:
@@ -95,6 +99,8 @@ def compute_cycles(ins: Instruction, cfg: "HardwareConfig") -> int:
         if ins.op == AluOp.LUT:  # the table unit's read ports set the rate
             return ins.steps * cfg.lut_cycles_per_row + cfg.alu_latency_cycles
         return cfg.alu_step_cycles(ins.steps) + cfg.alu_latency_cycles
+    if isinstance(ins, Norm):  # the [norm] units' cost, defined once (isa.norm_unit)
+        return norm_cycles(cfg, ins.op, ins.length, ins.rows)
     return 1
 
 

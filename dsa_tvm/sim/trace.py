@@ -17,7 +17,7 @@ import json
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from ..isa.instructions import Alu, Engine, Instruction
+from ..isa.instructions import Alu, Engine, Instruction, Norm
 from .timing import Schedule
 
 if TYPE_CHECKING:
@@ -28,8 +28,8 @@ DRAM_TID = 3
 
 
 def _label(ins: Instruction) -> str:
-    if isinstance(ins, Alu):
-        return f"ALU {ins.op.name}"
+    if isinstance(ins, (Alu, Norm)):
+        return f"{ins.opcode.name} {ins.op.name}"
     if hasattr(ins, "buffer"):
         return f"{ins.opcode.name} {ins.buffer.name}"
     return ins.opcode.name

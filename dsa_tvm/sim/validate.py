@@ -25,8 +25,10 @@ from ..isa.instructions import (
     Gemm,
     Instruction,
     Load,
+    Norm,
     Store,
 )
+from ..isa.intnorm import MAX_ROW
 from ..isa.semantics import REQUANT_IMM_RESERVED
 from .errors import SimulationError
 from .limits import check_cycle_total, check_nest_points
@@ -69,6 +71,24 @@ def _check_lut(i: int, ins: Alu, cfg: "HardwareConfig") -> None:
     if any(lp.b for lp in ins.loops if lp.extent > 1):
         raise SimulationError(i, "ALU LUT reads one table per instruction: every b stride "
                                  "must be 0")
+
+
+def _check_norm(i: int, ins: Norm, cfg: "HardwareConfig") -> None:
+    """NORM needs the [norm] units, a row length they take and a destination that is the
+    source (in place) or apart from it."""
+    if cfg.norm_units < 1:
+        raise SimulationError(i, f"NORM {ins.op.name} needs the [norm] units; hardware "
+                                 f"'{cfg.name}' has none ([norm] norm_units = 0): give the "
+                                 f"description norm_units >= 1 or run the op on the CPU")
+    if ins.rows < 1:
+        raise SimulationError(i, f"NORM normalizes no rows (rows = {ins.rows}); rows must be >= 1")
+    if not 1 <= ins.length <= MAX_ROW:
+        raise SimulationError(i, f"NORM row length {ins.length} is outside 1..{MAX_ROW}")
+    span = ins.rows * -(-ins.length // cfg.block_out)
+    if ins.dst_base != ins.src_base and abs(ins.dst_base - ins.src_base) < span:
+        raise SimulationError(i, f"NORM destination rows {ins.dst_base}.. overlap its source "
+                                 f"rows {ins.src_base}..{ins.src_base + span - 1}; write in "
+                                 f"place (dst_base = src_base) or to disjoint rows")
 
 
 def validate_program(program: "Program", cfg: "HardwareConfig") -> list[Footprint]:
@@ -122,6 +142,8 @@ def validate_program(program: "Program", cfg: "HardwareConfig") -> list[Footprin
                 raise SimulationError(i, f"ALU REQUANT immediate {ins.imm & 0xFFFFFFFF:#010x} has "
                                          f"bits 24-31 set; they must be zero (zero point, lo and "
                                          f"hi occupy bits 0-23)")
+        if isinstance(ins, Norm):
+            _check_norm(i, ins, cfg)
         fp = footprint(ins, block_out=cfg.block_out)
         for what, ranges in (("reads", fp.reads), ("writes", fp.writes)):
             for sram, lo, hi in ranges:

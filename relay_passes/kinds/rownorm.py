@@ -4,7 +4,8 @@
 * layer_norm ``quantize(layer_norm(dq(x), gamma, beta))`` (TVM's ONNX importer for
   LayerNormalization) or decomposed as GPT-2 / BERT exports give it:
   ``d = x - mean(x)``, ``d / sqrt(mean(d**2) + eps)`` (or ``d * rsqrt(...)``), ``* gamma + beta``;
-* rms_norm (Llama): ``x / sqrt(mean(x**2) + eps)`` (or ``x * rsqrt(...)``), ``* weight``.
+* rms_norm (Llama): ``x / sqrt(mean(x**2) + eps)`` (or ``x * rsqrt(...)``, or
+  ``x * (1 / sqrt(...))`` as ``torch.rsqrt`` exports), ``* weight``.
 
 Gamma, beta and the weight are float constants (or dequantized ones); their folding
 into integers is :func:`dsa_tvm.layers.intnorm.norm_params` (and ``softmax_params``),
@@ -18,13 +19,14 @@ from dataclasses import dataclass
 
 import numpy as np
 from tvm import relax
-from tvm.relax.dpl import DFPattern, is_const, is_op, wildcard
+from tvm.relax.dpl import DFPattern, is_const, is_op
 
 from dsa_tvm.hw.config import HardwareConfig
 from dsa_tvm.layers import intnorm as inn
 from dsa_tvm.layers.ir import Layer, LayerNorm, QTensor, RMSNorm, Softmax
 
 from .common import Constraint, common_constraints
+from .dense import as_rows
 from .match import Match, NotAMatch, Reader, Root, const_value
 from .spec import Kind, dq, q
 
@@ -53,11 +55,18 @@ def _normalized(x: Callable[[], DFPattern]) -> DFPattern:
     den = _op("relax.add", _op("relax.mean", _square(x)), is_const())
     x = x()
     return (_op("relax.divide", x, _op("relax.sqrt", den))
-            | _op("relax.multiply", x, _op("relax.rsqrt", den)))
+            | _op("relax.multiply", x, _op("relax.rsqrt", den))
+            | _op("relax.multiply", x, _op("relax.divide", is_const(), _op("relax.sqrt", den))))
+
+
+def _param() -> DFPattern:
+    """gamma, beta, the weight: a float constant or a dequantized one, inside the composite
+    (so the region function carries it, not a parameter the host would pass)."""
+    return is_const() | dq(is_const())
 
 
 def _scaled(body: DFPattern) -> DFPattern:
-    w = wildcard()
+    w = _param()
     return _op("relax.multiply", body, w) | _op("relax.multiply", w, body)
 
 
@@ -86,9 +95,15 @@ def _norm_match(root: Root, kind: str, op: relax.Call, x, **kw) -> NormMatch:
 def _read_normalized(r: Reader, body: relax.Expr) -> tuple[relax.Call, relax.Expr, float]:
     """(the divide/multiply, its numerator, eps) of ``x / sqrt(mean(x**2) + eps)``."""
     top = r.need(body, "relax.divide", "relax.multiply")
-    root = r.need(top.args[1], "relax.sqrt", "relax.rsqrt")
-    if (top.op.name == "relax.divide") != (root.op.name == "relax.sqrt"):
-        raise NotAMatch("x / sqrt or x * rsqrt expected")
+    recip = r.call(top.args[1], "relax.divide") if top.op.name == "relax.multiply" else None
+    if recip is not None:  # x * (1 / sqrt(...)): torch.rsqrt as exported
+        if _scalar(r, recip.args[0]) != 1.0:
+            raise NotAMatch("x * (c / sqrt(...)) with c other than 1")
+        root = r.need(recip.args[1], "relax.sqrt")
+    else:
+        root = r.need(top.args[1], "relax.sqrt", "relax.rsqrt")
+        if (top.op.name == "relax.divide") != (root.op.name == "relax.sqrt"):
+            raise NotAMatch("x / sqrt or x * rsqrt expected")
     add = r.need(root.args[0], "relax.add")
     mean = r.need(add.args[0], "relax.mean")
     sq = r.need(mean.args[0], "relax.power", "relax.multiply")
@@ -186,8 +201,8 @@ def _softmax_variants() -> list[tuple[str, DFPattern]]:
 
 def _layer_norm_variants() -> list[tuple[str, DFPattern]]:
     d = _op("relax.subtract", dq(), _op("relax.mean", dq()))
-    return [("fused", q(_op("relax.nn.layer_norm", dq(), wildcard(), wildcard()))),
-            ("decomposed", q(_op("relax.add", _scaled(_normalized(lambda: d)), wildcard())))]
+    return [("fused", q(_op("relax.nn.layer_norm", dq(), _param(), _param()))),
+            ("decomposed", q(_op("relax.add", _scaled(_normalized(lambda: d)), _param())))]
 
 
 def _rms_norm_variants() -> list[tuple[str, DFPattern]]:
@@ -223,7 +238,9 @@ _TYPES = {"softmax": Softmax, "layer_norm": LayerNorm, "rms_norm": RMSNorm}
 
 
 def _to_layer(m: Match, name: str, inputs: list[QTensor], output: QTensor) -> Layer:
-    return _TYPES[m.kind](name, inputs[0], output, _params(m))
+    """The layer over rows of the last axis (a 4-D tensor, an NCHW image on the DSA, as
+    the (rows, n) matrix: the same elements in the channels-last layout)."""
+    return _TYPES[m.kind](name, as_rows(inputs[0]), as_rows(output), _params(m))
 
 
 def _constraints() -> list[Constraint]:

@@ -14,12 +14,14 @@ import pytest
 from onnx import TensorProto, numpy_helper
 from tvm.relax.frontend.onnx import from_onnx
 
+import dsa_tvm
 from dsa_tvm.frontend.qoperator import has_qoperator, to_qdq
 from dsa_tvm.models import calibration_data, resnet18, run_onnxruntime, transformer_encoder
 from dsa_tvm.runtime import take_launches
 from tir_schedules.kinds import run_region
 
 from .qop_harness import (
+    SLOW_HOST_GMACS,
     compile_for,
     mac_share,
     ort_quantize,
@@ -158,10 +160,17 @@ def test_transformer_encoder_qoperator_on_the_dsa():
     assert {"QLinearMatMul", "QLinearSoftmax"} <= {n.op_type for n in qop.graph.node}
     qdq, notes = to_qdq(qop)
     assert any("QLinearSoftmax x1" in n for n in notes)
-    ex, report = compile_for(qdq)
+    # ORT's float LayerNorm is the reference here: a part without [norm] units keeps it so
+    no_norm = dsa_tvm.load_config("default").replace(cpu_gmacs=SLOW_HOST_GMACS, norm_units=0)
+    ex, report = compile_for(qdq, dsa_tvm.target(no_norm))
     assert mac_share(report) == 1.0, str(report)
+    ex_norm, report_norm = compile_for(qdq)  # the default part runs it as an integer norm
+    assert "LayerNorm" in [type(ly).__name__ for d in report_norm.regions if d.target == "dsa"
+                         for ly in d.region.layers], str(report_norm)
     for f in calibration_data(fp32, n=2, seed=21):
         ref = run_onnxruntime(qop, f, optimize=False)[0]
         got = run(ex, f)
         print(f"encoder: max |DSA - ORT| {np.abs(got - ref).max():.2e} (output range {np.ptp(ref):.2f})")
         np.testing.assert_allclose(got, ref, atol=1e-3 * np.ptp(ref))
+        g2 = run(ex_norm, f)
+        assert float((g2 * ref).sum() / np.linalg.norm(g2) / np.linalg.norm(ref)) > 0.999

@@ -217,10 +217,10 @@ def test_malformed_word_in_bytes(default_cfg):
     data = bytearray(b.build().to_bytes(cfg))
     nbytes = cfg.instruction_bits // 8
     start = len(data) - 2 * nbytes                  # instruction 1 (no constant data follows)
-    data[start] = (data[start] & ~7) | 6            # opcode 6
+    data[start] = (data[start] & ~7) | 7            # opcode 7
     with pytest.raises(DecodeError) as ei:
         Simulator(cfg).run(reseal(data))
-    assert ei.value.index == 1 and "opcode 6" in str(ei.value)
+    assert ei.value.index == 1 and "opcode 7" in str(ei.value)
     data[start] = (data[start] & ~7) | 4            # a SYNC again, but with a bit set above it
     data[start + 4] = 0x80
     with pytest.raises(DecodeError) as ei:

@@ -27,6 +27,8 @@ from dsa_tvm.isa.instructions import (
     Gemm,
     GemmLoop,
     Load,
+    Norm,
+    NormOp,
     Opcode,
     Store,
     Sync,
@@ -114,7 +116,7 @@ def instructions(draw, cfg):
     w = widths(cfg, kind)
     f = {name: draw(_field(w, name)) for name in w if name not in (
         "opcode", "pop_prev", "pop_next", "push_prev", "push_next", "buffer", "alu_op",
-        "engine", "reset", "use_imm")}
+        "engine", "reset", "use_imm", "norm_op")}
     deps = draw(deps_st)
     if kind in (Opcode.LOAD, Opcode.STORE):
         buf = draw(st.sampled_from(list(Buffer)))
@@ -134,10 +136,14 @@ def instructions(draw, cfg):
                    loops, draw(st.booleans()), f["imm"], deps)
     if kind == Opcode.SYNC:
         return Sync(draw(st.sampled_from(list(Engine))), deps)
+    if kind == Opcode.NORM:
+        return Norm(draw(st.sampled_from(list(NormOp))), f["dst_base"], f["src_base"],
+                    f["param_base"], f["rows"], f["length"], f["in_zp"], deps)
     return Finish(deps)
 
 
-VALID_ENUMS = {"opcode": None, "buffer": len(Buffer), "alu_op": len(AluOp), "engine": len(Engine)}
+VALID_ENUMS = {"opcode": None, "buffer": len(Buffer), "alu_op": len(AluOp), "engine": len(Engine),
+               "norm_op": len(NormOp)}
 
 
 @st.composite
@@ -194,6 +200,9 @@ def test_encode_decode_word_round_trip(name, data):
                                                                 values["ext0"])
     if kind == Opcode.SYNC:
         assert int(ins.on) == values["engine"]
+    if kind == Opcode.NORM:
+        assert (int(ins.op), ins.rows, ins.length, ins.in_zp) == (
+            values["norm_op"], values["rows"], values["length"], values["in_zp"])
 
 
 @pytest.mark.parametrize("name", PRESETS)
@@ -276,19 +285,22 @@ def test_malformed_words_name_the_index(name):
     load = encode_instruction(Load(Buffer.ACC, 0, 0, 1, 1, 1), cfg)
     alu_op = widths(cfg, Opcode.ALU)["alu_op"][0]
     engine = widths(cfg, Opcode.SYNC)["engine"][0]
+    norm = encode_instruction(Norm(NormOp.SOFTMAX, 0, 0, 0, 1, 8), cfg)
+    norm_op = widths(cfg, Opcode.NORM)["norm_op"][0]
     bad = {
-        "opcode 6": (finish & ~7) | 6,
         "opcode 7": 7,
+        "opcode 7 over FINISH": (finish & ~7) | 7,
         "bits above FINISH": finish | 1 << 7,
         "bits above SYNC": sync | 1 << 9,
         "top bit": load | 1 << (cfg.instruction_bits - 1),
         "alu_op 15": alu | 15 << alu_op,
         "first unused alu_op": (alu & ~(15 << alu_op)) | (int(max(AluOp)) + 1) << alu_op,
         "sync engine 3": sync | 3 << engine,
+        "norm_op 3": norm | 3 << norm_op,
     }
-    expect = {"opcode 6": "opcode", "opcode 7": "opcode", "bits above FINISH": "bits above",
+    expect = {"opcode 7 over FINISH": "opcode", "opcode 7": "opcode", "bits above FINISH": "bits above",
               "bits above SYNC": "bits above", "top bit": "bits above", "alu_op 15": "alu_op",
-              "first unused alu_op": "alu_op", "sync engine 3": "engine"}
+              "first unused alu_op": "alu_op", "sync engine 3": "engine", "norm_op 3": "norm_op"}
     for label, word in bad.items():
         with pytest.raises(DecodeError) as ei:
             decode_program_words(_words_bytes(cfg, [finish, sync, word, finish]), cfg)

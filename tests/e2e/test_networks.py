@@ -132,7 +132,10 @@ def test_output_within_one_step_of_onnxruntime(net, request):
     frac = float((diff > 0.5).mean())
     print(f"{c.name} on '{c.hw}': {frac:.4f} of {diff.size} outputs differ from onnxruntime "
           f"(max {diff.max():.2f} steps)")
-    assert diff.max() <= 1.0 + 1e-3, f"{c.name}: {diff.max():.3f} quantization steps off"
+    # integer softmax / LayerNorm on the [norm] units replace onnxruntime's float ones:
+    # their bound (isa.intnorm: one step each, compounding through the block) is 2 steps
+    bound = 2.0 if _norms_on_dsa(c.report) else 1.0
+    assert diff.max() <= bound + 1e-3, f"{c.name}: {diff.max():.3f} quantization steps off"
     assert frac < 0.25
 
 
@@ -174,12 +177,20 @@ def test_encoder_matmuls_on_dsa_rest_on_cpu_with_reasons(encoder_default):
     cpu = rep.partition.cpu_ops
     assert not [op for op in cpu if op.op in ("relax.add", "relax.matmul")], str(rep)
     assert dsa == total == 16 * (4 * 64 * 64 + 2 * 64 * 128) + 2 * 2 * 16 * 16 * 32
-    reasons = " | ".join(f"{op.op}: {op.reason}" for op in cpu)
-    for name in ("softmax", "layer_norm"):
-        hits = [op for op in cpu if name in op.op]
-        assert hits and all(op.reason for op in hits), f"no CPU {name} with a reason: {reasons}"
+    # the [norm] unit runs both LayerNorms; the softmax is on the DSA or kept on the CPU
+    # by the cost model, with its reason
+    assert ops.count("LayerNorm") == 2, str(rep)
+    soft = [d for d in rep.regions if d.region is not None
+            and any(type(ly).__name__ == "Softmax" for ly in d.region.layers)]
+    assert len(soft) == 1 and (soft[0].target == "dsa" or soft[0].reason), str(rep)
     # GELU's erf chain is a function of one int8 tensor: an activation table on the DSA
     assert "Table" in ops and not [op for op in cpu if "erf" in op.op], str(rep)
+
+
+def _norms_on_dsa(rep) -> bool:
+    return any(type(ly).__name__ in ("Softmax", "LayerNorm", "RMSNorm")
+               for d in rep.regions if d.target == "dsa" and d.region is not None
+               for ly in d.region.layers)
 
 
 def test_cost_model_keeps_a_tiny_region_on_the_cpu():

@@ -90,9 +90,40 @@ def test_quantize_norms_puts_int8_around_each_row_op():
         g = ort.InferenceSession(qq.model.SerializeToString(), so).run(None, x)[0]
         cos[on] = float((f * g).sum() / np.linalg.norm(f) / np.linalg.norm(g))
     assert cos[True] > 0.99 and cos[True] >= cos[False] - 0.002, cos
-    # and the front end sees the three row ops (kept on the CPU for the unit's reason)
+    # and the front end sees the three row ops: on the CPU for the unit's reason without
+    # [norm] units, none of them left there with them
     mod = from_onnx(q.model, keep_params_in_input=False)
-    _, report = partition_for_dsa(mod, load_config("default"))
+    _, report = partition_for_dsa(mod, load_config("default").replace(norm_units=0))
     reasons = "\n".join(c.reason for c in report.cpu_ops)
     for kind in ("softmax", "layer_norm", "rms_norm"):
         assert f"dsa.{kind}" in reasons and "no [norm] units" in reasons, reasons
+    _, report = partition_for_dsa(mod, load_config("default").replace(norm_units=1))
+    reasons = "\n".join(c.reason for c in report.cpu_ops)
+    assert not any(f"dsa.{k}" in reasons for k in ("softmax", "layer_norm", "rms_norm")), reasons
+
+
+def test_rsqrt_form_of_rmsnorm_is_one_chain():
+    """Llama's ``x * torch.rsqrt(mean(x**2) + eps) * w`` exports as Mul(x, Div(1, Sqrt)):
+    int8 in and out, its interior float, like the Div form."""
+    net = _net()
+    nodes = list(net.graph.node)
+    k = next(i for i, nd in enumerate(nodes) if nd.name == "rms.div")
+    nodes[k:k + 1] = [qm.node("Div", ["one", "rt"], ["inv"], name="rms.inv"),
+                      qm.node("Mul", ["h1", "inv"], ["nd"], name="rms.scale")]
+    del net.graph.node[:]
+    net.graph.node.extend(nodes)
+    net.graph.initializer.append(onnx.numpy_helper.from_array(np.array(1.0, np.float32), "one"))
+    q = quantize_onnx(net, _feeds(), show_progress=False, quantize_norms=True)
+    readers, outs = _consumers_of_dq(q.model), _quantized_outputs(q.model)
+    assert {"rms.pow", "rms.scale"} <= readers and "rms" in outs
+    assert not {"p", "ms", "me", "rt", "inv", "nd"} & outs
+
+
+def test_softmax_output_is_quantized_to_steps_of_one_256th():
+    """Whatever the calibration saw (rows far from one-hot here), probabilities get the
+    fixed grid 1/256 with zero point -128: 0 .. 255/256."""
+    q = quantize_onnx(_net(), _feeds(), show_progress=False, quantize_norms=True)
+    inits = {t.name: onnx.numpy_helper.to_array(t) for t in q.model.graph.initializer}
+    (node,) = [nd for nd in q.model.graph.node if nd.op_type == "QuantizeLinear"
+               and nd.input[0].removesuffix("/fp32") == "y"]
+    assert float(inits[node.input[1]]) == 1 / 256 and int(inits[node.input[2]]) == -128

@@ -1,63 +1,188 @@
 """Room: integer softmax, LayerNorm and RMSNorm over the last axis, on the ``[norm]`` units.
 
-The integer semantics (and so this room's CPU reference) are
-:mod:`dsa_tvm.layers.intnorm`. Each unit streams a row through a fixed number of
-passes (softmax: max, exp and sum, scale; the norms: sums, normalize) at
-``norm_elements_per_cycle`` and adds ``norm_row_latency_cycles`` per row for its
-reciprocal / inverse-square-root table and Newton steps; rows spread over the
-``norm_units`` units (:func:`norm_cycles`, the timing model's cost of these layers).
+The integer semantics (and so this room's CPU reference) are :mod:`dsa_tvm.isa.intnorm`;
+the units' instruction is ``NORM`` (:mod:`dsa_tvm.isa.norm_unit`: parameter block and
+cost). A row of ``n`` codes is ``ceil(n / block)`` consecutive blocks in the channels-last
+layout ``[rows][CB][block]`` the DSA keeps every non-image tensor in, so the room emits
+its program itself, no TIR: the parameter block once (an ACC load of a constant region),
+then per tile of rows an ACC8 load, one NORM in place and an ACC8 store; with double
+buffering the loads are prefetched on the load engine into alternating halves, so the
+next tile's load overlaps this tile's NORM and store.
 
-Lowering: the unit's instruction is not in the ISA yet, so :func:`norm_recipe` always
-raises UnsupportedLayer with the reason and the partitioner keeps these layers on
-the CPU (in float); the reference and the cost are what the compiler and the
-accuracy measurements use today.
+Cost: the estimate is the timing model run on exactly the instructions :func:`emit_norm`
+emits (the NORM's own cycles are ``norm_unit.norm_cycles``), so it equals the simulated
+cycles of the layer on its own.
 """
 
 from __future__ import annotations
 
+from dataclasses import dataclass, replace
+from functools import lru_cache
+
 import numpy as np
 
 from dsa_tvm.hw.config import HardwareConfig
-from dsa_tvm.intmath import ceil_div
+from dsa_tvm.isa import norm_unit as nu
+from dsa_tvm.isa.builder import ProgramBuilder
+from dsa_tvm.isa.formats import DRAM_SIZE_BITS, EXTENT_BITS
+from dsa_tvm.isa.instructions import Buffer, NormOp
+from dsa_tvm.isa.sync import insert_dependencies
 from dsa_tvm.layers.checks import elements, with_weights
-from dsa_tvm.layers.intnorm import int_norm, int_softmax
+from dsa_tvm.layers.intnorm import MAX_ROW, int_norm, int_softmax
 from dsa_tvm.layers.ir import LayerNorm, RMSNorm, Softmax
 from dsa_tvm.layers.reference import centered
+from dsa_tvm.sim.timing import schedule
 
 from .base import Kind, Recipe, UnsupportedLayer
 
-#: passes a unit makes over each row, per layer type
-PASSES: dict[type, int] = {Softmax: 3, LayerNorm: 2, RMSNorm: 2}
+OPS: dict[type, NormOp] = {Softmax: NormOp.SOFTMAX, LayerNorm: NormOp.LAYERNORM,
+                           RMSNorm: NormOp.RMSNORM}
+#: passes a unit makes over each row, per layer type (the ISA's definition)
+PASSES: dict[type, int] = {t: nu.PASSES[op] for t, op in OPS.items()}
+_MAX_FIELD = min((1 << DRAM_SIZE_BITS) - 1, (1 << EXTENT_BITS) - 1)
 
+@dataclass(frozen=True)
+class NormShape:
+    """``rows`` rows of ``n`` codes through ``op``, ``block`` lanes per accumulator row."""
+
+    op: NormOp
+    rows: int
+    n: int
+    block: int
+    in_zp: int = 0
+
+@dataclass(frozen=True)
+class NormKnobs:
+    tile_rows: int       # rows per NORM (one load and one store each)
+    double_buffer: bool  # two staging halves, loads prefetched on the load engine
 
 def norm_cycles(cfg: HardwareConfig, layer: Softmax | LayerNorm | RMSNorm) -> int:
     """Cycles the ``[norm]`` units take for the layer (ValueError if the DSA has none)."""
-    units = int(getattr(cfg, "norm_units", 0))
-    if units < 1:
-        raise ValueError(f"'{cfg.name}' has no [norm] units")
-    n = int(layer.input.shape[-1])
     rows = int(np.prod(layer.input.shape[:-1], dtype=np.int64))
-    per_row = PASSES[type(layer)] * ceil_div(n, cfg.norm_elements_per_cycle) \
-        + cfg.norm_row_latency_cycles
-    return ceil_div(rows, units) * per_row
+    return nu.norm_cycles(cfg, OPS[type(layer)], int(layer.input.shape[-1]), rows)
 
+# ----------------------------------------------------------------------------- knobs
+def _span(s: NormShape) -> int:
+    return nu.row_span(s.n, s.block)
 
+def acc_rows(s: NormShape, k: NormKnobs) -> int:
+    """Accumulator rows: the parameter block and one or two staging tiles."""
+    return nu.param_rows(s.op, s.n, s.block) + (2 if k.double_buffer else 1) * k.tile_rows * _span(s)
+
+def norm_fits(cfg: HardwareConfig, s: NormShape, k: NormKnobs) -> str | None:
+    if cfg.norm_units < 1:
+        return f"'{cfg.name}' has no [norm] units (norm_units = 0)"
+    if not 1 <= k.tile_rows <= s.rows:
+        return f"tile of {k.tile_rows} rows for {s.rows} rows"
+    if k.tile_rows * _span(s) > _MAX_FIELD:
+        return f"a tile of {k.tile_rows * _span(s)} accumulator rows exceeds the DMA fields"
+    need = acc_rows(s, k)
+    if need > cfg.acc_depth:
+        return (f"{need} accumulator rows (parameters and {k.tile_rows}-row tiles of "
+                f"{s.n} codes) exceed the {cfg.acc_depth}-row accumulator")
+    return None
+
+def candidate_norm_knobs(cfg: HardwareConfig, s: NormShape) -> list[NormKnobs]:
+    """Powers of two up to the largest tile that fits, and that one, single and double
+    buffered."""
+    out = []
+    for db in (True, False):
+        free = cfg.acc_depth - nu.param_rows(s.op, s.n, s.block)
+        most = min(s.rows, free // ((2 if db else 1) * _span(s)), _MAX_FIELD // _span(s))
+        sizes = {t for t in (1 << i for i in range(17)) if t <= most} | ({most} if most else set())
+        out += [k for t in sorted(sizes) for k in [NormKnobs(t, db)] if norm_fits(cfg, s, k) is None]
+    return out
+
+def default_norm_knobs(cfg: HardwareConfig, s: NormShape) -> NormKnobs:
+    """The candidate with the lowest estimate (larger tiles on ties: fewer instructions)."""
+    cands = candidate_norm_knobs(cfg, s)
+    if not cands:
+        raise ValueError(norm_fits(cfg, s, NormKnobs(1, False)) or "no tile fits")
+    return min(cands, key=lambda k: (estimate_norm_cycles(cfg, s, k), -k.tile_rows))
+
+def _tiles(s: NormShape, k: NormKnobs) -> list[tuple[int, int]]:
+    return [(r0, min(k.tile_rows, s.rows - r0)) for r0 in range(0, s.rows, k.tile_rows)]
+
+def norm_instructions(cfg: HardwareConfig, s: NormShape, k: NormKnobs) -> int:
+    return 1 + 3 * len(_tiles(s, k))
+
+def emit_norm(b, cfg: HardwareConfig, s: NormShape, k: NormKnobs, regions: dict) -> None:
+    """Parameter block at row 0; tiles staged after it, alternating halves when
+    double-buffered (the derived tokens order each half's reuse)."""
+    prow = nu.param_rows(s.op, s.n, s.block)
+    span = _span(s)
+    b.load(Buffer.ACC, 0, b.addr(regions["params"], Buffer.ACC), 1, prow)
+    x, y = b.addr(regions["x"], Buffer.ACC8), b.addr(regions["y"], Buffer.ACC8)
+    for t, (r0, m) in enumerate(_tiles(s, k)):
+        base = prow + (t % 2 if k.double_buffer else 0) * k.tile_rows * span
+        b.load(Buffer.ACC8, base, x + r0 * span, 1, m * span, prefetch=k.double_buffer)
+        b.norm(s.op, base, base, 0, m, s.n, s.in_zp)
+        b.store(Buffer.ACC8, base, y + r0 * span, 1, m * span)
+
+@lru_cache(maxsize=256)
+def estimate_norm_cycles(cfg: HardwareConfig, s: NormShape, k: NormKnobs) -> float:
+    """The timing model on the instructions :func:`emit_norm` emits (and their tokens)."""
+    b = ProgramBuilder(cfg, "norm_estimate")
+    prow = nu.param_rows(s.op, s.n, s.block)
+    regions = {"params": b.region("params", "const", (prow, s.block), "int32"),
+               "x": b.region("x", "input", (s.rows * _span(s), s.block), "int8"),
+               "y": b.region("y", "output", (s.rows * _span(s), s.block), "int8")}
+    emit_norm(b, cfg, s, k, regions)
+    b.finish()
+    return float(schedule(insert_dependencies(b.instructions, cfg), cfg).cycles)
+
+# ----------------------------------------------------------------------------- layers
 def norm_recipe(layer, cfg: HardwareConfig, consts: bool) -> Recipe:
-    if int(getattr(cfg, "norm_units", 0)) < 1:
+    if int(cfg.norm_units) < 1:
         raise UnsupportedLayer(f"{layer.name}: '{cfg.name}' has no [norm] units (norm_units = 0)")
-    raise UnsupportedLayer(f"{layer.name}: the [norm] unit's instruction is not lowered yet "
-                           f"(CPU reference and cost only)")
-
+    shape = tuple(layer.input.shape)
+    if shape != tuple(layer.output.shape):
+        raise UnsupportedLayer(f"{layer.name}: input {shape} and output "
+                               f"{tuple(layer.output.shape)} differ")
+    if len(shape) == 4:
+        raise UnsupportedLayer(f"{layer.name}: a 4-D tensor {shape} is an NCHW image on the "
+                               f"DSA; the [norm] units normalize rows of the channels-last "
+                               f"layout (give the layer a (rows, n) view)")
+    n = int(shape[-1])
+    rows = elements(shape[:-1])
+    if not 1 <= n <= MAX_ROW:
+        raise UnsupportedLayer(f"{layer.name}: rows of {n} codes (the units take 1..{MAX_ROW})")
+    if not -128 <= layer.input.zero_point <= 127:
+        raise UnsupportedLayer(f"{layer.name}: input zero point {layer.input.zero_point} "
+                               f"is not int8")
+    op = OPS[type(layer)]
+    block = cfg.block_out
+    r = Recipe(KIND, NormShape(op, rows, n, block, int(layer.input.zero_point)),
+               {"x": layer.input})
+    if consts:
+        r.consts["params"] = nu.pack_params(op, layer.params, n, block)
+    return r
 
 def run_norm(layer, env: dict[str, np.ndarray]) -> np.ndarray:
-    """The integer reference: :mod:`dsa_tvm.layers.intnorm` on the layer's input codes."""
+    """The integer reference: :mod:`dsa_tvm.isa.intnorm` on the layer's input codes."""
     x = env[layer.input.name]
     centered(x, layer.input)  # shape check
+    x = np.asarray(x).reshape(layer.input.shape)
     if isinstance(layer, Softmax):
         return int_softmax(x, layer.input.zero_point, layer.params)
     return int_norm(x, layer.input.zero_point, layer.params)
 
+def norm_bounds(ly) -> tuple[int, int]:
+    """Every code read and written once (the parameter block is not counted)."""
+    return with_weights(ly, elements(ly.input.shape))
+
+def describe_norm(ly) -> str:
+    return (f"{type(ly).__name__} {ly.name}: {tuple(ly.input.shape)} over the last axis "
+            f"-> {tuple(ly.output.shape)}")
 
 KIND = Kind(
     name="norm", layers=(Softmax, LayerNorm, RMSNorm), recipe=norm_recipe, reference=run_norm,
-    bounds=lambda ly: with_weights(ly, elements(ly.input.shape)))
+    bounds=norm_bounds, describe=describe_norm,
+    shape=NormShape, knobs=NormKnobs,
+    fits=norm_fits, candidates=candidate_norm_knobs, default=default_norm_knobs,
+    estimate=estimate_norm_cycles, instructions=norm_instructions,
+    tiles=lambda s: {}, extents=lambda s: {},
+    fill=lambda cfg, s, k: [0.0, 0.0, acc_rows(s, k) / cfg.acc_depth],
+    perf_shape=lambda s: replace(s, in_zp=0),
+    emit=emit_norm)
+
