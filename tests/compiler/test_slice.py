@@ -91,3 +91,31 @@ def test_slice_room_moves_at_least_the_compulsory_bytes():
     assert read == write == BLOCK * 35
     cycles = movement.estimate_move_cycles(cfg, rec.shape, k)
     assert cycles >= (read + write) / cfg.bandwidth_bytes_per_cycle
+
+
+
+def test_c2f_split_stays_one_region():
+    """YOLOv8's C2f: conv -> split in halves -> conv on one half + residual add ->
+    concat(halves, add) -> conv, with block-aligned halves: one DSA region, one launch."""
+    rng = np.random.default_rng(3)
+    h = BLOCK
+    inits = {"W1": rand(rng, 2 * h, 3, 1, 1), "W2": rand(rng, h, h, 3, 3, scale=0.3),
+             "W3": rand(rng, 4, 3 * h, 1, 1), "ax": np.array([1], np.int64),
+             "b0": np.array([0], np.int64), "b1": np.array([h], np.int64),
+             "b2": np.array([2 * h], np.int64)}
+    nodes = [node("Conv", ["x", "W1"], ["c1"], kernel_shape=[1, 1], name="cv1"),
+             node("Relu", ["c1"], ["t"], name="r1"),
+             node("Slice", ["t", "b0", "b1", "ax"], ["p0"], name="s0"),
+             node("Slice", ["t", "b1", "b2", "ax"], ["p1"], name="s1"),
+             node("Conv", ["p1", "W2"], ["c2"], kernel_shape=[3, 3], pads=[1, 1, 1, 1],
+                  name="blk"),
+             node("Relu", ["c2"], ["r2"], name="r2"),
+             node("Add", ["p1", "r2"], ["p2"], name="res"),
+             node("Concat", ["p0", "p1", "p2"], ["cat"], axis=1, name="cat"),
+             node("Conv", ["cat", "W3"], ["y"], kernel_shape=[1, 1], name="cv2")]
+    qm, ex, rep, feed = _compile(make_model(nodes, inits, {"x": (1, 3, 6, 5)}, {"y": None}))
+    dsa = [d for d in rep.regions if d.target == "dsa"]
+    assert len(dsa) == 1 and len(_slices(rep)) == 2, str(rep)
+    assert {op.op for op in rep.partition.cpu_ops} <= {"relax.quantize", "relax.dequantize"}, \
+        str(rep)
+    _check_against_references(qm, ex, rep, feed)
