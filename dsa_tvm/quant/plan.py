@@ -468,7 +468,7 @@ def fp32_reasons(g: Graph, p: Plan, quantize_adds: bool = True) -> dict[str, tup
                    "two different tensors): stays FP32 on the CPU")
         else:
             why = ("no int8 form (the DSA runs conv/dense/matmul, adds, products, global "
-                   "means, pooling, Relu/Clip, Concat, nearest Resize and reshapes); runs in "
+                   "means, pooling, Relu/Clip, Concat, Slice, nearest Resize and reshapes); runs in "
                    "FP32 on the CPU")
         out[n.name] = (n.op_type, why)
     return out
