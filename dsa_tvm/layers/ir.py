@@ -238,6 +238,21 @@ class Resize:
 
 
 @dataclass(frozen=True)
+class Slice:
+    """A channel block of an NCHW image: y = x[:, begin:begin + C_out]; input and output
+    share one scale and zero point (a copy)."""
+
+    name: str
+    input: QTensor           # NCHW
+    output: QTensor          # NCHW, C_out channels
+    begin: int               # first input channel
+
+    @property
+    def macs(self) -> int:
+        return 0
+
+
+@dataclass(frozen=True)
 class Dilate:
     """Zero insertion by integer factors, the first half of a transposed conv:
     y = x.zero_point everywhere but y[n, c, i * sh, j * sw] = x[n, c, i, j]; output
@@ -270,7 +285,7 @@ class Interleave:
 
 
 Layer = (Conv2d | Dense | BatchMatmul | Pool2d | GlobalAvgPool | Add | BiasAdd | Rescale
-         | Concat | Resize | Dilate | Interleave)
+         | Concat | Resize | Slice | Dilate | Interleave)
 
 
 @dataclass

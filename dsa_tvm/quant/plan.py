@@ -28,14 +28,17 @@ from .table_plan import TABLE_OPS, grow_chain
 ACTIVATIONS = {"Relu", "Clip"}
 POOLS = {"MaxPool", "AveragePool", "GlobalAveragePool"}
 SHARED_SCALE_OPS = {"MaxPool", "Concat", "Reshape", "Flatten", "Transpose", "Squeeze", "Unsqueeze",
-                    "Resize"}
+                    "Resize", "Slice"}
 SHAPE_OPS = {"Reshape", "Flatten", "Transpose", "Squeeze", "Unsqueeze"}
-#: data movement the DSA runs as DMA copies (one scale in and out): nearest Resize only
-MOVEMENT_OPS = {"Resize"}
+#: data movement the DSA runs as DMA copies (one scale in and out): nearest Resize and
+#: Slice (a channel slice of an NCHW image; any other slice is still an exact int8 copy)
+MOVEMENT_OPS = {"Resize", "Slice"}
 
 
 def _is_copy(g: Graph, n: onnx.NodeProto) -> bool:
     """A Resize that copies elements (nearest): bilinear/cubic compute new values."""
+    if n.op_type == "Slice":
+        return True
     mode = g.attr(n, "mode", b"nearest")
     return (mode.decode() if isinstance(mode, bytes) else str(mode)) == "nearest"
 
@@ -489,7 +492,7 @@ def fp32_reasons(g: Graph, p: Plan, quantize_adds: bool = True) -> dict[str, tup
                    "two different tensors): stays FP32 on the CPU")
         else:
             why = ("no int8 form (the DSA runs conv/dense/matmul, adds, products, global "
-                   "means, pooling, Relu/Clip, Concat, nearest Resize and reshapes); runs in "
+                   "means, pooling, Relu/Clip, Concat, Slice, nearest Resize and reshapes); runs in "
                    "FP32 on the CPU")
         out[n.name] = (n.op_type, why)
     return out

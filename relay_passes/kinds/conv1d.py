@@ -22,25 +22,25 @@ from .spec import Kind, conv_variants
 from .weights import weight_constraints
 
 
-def _h1(shape: tuple[int, ...]) -> tuple[int, ...]:
+def h1(shape: tuple[int, ...]) -> tuple[int, ...]:
     """(N, C, W) -> (N, C, 1, W); (O, I, K) -> (O, I, 1, K)."""
     if len(shape) != 3:
         raise NotAMatch(f"conv1d operand of shape {shape} is not 3-D")
     return (shape[0], shape[1], 1, shape[2])
 
 
-def _as_2d(op: Operand) -> Operand:
-    value = None if op.value is None else op.value.reshape(_h1(op.value.shape))
-    return dataclasses.replace(op, shape=_h1(op.shape), value=value)
+def operand_h1(op: Operand) -> Operand:
+    value = None if op.value is None else op.value.reshape(h1(op.value.shape))
+    return dataclasses.replace(op, shape=h1(op.shape), value=value)
 
 
 def _read(r: Reader, root: Root) -> Match:
     fused, body = r.activation(root.body)
     bias, body = r.bias_add(body)
     op = r.need(body, "relax.nn.conv1d")
-    m = root.match("conv1d", op, [_as_2d(r.operand(op.args[0]))],
-                   weight=_as_2d(r.operand(op.args[1])), bias=bias, act=fused)
-    return dataclasses.replace(m, out_shape=_h1(m.out_shape))
+    m = root.match("conv1d", op, [operand_h1(r.operand(op.args[0]))],
+                   weight=operand_h1(r.operand(op.args[1])), bias=bias, act=fused)
+    return dataclasses.replace(m, out_shape=h1(m.out_shape))
 
 
 def attrs_2d(m: Match) -> SimpleNamespace:

@@ -1,4 +1,5 @@
-"""Data movement inside a region: ``quantize(concat(dq(a), dq(b), ...))`` along channels and
+"""Data movement inside a region: ``quantize(concat(dq(a), dq(b), ...))`` along channels,
+``quantize(strided_slice(dq(x)))`` a block-aligned channel range (C2f's split) and
 ``quantize(resize2d(dq(x)))`` nearest-neighbour by an integer factor. Both are copies when
 every tensor shares one scale and zero point (the quantizer plans them so); the layers go
 to the movement room (``tir_schedules.kinds.movement``), DMA only.
@@ -15,10 +16,11 @@ import numpy as np
 from tvm.relax.dpl import DFPattern, is_op, is_tuple, wildcard
 
 from dsa_tvm.hw.config import HardwareConfig
-from dsa_tvm.layers.ir import Concat, Layer, QTensor, Resize
+from dsa_tvm.layers.ir import Concat, Layer, QTensor, Resize, Slice
+from tir_schedules.kinds.movement import slice_reason
 
 from .common import Constraint, common_constraints
-from .match import Match, Reader, Root
+from .match import Match, Reader, Root, prim_float
 from .spec import Kind, dq, q
 
 #: concat inputs the table has patterns for (larger first)
@@ -67,6 +69,58 @@ def _concat_axis(m: Match, cfg: HardwareConfig) -> str | None:
 
 def _concat_layer(m: Match, name: str, inputs: list[QTensor], output: QTensor) -> Layer:
     return Concat(name, tuple(inputs), output, _axis(m))
+
+
+# ----------------------------------------------------------------------------- slice
+def _slice_variants() -> list[tuple[str, DFPattern]]:
+    op = "relax.strided_slice"
+    return [("strided", q(is_op(op)(dq(), wildcard(), wildcard(), wildcard(), wildcard()))),
+            ("plain", q(is_op(op)(dq(), wildcard(), wildcard(), wildcard())))]
+
+
+def _read_slice(r: Reader, root: Root) -> Match:
+    op = r.need(root.body, "relax.strided_slice")
+    return root.match("slice", op, [r.operand(op.args[0])])
+
+
+def _ints(r: Reader, expr) -> list[int]:
+    e = r.value(expr)
+    vals = e.fields if hasattr(e, "fields") else e.values
+    return [int(prim_float(v)) for v in vals]
+
+
+def slice_range(r: Reader, m: Match) -> tuple[list[int], list[tuple[int, int, int]]]:
+    """(axes, [(begin, end, stride)] normalised like Python's slice over each axis)."""
+    shape = m.inputs[0].shape
+    args = m.op.args
+    axes = [a % len(shape) for a in _ints(r, args[1])]
+    begin, end = _ints(r, args[2]), _ints(r, args[3])
+    steps = _ints(r, args[4]) if len(args) > 4 else [1] * len(axes)
+    return axes, [slice(b, e, s).indices(shape[a])
+                  for a, b, e, s in zip(axes, begin, end, steps)]
+
+
+def _slice_form(m: Match, cfg: HardwareConfig) -> str | None:
+    if len(m.out_shape) != 4:
+        return f"slice of a {len(m.out_shape)}-D tensor (NCHW images only)"
+    axes, ranges = slice_range(Reader(lambda v: None), m)
+    kept = [(a, rg) for a, rg in zip(axes, ranges)
+            if rg != (0, m.inputs[0].shape[a], 1)]
+    if any(a != 1 for a, _ in kept):
+        return (f"slice along axes {sorted({a for a, _ in kept})}: the DSA slices the "
+                f"channels (axis 1) only")
+    if not kept:
+        return None
+    b, e, st = kept[0][1]
+    if st != 1:
+        return f"channel stride {st} (only contiguous channel ranges are a block copy)"
+    return slice_reason(b, e, m.inputs[0].shape[1], cfg.block_out)
+
+
+def _slice_layer(m: Match, name: str, inputs: list[QTensor], output: QTensor) -> Layer:
+    axes, ranges = slice_range(Reader(lambda v: None), m)
+    begin = dict(zip(axes, ranges)).get(1, (0, 0, 1))[0]
+    return Slice(name, inputs[0], output, begin)
 
 
 # ----------------------------------------------------------------------------- resize
@@ -121,6 +175,11 @@ KINDS = (
                                  "input but the last a multiple of `{cfg.block_out}` channels",
                                  _concat_axis)),
          _concat_layer, "Concat (channels, 2-4 inputs, one scale)", "relax.concat"),
+    Kind("slice", 205, _slice_variants, _read_slice,
+         _constraints(Constraint("channel_slice", "a contiguous channel range of a 4-D NCHW "
+                                 "tensor, begin a multiple of `{cfg.block_out}`, the end too "
+                                 "unless it is the last channel", _slice_form)),
+         _slice_layer, "Slice (channels, block-aligned, one scale)", "relax.strided_slice"),
     Kind("resize", 201, _resize_variants, _read_resize,
          _constraints(Constraint("nearest", "nearest-neighbour, integer factors, NCHW, "
                                  "half_pixel or asymmetric+floor coordinates", _resize_form)),

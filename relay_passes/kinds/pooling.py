@@ -19,7 +19,7 @@ from .scales import in_out_factor, requant
 from .spec import Kind, unary
 
 
-def _avg_factors(m: Match) -> np.ndarray:
+def avg_factors(m: Match) -> np.ndarray:
     s_in, s_out = float(m.inputs[0].qp.scale[0]), float(m.out.scale[0])
     kh, kw = (int(v) for v in m.op.attrs.pool_size)
     return np.array([s_in / (s_out * kh * kw)])
@@ -45,7 +45,7 @@ def _tile(m: Match, cfg: HardwareConfig) -> str | None:
     return None
 
 
-def _count(m: Match, cfg: HardwareConfig) -> str | None:
+def count(m: Match, cfg: HardwareConfig) -> str | None:
     a = m.op.attrs
     pads = [int(p) for p in a.padding]
     if any(pads) and not bool(a.count_include_pad):
@@ -54,7 +54,8 @@ def _count(m: Match, cfg: HardwareConfig) -> str | None:
     return None
 
 
-_WINDOW = [
+#: the window constraints every pool kind shares (2-D attributes)
+WINDOW = [
     Constraint("attrs", "NCHW, ceil_mode=False, dilation 1", _attrs),
     Constraint("padding", f"padding <= {MAX_PAD} per side", image.pads),
     Constraint("strides", "strides < 2^(input address bits)", image.strides),
@@ -73,18 +74,26 @@ def _kind(name: str, op: str, priority: int, factors: Factors, extra: list[Const
         return root.match(name, call, [r.operand(call.args[0])])
 
     def to_layer(m: Match, layer: str, inputs: list[QTensor], output: QTensor) -> Layer:
-        a = m.op.attrs
-        return Pool2d(layer, name[:3], inputs[0], output, tuple(int(v) for v in a.pool_size),
-                      tuple(int(v) for v in a.strides), tuple(int(v) for v in a.padding),
-                      requant(factors(m), m))
+        return pool_layer(name[:3], factors, m, layer, inputs, output)
 
-    return Kind(name, priority, variants, read, common_constraints(factors) + _WINDOW + extra,
+    return Kind(name, priority, variants, read, common_constraints(factors) + WINDOW + extra,
                 to_layer, onnx, op)
 
 
+def pool_layer(mode: str, factors: Factors, m: Match, layer: str, inputs: list[QTensor],
+               output: QTensor) -> Pool2d:
+    """The Pool2d layer of a match whose anchor carries 2-D pool attributes (``mode``:
+    max or avg); shared with the 1-D pools, which pass a height-1 view."""
+    a = m.op.attrs
+    return Pool2d(layer, mode, inputs[0], output, tuple(int(v) for v in a.pool_size),
+                  tuple(int(v) for v in a.strides), tuple(int(v) for v in a.padding),
+                  requant(factors(m), m))
+
+
+COUNT = Constraint("count", "no padding or count_include_pad=True (constant window count)",
+                   count)
+
 KINDS = (
     _kind("max_pool2d", "relax.nn.max_pool2d", 600, in_out_factor, [], "MaxPool"),
-    _kind("avg_pool2d", "relax.nn.avg_pool2d", 590, _avg_factors,
-          [Constraint("count", "no padding or count_include_pad=True (constant window count)",
-                      _count)], "AveragePool"),
+    _kind("avg_pool2d", "relax.nn.avg_pool2d", 590, avg_factors, [COUNT], "AveragePool"),
 )

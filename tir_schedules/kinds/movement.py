@@ -1,4 +1,5 @@
-"""Room: data movement inside a region (concat along channels, nearest resize): DMA only.
+"""Room: data movement inside a region (concat and slice along channels, nearest resize):
+DMA only.
 
 Both layers are copies in the blocked layout ``[N][H][W][CB][block]`` (one scale for
 input and output, no requant), so the room emits LOAD/STORE pairs through the
@@ -8,6 +9,10 @@ accumulator scratchpad itself instead of building TIR:
   slice of the output (STORE ``x_stride`` = the output's blocks per pixel). Only whole
   channel blocks move, so every input but the last must have a multiple of ``block``
   channels (the last one's padded lanes land in the output's padding);
+* slice: each chunk of pixels loads the output's channel blocks of every pixel (LOAD
+  ``x_stride`` = the input's blocks per pixel, base at the first block) and stores them
+  contiguously. ``begin`` must be a multiple of ``block``; the end too unless it is the
+  input's last channel (then the input's padded lanes land in the output's padding);
 * resize ``(sh, sw)``: one input row (or a piece of it) is loaded once and stored
   ``sh * sw`` times, each STORE writing every ``sw``-th output pixel
   (``x_stride = sw * CB``): the repeat is in the addressing, no lane moves.
@@ -26,7 +31,7 @@ from dsa_tvm.intmath import ceil_div
 from dsa_tvm.isa.formats import DRAM_SIZE_BITS
 from dsa_tvm.isa.instructions import Buffer
 from dsa_tvm.layers.checks import inputs_read, with_weights
-from dsa_tvm.layers.ir import Concat, Resize
+from dsa_tvm.layers.ir import Concat, Resize, Slice
 
 from .base import Kind, Recipe, UnsupportedLayer
 
@@ -36,15 +41,17 @@ MAX_DMA = (1 << DRAM_SIZE_BITS) - 1
 @dataclass(frozen=True)
 class MoveShape:
     """``concat``: inputs of ``cbs`` channel blocks each over ``n*h*w`` pixels;
-    ``resize``: one input of ``cbs[0]`` blocks, ``n x h x w`` pixels, upsampled by ``scale``."""
+    ``resize``: one input of ``cbs[0]`` blocks, ``n x h x w`` pixels, upsampled by ``scale``;
+    ``slice``: ``cbs = (input blocks, output blocks)``, the output from block ``offset`` on."""
 
-    kind: str                 # "concat" | "resize"
+    kind: str                 # "concat" | "resize" | "slice"
     n: int
     h: int
     w: int
     cbs: tuple[int, ...]
     block: int
     scale: tuple[int, int] = (1, 1)
+    offset: int = 0
 
 
 @dataclass(frozen=True)
@@ -53,12 +60,16 @@ class MoveKnobs:
 
 
 def _cb_out(s: MoveShape) -> int:
-    return sum(s.cbs) if s.kind == "concat" else s.cbs[0]
+    return {"concat": sum(s.cbs), "slice": s.cbs[-1]}.get(s.kind, s.cbs[0])
 
 
 def _transfers(s: MoveShape, k: MoveKnobs) -> list[tuple[int, int]]:
     """(rows loaded, stores of them) per staged chunk, in program order."""
     out = []
+    if s.kind == "slice":
+        p, cb = s.n * s.h * s.w, s.cbs[1]
+        pc = max(1, k.rows // cb)
+        return [(min(pc, p - p0) * cb, 1) for p0 in range(0, p, pc)]
     if s.kind == "concat":
         p = s.n * s.h * s.w
         for cb in s.cbs:
@@ -75,7 +86,7 @@ def _transfers(s: MoveShape, k: MoveKnobs) -> list[tuple[int, int]]:
 def move_fits(cfg: HardwareConfig, s: MoveShape, k: MoveKnobs) -> str | None:
     if k.rows > cfg.acc_depth:
         return f"{k.rows} staged rows exceed the {cfg.acc_depth}-row accumulator"
-    if max(s.cbs) > k.rows:
+    if _cb_out(s) > k.rows or (s.kind != "slice" and max(s.cbs) > k.rows):
         return f"one pixel's {max(s.cbs)} channel blocks exceed {k.rows} staged rows"
     if max(s.cbs) * max(s.scale[1], 1) > MAX_DMA or _cb_out(s) > MAX_DMA:
         return f"DMA stride exceeds the {DRAM_SIZE_BITS}-bit DMA fields"
@@ -123,6 +134,16 @@ def emit_move(b, cfg: HardwareConfig, s: MoveShape, k: MoveKnobs, regions: dict)
         slot ^= 1 if half else 0
         return base
 
+    if s.kind == "slice":
+        x, cbi = regions["x"], s.cbs[0]
+        p = s.n * s.h * s.w
+        pc = max(1, (half or k.rows) // cbo)
+        for p0 in range(0, p, pc):
+            m = min(pc, p - p0)
+            base = stage()
+            b.load(buf, base, b.addr(x, buf) + p0 * cbi + s.offset, m, cbo, cbi)
+            b.store(buf, base, b.addr(y, buf) + p0 * cbo, 1, m * cbo, m * cbo)
+        return
     if s.kind == "concat":
         p = s.n * s.h * s.w
         cb0 = 0
@@ -203,6 +224,39 @@ def resize_recipe(layer: Resize, cfg: HardwareConfig, consts: bool) -> Recipe:
     return Recipe(KIND, shape, {"x": layer.input})
 
 
+def slice_recipe(layer: Slice, cfg: HardwareConfig, consts: bool) -> Recipe:
+    block = cfg.block_out
+    x, y = layer.input.shape, layer.output.shape
+    if len(x) != 4 or len(y) != 4:
+        raise UnsupportedLayer(f"{layer.name}: slice of {len(x)}-D tensors (NCHW only)")
+    if (x[0],) + tuple(x[2:]) != (y[0],) + tuple(y[2:]):
+        raise UnsupportedLayer(f"{layer.name}: {x} -> {y} differ off the channel axis")
+    end = layer.begin + y[1]
+    why = slice_reason(layer.begin, end, x[1], block)
+    if why:
+        raise UnsupportedLayer(f"{layer.name}: {why}")
+    _same_grid(layer, [layer.input])
+    shape = MoveShape("slice", x[0], x[2], x[3], (ceil_div(x[1], block), ceil_div(y[1], block)),
+                      block, offset=layer.begin // block)
+    return Recipe(KIND, shape, {"x": layer.input})
+
+
+def slice_reason(begin: int, end: int, channels: int, block: int) -> str | None:
+    """None if channels ``[begin, end)`` of ``channels`` are whole blocks for the DMA."""
+    if not 0 <= begin < end <= channels:
+        return f"channels [{begin}, {end}) are not a non-empty range of 0..{channels}"
+    if begin % block or (end % block and end != channels):
+        return (f"channels [{begin}, {end}) of {channels}: the DMA moves whole {block}-lane "
+                f"blocks (begin a multiple of {block}; the end too unless it is the last "
+                f"channel)")
+    return None
+
+
+def run_slice(ly: Slice, env: dict[str, np.ndarray]) -> np.ndarray:
+    x = env[ly.input.name].reshape(ly.input.shape)
+    return np.ascontiguousarray(x[:, ly.begin:ly.begin + ly.output.shape[1]])
+
+
 def run_concat(ly: Concat, env: dict[str, np.ndarray]) -> np.ndarray:
     return np.concatenate([env[t.name].reshape(t.shape) for t in ly.inputs], axis=ly.axis)
 
@@ -215,17 +269,22 @@ def run_resize(ly: Resize, env: dict[str, np.ndarray]) -> np.ndarray:
 
 def _describe(ly) -> str:
     ins = ly.inputs if isinstance(ly, Concat) else (ly.input,)
-    extra = f" x{ly.scale}" if isinstance(ly, Resize) else f" axis={ly.axis}"
+    extra = (f" x{ly.scale}" if isinstance(ly, Resize) else f" from {ly.begin}"
+             if isinstance(ly, Slice) else f" axis={ly.axis}")
     return (f"{type(ly).__name__} {ly.name}: {' + '.join(str(tuple(t.shape)) for t in ins)}"
             f"{extra} -> {tuple(ly.output.shape)}")
 
 
 def _bounds(ly) -> tuple[int, int]:
-    """Resize reads every input element once (each is a source of some output pixel)."""
+    """Resize reads every input element once (each is a source of some output pixel);
+    a slice reads only the channels it keeps."""
+    if isinstance(ly, Slice):
+        return with_weights(ly, int(np.prod(ly.output.shape)))
     return with_weights(ly, inputs_read(ly))
 
 
-LAYERS = {Concat: (concat_recipe, run_concat), Resize: (resize_recipe, run_resize)}
+LAYERS = {Concat: (concat_recipe, run_concat), Resize: (resize_recipe, run_resize),
+          Slice: (slice_recipe, run_slice)}
 
 KIND = Kind(
     name="movement", layers=tuple(LAYERS),
