@@ -8,6 +8,7 @@ cases with a region offloaded, and the wall time. ``--write-expected`` regenerat
 with reasons); otherwise the run is compared with it.
 
     python benchmarks/bench_conformance.py [-k SUBSTRING] [--write-expected] [--hw default]
+                                          [--workers 2]
 """
 
 from __future__ import annotations
@@ -24,6 +25,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--write-expected", action="store_true",
                     help="regenerate tests/e2e/onnx_conformance_expected.json from this run")
     ap.add_argument("-v", action="store_true", help="one line per case")
+    ap.add_argument("--workers", type=int, default=1, help="processes sharing the cases")
     args = ap.parse_args(argv)
 
     from dsa_tvm import conformance as C
@@ -37,7 +39,7 @@ def main(argv: list[str] | None = None) -> int:
             print(f"{r.name}: llvm {r.llvm} {r.llvm_reason} | dsa {r.dsa} {r.dsa_reason}"
                   f"{' | offloaded ' + str(r.offloaded) if r.offloaded else ''}", flush=True)
 
-    results = C.sweep(cases, args.hw, progress=show)
+    results = C.sweep(cases, args.hw, progress=show, workers=args.workers)
     wall = time.perf_counter() - t0
     for k, v in C.summary(results).items():
         print(f"{k:>30}: {v}")

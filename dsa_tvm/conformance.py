@@ -177,15 +177,41 @@ def run_case(case, hardware: Any = None) -> CaseResult:
 
 
 def sweep(cases: Iterable | None = None, hardware: Any = None,
-          progress: Callable[[CaseResult], None] | None = None) -> list[CaseResult]:
-    """:func:`run_case` over ``cases`` (default: every node case)."""
-    out = []
-    for case in node_cases() if cases is None else cases:
-        r = run_case(case, hardware)
-        out.append(r)
-        if progress is not None:
-            progress(r)
+          progress: Callable[[CaseResult], None] | None = None,
+          workers: int = 1) -> list[CaseResult]:
+    """:func:`run_case` over ``cases`` (default: every node case), in order.
+
+    ``workers > 1`` shares batches of cases (pickled: 10 MB for all) among that many
+    fresh (spawned) processes.
+    """
+    cases = list(node_cases() if cases is None else cases)
+    out: list[CaseResult] = []
+    if workers <= 1 or len(cases) < 2 * _BATCH:
+        for case in cases:
+            out.append(run_case(case, hardware))
+            if progress is not None:
+                progress(out[-1])
+        return out
+    import multiprocessing
+    from concurrent.futures import ProcessPoolExecutor
+
+    batches = [cases[i:i + _BATCH] for i in range(0, len(cases), _BATCH)]
+    with ProcessPoolExecutor(workers, mp_context=multiprocessing.get_context("spawn")) as pool:
+        for batch in pool.map(_sweep_batch, batches, [hardware] * len(batches)):
+            for r in batch:
+                out.append(r)
+                if progress is not None:
+                    progress(r)
     return out
+
+
+#: cases per batch a worker process runs (small enough to keep every worker busy to the end)
+_BATCH = 24
+
+
+def _sweep_batch(cases: list, hardware: Any) -> list[CaseResult]:
+    """One worker's batch, in order."""
+    return [run_case(c, hardware) for c in cases]
 
 
 def dsa_breaks(results: Iterable[CaseResult]) -> list[CaseResult]:

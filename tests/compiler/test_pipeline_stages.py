@@ -73,7 +73,7 @@ def test_each_stage_once_per_match_region_and_layer(small_cnn, monkeypatch):
 
     assert not report.error and report.regions, str(report)
     kinds = {ly.split(":")[-1] for d in report.regions for ly in d.layers}
-    assert {"conv2d", "max_pool2d", "add", "dense"} <= kinds, kinds
+    assert {"conv2d", "max_pool2d", "add", "dense_flat"} <= kinds, kinds  # the head: a flatten view
     layers = sum(len(d.layers) for d in report.regions)
     for name in ("describe", "check", "region_from_function", "lowering_supports", "recipe",
                  "compile_region"):

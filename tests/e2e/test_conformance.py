@@ -11,6 +11,8 @@ same outputs (bit for bit when no region is offloaded).
 
 from __future__ import annotations
 
+import os
+
 import pytest
 
 from dsa_tvm import conformance as C
@@ -18,7 +20,7 @@ from dsa_tvm import conformance as C
 
 @pytest.fixture(scope="module")
 def results() -> list[C.CaseResult]:
-    return C.sweep()
+    return C.sweep(workers=min(2, os.cpu_count() or 1))  # compile-bound: one case per core
 
 
 def test_every_node_case_is_swept(results):
