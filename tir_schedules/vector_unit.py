@@ -17,6 +17,10 @@ from __future__ import annotations
 import math
 
 from dsa_tvm.hw.config import HardwareConfig
+from dsa_tvm.isa.formats import DRAM_SIZE_BITS
+
+#: the largest count a 16-bit DMA size or stride field holds
+MAX_DMA = (1 << DRAM_SIZE_BITS) - 1
 
 
 def acc_fits(cfg: HardwareConfig, need: int) -> str | None:
@@ -30,6 +34,24 @@ def check_fits(cfg: HardwareConfig, problem: str | None, k) -> None:
     """Raise when a schedule is asked for knobs ``k`` that do not fit (``problem``)."""
     if problem:
         raise ValueError(f"tiling {k} does not fit '{cfg.name}': {problem}")
+
+
+def staged_rows_knobs(make, fits):
+    """(candidates, default) of a DMA-only room whose one knob is its staged row count:
+    as many accumulator rows as the part has and one DMA field counts. ``default`` raises
+    ValueError with ``fits``'s reason when even that does not fit."""
+    def candidates(cfg: HardwareConfig, s) -> list:
+        k = make(min(cfg.acc_depth, MAX_DMA))
+        return [k] if fits(cfg, s, k) is None else []
+
+    def default(cfg: HardwareConfig, s):
+        k = make(min(cfg.acc_depth, MAX_DMA))
+        why = fits(cfg, s, k)
+        if why is not None:
+            raise ValueError(why)
+        return k
+
+    return candidates, default
 
 
 def no_tiling(cfg: HardwareConfig, s, problem: str | None) -> ValueError:

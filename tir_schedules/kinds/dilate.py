@@ -28,9 +28,8 @@ from dsa_tvm.isa.instructions import AluOp, Buffer
 from dsa_tvm.layers.checks import inputs_read, with_weights
 from dsa_tvm.layers.ir import Dilate
 
+from ..vector_unit import MAX_DMA, staged_rows_knobs
 from .base import Kind, Recipe, UnsupportedLayer
-
-MAX_DMA = (1 << DRAM_SIZE_BITS) - 1
 
 
 @dataclass(frozen=True)
@@ -95,16 +94,7 @@ def dilate_fits(cfg: HardwareConfig, s: DilateShape, k: DilateKnobs) -> str | No
     return None
 
 
-def candidate_dilate_knobs(cfg: HardwareConfig, s: DilateShape) -> list[DilateKnobs]:
-    k = DilateKnobs(min(cfg.acc_depth, MAX_DMA))
-    return [k] if dilate_fits(cfg, s, k) is None else []
-
-
-def default_dilate_knobs(cfg: HardwareConfig, s: DilateShape) -> DilateKnobs:
-    cands = candidate_dilate_knobs(cfg, s)
-    if not cands:
-        raise ValueError(dilate_fits(cfg, s, DilateKnobs(min(cfg.acc_depth, MAX_DMA))))
-    return cands[0]
+candidate_dilate_knobs, default_dilate_knobs = staged_rows_knobs(DilateKnobs, dilate_fits)
 
 
 def estimate_dilate_cycles(cfg: HardwareConfig, s: DilateShape, k: DilateKnobs) -> float:

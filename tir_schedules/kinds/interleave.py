@@ -23,9 +23,8 @@ from dsa_tvm.isa.instructions import Buffer
 from dsa_tvm.layers.checks import inputs_read, with_weights
 from dsa_tvm.layers.ir import Interleave
 
+from ..vector_unit import MAX_DMA, staged_rows_knobs
 from .base import Kind, Recipe, UnsupportedLayer
-
-MAX_DMA = (1 << DRAM_SIZE_BITS) - 1
 
 
 @dataclass(frozen=True)
@@ -69,16 +68,7 @@ def weave_fits(cfg: HardwareConfig, s: WeaveShape, k: WeaveKnobs) -> str | None:
     return None
 
 
-def candidate_weave_knobs(cfg: HardwareConfig, s: WeaveShape) -> list[WeaveKnobs]:
-    k = WeaveKnobs(min(cfg.acc_depth, MAX_DMA))
-    return [k] if weave_fits(cfg, s, k) is None else []
-
-
-def default_weave_knobs(cfg: HardwareConfig, s: WeaveShape) -> WeaveKnobs:
-    cands = candidate_weave_knobs(cfg, s)
-    if not cands:
-        raise ValueError(weave_fits(cfg, s, WeaveKnobs(min(cfg.acc_depth, MAX_DMA))))
-    return cands[0]
+candidate_weave_knobs, default_weave_knobs = staged_rows_knobs(WeaveKnobs, weave_fits)
 
 
 def estimate_weave_cycles(cfg: HardwareConfig, s: WeaveShape, k: WeaveKnobs) -> float:

@@ -33,9 +33,8 @@ from dsa_tvm.isa.instructions import Buffer
 from dsa_tvm.layers.checks import inputs_read, with_weights
 from dsa_tvm.layers.ir import Concat, Resize, Slice
 
+from ..vector_unit import MAX_DMA, staged_rows_knobs
 from .base import Kind, Recipe, UnsupportedLayer
-
-MAX_DMA = (1 << DRAM_SIZE_BITS) - 1
 
 
 @dataclass(frozen=True)
@@ -93,17 +92,7 @@ def move_fits(cfg: HardwareConfig, s: MoveShape, k: MoveKnobs) -> str | None:
     return None
 
 
-def candidate_move_knobs(cfg: HardwareConfig, s: MoveShape) -> list[MoveKnobs]:
-    rows = min(cfg.acc_depth, MAX_DMA)
-    k = MoveKnobs(rows)
-    return [k] if move_fits(cfg, s, k) is None else []
-
-
-def default_move_knobs(cfg: HardwareConfig, s: MoveShape) -> MoveKnobs:
-    cands = candidate_move_knobs(cfg, s)
-    if not cands:
-        raise ValueError(move_fits(cfg, s, MoveKnobs(min(cfg.acc_depth, MAX_DMA))))
-    return cands[0]
+candidate_move_knobs, default_move_knobs = staged_rows_knobs(MoveKnobs, move_fits)
 
 
 def estimate_move_cycles(cfg: HardwareConfig, s: MoveShape, k: MoveKnobs) -> float:

@@ -25,15 +25,13 @@ import numpy as np
 
 from dsa_tvm.hw.config import HardwareConfig
 from dsa_tvm.intmath import ceil_div
-from dsa_tvm.isa.formats import DRAM_SIZE_BITS
 from dsa_tvm.isa.instructions import Buffer
 from dsa_tvm.layers.checks import inputs_read, with_weights
 from dsa_tvm.layers.ir import Permute
 from dsa_tvm.layers.layouts import image_dims
 
+from ..vector_unit import MAX_DMA, staged_rows_knobs
 from .base import Kind, Recipe, UnsupportedLayer
-
-MAX_DMA = (1 << DRAM_SIZE_BITS) - 1
 
 
 @dataclass(frozen=True)
@@ -126,16 +124,7 @@ def perm_fits(cfg: HardwareConfig, s: PermShape, k: PermKnobs) -> str | None:
     return None
 
 
-def candidate_perm_knobs(cfg: HardwareConfig, s: PermShape) -> list[PermKnobs]:
-    k = PermKnobs(min(cfg.acc_depth, MAX_DMA))
-    return [k] if perm_fits(cfg, s, k) is None else []
-
-
-def default_perm_knobs(cfg: HardwareConfig, s: PermShape) -> PermKnobs:
-    cands = candidate_perm_knobs(cfg, s)
-    if not cands:
-        raise ValueError(perm_fits(cfg, s, PermKnobs(min(cfg.acc_depth, MAX_DMA))))
-    return cands[0]
+candidate_perm_knobs, default_perm_knobs = staged_rows_knobs(PermKnobs, perm_fits)
 
 
 def estimate_perm_cycles(cfg: HardwareConfig, s: PermShape, k: PermKnobs) -> float:
