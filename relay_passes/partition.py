@@ -45,8 +45,24 @@ from .walkable import merge_blockers
 CODEGEN = "dsa"
 
 
+def _leaks(ctx: PatternCheckContext) -> bool:
+    """A value made inside the match (an int8 move the pattern took in) that is also read
+    outside it: the composite would return a tuple instead of one int8 tensor."""
+    inside = list(ctx.matched_bindings.keys())
+    root = ctx.value_to_bound_var.get(ctx.annotated_expr["root"])
+    usages = ctx.var_usages
+    for v in inside:
+        if root is not None and v.same_as(root):
+            continue
+        if any(not any(u.same_as(w) for w in inside) for u in usages.get(v, [])):
+            return True
+    return False
+
+
 def _make_check(index: int, memo: MatchMemo):
     def _check(ctx: PatternCheckContext) -> bool:
+        if _leaks(ctx):
+            return False
         bindings = dict(ctx.matched_bindings.items())
         verdict = memo.verdict(index, ctx.annotated_expr["root"], bindings)
         return verdict is not None and verdict.ok

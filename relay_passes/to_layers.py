@@ -15,10 +15,13 @@ from tvm import relax
 
 from dsa_tvm.layers.ir import (
     Add,
+    AddConst,
+    BatchMatmul,
     Conv2d,
     Dense,
     Layer,
     LayerNorm,
+    Permute,
     QTensor,
     Region,
     Rescale,
@@ -77,7 +80,7 @@ def region_from_function(func: relax.Function, name: str) -> Region:
             src = arg_of.get(op.expr)
             if not isinstance(src, relax.Var):
                 raise LoweringError(f"region {name}: input of {b.var.name} is not a region tensor")
-            ins.append(qtensor(tname(src), op.shape, op.qp))
+            ins.append(qtensor(tname(src), op.source_shape or op.shape, op.qp))
         made = layer_from_match(m, f"{name}.{len(layers)}:{m.kind}", ins,
                                 qtensor(tname(b.var), m.out_shape, m.out))
         # a kind may make several layers (a transposed conv: zero insertion, then a conv)
@@ -180,12 +183,15 @@ def _row_views(layers: list[Layer], region: str) -> list[Layer]:
     out for both: the region stays on the CPU, saying so."""
     rows = {t.name for ly in layers if isinstance(ly, (Dense, *_NORMS))
             for t in (ly.input, ly.output) if len(t.shape) == 2}
+    # batch matmuls and data movements read every tensor as rows of its last axis
+    rows |= {t.name for ly in layers if isinstance(ly, (BatchMatmul, Permute))
+             for t in layer_inputs(ly) + [ly.output] if len(t.shape) != 4}
     out = list(layers)
     changed = True
     while changed:
         changed = False
         for i, ly in enumerate(out):
-            if not isinstance(ly, (Add, Rescale, Table)):
+            if not isinstance(ly, (Add, AddConst, Rescale, Table)):
                 continue
             ts = layer_inputs(ly) + [ly.output]
             if any(len(t.shape) == 4 for t in ts) and {t.name for t in ts} & rows:

@@ -53,9 +53,10 @@ def inputs_read(layer: Layer) -> int:
 
 def with_weights(layer: Layer, read: int) -> tuple[int, int]:
     """(``read`` plus the layer's weight bytes, the output bytes): a layer's bounds."""
-    weight = getattr(layer, "weight", None)
-    if weight is not None:
-        read += int(weight.size)
+    for field in ("weight", "const"):  # a constant operand is read like a weight
+        data = getattr(layer, field, None)
+        if data is not None:
+            read += int(np.size(data))
     return read, elements(layer.output.shape)
 
 

@@ -23,6 +23,8 @@ from .layouts import im2col, pack_activation, pack_conv_weights, pack_output_sta
 
 PARAMS = "#params"
 ROWSUM = "#rowsum"
+#: an on-device matmul's column correction, made on the device (``-zp_a * sum_k b``)
+COLSUM = "#colsum"
 
 
 def batch_dims(shape: tuple[int, ...]) -> tuple[int, int, int]:

@@ -104,13 +104,18 @@ class Dense:
 class BatchMatmul:
     """acc[b, m, n] = sum_k (a[b, m, k] - a.zero_point) * (b[b, k, n] - b.zero_point).
 
-    Both operands are activations (attention: Q @ K^T, P @ V)."""
+    Both operands are activations (attention: Q @ K^T, P @ V). ``on_device``: ``b`` has
+    zero point 0 and is made in the region by a :class:`Permute` with ``weight_tiles``
+    (laid out as the array's weight tiles; with ``column_sums = -zp_a`` it also writes the
+    correction for ``a``'s zero point), so nothing comes from the host; otherwise the host
+    packs both operands at the region boundary."""
 
     name: str
     a: QTensor               # (B, M, K): leading dimensions of the graph flattened into B
     b: QTensor               # (B, K, N)
     output: QTensor          # (B, M, N)
     requant: Requant
+    on_device: bool = False
 
     @property
     def macs(self) -> int:
@@ -186,6 +191,26 @@ class BiasAdd:
     output: QTensor
     x_mult: int
     bias: np.ndarray         # int32 [C]
+    requant: Requant
+
+    @property
+    def macs(self) -> int:
+        return 0
+
+
+@dataclass(frozen=True)
+class AddConst:
+    """acc = (x - x.zp) * x_mult + c * c_mult; y = requant(acc): an activation plus a
+    constant tensor (attention's mask), ``c`` the int8 codes of the constant on a grid of
+    its own (zero point 0) in the output's logical shape (broadcast over its leading
+    axes by the front end)."""
+
+    name: str
+    input: QTensor
+    output: QTensor
+    x_mult: int
+    c_mult: int
+    const: np.ndarray        # int8, output.shape's element count, in its element order
     requant: Requant
 
     @property
@@ -284,7 +309,8 @@ class Interleave:
         return 0
 
 
-Layer = (Conv2d | Dense | BatchMatmul | Pool2d | GlobalAvgPool | Add | BiasAdd | Rescale
+Layer = (Conv2d | Dense | BatchMatmul | Pool2d | GlobalAvgPool | Add | BiasAdd | AddConst
+         | Rescale
          | Concat | Resize | Slice | Dilate | Interleave)
 
 
@@ -354,21 +380,34 @@ class Permute:
     the element order of ``output.shape`` (a reshape alone: ``perm`` the identity). The
     input and output shapes are the views the region lays them out in (rows of the last
     axis, or NCHW images), so a reshape that keeps the element order may still move
-    bytes; one scale and zero point (a copy)."""
+    bytes; one scale and zero point (a copy). ``then``: more (view, perm) steps after the
+    first (a graph's reshape -> permute_dims -> reshape chain). ``weight_tiles``: the
+    output is the second operand of an on-device :class:`BatchMatmul` and is laid out in
+    DRAM as its weight tiles (``tir_schedules.kinds.permute``); the values are the same."""
 
     name: str
     input: QTensor
     output: QTensor
     view: tuple[int, ...]
     perm: tuple[int, ...]
+    then: tuple[tuple[tuple[int, ...], tuple[int, ...]], ...] = ()
+    weight_tiles: bool = False
+    #: weight tiles only: also write ``column_sums * sum_k b[k, n]`` (int32) per batch and
+    #: column, the matmul's correction for its first operand's zero point (``-zp_a``)
+    column_sums: int = 0
 
     @property
     def macs(self) -> int:
         return 0
 
+    def steps(self) -> tuple[tuple[tuple[int, ...], tuple[int, ...]], ...]:
+        return ((tuple(self.view), tuple(self.perm)),) + tuple(self.then)
+
     def apply(self, x: np.ndarray) -> np.ndarray:
         """The logical movement on an array of ``input.shape`` (any dtype)."""
-        return np.transpose(x.reshape(self.view), self.perm).reshape(self.output.shape)
+        for view, perm in self.steps():
+            x = np.transpose(x.reshape(view), perm)
+        return x.reshape(self.output.shape)
 
 
 Layer = Layer | Permute

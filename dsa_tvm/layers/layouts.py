@@ -9,6 +9,8 @@ compiler packs constants with them.
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import numpy as np
 
 from ..intmath import ceil_div, window_out_hw
@@ -27,12 +29,24 @@ def image_dims(shape: tuple[int, ...]) -> tuple[int, int, int, int]:
 
 
 def same_bytes(a: tuple[int, ...], b: tuple[int, ...]) -> bool:
-    """Two views of one tensor with one DSA layout: equal, or an (N, C, 1, 1) image and the
-    (N, C) rows a dense reads it as (a flatten: each image is one row of blocks)."""
+    """Two views of one tensor with one DSA layout: equal, two matrix views with the same
+    rows of the same last axis ((1, T, D), (T, D), (B*H, T, D) with B*H*T rows), or an
+    (N, C, 1, 1) image and the (N, C) rows a dense reads it as (a flatten: each image is
+    one row of blocks)."""
     if a == b:
         return True
+    if len(a) != 4 and len(b) != 4 and a and b:
+        return a[-1] == b[-1] and int(np.prod(a)) == int(np.prod(b))
     img, rows = (a, b) if len(a) == 4 else (b, a)
     return len(img) == 4 and img[2:] == (1, 1) and rows == img[:2]
+
+
+def rows_view(t):
+    """A tensor as the rows of its last axis, (rows, C): the view a data movement reads
+    any non-image tensor in (every matrix view of it is the same bytes)."""
+    shape = tuple(t.shape)
+    rows = int(np.prod(shape[:-1], dtype=np.int64)) if len(shape) > 1 else 1
+    return replace(t, shape=(rows, int(shape[-1])))
 
 
 def broadcast_dims(a: tuple[int, ...], b: tuple[int, ...]) -> tuple[int, int, int, int] | str:
@@ -99,10 +113,12 @@ def unpack_activation(y: np.ndarray, shape: tuple[int, ...]) -> np.ndarray:
 
 
 def pack_conv_weights(w: np.ndarray, block_in: int, block_out: int) -> np.ndarray:
-    """int8 [O, I, KH, KW] -> [OB][KH][KW][IB][block_out][block_in] tiles, zero padded."""
+    """int8 [O, I, KH, KW] -> [OB][KH][KW][IB][block_out][block_in] tiles, zero padded
+    (another integer dtype is kept: an index array gives the tile order)."""
     o, i, kh, kw = w.shape
     ob, ib = ceil_div(o, block_out), ceil_div(i, block_in)
-    p = np.zeros((ob * block_out, ib * block_in, kh, kw), dtype=np.int8)
+    dtype = w.dtype if np.issubdtype(w.dtype, np.integer) else np.int8
+    p = np.zeros((ob * block_out, ib * block_in, kh, kw), dtype=dtype)
     p[:o, :i] = w
     return np.ascontiguousarray(
         p.reshape(ob, block_out, ib, block_in, kh, kw).transpose(0, 4, 5, 2, 1, 3))

@@ -28,7 +28,7 @@ from ..isa.builder import ProgramBuilder
 from ..isa.instructions import Sync
 from ..isa.program import Program
 from ..isa.sync import insert_dependencies
-from ..layers.host_pack import PARAMS, ROWSUM, batch_dims
+from ..layers.host_pack import COLSUM, PARAMS, ROWSUM, batch_dims
 from ..layers.ir import BatchMatmul, Layer, QTensor, Region, layer_inputs
 from ..layers.layouts import blocked_shape, same_bytes
 from .fold_input import fold_region_inputs
@@ -124,10 +124,20 @@ def compile_region(region: Region, cfg: HardwareConfig,
                 knobs = r.kind.default(cfg, r.shape)
             except ValueError as e:
                 raise UnsupportedLayer(f"{layer.name}: {e}") from None
+        if getattr(layer, "weight_tiles", False) and layer.output.name not in tensors:
+            bt, k, n = batch_dims(layer.output.shape)   # an on-device matmul's weight tiles
+            tensors[layer.output.name] = b.region(
+                layer.output.name, "scratch", (bt, ceil_div(n, bo), ceil_div(k, bi), bo, bi),
+                "int8")
+            if layer.column_sums:  # written by the movement, read by the matmul
+                name = layer.output.name + COLSUM
+                tensors[name] = b.region(name, "scratch", (bt * ceil_div(n, bo), bo), "int32")
         regions = {}
         for name, data in r.consts.items():
             regions[name] = b.region(f"{layer.name}.{name}", "const", data.shape,
                                      data.dtype.name, data=data)
+        for name, shape in r.scratch.items():
+            regions[name] = b.region(f"{layer.name}.{name}", "scratch", shape, "int8")
         for name, t in r.inputs.items():
             regions[name] = dram(t, "scratch")
         for name, region_name in r.host.items():
@@ -179,7 +189,7 @@ def _matmul_operands(region: Region) -> dict[str, dict]:
     readers = region.readers()
     out: dict[str, dict] = {}
     for ly in region.layers:
-        if not isinstance(ly, BatchMatmul):
+        if not isinstance(ly, BatchMatmul) or ly.on_device:
             continue
         for t in (ly.a, ly.b):
             if t.name not in inputs:

@@ -228,6 +228,15 @@ def _split_outliers(fp32: onnx.ModelProto, feeds, show_progress: bool
 #: whatever the calibration saw (the [norm] units' natural grid; a calibrated max below 1
 #: would clip a sharper row at run time)
 SOFTMAX_OUT = ActQuant(1 / 256, -128)
+def attention_operands(g: onnx.GraphProto) -> set[str]:
+    """Second inputs of every MatMul of two activations (attention's K^T of Q @ K^T and V
+    of P @ V): they get zero point 0, which lets the DSA compute the product from operands
+    made on the device (the first operand's zero point is corrected with column sums of
+    the second; the second's would need row sums of the first for every row)."""
+    consts = {i.name for i in g.initializer} | {
+        n.output[0] for n in g.node if n.op_type == "Constant"}
+    return {n.input[1] for n in g.node if n.op_type == "MatMul"
+            and not consts.intersection(n.input)}
 
 
 def _build(fp32: onnx.ModelProto, opts: QuantOptions, ranges: dict[str, tuple[float, float]],
@@ -241,11 +250,13 @@ def _build(fp32: onnx.ModelProto, opts: QuantOptions, ranges: dict[str, tuple[fl
     floors = bias_scale_floors(fp32, plan, opts.per_channel, means)
     qparams: dict[str, ActQuant] = {}
     softmax_out = {n.output[0] for n in fp32.graph.node if n.op_type == "Softmax"}
+    operands = attention_operands(fp32.graph)
     for root, members in plan.group_members().items():
         lo = min(ranges[t][0] for t in members if t in ranges)
         hi = max(ranges[t][1] for t in members if t in ranges)
         floor = max((floors.get(t, 0.0) for t in members), default=0.0)
-        qparams[root] = activation_qparams(lo, hi, opts.symmetric_activations, floor)
+        symmetric = opts.symmetric_activations or bool(operands.intersection(members))
+        qparams[root] = activation_qparams(lo, hi, symmetric, floor)
         if opts.quantize_norms and softmax_out.intersection(members):
             qparams[root] = SOFTMAX_OUT
     qmodel = insert_qdq(fp32, plan, qparams, opts.per_channel, means)

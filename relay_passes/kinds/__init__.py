@@ -17,6 +17,7 @@ rescale 0 (``quantize(dequantize(x))`` is the tail of every other pattern).
 
 from __future__ import annotations
 
+import dataclasses
 import importlib
 import pkgutil
 from collections.abc import Callable, Mapping
@@ -24,7 +25,8 @@ from collections.abc import Callable, Mapping
 from tvm import relax
 
 from dsa_tvm.hw.config import HardwareConfig
-from dsa_tvm.layers.ir import Layer, QTensor
+from dsa_tvm.layers.ir import BatchMatmul, Layer, Permute, QTensor, layer_inputs
+from dsa_tvm.layers.layouts import rows_view
 
 from .common import Constraint, codegen_constraint
 from .match import LoweringError, Match, Reader, Root, shape_of
@@ -47,9 +49,47 @@ def _discover() -> dict[str, Kind]:
 #: kind name -> its declaration, highest priority first
 KINDS: dict[str, Kind] = _discover()
 
+def layer_from_match(m: Match, name: str, inputs: list[QTensor], output: QTensor
+                     ) -> Layer | tuple[Layer, ...]:
+    """The integer layer description of one matched pattern: the kind's layer(s), after a
+    :class:`Permute` for each operand the pattern took in through int8 moves
+    (``inputs``: the region tensors, in their own shapes)."""
+    if m.kind not in KINDS:
+        raise LoweringError(f"no layer for pattern kind '{m.kind}'")
+    moved = list(inputs)
+    pre: list[Permute] = []
+    for i, (op, t) in enumerate(zip(m.inputs, inputs)):
+        if op.moves:
+            dst = QTensor(f"{t.name}>{name}.{i}", tuple(op.shape), t.scale, t.zero_point)
+            (view, perm), *then = op.moves
+            pre.append(Permute(f"{name}.move{i}", rows_view(t), dst, view, perm, tuple(then)))
+            moved[i] = dst
+    made = KINDS[m.kind].to_layer(m, name, moved, output)
+    layers = list(made if isinstance(made, tuple) else (made,))
+    for j, ly in enumerate(layers):  # an on-device matmul's b: laid out as weight tiles
+        if (isinstance(ly, BatchMatmul) and ly.on_device
+                and not any(p.output.name == ly.b.name for p in pre)):
+            tiles = dataclasses.replace(ly.b, name=f"{ly.b.name}>{name}.tiles")
+            pre.append(Permute(f"{name}.tiles", rows_view(ly.b), tiles, tuple(ly.b.shape),
+                               tuple(range(len(ly.b.shape)))))
+            layers[j] = dataclasses.replace(ly, b=tiles)
+    # b's movement lays it out as weight tiles and, when a has a zero point, writes the
+    # matmul's column correction -zp_a * sum_k b
+    tiled = {ly.b.name: -ly.a.zero_point for ly in layers
+             if isinstance(ly, BatchMatmul) and ly.on_device}
+    views = {t.name: t for ly in layers for t in layer_inputs(ly)}
+    pre = [dataclasses.replace(p, output=views.get(p.output.name, p.output),
+                               weight_tiles=p.output.name in tiled,
+                               column_sums=tiled.get(p.output.name, 0)) for p in pre]
+    if not pre:
+        return made
+    return (*pre, *layers)
+
+
 #: kind -> its constraints, in check order (the codegen's own check last).
 CONSTRAINTS: dict[str, list[Constraint]] = {
-    name: list(k.constraints) + [codegen_constraint(k.to_layer)] for name, k in KINDS.items()
+    name: list(k.constraints) + [codegen_constraint(layer_from_match)]
+    for name, k in KINDS.items()
 }
 
 #: the ops kinds are named after, in table order: the report blames a match's anchor first
@@ -88,8 +128,3 @@ def check(m: Match, cfg: HardwareConfig) -> tuple[bool, str]:
     return True, ""
 
 
-def layer_from_match(m: Match, name: str, inputs: list[QTensor], output: QTensor) -> Layer:
-    """The integer layer description of one matched pattern."""
-    if m.kind not in KINDS:
-        raise LoweringError(f"no layer for pattern kind '{m.kind}'")
-    return KINDS[m.kind].to_layer(m, name, inputs, output)

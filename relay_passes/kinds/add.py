@@ -13,15 +13,15 @@ from __future__ import annotations
 import math
 
 import numpy as np
-from tvm.relax.dpl import DFPattern, is_op
+from tvm.relax.dpl import DFPattern, is_const, is_op
 
 from dsa_tvm.hw.config import HardwareConfig
 from dsa_tvm.isa import semantics as sem
-from dsa_tvm.layers.ir import Add, BiasAdd, Layer, QTensor, Requant
+from dsa_tvm.layers.ir import Add, AddConst, BiasAdd, Layer, QTensor, Requant
 from dsa_tvm.layers.layouts import broadcast_dims
 
 from .common import Constraint, common_constraints
-from .match import Match, Operand, Reader, Root
+from .match import Match, Operand, QParams, Reader, Root, const_value
 from .scales import channel_addend, clip_bounds
 from .spec import ACTS, Kind, act, dq, q
 
@@ -101,7 +101,58 @@ def _to_layer(m: Match, name: str, inputs: list[QTensor], output: QTensor) -> La
     return Add(name, inputs[0], inputs[1], output, am, bm, rq)
 
 
+# ----------------------------------------------------------------------------- add_const
+def _const_variants() -> list[tuple[str, DFPattern]]:
+    return [(a or "plain", q(act(is_op("relax.add")(dq(), is_const()), a))) for a in ACTS]
+
+
+def _read_const(r: Reader, root: Root) -> Match:
+    """An activation plus a float constant (a mask the exporter left unquantized): the
+    constant, clamped to where it can still change the output, gets an int8 grid of its own
+    (zero point 0; a mask of 0 and one large negative value is exact on it)."""
+    fused, body = r.activation(root.body)
+    op = r.need(body, "relax.add")
+    x = r.operand(op.args[0])
+    real = const_value(r.value(op.args[1])).astype(np.float64)
+    out = root.out
+    sx, zx = float(x.qp.scale[0]), int(x.qp.zero_point[0])
+    sy, zy = float(out.scale[0]), int(out.zero_point[0])
+    lo = (sem.INT8_MIN - zy - 1) * sy - sx * (sem.INT8_MAX - zx)
+    hi = (sem.INT8_MAX - zy + 1) * sy - sx * (sem.INT8_MIN - zx)
+    clamped = np.clip(np.nan_to_num(real, nan=0.0, posinf=hi, neginf=lo), lo, hi)
+    peak = float(np.abs(clamped).max()) if clamped.size else 0.0
+    scale = np.float32(peak / 127 if peak > 0 else 1.0)
+    codes = np.clip(np.round(clamped / float(scale)), -127, 127).astype(np.int8)
+    qp = QParams(np.array([scale], np.float32), np.array([0]), -1, "int8")
+    addend = Operand(op.args[1], qp, tuple(codes.shape), codes)
+    return root.match("add_const", op, [x], addend=addend, act=fused)
+
+
+def _const_operand(m: Match, cfg: HardwareConfig) -> str | None:
+    if m.inputs[0].shape != tuple(m.out_shape):
+        return f"operand {m.inputs[0].shape} -> {m.out_shape}: the activation must not broadcast"
+    try:
+        np.broadcast_to(m.addend.value, tuple(m.out_shape))
+    except ValueError:
+        return f"constant of shape {m.addend.shape} does not broadcast to {m.out_shape}"
+    return None
+
+
+def _const_layer(m: Match, name: str, inputs: list[QTensor], output: QTensor) -> Layer:
+    am, cm, n = _add_params(m)
+    rq = Requant(np.array([1], np.int32), np.array([n], np.int32), int(m.out.zero_point[0]),
+                 clip_bounds(m))
+    full = np.ascontiguousarray(np.broadcast_to(m.addend.value, tuple(m.out_shape)))
+    return AddConst(name, inputs[0], output, am, cm, full.reshape(-1), rq)
+
+
 KINDS = (Kind(
+    "add_const", 401, _const_variants, _read_const,
+    common_constraints(rescale_factors, limit=2.0 ** ADD_MULT_BITS) + [
+        Constraint("operands", "one int8 activation and a float constant that broadcasts to "
+                   "it (an attention mask)", _const_operand),
+    ],
+    _const_layer, "Add of a float constant tensor (attention mask)", "relax.add"), Kind(
     "add", 400, _variants, _read,
     common_constraints(rescale_factors, limit=2.0 ** ADD_MULT_BITS) + [
         Constraint("operands", "two int8 activations of the same shape or one broadcasting "

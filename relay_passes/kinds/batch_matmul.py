@@ -1,9 +1,15 @@
 """batch_matmul: ``quantize(matmul(dq(a), dq(b)))`` of two int8 activations.
 
-Its own codegen name (``HOST_PACKED``): MergeCompositeFunctions never merges it with
-"dsa" layers, so both operands reach it from the host, which packs them
-(``dsa_tvm.layers.host_pack``). REQUANT factor ``M = s_a * s_b / s_out``; the DSA sees
-(B, M, K) x (B, K, N), the leading dimensions flattened.
+Two kinds. ``batch_matmul_fused`` (second operand's zero point 0, as the quantizer plans
+attention's K and V) joins the "dsa" regions: its operands may be made in
+the region, through the head split's reshape/permute_dims (taken into the pattern and
+made a Permute), and ``b`` is laid out as the array's weight tiles on the device
+(``tir_schedules.kinds.permute``), so an attention block is one launch. Otherwise
+``batch_matmul`` has its own codegen name (``HOST_PACKED``): MergeCompositeFunctions
+never merges it with "dsa" layers, so both operands reach it from the host, which packs
+them (``dsa_tvm.layers.host_pack``) with the zero-point terms. REQUANT factor
+``M = s_a * s_b / s_out``; the DSA sees (B, M, K) x (B, K, N), the leading dimensions
+flattened.
 """
 
 from __future__ import annotations
@@ -20,7 +26,7 @@ from .common import MAX_DMA, Constraint, common_constraints
 from .dense import MATMUL_DTYPE
 from .match import Match, Reader, Root
 from .scales import requant
-from .spec import HOST_PACKED, Kind, dq, q
+from .spec import HOST_PACKED, Kind, dq, moved, q
 
 
 def _variants() -> list[tuple[str, DFPattern]]:
@@ -30,6 +36,25 @@ def _variants() -> list[tuple[str, DFPattern]]:
 def _read(r: Reader, root: Root) -> Match:
     op = r.need(root.body, "relax.matmul")
     return root.match("batch_matmul", op, [r.operand(op.args[0]), r.operand(op.args[1])])
+
+
+def _fused_variants() -> list[tuple[str, DFPattern]]:
+    return [("moved", q(is_op("relax.matmul")(dq(moved()), dq(moved()))))]
+
+
+def _read_fused(r: Reader, root: Root) -> Match:
+    op = r.need(root.body, "relax.matmul")
+    return root.match("batch_matmul_fused", op, [r.operand(op.args[0], moves=True),
+                                                 r.operand(op.args[1], moves=True)])
+
+
+def _zero_points(m: Match, cfg: HardwareConfig) -> str | None:
+    zb = int(m.inputs[1].qp.zero_point[0])
+    if zb:
+        return (f"second operand zero point {zb} (the device corrects the first operand's "
+                f"zero point with column sums of the second, which needs zero point 0 itself, "
+                f"as the quantizer plans attention's K and V)")
+    return None
 
 
 def rescale_factors(m: Match) -> np.ndarray:
@@ -58,15 +83,24 @@ def _batched(t: QTensor) -> QTensor:
 
 def _to_layer(m: Match, name: str, inputs: list[QTensor], output: QTensor) -> Layer:
     a, b, y = (_batched(t) for t in (inputs[0], inputs[1], output))
-    return BatchMatmul(name, a, b, y, requant(rescale_factors(m), m))
+    return BatchMatmul(name, a, b, y, requant(rescale_factors(m), m),
+                       on_device=m.kind == "batch_matmul_fused")
 
 
-KINDS = (Kind(
-    "batch_matmul", 700, _variants, _read,
-    common_constraints(rescale_factors) + [
-        Constraint("shapes", "two int8 activations (..., M, K) x (..., K, N), same leading "
-                   "dimensions (no broadcast)", _shapes),
-        MATMUL_DTYPE,
-    ],
-    _to_layer, "MatMul of two activations", "relax.matmul",
-    codegen=HOST_PACKED),)
+_SHAPES = Constraint("shapes", "two int8 activations (..., M, K) x (..., K, N), same leading "
+                     "dimensions (no broadcast)", _shapes)
+
+
+KINDS = (
+    Kind("batch_matmul_fused", 701, _fused_variants, _read_fused,
+         common_constraints(rescale_factors) + [
+             _SHAPES, MATMUL_DTYPE,
+             Constraint("zero_points", "second operand has zero point 0", _zero_points),
+         ],
+         _to_layer, "MatMul of two activations made in the region (zero points 0; "
+         "head split/merge reshape and transpose taken in)", "relax.matmul"),
+    Kind("batch_matmul", 700, _variants, _read,
+         common_constraints(rescale_factors) + [_SHAPES, MATMUL_DTYPE],
+         _to_layer, "MatMul of two activations (host-packed operands)", "relax.matmul",
+         codegen=HOST_PACKED),
+)

@@ -128,7 +128,8 @@ def codegen_constraint(to_layer: ToLayer) -> Constraint:
     so a layer it cannot lower stays on the CPU alone instead of failing the
     compilation of its whole region."""
     def test(m: Match, cfg: HardwareConfig) -> str | None:
-        ins = [qtensor(f"in{i}", op.shape, op.qp) for i, op in enumerate(m.inputs)]
+        ins = [qtensor(f"in{i}", op.source_shape or op.shape, op.qp)
+               for i, op in enumerate(m.inputs)]
         return lowering_supports(to_layer(m, "layer", ins, qtensor("out", m.out_shape, m.out)), cfg)
 
     return Constraint("codegen", "the DSA codegen lowers the layer and a schedule fits the "

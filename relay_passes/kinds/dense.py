@@ -22,9 +22,17 @@ from .spec import ACTS, Kind, act, dq, q, variant_name
 from .weights import weight_constraints
 
 
-def _pattern(bias: bool, act_name: str | None, flat: bool = False) -> DFPattern:
+def _merged_heads() -> DFPattern:
+    """permute_dims then reshape (attention's head merge), or a permute_dims alone."""
+    x = is_op("relax.permute_dims")(wildcard())
+    return is_op("relax.reshape")(x, wildcard()) | x
+
+
+def _pattern(bias: bool, act_name: str | None, flat: bool = False,
+             merged: bool = False) -> DFPattern:
     w = dq(is_const())
-    x = dq(is_op("relax.reshape")(wildcard(), wildcard())) if flat else dq()
+    x = (dq(is_op("relax.reshape")(wildcard(), wildcard())) if flat
+         else dq(_merged_heads()) if merged else dq())
     mm = is_op("relax.matmul")(x, w | is_op("relax.permute_dims")(w))
     if bias:
         mm = is_op("relax.add")(mm, dq(is_const()))
@@ -34,6 +42,11 @@ def _pattern(bias: bool, act_name: str | None, flat: bool = False) -> DFPattern:
 def _variants(flat: bool = False) -> list[tuple[str, DFPattern]]:
     return [(variant_name(bias, a), _pattern(bias, a, flat)) for bias in (True, False)
             for a in ACTS]
+
+
+def _merged_variants() -> list[tuple[str, DFPattern]]:
+    return [(variant_name(bias, None), _pattern(bias, None, merged=True))
+            for bias in (True, False)]
 
 
 def _flat_input(r: Reader, dq_expr) -> Operand:
@@ -48,14 +61,17 @@ def _flat_input(r: Reader, dq_expr) -> Operand:
     return Operand(rs.args[0], r.qparams(dq_call), flat)
 
 
-def _read(r: Reader, root: Root, flat: bool = False) -> Match:
+def _read(r: Reader, root: Root, flat: bool = False, merged: bool = False) -> Match:
     fused, body = r.activation(root.body)
     bias, body = r.bias_add(body)
     op = r.need(body, "relax.matmul")
     perm = r.call(op.args[1], "relax.permute_dims")
     w = r.operand(perm.args[0] if perm is not None else op.args[1])
-    x = _flat_input(r, op.args[0]) if flat else r.operand(op.args[0])
-    return root.match("dense_flat" if flat else "dense", op, [x], weight=w,
+    x = _flat_input(r, op.args[0]) if flat else r.operand(op.args[0], moves=merged)
+    if merged and not x.moves:
+        raise NotAMatch("no head merge before the dense")
+    kind = "dense_flat" if flat else "dense_merged" if merged else "dense"
+    return root.match(kind, op, [x], weight=w,
                       weight_transposed=perm is not None, bias=bias, act=fused)
 
 
@@ -112,6 +128,9 @@ _CONSTRAINTS = common_constraints(rescale_factors) + weight_constraints(
 ]
 
 KINDS = (
+    Kind("dense_merged", 805, _merged_variants, lambda r, root: _read(r, root, merged=True),
+         _CONSTRAINTS, _to_layer, "Transpose + Reshape (attention's head merge) + MatMul "
+         "with constant B", "relax.matmul"),
     Kind("dense_flat", 801, lambda: _variants(flat=True), lambda r, root: _read(r, root, True),
          _CONSTRAINTS, _to_layer, "Flatten (of 1x1 pixels) + Gemm, MatMul with constant B",
          "relax.matmul"),

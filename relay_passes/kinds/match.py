@@ -44,6 +44,10 @@ class Operand:
     qp: QParams
     shape: tuple[int, ...]
     value: np.ndarray | None = None  # the integers, when the data is a constant
+    #: int8 reshape/permute_dims between the region tensor and the dequantize, as
+    #: (view, perm) steps (``layers.ir.Permute``); ``source_shape`` is the tensor's own
+    moves: tuple[tuple[tuple[int, ...], tuple[int, ...]], ...] = ()
+    source_shape: tuple[int, ...] | None = None
 
 
 @dataclass
@@ -158,12 +162,40 @@ class Reader:
         dt = str(call.attrs.out_dtype) if call.op.name == "relax.quantize" else dtype_of(call.args[0])
         return QParams(scale, zp, int(call.attrs.axis), dt)
 
-    def operand(self, dq_expr: relax.Expr) -> Operand:
+    def operand(self, dq_expr: relax.Expr, moves: bool = False) -> Operand:
+        """The tensor a ``dequantize`` reads; ``moves``: through the int8 reshape and
+        permute_dims chain the pattern took in (then ``Operand.moves`` says how)."""
         dq = self.need(dq_expr, "relax.dequantize")
         data = self.value(dq.args[0])
         value = data.value.numpy() if isinstance(data, GenericConst) else None
         src = data if value is not None else dq.args[0]
-        return Operand(src, self.qparams(dq), shape_of(dq.args[0]), value)
+        op = Operand(src, self.qparams(dq), shape_of(dq.args[0]), value)
+        if moves and value is None:
+            op.expr, op.moves, op.source_shape = self._moves(dq.args[0])
+        return op
+
+    def _moves(self, expr: relax.Expr):
+        """(source, (view, perm) steps, source shape) of an int8 move chain ending in expr."""
+        chain = []
+        while (c := self.call(expr, "relax.reshape", "relax.permute_dims")) is not None:
+            chain.append(c)
+            expr = c.args[0]
+        steps: list[tuple[tuple[int, ...], tuple[int, ...]]] = []
+        shape = shape_of(expr)
+        for c in reversed(chain):
+            out = shape_of(c)
+            if c.op.name == "relax.reshape":
+                steps.append((out, tuple(range(len(out)))))
+            else:
+                axes = c.attrs.axes
+                perm = (tuple(int(a) for a in axes) if axes is not None
+                        else tuple(reversed(range(len(shape)))))
+                if steps and steps[-1][1] == tuple(range(len(steps[-1][0]))):
+                    steps[-1] = (steps[-1][0], perm)   # a reshape then a transpose: one step
+                else:
+                    steps.append((shape, perm))
+            shape = out
+        return expr, tuple(steps), shape_of(expr)
 
     def activation(self, body: relax.Expr) -> tuple[tuple[str, float, float] | None, relax.Expr]:
         """A fused ReLU/Clip on top of ``body``: ((relu|clip, lo, hi) or None, what it wraps)."""

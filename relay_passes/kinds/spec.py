@@ -43,6 +43,21 @@ def act(body: DFPattern, name: str | None) -> DFPattern:
     return body
 
 
+def moved() -> DFPattern:
+    """An int8 tensor, possibly through a reshape/permute_dims chain of up to two moves
+    (attention's head split and merge): the pattern takes the moves in, the region makes
+    them a :class:`~dsa_tvm.layers.ir.Permute` (``Reader.operand(..., moves=True)``)."""
+    x = wildcard()
+
+    def rs(e: DFPattern) -> DFPattern:
+        return is_op("relax.reshape")(e, wildcard())
+
+    def pm(e: DFPattern) -> DFPattern:
+        return is_op("relax.permute_dims")(e)
+
+    return pm(rs(x)) | rs(pm(x)) | pm(x) | rs(x) | x
+
+
 def unary(op: str) -> DFPattern:
     """``quantize(op(dequantize(x)))``: a one-input layer."""
     return q(is_op(op)(dq()))

@@ -52,6 +52,10 @@ def test_zoo_expected_layers_on_the_dsa(results):
     assert unet.dsa_macs >= convs
     assert gpt2.dsa_ops["Dense"] >= 7 and gpt2.dsa_ops["BatchMatmul"] >= 2
     assert gpt2.mac_share >= 0.99
+    # the whole decoder between the embedding and the head in one launch: head split and
+    # merge (Permute), the causal mask (AddConst), softmax and norms on the device
+    assert gpt2.launches == 1, gpt2.cpu_ops
+    assert gpt2.dsa_ops["Permute"] >= 4 and gpt2.dsa_ops["AddConst"] >= 1
 
 
 def _conv_transpose_macs(entry) -> int:

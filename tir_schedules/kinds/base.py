@@ -100,6 +100,7 @@ class Recipe:
     inputs: dict[str, QTensor]      # TIR parameter -> region tensor
     consts: dict[str, np.ndarray] = field(default_factory=dict)  # TIR parameter -> data
     host: dict[str, str] = field(default_factory=dict)  # TIR parameter -> host-packed region
+    scratch: dict[str, tuple[int, ...]] = field(default_factory=dict)  # parameter -> int8 shape
 
 
 def requant_table(layer: Layer, bias, channels: int, block: int) -> np.ndarray:

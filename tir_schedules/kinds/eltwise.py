@@ -19,8 +19,8 @@ from dsa_tvm.hw.config import HardwareConfig
 from dsa_tvm.intmath import ceil_div
 from dsa_tvm.isa import semantics as sem
 from dsa_tvm.layers.checks import inputs_read, with_weights
-from dsa_tvm.layers.ir import Add, BiasAdd, QTensor, Rescale
-from dsa_tvm.layers.layouts import image_dims
+from dsa_tvm.layers.ir import Add, AddConst, BiasAdd, QTensor, Rescale
+from dsa_tvm.layers.layouts import image_dims, pack_activation
 from dsa_tvm.layers.reference import apply_requant, centered
 
 from ..intrinsics import SCALAR_AXPBY, alu_intrin, axpby_intrin
@@ -225,6 +225,27 @@ def bias_add_recipe(layer: BiasAdd, cfg: HardwareConfig, consts: bool) -> Recipe
     return _finish(layer, cfg, consts, shape, c, bias, {"x": layer.input})
 
 
+def add_const_recipe(layer: AddConst, cfg: HardwareConfig, consts: bool) -> Recipe:
+    """The residual add with its second operand a constant region (the codes packed like
+    an activation of the output's view)."""
+    p, c = _pixels_channels(layer, [layer.input])
+    if np.size(layer.const) != int(np.prod(layer.output.shape)):
+        raise UnsupportedLayer(f"{layer.name}: constant of {np.size(layer.const)} codes for "
+                               f"an output of shape {layer.output.shape}")
+    for m in (layer.x_mult, layer.c_mult):
+        _check_mult(layer, m)
+    rq, block = layer.requant, cfg.block_out
+    shape = EltwiseShape("add", p, ceil_div(c, block), block, rq.zero_point, rq.clip,
+                         int(layer.x_mult), int(layer.c_mult))
+    r = _finish(layer, cfg, consts, shape, c, -layer.input.zero_point * layer.x_mult,
+                {"a": layer.input})
+    if consts:
+        packed = pack_activation(np.asarray(layer.const, np.int8).reshape(layer.output.shape),
+                                 block)
+        r.consts["b"] = packed.reshape(p, ceil_div(c, block), block)
+    return r
+
+
 def rescale_recipe(layer: Rescale, cfg: HardwareConfig, consts: bool) -> Recipe:
     p, c = _pixels_channels(layer, [layer.input])
     rq, block = layer.requant, cfg.block_out
@@ -252,6 +273,13 @@ def run_bias_add(ly: BiasAdd, env: dict[str, np.ndarray]) -> np.ndarray:
     return apply_requant(acc, ly.requant, axis=axis)
 
 
+def run_add_const(ly: AddConst, env: dict[str, np.ndarray]) -> np.ndarray:
+    x = env[ly.input.name]
+    c = np.asarray(ly.const, np.int64).reshape(x.shape)
+    acc = sem.wrap_int32(centered(x, ly.input) * ly.x_mult + c * ly.c_mult)
+    return apply_requant(acc, ly.requant, axis=_channel_axis(acc))
+
+
 def run_rescale(ly: Rescale, env: dict[str, np.ndarray]) -> np.ndarray:
     acc = centered(env[ly.input.name], ly.input)
     return apply_requant(acc, ly.requant, axis=_channel_axis(acc)).reshape(ly.output.shape)
@@ -259,7 +287,7 @@ def run_rescale(ly: Rescale, env: dict[str, np.ndarray]) -> np.ndarray:
 
 #: layer type -> (recipe, reference)
 LAYERS = {Add: (add_recipe, run_add), BiasAdd: (bias_add_recipe, run_bias_add),
-          Rescale: (rescale_recipe, run_rescale)}
+          AddConst: (add_const_recipe, run_add_const), Rescale: (rescale_recipe, run_rescale)}
 
 def _same_shape(ly) -> bool:
     """Not a broadcasting Add (the binary room's)."""

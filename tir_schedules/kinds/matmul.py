@@ -26,7 +26,7 @@ from tvm import s_tir, te, tirx
 from dsa_tvm.hw.config import HardwareConfig
 from dsa_tvm.intmath import ceil_div
 from dsa_tvm.layers.checks import elements
-from dsa_tvm.layers.host_pack import PARAMS, ROWSUM, batch_dims
+from dsa_tvm.layers.host_pack import COLSUM, PARAMS, ROWSUM, batch_dims
 from dsa_tvm.layers.ir import BatchMatmul
 from dsa_tvm.layers.reference import apply_requant, centered
 
@@ -40,7 +40,7 @@ from ..tiling import (
     scratchpads_fit,
     tile_gemm_cycles,
 )
-from .base import Kind, Recipe, UnsupportedLayer, mac_ops
+from .base import Kind, Recipe, UnsupportedLayer, mac_ops, requant_table
 
 
 @dataclass(frozen=True)
@@ -53,6 +53,8 @@ class MatmulShape:
     block_out: int
     output_zp: int
     clip: tuple[int, int]
+    corrected: bool = True  # host-packed operands: + the row corrections r (else none)
+    columns: bool = False   # on the device with zp_a != 0: + a column correction c[t, nb]
 
 
 @dataclass(frozen=True)
@@ -63,11 +65,11 @@ class MatmulKnobs:
 
 
 def batch_matmul(s: MatmulShape) -> tirx.PrimFunc:
-    """Stages ``matmul`` (int32 GEMM), ``correct`` (+ r), ``requant``, ``y``."""
+    """Stages ``matmul`` (int32 GEMM), ``correct`` (+ r; host-packed operands only),
+    ``requant``, ``y``."""
     bi, bo = s.block_in, s.block_out
     x = te.placeholder((s.batch, s.m, s.kb, bi), "int8", name="x")
     w = te.placeholder((s.batch, s.nb, s.kb, bo, bi), "int8", name="w")
-    r = te.placeholder((s.batch, s.m, bo), "int32", name="r")
     params = te.placeholder((s.batch, s.nb, 3, bo), "int32", name="params")
     rk = te.reduce_axis((0, s.kb), "kb")
     ri = te.reduce_axis((0, bi), "i")
@@ -76,14 +78,28 @@ def batch_matmul(s: MatmulShape) -> tirx.PrimFunc:
         lambda t, m, nb, o: te.sum(x[t, m, rk, ri].astype("int32")
                                    * w[t, nb, rk, o, ri].astype("int32"), axis=[rk, ri]),
         name="matmul")
-    acc2 = te.compute(acc.shape, lambda t, m, nb, o: acc[t, m, nb, o] + r[t, m, o],
-                      name="correct")
+    if s.corrected:
+        r = te.placeholder((s.batch, s.m, bo), "int32", name="r")
+        acc2 = te.compute(acc.shape, lambda t, m, nb, o: acc[t, m, nb, o] + r[t, m, o],
+                          name="correct")
+    elif s.columns:
+        r = te.placeholder((s.batch, s.nb, bo), "int32", name="c")
+        acc2 = te.compute(acc.shape, lambda t, m, nb, o: acc[t, m, nb, o] + r[t, nb, o],
+                          name="correct")
+    else:
+        acc2 = acc
     lo, hi = s.clip
     rq = te.compute(acc.shape, lambda t, m, nb, o: tirx.call_pure_extern(
         "int32", SCALAR_REQUANT, acc2[t, m, nb, o], params[t, nb, 0, o], params[t, nb, 1, o],
         params[t, nb, 2, o], s.output_zp, lo, hi), name="requant")
     out = te.compute(acc.shape, lambda *i: rq(*i).astype("int8"), name="y")
-    return te.create_prim_func([x, w, r, params, out])
+    return te.create_prim_func([x, w, r, params, out] if s.corrected or s.columns
+                               else [x, w, params, out])
+
+
+def _fixes(s: MatmulShape) -> int:
+    """1 when a correction stage runs (host rows or device columns), else 0."""
+    return int(s.corrected or s.columns)
 
 
 # ----------------------------------------------------------------------------- knobs
@@ -93,7 +109,9 @@ def matmul_footprint(s: MatmulShape, k: MatmulKnobs) -> dict[str, int]:
     return {"inp": nbuf * k.tile_m * s.kb,
             "wgt": nbuf * k.tile_nb * s.kb,
             # GEMM result, corrected sum, requantized rows, correction rows, table
-            "acc": nbuf * (3 * tile + k.tile_m + 3 * k.tile_nb)}
+            "acc": nbuf * ((3 * tile + k.tile_m) if s.corrected
+                           else (3 * tile + k.tile_nb) if s.columns else 2 * tile)
+            + nbuf * 3 * k.tile_nb}
 
 
 def matmul_fits(cfg: HardwareConfig, s: MatmulShape, k: MatmulKnobs) -> str | None:
@@ -116,9 +134,10 @@ def estimate_matmul_cycles(cfg: HardwareConfig, s: MatmulShape, k: MatmulKnobs) 
     rows = k.tile_m * k.tile_nb
     compute = tiles * output_stage_cycles(
         cfg, tile_gemm_cycles(cfg, matmul_gemm_levels(cfg, s, k)) + cfg.gemm_fill_drain_cycles,
-        2 * rows * cfg.alu_cycles_per_row + 3 * cfg.alu_latency_cycles)
+        (1 + _fixes(s)) * rows * cfg.alu_cycles_per_row
+        + (2 + _fixes(s)) * cfg.alu_latency_cycles)
     w_bytes = k.tile_nb * s.kb * cfg.wgt_tile_bytes
-    in_bytes = k.tile_m * (s.kb * cfg.block_in + 4 * cfg.block_out)
+    in_bytes = k.tile_m * (s.kb * cfg.block_in + 4 * cfg.block_out * s.corrected)
     out_bytes = rows * cfg.block_out
     dma = s.batch * tiles_n * (w_bytes + tiles_m * (in_bytes + out_bytes)) / bw + tiles * lat * 0.1
     return max(compute, dma) if k.double_buffer else compute + dma
@@ -140,8 +159,8 @@ def default_matmul_knobs(cfg: HardwareConfig, s: MatmulShape) -> MatmulKnobs:
 def matmul_instructions(cfg: HardwareConfig, s: MatmulShape, k: MatmulKnobs) -> int:
     tiles_m, tiles_n = s.m // k.tile_m, s.nb // k.tile_nb
     # per output-block tile: weights, table; per row tile: rows, corrections, GEMM,
-    # correction add, REQUANT, store
-    return s.batch * tiles_n * (2 + tiles_m * 6) + 1
+    # correction add, REQUANT, store (no corrections: 4)
+    return s.batch * tiles_n * (2 + s.columns + tiles_m * (4 + s.corrected + _fixes(s))) + 1
 
 
 # ----------------------------------------------------------------------------- schedule
@@ -153,28 +172,32 @@ def schedule_batch_matmul(func: tirx.PrimFunc, cfg: HardwareConfig, s: MatmulSha
     if problem:
         raise ValueError(f"batch matmul tiling {k} does not fit '{cfg.name}': {problem}")
     sch = s_tir.Schedule(func)
-    mm, corr = sch.get_sblock("matmul"), sch.get_sblock("correct")
+    mm = sch.get_sblock("matmul")
+    corr = sch.get_sblock("correct") if _fixes(s) else None
     rq, y = sch.get_sblock("requant"), sch.get_sblock("y")
+    tails = (corr, rq) if _fixes(s) else (rq,)
     t, m, nb, o, kb, i = sch.get_loops(mm)
     m_o, m_i = sch.split(m, [None, k.tile_m])
     nb_o, nb_i = sch.split(nb, [None, k.tile_nb])
     ws = pixels_inner(cfg)  # weight-stationary: the rows stream past one weight tile
     sch.reorder(t, nb_o, m_o, *((nb_i, kb, m_i) if ws else (m_i, nb_i, kb)), o, i)
-    for blk in (mm, corr, rq):
+    for blk in (mm, *tails):
         sch.set_scope(blk, 0, SCOPE_ACC)
     x_s = sch.cache_read(mm, 0, SCOPE_INP)
     w_s = sch.cache_read(mm, 1, SCOPE_WGT)
     sch.compute_at(x_s, m_o)
     sch.compute_at(w_s, nb_o)
-    for blk in (corr, rq, y):
+    for blk in (*tails, y):
         sch.reverse_compute_at(blk, m_o)
-    r_s = sch.cache_read(corr, 1, SCOPE_ACC)
-    sch.compute_at(r_s, m_o)
+    if _fixes(s):  # row corrections per row tile, column corrections per column tile
+        r_s = sch.cache_read(corr, 1, SCOPE_ACC)
+        sch.compute_at(r_s, m_o if s.corrected else nb_o)
     p_s = sch.cache_read(rq, 1, SCOPE_ACC)
     sch.compute_at(p_s, nb_o)
     sch.decompose_reduction(mm, nb_i if ws else m_i)
     sch.tensorize(o, gemm_intrin(cfg.block_in, cfg.block_out))
-    sch.tensorize(sch.get_loops(corr)[-1], alu_intrin("add", s.block_out))
+    if _fixes(s):
+        sch.tensorize(sch.get_loops(corr)[-1], alu_intrin("add", s.block_out))
     sch.tensorize(sch.get_loops(rq)[-1],
                   requant_intrin(s.block_out, s.output_zp, s.clip[0], s.clip[1]))
     if k.double_buffer:
@@ -196,11 +219,25 @@ def matmul_recipe(layer: BatchMatmul, cfg: HardwareConfig, consts: bool) -> Reci
                                f"{a[:-1] + b[-1:]}")
     bt, m, k = batch_dims(a)
     rq = layer.requant
-    shape = MatmulShape(bt, m, ceil_div(k, cfg.block_in), ceil_div(b[-1], cfg.block_out),
-                        cfg.block_in, cfg.block_out, rq.zero_point, rq.clip)
-    return Recipe(KIND, shape, {"x": layer.a},
-                  host={"w": layer.b.name, "params": layer.b.name + PARAMS,
-                        "r": layer.a.name + ROWSUM})
+    nb = ceil_div(b[-1], cfg.block_out)
+    columns = layer.on_device and layer.a.zero_point != 0
+    shape = MatmulShape(bt, m, ceil_div(k, cfg.block_in), nb, cfg.block_in, cfg.block_out,
+                        rq.zero_point, rq.clip, corrected=not layer.on_device, columns=columns)
+    if not layer.on_device:
+        return Recipe(KIND, shape, {"x": layer.a},
+                      host={"w": layer.b.name, "params": layer.b.name + PARAMS,
+                            "r": layer.a.name + ROWSUM})
+    if layer.b.zero_point:
+        raise UnsupportedLayer(f"{layer.name}: an on-device second operand needs zero point "
+                               f"0, got {layer.b.zero_point}")
+    # b arrives as weight tiles made in the region (a weight_tiles Permute, which also
+    # writes -zp_a * sum_k b when zp_a != 0); zp_b = 0 leaves no other data-dependent term:
+    # the table is the requant with bias 0
+    params = np.broadcast_to(requant_table(layer, 0, b[-1], cfg.block_out),
+                             (bt, nb, 3, cfg.block_out)) if consts else None
+    return Recipe(KIND, shape, {"x": layer.a, "w": layer.b},
+                  consts={"params": np.ascontiguousarray(params)} if consts else {},
+                  host={"c": layer.b.name + COLSUM} if columns else {})
 
 
 def run_batch_matmul(ly: BatchMatmul, env: dict[str, np.ndarray]) -> np.ndarray:

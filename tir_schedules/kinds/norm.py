@@ -30,6 +30,7 @@ from dsa_tvm.isa.sync import insert_dependencies
 from dsa_tvm.layers.checks import elements, with_weights
 from dsa_tvm.layers.intnorm import MAX_ROW, int_norm, int_softmax
 from dsa_tvm.layers.ir import LayerNorm, RMSNorm, Softmax
+from dsa_tvm.layers.layouts import same_bytes
 from dsa_tvm.layers.reference import centered
 from dsa_tvm.sim.timing import schedule
 
@@ -136,7 +137,7 @@ def norm_recipe(layer, cfg: HardwareConfig, consts: bool) -> Recipe:
     if int(cfg.norm_units) < 1:
         raise UnsupportedLayer(f"{layer.name}: '{cfg.name}' has no [norm] units (norm_units = 0)")
     shape = tuple(layer.input.shape)
-    if shape != tuple(layer.output.shape):
+    if not same_bytes(shape, tuple(layer.output.shape)):
         raise UnsupportedLayer(f"{layer.name}: input {shape} and output "
                                f"{tuple(layer.output.shape)} differ")
     if len(shape) == 4:
@@ -164,8 +165,10 @@ def run_norm(layer, env: dict[str, np.ndarray]) -> np.ndarray:
     centered(x, layer.input)  # shape check
     x = np.asarray(x).reshape(layer.input.shape)
     if isinstance(layer, Softmax):
-        return int_softmax(x, layer.input.zero_point, layer.params)
-    return int_norm(x, layer.input.zero_point, layer.params)
+        y = int_softmax(x, layer.input.zero_point, layer.params)
+    else:
+        y = int_norm(x, layer.input.zero_point, layer.params)
+    return y.reshape(layer.output.shape)  # the output's view (rows of the same last axis)
 
 def norm_bounds(ly) -> tuple[int, int]:
     """Every code read and written once (the parameter block is not counted)."""

@@ -19,14 +19,16 @@ Cost: DMA bytes at the DRAM bandwidth plus one latency per transfer.
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
 
 import numpy as np
 
 from dsa_tvm.hw.config import HardwareConfig
 from dsa_tvm.intmath import ceil_div
-from dsa_tvm.isa.instructions import Buffer
+from dsa_tvm.isa.instructions import AluOp, Buffer
 from dsa_tvm.layers.checks import inputs_read, with_weights
+from dsa_tvm.layers.host_pack import COLSUM, batch_dims, weight_tiles
 from dsa_tvm.layers.ir import Permute
 from dsa_tvm.layers.layouts import image_dims
 
@@ -42,6 +44,11 @@ class PermShape:
     blocks: int
     block: int
     runs: tuple[tuple[int, int], ...]
+    transpose_tiles: int = 0  # weight tiles the MAC array then transposes (identity GEMM)
+    sum_groups: int = 0       # weight tiles: (batch, column block) groups to sum, or 0
+    sum_tiles: int = 0        # tiles per group (K blocks)
+    sum_lanes: int = 0        # valid lanes of a group's last tile (K's remainder)
+    column_sums: int = 0      # the factor the sums are multiplied by (-zp_a)
 
 
 @dataclass(frozen=True)
@@ -63,13 +70,26 @@ def _blocks(shape: tuple[int, ...], block: int) -> tuple[np.ndarray, np.ndarray]
 
 def block_map(layer: Permute, block: int) -> np.ndarray | str:
     """Source block of every output block, or why the movement is no block copy."""
+    src = _sources(layer)
+    if isinstance(src, str):
+        return src
+    return _block_map(tuple(layer.input.shape), src, tuple(layer.output.shape), block)
+
+
+def _sources(layer: Permute) -> np.ndarray | str:
+    """The input element of every output element, in output order."""
     x, y = tuple(layer.input.shape), tuple(layer.output.shape)
-    if int(np.prod(layer.view)) != int(np.prod(x)) or sorted(layer.perm) != list(
-            range(len(layer.view))):
-        return f"view {layer.view} / perm {layer.perm} do not fit the input {x}"
-    if tuple(layer.view[p] for p in layer.perm) != y and int(np.prod(y)) != int(np.prod(x)):
-        return f"the output {y} does not hold the input's {int(np.prod(x))} elements"
-    src = layer.apply(np.arange(int(np.prod(x)))).reshape(-1)
+    size = int(np.prod(x))
+    for view, perm in layer.steps():
+        if int(np.prod(view)) != size or sorted(perm) != list(range(len(view))):
+            return f"view {view} / perm {perm} do not fit the input {x}"
+    if int(np.prod(y)) != size:
+        return f"the output {y} does not hold the input's {size} elements"
+    return layer.apply(np.arange(size)).reshape(-1)
+
+
+def _block_map(x: tuple[int, ...], src: np.ndarray, y: tuple[int, ...],
+               block: int) -> np.ndarray | str:
     bx, lx = _blocks(x, block)
     by, ly = _blocks(y, block)
     if not np.array_equal(lx[src], ly):
@@ -83,6 +103,64 @@ def block_map(layer: Permute, block: int) -> np.ndarray | str:
     if not np.array_equal(np.bincount(by, minlength=nby),
                           np.bincount(bx, minlength=int(bx.max()) + 1)[bm]):
         return f"{x} -> {y} changes a block's valid lanes (a partial channel block)"
+    return bm
+
+
+def tiles_map(layer: Permute, cfg: HardwareConfig) -> tuple[np.ndarray, int] | str:
+    """A ``weight_tiles`` movement as (block map, tiles to transpose): the output ``b``
+    (B, K, N) goes to DRAM as the weight tiles ``[B][NB][KB][block_out][block_in]`` of
+    ``host_pack.weight_tiles``, each tile row a block. When those rows are blocks of the
+    input (``K^T`` from ``K`` rows: the tile rows are K's rows), one block copy makes them
+    (0 tiles to transpose); when they are its columns (``V`` from ``V`` rows) the copy
+    makes the transposed tiles and the MAC array transposes each one (identity rows
+    times the tile).
+
+    A partial last tile (K or N not a multiple of the block, a sequence of 65) has whole
+    rows of padding: they are filled with any source block, since what they hold cannot
+    reach a result (padded K lanes meet the first operand's zero padding, its zero point
+    being 0; padded N lanes get multiplier 0 in the output stage)."""
+    src = _sources(layer)
+    if isinstance(src, str):
+        return src
+    bi, bo = cfg.block_in, cfg.block_out
+    if bi != bo:
+        return f"block_in {bi} != block_out {bo} (a weight tile row is no activation block)"
+    bt, k, n = batch_dims(tuple(layer.output.shape))
+    order = weight_tiles((src + 1).reshape(bt, k, n), bi, bo)  # 0: padding
+    tiles = order.shape[0] * order.shape[1] * order.shape[2]
+    x = tuple(layer.input.shape)
+    direct = _padded_block_map(x, order.reshape(-1, bi), bo)
+    if not isinstance(direct, str):
+        return direct, 0
+    flipped = _padded_block_map(x, np.ascontiguousarray(order.swapaxes(-1, -2)).reshape(-1, bi),
+                                bo)
+    if isinstance(flipped, str):
+        return f"weight tiles of {tuple(layer.output.shape)}: {direct}"
+    return flipped, tiles
+
+
+def _padded_block_map(x: tuple[int, ...], rows: np.ndarray, block: int) -> np.ndarray | str:
+    """Source block of every output row of ``rows`` (source element + 1, 0 = padding):
+    rows of padding only take the next source block (their bytes do not matter)."""
+    bx, lx = _blocks(x, block)
+    pad = rows == 0
+    whole = pad.all(axis=1)
+    if (pad & ~whole[:, None]).any():
+        return "a weight tile row is partly padding (a lane axis not a multiple of the block)"
+    s = rows[~whole] - 1
+    if not np.array_equal(lx[s], np.broadcast_to(np.arange(block), s.shape)):
+        return (f"{x}: a weight tile row is not one input block's lanes in order (the DSA "
+                f"moves whole {block}-lane blocks)")
+    blocks = bx[s]
+    if not (blocks == blocks[:, :1]).all():
+        return f"{x}: a weight tile row mixes input blocks"
+    if np.bincount(bx)[blocks[:, 0]].min() != block:
+        return f"{x}: a weight tile row reads a partial input block"
+    bm = np.zeros(len(rows), np.int64)
+    bm[~whole] = blocks[:, 0]
+    top = int(bx.max())
+    for j in np.flatnonzero(whole):  # padding: continue the run (any block will do)
+        bm[j] = min(bm[j - 1] + 1, top) if j else 0
     return bm
 
 
@@ -128,13 +206,20 @@ candidate_perm_knobs, default_perm_knobs = staged_rows_knobs(PermKnobs, perm_fit
 
 
 def estimate_perm_cycles(cfg: HardwareConfig, s: PermShape, k: PermKnobs) -> float:
-    """Every byte in and out at the DRAM bandwidth, one latency per transfer."""
-    return sum(2 * g * n * s.block / cfg.bandwidth_bytes_per_cycle + 2 * cfg.latency_cycles
-               for _, _, g, n, _ in _transfers(s, k))
+    """Every byte in and out at the DRAM bandwidth, one latency per transfer; a tile
+    transpose adds its tiles' loads, GEMM rows and stores."""
+    bw, lat = cfg.bandwidth_bytes_per_cycle, cfg.latency_cycles
+    dma = sum(2 * g * n * s.block / bw + 2 * lat for _, _, g, n, _ in _transfers(s, k))
+    tile = cfg.wgt_tile_bytes / bw + s.block * s.block / bw + 2 * lat
+    sums = s.sum_groups * (s.sum_tiles * (cfg.wgt_tile_bytes / bw + lat + 1
+                                          + cfg.gemm_fill_drain_cycles)
+                           + cfg.alu_latency_cycles + 4 * s.block / bw + lat)
+    return dma + s.transpose_tiles * (tile + s.block + cfg.gemm_fill_drain_cycles) + sums
 
 
 def perm_instructions(cfg: HardwareConfig, s: PermShape, k: PermKnobs) -> int:
-    return 2 * len(_transfers(s, k))
+    return (2 * len(_transfers(s, k)) + (1 + 3 * s.transpose_tiles if s.transpose_tiles else 0)
+            + (2 + s.sum_groups * (2 + 2 * s.sum_tiles) if s.sum_groups else 0))
 
 
 def emit_perm(b, cfg: HardwareConfig, s: PermShape, k: PermKnobs, regions: dict) -> None:
@@ -143,10 +228,47 @@ def emit_perm(b, cfg: HardwareConfig, s: PermShape, k: PermKnobs, regions: dict)
     buf = Buffer.ACC8
     half = k.rows // 2 if k.rows >= 2 else 0
     x, y = regions["x"], regions["y"]
+    dst = regions["t"] if s.transpose_tiles else y
     for i, (x0, d, g, n, y0) in enumerate(_transfers(s, k)):
         base = (i % 2) * half
         b.load(buf, base, b.addr(x, buf) + x0, g, n, d)
-        b.store(buf, base, b.addr(y, buf) + y0, 1, g * n, g * n)
+        b.store(buf, base, b.addr(dst, buf) + y0, 1, g * n, g * n)
+    if s.transpose_tiles:
+        _emit_tile_transpose(b, s, regions)
+    if s.sum_groups:
+        _emit_column_sums(b, s, regions)
+
+
+def _emit_tile_transpose(b, s: PermShape, regions: dict) -> None:
+    """Each staged tile W through the array against identity rows: acc[m][o] = W[o][m],
+    the tile transposed; two weight slots and two accumulator tiles alternate."""
+    n = s.block
+    t, y = regions["t"], regions["y"]
+    b.load(Buffer.INP, 0, b.addr(regions["eye"], Buffer.INP), 1, n, n)
+    for i in range(s.transpose_tiles):
+        slot, acc = i % 2, (i % 2) * n
+        b.load(Buffer.WGT, slot, b.addr(t, Buffer.WGT) + i, 1, 1, 1)
+        b.gemm(acc, 0, slot, [(n, 1, 1, 0)], reset=True)
+        b.store(Buffer.ACC8, acc, b.addr(y, Buffer.ACC8) + i * n, 1, n, n)
+
+
+def _emit_column_sums(b, s: PermShape, regions: dict) -> None:
+    """Per (batch, column block): a ones row through the array against its K tiles (the
+    last one's padded lanes left out: they hold whatever the padding rows were filled
+    with), times ``column_sums``, stored as one int32 row."""
+    n = s.block
+    ones, acc0 = n, 2 * n  # after the transpose's identity rows and accumulator tiles
+    b.load(Buffer.INP, ones, b.addr(regions["ones"], Buffer.INP), 1, 2, 2)
+    y, c = regions["y"], regions["c"]
+    for g in range(s.sum_groups):
+        acc = acc0 + g % 2
+        for j in range(s.sum_tiles):
+            t = g * s.sum_tiles + j
+            last = j == s.sum_tiles - 1 and s.sum_lanes < n
+            b.load(Buffer.WGT, t % 2, b.addr(y, Buffer.WGT) + t, 1, 1, 1)
+            b.gemm(acc, ones + last, t % 2, [(1, 0, 0, 0)], reset=j == 0)
+        b.alu(AluOp.MUL, acc, acc, 0, [(1, 0, 0, 0)], imm=s.column_sums, use_imm=True)
+        b.store(Buffer.ACC, acc, b.addr(c, Buffer.ACC) + g, 1, 1, 1)
 
 
 def permute_recipe(layer: Permute, cfg: HardwareConfig, consts: bool) -> Recipe:
@@ -154,10 +276,34 @@ def permute_recipe(layer: Permute, cfg: HardwareConfig, consts: bool) -> Recipe:
                                                        layer.output.zero_point):
         raise UnsupportedLayer(f"{layer.name}: input and output scale/zero point differ "
                                f"(a copy needs one grid)")
-    bm = block_map(layer, cfg.block_out)
-    if isinstance(bm, str):
-        raise UnsupportedLayer(f"{layer.name}: {bm}")
-    return Recipe(KIND, PermShape(int(bm.size), cfg.block_out, _runs(bm)), {"x": layer.input})
+    if not layer.weight_tiles:
+        bm = block_map(layer, cfg.block_out)
+        if isinstance(bm, str):
+            raise UnsupportedLayer(f"{layer.name}: {bm}")
+        return Recipe(KIND, PermShape(int(bm.size), cfg.block_out, _runs(bm)),
+                      {"x": layer.input})
+    tm = tiles_map(layer, cfg)
+    if isinstance(tm, str):
+        raise UnsupportedLayer(f"{layer.name}: {tm}")
+    bm, flips = tm
+    if flips and cfg.acc_depth < 2 * cfg.block_out:
+        raise UnsupportedLayer(f"{layer.name}: a tile transpose needs two accumulator tiles")
+    r = Recipe(KIND, PermShape(int(bm.size), cfg.block_out, _runs(bm), flips), {"x": layer.input})
+    if flips:
+        r.consts["eye"] = np.eye(cfg.block_in, dtype=np.int8)
+        r.scratch["t"] = (int(bm.size), cfg.block_in)
+    if layer.column_sums:  # the consumer matmul's correction for its first zero point
+        bt, k, n = batch_dims(tuple(layer.output.shape))
+        kb = ceil_div(k, cfg.block_in)
+        lanes = k - (kb - 1) * cfg.block_in
+        r.shape = dataclasses.replace(r.shape, sum_groups=bt * ceil_div(n, cfg.block_out),
+                                      sum_tiles=kb, sum_lanes=lanes,
+                                      column_sums=int(layer.column_sums))
+        ones = np.ones((2, cfg.block_in), np.int8)
+        ones[1, lanes:] = 0
+        r.consts["ones"] = ones
+        r.host["c"] = layer.output.name + COLSUM
+    return r
 
 
 def run_permute(ly: Permute, env: dict[str, np.ndarray]) -> np.ndarray:

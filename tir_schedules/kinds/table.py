@@ -24,7 +24,7 @@ from dsa_tvm.intmath import ceil_div
 from dsa_tvm.isa.instructions import LUT_ENTRIES, AluOp, lut_rows
 from dsa_tvm.layers.checks import inputs_read, with_weights
 from dsa_tvm.layers.ir import QTensor, Table
-from dsa_tvm.layers.layouts import image_dims
+from dsa_tvm.layers.layouts import image_dims, same_bytes
 
 from ..intrinsics import _Script
 from ..names import ANN_DOUBLE_BUFFER, CALL_ALU, SCOPE_ACC
@@ -210,7 +210,7 @@ def _pixels(t: QTensor) -> tuple[int, int]:
 
 
 def table_recipe(layer: Table, cfg: HardwareConfig, consts: bool) -> Recipe:
-    if tuple(layer.input.shape) != tuple(layer.output.shape):
+    if not same_bytes(tuple(layer.input.shape), tuple(layer.output.shape)):
         raise UnsupportedLayer(f"{layer.name}: input {layer.input.shape} and output "
                                f"{layer.output.shape} differ")
     if not cfg.table_present:
