@@ -119,8 +119,7 @@ def markdown(results, hw: str, tiny: bool, command: str, seconds: float,
            "Reading it: the inputs are small so the whole zoo runs in minutes, and at these "
            "sizes the offload cost model (DSA time + launch overhead against the host's "
            "`cpu_gmacs`) keeps many small regions on the CPU (`(cost model)` entries: "
-           "MobileNetV3-Small's and EfficientNet-B0's depthwise and squeeze-excite convs, "
-           "attention matmuls at sequence 32). `--offload-all` gives the host a speed at "
+           "ConvNeXt's depthwise 7x7 convs, BERT's pooler head). `--offload-all` gives the host a speed at "
            "which every region the DSA supports is offloaded: what the DSA can run rather "
            "than what pays off at these sizes.", "",
            "Sizes (batch 1; builder arguments, defaults included):", ""]
