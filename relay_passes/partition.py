@@ -144,6 +144,7 @@ def pattern_decisions(mod: tvm.IRModule, memo: MatchMemo) -> dict[str, str]:
     func = mod["main"]
     var2val = dict(relax.analysis.get_var2val(func).items())
     bound = {hash(v): k for k, v in var2val.items()}  # hash: the node, not the wrapper
+    users = _users(var2val)
     reasons: dict[str, str] = {}
     for var, val in var2val.items():
         if not (isinstance(val, relax.Call) and isinstance(val.op, Op)
@@ -167,8 +168,16 @@ def pattern_decisions(mod: tvm.IRModule, memo: MatchMemo) -> dict[str, str]:
                                   verdict.why)
                 continue
             if verdict.ok:
-                first_fail = None
-                break
+                matched = s.pattern.extract_matched_expr(val, var2val) or {}
+                calls = [c for pat, c in matched.items() if isinstance(c, relax.Call)
+                         and not isinstance(pat, WildcardPattern)]
+                leak = _leaked(calls, val, bound, users)
+                if leak is None:
+                    first_fail = None
+                    break
+                if first_fail is None:  # FuseOpsByPattern refuses it too (``_leaks``)
+                    first_fail = (s, Match(s.kind, val, [], None, (), val, calls=calls), leak)
+                continue
             if first_fail is None:
                 first_fail = (s, verdict.match, verdict.why)
         if first_fail is None:
@@ -185,6 +194,32 @@ def pattern_decisions(mod: tvm.IRModule, memo: MatchMemo) -> dict[str, str]:
             else:
                 reasons[v.name] = f"part of {s.name} {aname}, not supported: {why}"
     return reasons
+
+
+def _users(var2val: dict) -> dict[relax.Var, list[relax.Var]]:
+    """var -> the bindings that read it."""
+    out: dict[relax.Var, list[relax.Var]] = {}
+    for var, val in var2val.items():
+        def visit(e: relax.Expr, var=var) -> None:
+            if isinstance(e, relax.Var):
+                out.setdefault(e, []).append(var)
+        relax.analysis.post_order_visit(val, visit)
+    return out
+
+
+def _leaked(calls: list[relax.Call], root: relax.Call, bound: dict, users: dict) -> str | None:
+    """Why a match cannot be fused: a value it computes inside (an int8 move it took in)
+    is also read outside it; None when nothing leaks."""
+    inside = {bound.get(hash(c)) for c in calls} - {None}
+    root_var = bound.get(hash(root))
+    for v in inside:
+        if v is root_var:
+            continue
+        outside = [u.name for u in users.get(v, []) if u not in inside]
+        if outside:
+            return (f"'{v.name}', computed inside the match, is also read outside it (by "
+                    f"{', '.join(outside[:3])}): a composite returns one int8 tensor")
+    return None
 
 
 #: why a float MAC layer stays on the CPU, and what to do about it
