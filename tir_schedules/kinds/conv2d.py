@@ -192,10 +192,10 @@ def estimate_cycles(cfg: HardwareConfig, s: ConvShape, k: ConvKnobs) -> float:
     dma_cycles = dma / cfg.bandwidth_bytes_per_cycle + tiles * cfg.latency_cycles * 0.1
     if not k.double_buffer:
         return compute + dma_cycles
-    if s.depthwise:  # the first tile's loads and the last one's store overlap nothing
-        edge = (in_bytes + w_bytes + out_bytes) / cfg.bandwidth_bytes_per_cycle
-        return max(compute, dma_cycles) + edge + 2 * cfg.latency_cycles
-    return max(compute, dma_cycles)
+    # the first tile's loads and the last one's store overlap nothing: one weight tile
+    # covering every output channel cannot hide its load behind any compute
+    edge = (in_bytes + w_bytes + out_bytes) / cfg.bandwidth_bytes_per_cycle
+    return max(compute, dma_cycles) + edge + 2 * cfg.latency_cycles
 
 
 def candidate_knobs(cfg: HardwareConfig, s: ConvShape) -> list[ConvKnobs]:
