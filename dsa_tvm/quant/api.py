@@ -21,7 +21,7 @@ from ..frontend.onnx_graph import Graph, is_qdq, name_nodes, with_shapes
 from .calibrate import calibrate
 from .checks import check_keep_fp32, check_percentile
 from .data import as_feeds, check_num_batches, check_preprocess
-from .fold import fold_batch_norms
+from .fold import fold_batch_norms, fold_channel_scales
 from .insert import bias_scale_floors, insert_qdq
 from .observers import METHODS
 from .outliers import split_candidates, split_outliers
@@ -94,7 +94,8 @@ class QuantizedModel:
                  f"activations); {len(p.tensors)} activation tensors in "
                  f"{len(p.group_members())} scale groups"]
         if self.folded_bn:
-            lines.append(f"folded {len(self.folded_bn)} batch norms into convolutions")
+            lines.append(f"folded {len(self.folded_bn)} batch norms and per-channel scales into "
+                         f"the layers before them")
         if self.side_path:
             lines.append(f"split outlier channels off into {len(self.side_path)} FP32 side-path nodes")
         for name, why in sorted(p.kept_fp32.items()):
@@ -114,7 +115,7 @@ def prepare(model: onnx.ModelProto | str | Path | Intake, shapes: Shapes | None 
             ) -> tuple[onnx.ModelProto, list[str]]:
     """A named, shape-inferred FP32 copy: through intake (opset >= 13, static shapes, constants
     and shape arithmetic folded, zero Pads folded into convolutions by onnxslim), then batch
-    norms folded into convolutions."""
+    norms and per-channel constant scales (layer scale) folded into the layer before them."""
     return _prepare(load_onnx(model, shapes).model)
 
 
@@ -122,7 +123,7 @@ def _prepare(model: onnx.ModelProto) -> tuple[onnx.ModelProto, list[str]]:
     m = onnx.ModelProto()
     m.CopyFrom(model)
     name_nodes(m)
-    folded = fold_batch_norms(m)
+    folded = fold_batch_norms(m) + fold_channel_scales(m)
     return with_shapes(m), folded
 
 

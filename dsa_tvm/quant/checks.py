@@ -22,8 +22,8 @@ def check_keep_fp32(names: Iterable[str], known: Iterable[str], folded: Iterable
         if n in known:
             continue
         if n in folded:
-            raise ValueError(f"keep_fp32: '{n}' was folded into the convolution before it "
-                             "(batch norm folding); name that convolution instead")
+            raise ValueError(f"keep_fp32: '{n}' was folded into the layer before it (batch "
+                             "norm or per-channel scale folding); name that layer instead")
         close = difflib.get_close_matches(n, known, n=5, cutoff=0.4)
         hint = f"closest: {', '.join(close)}" if close else \
             f"{len(known)} exist, e.g. {', '.join(known[:5])}"

@@ -70,3 +70,98 @@ def _drop_unused_initializers(model: onnx.ModelProto) -> None:
     inputs = [i for i in model.graph.input if i.name in used or i.name not in inits]
     del model.graph.input[:]
     model.graph.input.extend(inputs)
+
+
+def _sole_consumer(g: Graph, name: str, node: onnx.NodeProto) -> bool:
+    return [c.name for c in g.consumers[name]] == [node.name] and name not in g.outputs
+
+
+def _channel_scale(c: np.ndarray, out_ch: int, axis_last: bool) -> np.ndarray | None:
+    """``c`` as one factor per output channel when it varies along that axis only (the last
+    axis of a MatMul's output, axis 1 of a Conv's), else None."""
+    if c.size == 1:
+        return np.full(out_ch, float(c.reshape(-1)[0]))
+    shape = list(c.shape)
+    if not shape:
+        return None
+    ch = len(shape) - 1 if axis_last else len(shape) - 3
+    if ch < 0 or shape[ch] != out_ch or any(d != 1 for i, d in enumerate(shape) if i != ch):
+        return None
+    return c.reshape(-1).astype(np.float64)
+
+
+def fold_channel_scales(model: onnx.ModelProto) -> list[str]:
+    """Fold every ``Mul`` by a per-output-channel constant (a layer scale, ConvNeXt's gamma)
+    into the MatMul (+ bias Add) or Conv before it; returns the folded Mul names.
+
+    ``(x @ W + b) * g = x @ (W * g) + b * g`` per output channel, so the product needs no
+    int8 op of its own (the quantizer has none for a constant that varies along the last
+    axis of an NHWC tensor) and ends no DSA region. Folded only where every intermediate
+    feeds the next op alone and the weights and bias are constants."""
+    g = Graph(model)
+    folded: list[str] = []
+    drop: list[onnx.NodeProto] = []
+    new_inits: list[onnx.TensorProto] = []
+    for mul in list(model.graph.node):
+        if mul.op_type != "Mul" or len(mul.input) != 2:
+            continue
+        consts = [i for i in mul.input if g.is_const(i)]
+        if len(consts) != 1:
+            continue
+        src = mul.input[0] if mul.input[1] == consts[0] else mul.input[1]
+        prod = g.producer.get(src)
+        if prod is None or not _sole_consumer(g, src, mul):
+            continue
+        bias_add, layer, bias = None, prod, None
+        if prod.op_type == "Add":
+            ins = list(prod.input)
+            bc = [i for i in ins if g.is_const(i)]
+            other = [i for i in ins if not g.is_const(i)]
+            if len(bc) != 1 or len(other) != 1:
+                continue
+            layer = g.producer.get(other[0])
+            if layer is None or not _sole_consumer(g, other[0], prod):
+                continue
+            bias_add, bias = prod, bc[0]
+        if layer.op_type == "MatMul" and g.is_const(layer.input[1]):
+            w = g.const(layer.input[1]).astype(np.float64)
+            if w.ndim != 2:
+                continue
+            k = _channel_scale(g.const(consts[0]), w.shape[1], axis_last=True)
+            if k is None:
+                continue
+            w2 = w * k[None, :]
+        elif layer.op_type == "Conv" and g.is_const(layer.input[1]) and bias_add is None:
+            w = g.const(layer.input[1]).astype(np.float64)
+            k = _channel_scale(g.const(consts[0]), w.shape[0], axis_last=False)
+            if k is None or (len(layer.input) > 2 and layer.input[2]
+                             and not g.is_const(layer.input[2])):
+                continue
+            w2 = w * k.reshape(-1, *([1] * (w.ndim - 1)))
+            if len(layer.input) > 2 and layer.input[2]:
+                bias = layer.input[2]
+        else:
+            continue
+        if bias is not None:
+            b = g.const(bias).astype(np.float64)
+            if b.size not in (1, k.size):
+                continue
+            b2 = (np.broadcast_to(b.reshape(-1), k.shape) * k).astype(np.float32)
+            bname = f"{mul.name}_B_scalefold"
+            new_inits.append(numpy_helper.from_array(
+                b2.reshape(b.shape if b.size == k.size else (k.size,)), bname))
+            host = bias_add if bias_add is not None else layer
+            idx = list(host.input).index(bias)
+            host.input[idx] = bname
+        wname = f"{mul.name}_W_scalefold"
+        new_inits.append(numpy_helper.from_array(w2.astype(np.float32), wname))
+        layer.input[1] = wname
+        (bias_add or layer).output[0] = mul.output[0]
+        drop.append(mul)
+        folded.append(mul.name)
+        g.producer[mul.output[0]] = bias_add or layer
+    for n in drop:
+        model.graph.node.remove(n)
+    model.graph.initializer.extend(new_inits)
+    _drop_unused_initializers(model)
+    return folded
