@@ -27,6 +27,8 @@ from tvm.ir import Op
 from tvm.ir.expr import GenericConst
 from tvm.relax.expr_functor import PyExprMutator, mutator
 
+from dsa_tvm.layers.layouts import layout_permute
+
 from .table_chains import table_chains
 
 
@@ -181,11 +183,63 @@ def _const(e: relax.Expr) -> np.ndarray:
     return e.value.numpy()
 
 
+def _layout_permute(call: relax.Call) -> bool:
+    """An NCHW <-> NHWC permute_dims (ConvNeXt's channels-last blocks)."""
+    if call.op.name != "relax.permute_dims" or call.attrs.axes is None:
+        return False
+    return len(call.args[0].ty.shape) == 4 and \
+        layout_permute(tuple(int(a) for a in call.attrs.axes))
+
+
+def _constant_operand(matmul: relax.Call, var2val: dict) -> bool:
+    """A dense layer: the matmul's second operand is a (dequantized) constant."""
+    b = var2val.get(matmul.args[1], matmul.args[1])
+    if _is_op(b, "relax.dequantize"):
+        b = var2val.get(b.args[0], b.args[0])
+    return isinstance(b, GenericConst)
+
+
+def _feeds_matmul(var2val: dict) -> set:
+    """The quantize calls whose int8 result reaches a matmul of two activations through
+    dequantize and moves:
+    attention's ``K^T`` (a head split then a transpose, which an exporter may fuse into one
+    (0, 2, 3, 1) permute) is taken into the matmul pattern as int8 moves."""
+    users: dict = {}
+    for var, val in var2val.items():
+        if isinstance(val, relax.Call):
+            for a in val.args:
+                if isinstance(a, relax.Var):
+                    users.setdefault(a, []).append(var)
+    out: set = set()
+    for var, val in var2val.items():
+        if not (_is_op(val, "relax.quantize")):
+            continue
+        todo, seen = [var], 0
+        while todo and seen < 64:
+            seen += 1
+            v = todo.pop()
+            for u in users.get(v, ()):
+                uv = var2val[u]
+                if _is_op(uv, "relax.matmul") and not _constant_operand(uv, var2val):
+                    out.add(val)
+                    todo = []
+                    break
+                if isinstance(uv.op, Op) and uv.op.name in (*_MOVES, "relax.dequantize",
+                                                            "relax.quantize"):
+                    todo.append(u)
+    return out
+
+
 @mutator
 class _Moves(PyExprMutator):
+    """quantize(move(dequantize(x))) -> move(x) on int8, except an NCHW <-> NHWC permute no
+    matmul reads: that one stays in QDQ form for the DSA's layout-permute kind (a block
+    copy inside a region, ``kinds.movement``)."""
+
     def __init__(self, mod: tvm.IRModule, var2val: dict):
         super().__init__(mod)
         self.var2val = var2val
+        self.matmul_operands = _feeds_matmul(var2val)
 
     def _val(self, e: relax.Expr) -> relax.Expr:
         return self.var2val.get(e, e) if isinstance(e, relax.Var) else e
@@ -193,7 +247,10 @@ class _Moves(PyExprMutator):
     def visit_call_(self, call: relax.Call) -> relax.Expr:  # noqa: N802
         if _is_op(call, "relax.quantize"):
             mv = self._val(call.args[0])
-            if isinstance(mv, relax.Call) and isinstance(mv.op, Op) and mv.op.name in _MOVES:
+            keep = (isinstance(mv, relax.Call) and _layout_permute(mv)
+                    and call not in self.matmul_operands)
+            if (isinstance(mv, relax.Call) and isinstance(mv.op, Op) and mv.op.name in _MOVES
+                    and not keep):
                 dq = self._val(mv.args[0])
                 if _is_op(dq, "relax.dequantize") and _same_qparams(call, dq):
                     x = self.visit_expr(dq.args[0])

@@ -41,6 +41,17 @@ def same_bytes(a: tuple[int, ...], b: tuple[int, ...]) -> bool:
     return len(img) == 4 and img[2:] == (1, 1) and rows == img[:2]
 
 
+#: permute_dims axes between an NCHW image and its channels-last rows: in the blocked layout
+#: both are one row of channel blocks per pixel, so either way is a block copy
+TO_CHANNELS_LAST = (0, 2, 3, 1)
+TO_CHANNELS_FIRST = (0, 3, 1, 2)
+
+
+def layout_permute(perm: tuple[int, ...] | None) -> bool:
+    """``perm`` turns an NCHW image into NHWC rows or back (ConvNeXt's channels-last blocks)."""
+    return perm is not None and tuple(perm) in (TO_CHANNELS_LAST, TO_CHANNELS_FIRST)
+
+
 def rows_view(t):
     """A tensor as the rows of its last axis, (rows, C): the view a data movement reads
     any non-image tensor in (every matrix view of it is the same bytes)."""

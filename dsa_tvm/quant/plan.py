@@ -230,14 +230,15 @@ def binary_reason(g: Graph, n: onnx.NodeProto) -> str | None:
 
 
 def _global_mean(g: Graph, n: onnx.NodeProto) -> bool:
-    """ReduceMean over H and W of an NCHW tensor, dimensions kept (a global average pool)."""
+    """ReduceMean over H and W of an NCHW tensor (a global average pool; without keepdims
+    its (N, C) result is the same bytes as the pool's (N, C, 1, 1) on the DSA)."""
     shape = g.shape(n.input[0])
     axes = g.attr(n, "axes", None)
     if axes is None and len(n.input) > 1 and n.input[1] and g.is_const(n.input[1]):
         axes = [int(a) for a in g.const(n.input[1]).reshape(-1)]
     if shape is None or len(shape) != 4 or axes is None:
         return False
-    return sorted(int(a) % 4 for a in axes) == [2, 3] and g.attr(n, "keepdims", 1) == 1
+    return sorted(int(a) % 4 for a in axes) == [2, 3]
 
 
 def anchor_output(a: Anchor) -> str:

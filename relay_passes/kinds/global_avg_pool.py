@@ -5,6 +5,8 @@ REQUANT factor ``M = s_in / (s_out * H * W)``.
 
 from __future__ import annotations
 
+import dataclasses
+
 import numpy as np
 from tvm.relax.dpl import DFPattern
 
@@ -43,7 +45,9 @@ def _axes(m: Match, cfg: HardwareConfig) -> str | None:
 
 
 def _to_layer(m: Match, name: str, inputs: list[QTensor], output: QTensor) -> Layer:
-    return GlobalAvgPool(name, inputs[0], output, requant(rescale_factors(m), m))
+    # without keepdims the (N, C) mean is the (N, C, 1, 1) pool's bytes: the pool's view
+    img = dataclasses.replace(output, shape=(*output.shape[:2], 1, 1))
+    return GlobalAvgPool(name, inputs[0], img, requant(rescale_factors(m), m))
 
 
 KINDS = (Kind(

@@ -1,8 +1,10 @@
 """Data movement inside a region: ``quantize(concat(dq(a), dq(b), ...))`` along channels,
 ``quantize(strided_slice(dq(x)))`` a block-aligned channel range (C2f's split) and
-``quantize(resize2d(dq(x)))`` nearest-neighbour by an integer factor. Both are copies when
-every tensor shares one scale and zero point (the quantizer plans them so); the layers go
-to the movement room (``tir_schedules.kinds.movement``), DMA only.
+``quantize(resize2d(dq(x)))`` nearest-neighbour by an integer factor, and
+``quantize(permute_dims(dq(x)))`` between an NCHW image and its channels-last rows (ConvNeXt
+blocks, norms over the channels). All are copies when every tensor shares one scale and
+zero point (the quantizer plans them so); the layers go to the movement room
+(``tir_schedules.kinds.movement``) or, the permute, to the Permute room, DMA only.
 
 Nearest resize is ``y[i] = x[i // s]`` for an integer factor ``s`` under the
 ``half_pixel``/``pytorch_half_pixel`` coordinates with any rounding (the source
@@ -16,7 +18,8 @@ import numpy as np
 from tvm.relax.dpl import DFPattern, is_op, is_tuple, wildcard
 
 from dsa_tvm.hw.config import HardwareConfig
-from dsa_tvm.layers.ir import Concat, Layer, QTensor, Resize, Slice
+from dsa_tvm.layers.ir import Concat, Layer, Permute, QTensor, Resize, Slice
+from dsa_tvm.layers.layouts import TO_CHANNELS_LAST, layout_permute, rows_view
 from tir_schedules.kinds.movement import slice_reason
 
 from .common import Constraint, common_constraints
@@ -163,6 +166,38 @@ def _resize_layer(m: Match, name: str, inputs: list[QTensor], output: QTensor) -
     return Resize(name, inputs[0], output, f)
 
 
+# ----------------------------------------------------------------------------- layout permute
+def _permute_variants() -> list[tuple[str, DFPattern]]:
+    return [("layout", q(is_op("relax.permute_dims")(dq())))]
+
+
+def _read_permute(r: Reader, root: Root) -> Match:
+    op = r.need(root.body, "relax.permute_dims")
+    return root.match("layout_permute", op, [r.operand(op.args[0])])
+
+
+def _perm(m: Match) -> tuple[int, ...] | None:
+    axes = m.op.attrs.axes
+    return None if axes is None else tuple(int(a) for a in axes)
+
+
+def _permute_form(m: Match, cfg: HardwareConfig) -> str | None:
+    if len(m.out_shape) != 4 or not layout_permute(_perm(m)):
+        return (f"permute_dims{_perm(m) or ''} of a {len(m.out_shape)}-D tensor: only NCHW "
+                f"<-> NHWC of 4-D tensors is a block copy here (attention's moves are taken "
+                f"into the matmuls that read them)")
+    return None
+
+
+def _permute_layer(m: Match, name: str, inputs: list[QTensor], output: QTensor) -> Layer:
+    """NCHW image -> NHWC rows ``(N*H*W, C)``, or NHWC rows -> NCHW image: the blocked layout
+    keeps one row of channel blocks per pixel either way (the room checks the block map)."""
+    (x,), perm = inputs, _perm(m)
+    if perm == TO_CHANNELS_LAST:
+        return Permute(name, x, rows_view(output), tuple(x.shape), perm)
+    return Permute(name, rows_view(x), output, tuple(x.shape), perm)
+
+
 def _constraints(extra: Constraint) -> list[Constraint]:
     grid = Constraint("one_grid", "every input and the output share one scale and zero "
                       "point (a copy)", _same_grid)
@@ -184,4 +219,8 @@ KINDS = (
          _constraints(Constraint("nearest", "nearest-neighbour, integer factors, NCHW, "
                                  "half_pixel or asymmetric+floor coordinates", _resize_form)),
          _resize_layer, "Resize (nearest, integer scale)", "relax.image.resize2d"),
+    Kind("layout_permute", 150, _permute_variants, _read_permute,
+         _constraints(Constraint("layout", "NCHW <-> NHWC (axes (0, 2, 3, 1) or (0, 3, 1, 2)) "
+                                 "of a 4-D tensor", _permute_form)),
+         _permute_layer, "Transpose (NCHW <-> NHWC, one scale)", "relax.permute_dims"),
 )
