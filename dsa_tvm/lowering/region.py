@@ -5,7 +5,9 @@ the region's inputs and outputs (the runtime packs and unpacks them), its
 intermediates (scratch), and each layer's constants (weights, output-stage
 table). Each layer becomes TIR, is scheduled (default knobs, or tuned ones)
 and walked into instructions; the dependency tokens of the whole program are
-derived at the end. What each layer kind needs is its room's recipe
+derived at the end. Consecutive layers take disjoint scratchpad rows where both fit
+(:func:`_walk_placed`), so the next layer's weights and tables load while this one
+computes. What each layer kind needs is its room's recipe
 (``tir_schedules.kinds``); :func:`lowering_supports` answers from the same
 recipes, so the partitioner keeps on the CPU exactly the layers this module
 cannot lower.
@@ -19,6 +21,7 @@ from dataclasses import dataclass, field
 
 from tir_schedules.kinds import UnsupportedLayer, layer_bounds, recipe
 from tir_schedules.lower import lower_for_walker
+from tir_schedules.nests import CodegenError
 
 from ..codegen.walker import TirWalker
 from ..gc_pause import paused_gc
@@ -115,6 +118,7 @@ def compile_region(region: Region, cfg: HardwareConfig,
     for t in region.outputs:
         dram(t, "output")
     plans, layers_meta = [], []
+    used: dict[str, tuple[int, int]] | None = None  # the previous layer's scratchpad rows
     for layer in region.layers:
         t0 = time.perf_counter()
         r = recipe(layer, cfg)
@@ -146,10 +150,9 @@ def compile_region(region: Region, cfg: HardwareConfig,
         first = len(b.instructions)
         if r.kind.emit is not None:  # a data-movement room emits its DMA itself
             r.kind.emit(b, cfg, r.shape, knobs, regions)
+            used = None
         else:
-            func = _lowered(r, cfg, knobs, lower_for_walker)
-            with paused_gc():
-                TirWalker(cfg, b, regions).run(func)
+            used = _walk_placed(b, cfg, _lowered(r, cfg, knobs, lower_for_walker), regions, used)
         layers_meta.append({"name": layer.name, "op": type(layer).__name__, "first": first,
                             "last": len(b.instructions) - 1, "macs": layer.macs,
                             **dict(zip(("min_read_bytes", "min_write_bytes"),
@@ -166,6 +169,31 @@ def compile_region(region: Region, cfg: HardwareConfig,
         io=io,
         inputs=[t.name for t in region.inputs], outputs=[t.name for t in region.outputs])
     return CompiledRegion(prog, plans)
+
+
+def _walk_placed(b: ProgramBuilder, cfg: HardwareConfig, func, regions: dict,
+                 prev: dict[str, tuple[int, int]] | None) -> dict[str, tuple[int, int]]:
+    """Walk a layer's TIR into ``b`` with its tile buffers just above the rows the previous
+    layer used, or (when they do not fit there) from row 0; the rows it used.
+
+    Dependency tokens follow scratchpad footprints, so a layer whose buffers share rows
+    with the previous layer's waits for it to finish with them: its first weight and
+    table loads cannot overlap the previous layer's last tiles. Disjoint rows let them."""
+    first = len(b.instructions)
+    bases = ([{s: hi for s, (_, hi) in prev.items()}] if prev else []) + \
+        [{"inp": 0, "wgt": 0, "acc": 0}]
+    for i, base in enumerate(bases):
+        walker = TirWalker(cfg, b, regions, base)
+        try:
+            with paused_gc():
+                walker.run(func)
+        except CodegenError:
+            if i == len(bases) - 1:
+                raise
+            del b.instructions[first:]
+            continue
+        return {s: (base[s], walker.peak[s]) for s in base}
+    raise AssertionError("unreachable")
 
 
 def _check_views(region: Region) -> None:
