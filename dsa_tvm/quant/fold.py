@@ -144,8 +144,10 @@ def fold_channel_scales(model: onnx.ModelProto) -> list[str]:
             continue
         if bias is not None:
             b = g.const(bias).astype(np.float64)
-            if b.size not in (1, k.size):
-                continue
+            per_channel = (b.ndim == 1 and b.size == k.size) if layer.op_type == "Conv" \
+                else _channel_scale(b, k.size, axis_last=True) is not None
+            if not per_channel:
+                continue  # a bias that varies along another axis: not one per channel
             b2 = (np.broadcast_to(b.reshape(-1), k.shape) * k).astype(np.float32)
             bname = f"{mul.name}_B_scalefold"
             new_inits.append(numpy_helper.from_array(

@@ -71,13 +71,17 @@ def test_conv_scale_folds_into_weights_and_bias():
     _same_outputs(before, m, (1, 3, 8, 8))
 
 
-@pytest.mark.parametrize("case", ["spatial", "shared", "activation"])
+@pytest.mark.parametrize("case", ["spatial", "shared", "activation", "bias_along_w"])
 def test_what_is_not_a_channel_scale_stays(case):
     rng = np.random.default_rng(2)
     if case == "spatial":     # varies along H: no per-output-channel factor
         m = _linear(rng, 4, 3, rng.uniform(0.5, 1, (1, 5, 1, 1)), False)
     elif case == "shared":    # the biased result has another reader
         m = _linear(rng, 4, 3, rng.uniform(0.5, 1, 3), False, extra_reader=True)
+    elif case == "bias_along_w":  # the bias varies along W, not the output channels
+        m = _linear(rng, 4, 3, rng.uniform(0.5, 1, 3), False)
+        (b,) = [i for i in m.graph.initializer if i.name == "b"]
+        b.CopyFrom(numpy_helper.from_array(rng.standard_normal((5, 1)).astype(np.float32), "b"))
     else:                     # x * x: no constant
         m = _model([helper.make_node("MatMul", ["x", "w"], ["m"], name="mm"),
                     helper.make_node("Mul", ["m", "m"], ["y"], name="mul")],
