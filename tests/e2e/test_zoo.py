@@ -97,3 +97,47 @@ def test_zoo_feeds_are_seeded():
     assert all(np.array_equal(x["input"], y["input"]) for x, y in zip(a, b))
     assert a[0]["input"].dtype == np.int64 and a[0]["input"].max() < torch_zoo.vocab(
         torch_zoo.ZOO["bert"], True)
+
+
+def _bench_zoo():
+    import importlib.util
+    from pathlib import Path
+
+    path = Path(__file__).resolve().parents[2] / "benchmarks" / "bench_zoo.py"
+    spec = importlib.util.spec_from_file_location("bench_zoo", path)
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
+
+
+def test_bench_zoo_prints_each_goal_met_or_missed():
+    """The goal lines come from the measured results: a miss names the model and number."""
+    bench = _bench_zoo()
+    R = zoo_measure.ZooResult
+    good = R("mobilenet_v2", "cnn", onnx_macs=100, report_macs=100, dsa_macs=100,
+             launches=1, cycles=110, bound=100, ref_steps=0, ort_steps=0.0,
+             dw_layers=3, dw_worst=1.4)
+    slow = R("efficientnet_b0", "cnn", onnx_macs=100, report_macs=100, dsa_macs=98,
+             launches=2, cycles=150, bound=100, ref_steps=1, ort_steps=3.0,
+             dw_layers=2, dw_worst=2.5)
+    tf = R("gpt2", "transformer", onnx_macs=10, report_macs=10, dsa_macs=10, launches=1,
+           cycles=1, bound=1, ref_steps=0, ort_steps=2.0)   # integer norms: not judged so
+    tf.dsa_ops["LayerNorm"] = 2
+    broken = R("unet", "cnn", stage="export", error="no")
+    assert bench.goal_status([good, tf]) == [
+        "- >= 99% of MACs on the DSA: met", "- CNNs in 1 launch: met",
+        "- transformers, launches: gpt2 1",
+        "- every DSA launch bit-exact against the integer reference: met",
+        "- within 1 output step of onnxruntime where every DSA op is standard QDQ "
+        "(mobilenet_v2): met",
+        "- depthwise within 2x of its bound (3 layers in 1 models, worst 1.40x in "
+        "mobilenet_v2): met",
+        "- network cycles <= 1.2x the sum of bounds (mobilenet_v2 1.10x): met"]
+    lines = "\n".join(bench.goal_status([good, slow, tf, broken]))
+    for want in ("MACs on the DSA: missed: efficientnet_b0 98.0%",
+                 "1 launch: missed: efficientnet_b0 2", "reference: missed: efficientnet_b0 1",
+                 "standard QDQ (mobilenet_v2, efficientnet_b0): missed: efficientnet_b0 3",
+                 "missed: efficientnet_b0 2.50x",
+                 "(mobilenet_v2 1.10x, efficientnet_b0 1.50x): missed: efficientnet_b0 1.50x",
+                 "- failed: unet (export)"):
+        assert want in lines, lines
