@@ -73,9 +73,14 @@ def goal_status(results) -> list[str]:
              f"({', '.join(r.name for r in standard)}): {verdict(far)}"]
     if worst is not None:
         miss = [f"{r.name} {r.dw_worst:.2f}x" for r in dw if r.dw_worst > 2.0]
+        kernels: dict[str, tuple[float, str]] = {}
+        for r in dw:
+            for k, x in r.dw_by_kernel.items():
+                kernels[k] = max(kernels.get(k, (0.0, "")), (x, r.name))
+        by_kernel = ", ".join(f"{k} worst {x:.2f}x ({n})" for k, (x, n) in sorted(kernels.items()))
         lines.append(f"- depthwise within 2x of its bound ({sum(r.dw_layers for r in dw)} layers "
-                     f"in {len(dw)} models, worst {worst.dw_worst:.2f}x in {worst.name}): "
-                     f"{verdict(miss)}")
+                     f"in {len(dw)} models, worst {worst.dw_worst:.2f}x in {worst.name}"
+                     + (f"; {by_kernel}" if by_kernel else "") + f"): {verdict(miss)}")
     if nets:
         miss = [f"{r.name} {r.cycles / r.bound:.2f}x" for r in nets if r.cycles > 1.2 * r.bound]
         lines.append("- network cycles <= 1.2x the sum of bounds ("

@@ -116,7 +116,7 @@ def test_bench_zoo_prints_each_goal_met_or_missed():
     R = zoo_measure.ZooResult
     good = R("mobilenet_v2", "cnn", onnx_macs=100, report_macs=100, dsa_macs=100,
              launches=1, cycles=110, bound=100, ref_steps=0, ort_steps=0.0,
-             dw_layers=3, dw_worst=1.4)
+             dw_layers=3, dw_worst=1.4, dw_by_kernel={"3x3": 1.4})
     slow = R("efficientnet_b0", "cnn", onnx_macs=100, report_macs=100, dsa_macs=98,
              launches=2, cycles=150, bound=100, ref_steps=1, ort_steps=3.0,
              dw_layers=2, dw_worst=2.5)
@@ -131,7 +131,7 @@ def test_bench_zoo_prints_each_goal_met_or_missed():
         "- within 1 output step of onnxruntime where every DSA op is standard QDQ "
         "(mobilenet_v2): met",
         "- depthwise within 2x of its bound (3 layers in 1 models, worst 1.40x in "
-        "mobilenet_v2): met",
+        "mobilenet_v2; 3x3 worst 1.40x (mobilenet_v2)): met",
         "- network cycles <= 1.2x the sum of bounds (mobilenet_v2 1.10x): met"]
     lines = "\n".join(bench.goal_status([good, slow, tf, broken]))
     for want in ("MACs on the DSA: missed: efficientnet_b0 98.0%",

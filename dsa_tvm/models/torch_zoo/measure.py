@@ -46,6 +46,7 @@ class ZooResult:
     bound: int = 0                  # sum of the DSA layers' roofline bounds
     dw_layers: int = 0              # depthwise convs on the DSA
     dw_worst: float | None = None   # their worst attributed cycles / roofline bound
+    dw_by_kernel: dict[str, float] = field(default_factory=dict)  # "3x3" -> worst ratio
     ref_steps: int | None = None    # max |DSA - integer reference| over launch outputs (int8 codes)
     ort_steps: float | None = None  # max |DSA - onnxruntime QDQ (opt off)| in output steps
     cos_fp32: float | None = None   # cosine(DSA output, onnxruntime FP32)
@@ -188,10 +189,14 @@ def measure(name: str, hw: str = "default", tiny: bool = False, cpu_gmacs: float
             if d.target == "cpu" and d.region is not None:
                 res.cpu_ops.update(f"{type(ly).__name__} (cost model)" for ly in d.region.layers)
         res.launches, res.cycles, res.bound = len(launches), rep.total_cycles, rep.bound_cycles
-        depthwise = {ly.name for d in crep.regions if d.target == "dsa" and d.region is not None
-                     for ly in d.region.layers if getattr(ly, "depthwise", False)}
-        dw = [r.cycles / r.bound for r in dsa_rows if r.name in depthwise and r.bound]
-        res.dw_layers, res.dw_worst = len(dw), (max(dw) if dw else None)
+        kernel = {ly.name: "x".join(map(str, ly.weight.shape[2:]))
+                  for d in crep.regions if d.target == "dsa" and d.region is not None
+                  for ly in d.region.layers if getattr(ly, "depthwise", False)}
+        dw = [(kernel[r.name], r.cycles / r.bound) for r in dsa_rows
+              if r.name in kernel and r.bound]
+        res.dw_layers, res.dw_worst = len(dw), (max(x for _, x in dw) if dw else None)
+        for k, x in dw:
+            res.dw_by_kernel[k] = max(res.dw_by_kernel.get(k, 0.0), x)
         stage = enter("reference")
         regions = {d.name: d.region for d in crep.regions if d.target == "dsa"}
         steps = 0
