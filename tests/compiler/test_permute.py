@@ -129,3 +129,23 @@ def test_permute_within_its_bounds(preset):
     rep = _run_region(region([mv.input], [mv]), cfg, rng)
     assert len(rep.rows) == 1
     assert not rep.violations, "\n" + str(rep)
+
+
+@pytest.mark.parametrize("preset", PRESETS)
+@FEW
+@given(data=st.data())
+def test_nchw_nhwc_layout_permutes_bit_exact(preset, data):
+    """The layout_permute kind's two moves (ConvNeXt): an NCHW image to its NHWC rows
+    ``(N*H*W, C)`` and back, batch 1-2, whole and partial channel blocks."""
+    cfg, draw = CFGS[preset], data.draw
+    rng = np.random.default_rng(draw(st.integers(0, 2**32 - 1)))
+    n, h, w = draw(st.integers(1, 2)), draw(st.integers(1, 5)), draw(st.integers(1, 5))
+    c = draw(st.sampled_from([1, cfg.block_out - 1, cfg.block_out, 2 * cfg.block_out + 3]))
+    if draw(st.booleans()):   # image -> rows
+        x = qt(rng, "x", (n, c, h, w))
+        mv = _move(x, (n, c, h, w), (0, 2, 3, 1), (n * h * w, c))
+    else:                     # rows -> image
+        x = qt(rng, "x", (n * h * w, c))
+        mv = _move(x, (n, h, w, c), (0, 3, 1, 2), (n, c, h, w))
+    assert lowering_supports(mv, cfg) is None
+    _run_against_tvm(cfg, rng, mv)
