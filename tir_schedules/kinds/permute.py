@@ -206,10 +206,14 @@ candidate_perm_knobs, default_perm_knobs = staged_rows_knobs(PermKnobs, perm_fit
 
 
 def estimate_perm_cycles(cfg: HardwareConfig, s: PermShape, k: PermKnobs) -> float:
-    """Every byte in and out at the DRAM bandwidth, one latency per transfer; a tile
-    transpose adds its tiles' loads, GEMM rows and stores."""
+    """Every byte in and out at the DRAM bandwidth, a load's and a store's latency per
+    ring of in-flight transfers (:func:`emit_perm`); a tile transpose adds its tiles'
+    loads, GEMM rows and stores."""
     bw, lat = cfg.bandwidth_bytes_per_cycle, cfg.latency_cycles
-    dma = sum(2 * g * n * s.block / bw + 2 * lat for _, _, g, n, _ in _transfers(s, k))
+    transfers = _transfers(s, k)
+    slot = max((g * n for _, _, g, n, _ in transfers), default=1)
+    rings = ceil_div(len(transfers), max(1, k.rows // slot))
+    dma = sum(2 * g * n * s.block / bw for _, _, g, n, _ in transfers) + rings * 2 * lat
     tile = cfg.wgt_tile_bytes / bw + s.block * s.block / bw + 2 * lat
     sums = s.sum_groups * (s.sum_tiles * (cfg.wgt_tile_bytes / bw + lat + 1
                                           + cfg.gemm_fill_drain_cycles)
@@ -223,15 +227,19 @@ def perm_instructions(cfg: HardwareConfig, s: PermShape, k: PermKnobs) -> int:
 
 
 def emit_perm(b, cfg: HardwareConfig, s: PermShape, k: PermKnobs, regions: dict) -> None:
-    """One strided LOAD and one STORE per transfer; staging alternates between two halves
-    of the rows so the next load can overlap the previous store."""
+    """One strided LOAD and one STORE per transfer. The loads run on the load engine
+    (prefetched) into a ring of staging slots as large as the largest transfer, so up to
+    ``rows / slot`` transfers are in flight: their DRAM latencies overlap instead of
+    adding up (a head split is dozens of short transfers)."""
     buf = Buffer.ACC8
-    half = k.rows // 2 if k.rows >= 2 else 0
     x, y = regions["x"], regions["y"]
     dst = regions["t"] if s.transpose_tiles else y
-    for i, (x0, d, g, n, y0) in enumerate(_transfers(s, k)):
-        base = (i % 2) * half
-        b.load(buf, base, b.addr(x, buf) + x0, g, n, d)
+    transfers = _transfers(s, k)
+    slot = max((g * n for _, _, g, n, _ in transfers), default=1)
+    slots = max(1, k.rows // slot)
+    for i, (x0, d, g, n, y0) in enumerate(transfers):
+        base = (i % slots) * slot
+        b.load(buf, base, b.addr(x, buf) + x0, g, n, d, prefetch=True)
         b.store(buf, base, b.addr(dst, buf) + y0, 1, g * n, g * n)
     if s.transpose_tiles:
         _emit_tile_transpose(b, s, regions)
