@@ -97,7 +97,8 @@ def fold_channel_scales(model: onnx.ModelProto) -> list[str]:
     ``(x @ W + b) * g = x @ (W * g) + b * g`` per output channel, so the product needs no
     int8 op of its own (the quantizer has none for a constant that varies along the last
     axis of an NHWC tensor) and ends no DSA region. Folded only where every intermediate
-    feeds the next op alone and the weights and bias are constants."""
+    feeds the next op alone, the weights and bias are constants and the folded values
+    are finite."""
     g = Graph(model)
     folded: list[str] = []
     drop: list[onnx.NodeProto] = []
@@ -142,13 +143,20 @@ def fold_channel_scales(model: onnx.ModelProto) -> list[str]:
                 bias = layer.input[2]
         else:
             continue
+        with np.errstate(over="ignore"):
+            finite = np.isfinite(w2.astype(np.float32)).all()
+        if not (np.isfinite(k).all() and finite):
+            continue  # a non-finite scale stays a Mul of its own (the quantizer names it)
         if bias is not None:
             b = g.const(bias).astype(np.float64)
             per_channel = (b.ndim == 1 and b.size == k.size) if layer.op_type == "Conv" \
                 else _channel_scale(b, k.size, axis_last=True) is not None
             if not per_channel:
                 continue  # a bias that varies along another axis: not one per channel
-            b2 = (np.broadcast_to(b.reshape(-1), k.shape) * k).astype(np.float32)
+            with np.errstate(over="ignore"):
+                b2 = (np.broadcast_to(b.reshape(-1), k.shape) * k).astype(np.float32)
+            if not np.isfinite(b2).all():
+                continue
             bname = f"{mul.name}_B_scalefold"
             new_inits.append(numpy_helper.from_array(
                 b2.reshape(b.shape if b.size == k.size else (k.size,)), bname))

@@ -71,13 +71,19 @@ def test_conv_scale_folds_into_weights_and_bias():
     _same_outputs(before, m, (1, 3, 8, 8))
 
 
-@pytest.mark.parametrize("case", ["spatial", "shared", "activation", "bias_along_w"])
+@pytest.mark.parametrize("case", ["spatial", "shared", "activation", "bias_along_w", "nan",
+                                  "overflow"])
 def test_what_is_not_a_channel_scale_stays(case):
     rng = np.random.default_rng(2)
     if case == "spatial":     # varies along H: no per-output-channel factor
         m = _linear(rng, 4, 3, rng.uniform(0.5, 1, (1, 5, 1, 1)), False)
     elif case == "shared":    # the biased result has another reader
         m = _linear(rng, 4, 3, rng.uniform(0.5, 1, 3), False, extra_reader=True)
+    elif case in ("nan", "overflow"):  # non-finite scale, or weights * scale past float32
+        gamma = np.array([1.0, np.nan, 2.0]) if case == "nan" else np.full(3, 1e38)
+        m = _linear(rng, 4, 3, gamma, False)
+        (w,) = [i for i in m.graph.initializer if i.name == "w"]
+        w.CopyFrom(numpy_helper.from_array(np.full((4, 3), 1e3, np.float32), "w"))
     elif case == "bias_along_w":  # the bias varies along W, not the output channels
         m = _linear(rng, 4, 3, rng.uniform(0.5, 1, 3), False)
         (b,) = [i for i in m.graph.initializer if i.name == "b"]
