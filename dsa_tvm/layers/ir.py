@@ -478,3 +478,27 @@ class Table:
 
 
 Layer = Layer | Table
+
+
+@dataclass(frozen=True)
+class Rope:
+    """Rotary position embedding over rows of ``d`` codes, the position of a row being its
+    index mod ``P`` (the tables' rows; ``(B, H, P, d)`` heads): with ``xc = x - zero_point``
+    and ``swap`` exchanging a row's two halves, ``acc = xc * cos[p] + swap(xc) * sin[p]``
+    (int32, wrapping like the ALU's MUL and MAC), then requantized. The tables are the float
+    ones in fixed point, ``sin`` signed per half (``-sin`` on the first: that is
+    ``rotate_half(x) * sin``); :attr:`requant` takes out their scale."""
+
+    name: str
+    input: QTensor           # (..., P, d)
+    output: QTensor          # same shape
+    cos: np.ndarray          # int32 [P, d]
+    sin: np.ndarray          # int32 [P, d], signed per half
+    requant: Requant
+
+    @property
+    def macs(self) -> int:
+        return 2 * int(np.prod(self.input.shape))
+
+
+Layer = Layer | Rope
