@@ -23,6 +23,7 @@ import onnx
 
 from ..frontend.onnx_graph import Graph
 from ..layers.layouts import broadcast_dims
+from .rope_plan import rope_chains
 from .table_plan import TABLE_OPS, grow_chain
 
 ACTIVATIONS = {"Relu", "Clip"}
@@ -274,15 +275,29 @@ def make_plan(g: Graph, keep_fp32: set[str] = frozenset(), available: set[str] |
     fused = {id(x) for a in p.anchors.values() for x in (a.act, a.bias_add) if x is not None}
     produced = {anchor_output(a) for a in p.anchors.values()}
     int8 = produced | {a.node.input[0] for a in p.anchors.values()}
+    # rotary embeddings: one int8 op whose interior stays FP32 (kinds.rope on the DSA)
+    ropes = {a: c for a, c in rope_chains(g).items()
+             if a not in keep_fp32 and not set(c[1]) & set(keep_fp32)}
+    rope_interior = {name for _, inner in ropes.values() for name in inner}
+    rope_readers: set[str] = set()   # interior ops of planned chains: they read int8 x
     # followers, in topological order (the ONNX node order), so chains propagate
     for n in g.model.graph.node:
-        if id(n) in fused or n.name in keep_fp32 or n.name in p.anchors:
+        if id(n) in fused or n.name in keep_fp32 or n.name in p.anchors \
+                or n.name in rope_interior:
             continue
         ins = [i for i in n.input if i and not g.is_const(i)]
         if not ins:
             continue
         f = _table_follower(g, p, n, ins, produced, keep_fp32)
-        if f is not None:
+        if n.name in ropes:
+            x, inner = ropes[n.name]
+            if x not in produced:
+                continue
+            f = Follower(n, [x])
+            if all(ok(t) for t in f.inputs + [f.output]):
+                p.interior.update(inner)
+                rope_readers.update(inner)
+        elif f is not None:
             if not all(ok(t) for t in f.inputs + [f.output]):
                 continue
             fused.update(id(c) for c in f.chain)
@@ -332,7 +347,7 @@ def make_plan(g: Graph, keep_fp32: set[str] = frozenset(), available: set[str] |
         p.followers.append(f)
         produced.add(f.output)
         int8.update(f.inputs)
-    _prune_followers(g, p)
+    _prune_followers(g, p, rope_readers)
     for a in p.anchors.values():
         p.tensors.update([a.node.input[0], anchor_output(a)])
     for f in p.followers:
@@ -448,12 +463,13 @@ def _rms_core(g: Graph, prod: dict, node: onnx.NodeProto) -> tuple[str, list[str
     return x, [m.name for m in (pw, mean, add, sq)] + extra
 
 
-def _prune_followers(g: Graph, p: Plan) -> None:
+def _prune_followers(g: Graph, p: Plan, also_int8: set[str] = frozenset()) -> None:
     """Drop followers whose result no int8 op reads (repeat until stable): a residual Add
     feeding a LayerNorm, or a reshape before an FP32 op, would only add a quantization
-    step to an FP32 path. Matmuls of two activations stay: their MACs run on the DSA."""
+    step to an FP32 path. Matmuls of two activations stay: their MACs run on the DSA.
+    ``also_int8``: interior nodes that read their chain's int8 input (a rotary chain's)."""
     while True:
-        readers = set(p.anchors) | {f.name for f in p.followers}
+        readers = set(p.anchors) | {f.name for f in p.followers} | set(also_int8)
         keep = [f for f in p.followers if f.node.op_type in ("MatMul", *NORM_OPS)
                 or any(c.name in readers for c in g.consumers.get(f.output, []))]
         if len(keep) == len(p.followers):
