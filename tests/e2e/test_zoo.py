@@ -141,3 +141,40 @@ def test_bench_zoo_prints_each_goal_met_or_missed():
                  "(mobilenet_v2 1.10x, efficientnet_b0 1.50x): missed: efficientnet_b0 1.50x",
                  "- failed: unet (export)"):
         assert want in lines, lines
+
+
+def test_llama_block_in_one_launch_with_rope_on_the_dsa():
+    """Llama's rotary embedding (x * cos + rotate_half(x) * sin on q and k) runs as Rope
+    layers in the block's region: one launch from the embedding to the head, every launch
+    bit-exact against the integer reference. Head width 32 (the tiny config's 16 has half
+    a block per half row, which stays on the CPU)."""
+    r = zoo_measure.measure("llama", tiny=True, cpu_gmacs=SLOW_HOST_GMACS,
+                            overrides={"dim": 64})
+    assert not r.failed, f"{r.stage}: {r.error}\n{r.trace}"
+    assert r.launches == 1, r.cpu_ops
+    assert r.dsa_ops["Rope"] == 2 and r.dsa_ops["BatchMatmul"] == 2, r.dsa_ops
+    assert not {"multiply", "strided_slice", "negative", "concat"} & set(r.cpu_ops), r.cpu_ops
+    assert r.ref_steps == 0
+    assert r.cos_fp32 > 0.99 and r.cos_fp32 >= r.cos_qdq - 1e-3
+
+
+def test_rope_with_half_a_block_per_half_row_stays_on_the_cpu_with_the_reason():
+    """The tiny config's head width 16: the half swap would move lanes; the compile report
+    names the constraint, and the outputs still match onnxruntime on the QDQ graph."""
+    import tvm
+    from tvm import relax
+
+    import dsa_tvm
+    from dsa_tvm.models.quantize import output_quant_steps, run_onnxruntime
+    from dsa_tvm.quant.api import quantize_onnx
+
+    fp32 = zoo_measure.export("llama", True, 0, None)
+    qm = quantize_onnx(fp32, torch_zoo.feeds("llama", 4, 0, tiny=True), show_progress=False,
+                       quantize_norms=True)
+    ex = tvm.compile(qm.to_relax(), target="dsa")
+    assert "rope_form: half a row (8 codes)" in str(dsa_tvm.last_compile_report())
+    feed = torch_zoo.feeds("llama", 1, 5, tiny=True)[0]
+    got = relax.VirtualMachine(ex, tvm.cpu())["main"](tvm.runtime.tensor(feed["input"])).numpy()
+    want = run_onnxruntime(qm.model, feed, optimize=False)[0]
+    (step,) = output_quant_steps(qm.model).values()
+    assert np.abs(got - want).max() <= 4 * step   # integer norms on the DSA (their bound)

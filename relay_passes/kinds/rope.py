@@ -1,0 +1,180 @@
+"""rope: rotary position embedding, ``quantize(dq(x) * C + rotate_half(dq(x)) * S)`` with
+``rotate_half(t) = concat(-t[..., h:], t[..., :h])`` and constant tables ``C``, ``S`` over
+the last two axes (positions x head width), as Llama exports it and the quantizer plans
+it (``dsa_tvm.quant.rope_plan``: int8 in and out, the interior FP32).
+
+``x`` may arrive through the head split's int8 reshape/permute_dims (taken in, made a
+Permute). The tables become integers in ``2**frac`` fixed point (``frac`` as large as the
+tables allow within 16 bits), ``S`` signed per half; the layer is
+:class:`dsa_tvm.layers.ir.Rope` on rows ``(B*H, P, d)``.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+
+import numpy as np
+from tvm import relax
+from tvm.ir.expr import GenericConst
+from tvm.relax.dpl import DFPattern, is_const, is_op, is_tuple, wildcard
+
+from dsa_tvm.hw.config import HardwareConfig
+from dsa_tvm.layers.ir import Layer, QTensor, Rope
+
+from .common import Constraint, common_constraints
+from .match import Match, NotAMatch, Reader, Root, const_value, prim_float
+from .scales import requant
+from .spec import Kind, dq, moved, q
+
+#: table entries stay within 16 bits: |x - zp| * |table| * 2 < 2^31 whatever the tables
+TABLE_BITS = 15
+
+
+@dataclasses.dataclass
+class RopeMatch(Match):
+    """A match plus the float tables (broadcast to (P, d))."""
+
+    cos: np.ndarray | None = None
+    sin: np.ndarray | None = None
+
+
+def _mul(a: DFPattern, b: DFPattern) -> DFPattern:
+    return is_op("relax.multiply")(a, b) | is_op("relax.multiply")(b, a)
+
+
+def _slice() -> DFPattern:
+    op = "relax.strided_slice"
+    x = dq(moved())
+    return (is_op(op)(x, wildcard(), wildcard(), wildcard(), wildcard())
+            | is_op(op)(x, wildcard(), wildcard(), wildcard()))
+
+
+def _variants() -> list[tuple[str, DFPattern]]:
+    rot = is_op("relax.concat")(is_tuple([is_op("relax.negative")(_slice()), _slice()]))
+    direct, rotated = _mul(dq(moved()), is_const()), _mul(rot, is_const())
+    add = is_op("relax.add")
+    return [("rotate_half", q(add(direct, rotated) | add(rotated, direct)))]
+
+
+# ----------------------------------------------------------------------------- reading
+def _ints(r: Reader, expr) -> list[int]:
+    e = r.value(expr)
+    return [int(prim_float(v)) for v in (e.fields if hasattr(e, "fields") else e.values)]
+
+
+def _slice_of(r: Reader, expr, d: int) -> tuple[relax.Expr, tuple[int, int]]:
+    """(the dequantize it slices, (begin, end)) of a unit-stride slice of the last axis."""
+    sl = r.need(expr, "relax.strided_slice")
+    rank = len(sl.args[0].ty.shape)
+    axes = [a % rank for a in _ints(r, sl.args[1])]
+    steps = _ints(r, sl.args[4]) if len(sl.args) > 4 else [1] * len(axes)
+    if axes != [rank - 1] or steps != [1]:
+        raise NotAMatch(f"slice over axes {axes} with steps {steps}, not the last axis")
+    (b, e, _), = [slice(b, e).indices(d) for b, e in zip(_ints(r, sl.args[2]),
+                                                        _ints(r, sl.args[3]))]
+    return sl.args[0], (b, e)
+
+
+def _table(r: Reader, expr, shape: tuple[int, ...]) -> np.ndarray:
+    """A float constant over the last two axes of ``shape`` (leading axes of extent 1)."""
+    t = np.asarray(const_value(r.value(expr)), np.float64)
+    p, d = shape[-2:]
+    if t.ndim > len(shape) or any(n != 1 for n in t.shape[:-2]) \
+            or np.broadcast_shapes(t.shape[-2:], (p, d)) != (p, d):
+        raise NotAMatch(f"table of shape {t.shape} is not over the last two axes of {shape}")
+    return np.broadcast_to(t.reshape(t.shape[-2:] if t.ndim >= 2 else t.shape), (p, d))
+
+
+def _split(r: Reader, mul: relax.Call) -> tuple[relax.Expr, relax.Expr]:
+    """(the non-constant operand, the constant) of a multiply."""
+    a, b = mul.args
+    return (a, b) if isinstance(r.value(b), GenericConst) else (b, a)
+
+
+def _read(r: Reader, root: Root) -> Match:
+    add = r.need(root.body, "relax.add")
+    muls = [r.need(a, "relax.multiply") for a in add.args]
+    for direct, rotated in (muls, muls[::-1]):
+        x_dq, c = _split(r, direct)
+        cat_expr, s = _split(r, rotated)
+        cat = r.call(cat_expr, "relax.concat")
+        if r.call(x_dq, "relax.dequantize") is None or cat is None:
+            continue
+        x = r.operand(x_dq, moves=True)
+        shape, d = tuple(x.shape), int(x.shape[-1])
+        neg, low = r.value(cat.args[0]).fields
+        high_dq, high = _slice_of(r, r.need(neg, "relax.negative").args[0], d)
+        low_dq, low_range = _slice_of(r, low, d)
+        h = d // 2
+        if d % 2 or high != (h, d) or low_range != (0, h):
+            raise NotAMatch(f"rotate_half slices {high} and {low_range} of {d} codes")
+        for other in (high_dq, low_dq):
+            _same_source(r, x_dq, other)
+        return RopeMatch("rope", add, [x], root.out, root.out_shape, root.q,
+                         cos=_table(r, c, shape), sin=_table(r, s, shape))
+    raise NotAMatch("not x * C + rotate_half(x) * S")
+
+
+def _same_source(r: Reader, a: relax.Expr, b: relax.Expr) -> None:
+    """Two dequantizes of one int8 tensor (through the same moves) with one grid."""
+    da, db = r.need(a, "relax.dequantize"), r.need(b, "relax.dequantize")
+    if not r.value(da.args[0]).same_as(r.value(db.args[0])):
+        raise NotAMatch("the rotated and the direct term read different tensors")
+    qa, qb = r.qparams(da), r.qparams(db)
+    if not (np.array_equal(qa.scale, qb.scale) and np.array_equal(qa.zero_point, qb.zero_point)):
+        raise NotAMatch("two dequantizes of one tensor with different parameters")
+
+
+# ----------------------------------------------------------------------------- checks, layer
+def frac_bits(m: RopeMatch) -> int:
+    """Fixed-point bits of the tables: the largest entry within TABLE_BITS bits."""
+    top = float(max(np.abs(m.cos).max(), np.abs(m.sin).max(), 2.0 ** -24))
+    if not math.isfinite(top):
+        return 0  # the rope_form constraint refuses such tables
+    return int(max(0, min(24, TABLE_BITS - 1 - math.floor(math.log2(top)))))
+
+
+def rescale_factors(m: Match) -> np.ndarray:
+    return np.array([float(m.inputs[0].qp.scale[0]) / float(m.out.scale[0])
+                     / 2.0 ** frac_bits(m)])
+
+
+def _form(m: Match, cfg: HardwareConfig) -> str | None:
+    d = int(m.inputs[0].shape[-1])
+    if len(m.inputs[0].shape) < 2:
+        return f"rows of {m.inputs[0].shape}: positions x head width expected"
+    if d % (2 * cfg.block_out):
+        return (f"half a row ({d // 2} codes) is not a whole number of {cfg.block_out}-lane "
+                f"blocks (the half swap moves whole blocks)")
+    if not (np.isfinite(m.cos).all() and np.isfinite(m.sin).all()):
+        return "non-finite cos/sin tables"
+    top = max(float(np.abs(m.cos).max()), float(np.abs(m.sin).max()))
+    if top >= 2 ** (TABLE_BITS - 1):
+        return f"table entries up to {top:g} (the integer tables hold |entry| < 2^14)"
+    return None
+
+
+def _rows(t: QTensor) -> QTensor:
+    """(..., P, d) as (B*H, P, d): rows of the last axis, never a 4-D image view."""
+    s = tuple(t.shape)
+    return dataclasses.replace(t, shape=(int(np.prod(s[:-2], dtype=np.int64)), *s[-2:]))
+
+
+def _to_layer(m: Match, name: str, inputs: list[QTensor], output: QTensor) -> Layer:
+    frac = frac_bits(m)
+    h = m.cos.shape[1] // 2
+    sign = np.concatenate([-np.ones(h), np.ones(h)])
+    cos = np.round(m.cos * 2.0 ** frac).astype(np.int32)
+    sin = np.round(m.sin * sign * 2.0 ** frac).astype(np.int32)
+    return Rope(name, _rows(inputs[0]), _rows(output), cos, sin,
+                requant(rescale_factors(m), m))
+
+
+KINDS = (Kind(
+    "rope", 210, _variants, _read,
+    common_constraints(rescale_factors) + [
+        Constraint("rope_form", "half the head width a multiple of `{cfg.block_out}`, finite "
+                   "tables over positions x head width", _form)],
+    _to_layer, "Mul, Slice, Neg, Concat, Add (rotary position embedding, x*cos + "
+    "rotate_half(x)*sin)", "relax.add"),)
