@@ -79,6 +79,8 @@ def _slice_of(r: Reader, expr, d: int) -> tuple[relax.Expr, tuple[int, int]]:
 def _table(r: Reader, expr, shape: tuple[int, ...]) -> np.ndarray:
     """A float constant over the last two axes of ``shape`` (leading axes of extent 1)."""
     t = np.asarray(const_value(r.value(expr)), np.float64)
+    if len(shape) < 2:
+        raise NotAMatch(f"rows of {shape}: positions x head width expected")
     p, d = shape[-2:]
     if t.ndim > len(shape) or any(n != 1 for n in t.shape[:-2]) \
             or np.broadcast_shapes(t.shape[-2:], (p, d)) != (p, d):
