@@ -150,6 +150,25 @@ class Reader:
             return e
         return None
 
+    def ints(self, expr: relax.Expr) -> list[int]:
+        """A tuple or shape argument (``strided_slice``'s axes, begin, end) as ints."""
+        e = self.value(expr)
+        return [int(prim_float(v)) for v in (e.fields if hasattr(e, "fields") else e.values)]
+
+    def same_tensor(self, a: relax.Expr, b: relax.Expr,
+                    what: str = "two operands are different tensors") -> None:
+        """``a`` and ``b`` are one tensor, or dequantizes of one int8 tensor with one scale
+        (the partitioner gives every reader its own dequantize); NotAMatch(``what``) if not."""
+        if self.value(a).same_as(self.value(b)):
+            return
+        da, db = self.call(a, "relax.dequantize"), self.call(b, "relax.dequantize")
+        if da is None or db is None or not self.value(da.args[0]).same_as(self.value(db.args[0])):
+            raise NotAMatch(what)
+        qa, qb = self.qparams(da), self.qparams(db)
+        if not (np.array_equal(qa.scale, qb.scale)
+                and np.array_equal(qa.zero_point, qb.zero_point)):
+            raise NotAMatch("two dequantizes of one tensor with different parameters")
+
     def need(self, expr: relax.Expr, *ops: str) -> relax.Call:
         c = self.call(expr, *ops)
         if c is None:

@@ -23,7 +23,7 @@ from dsa_tvm.layers.layouts import TO_CHANNELS_LAST, layout_permute, rows_view
 from tir_schedules.kinds.movement import slice_reason
 
 from .common import Constraint, common_constraints
-from .match import Match, Reader, Root, prim_float
+from .match import Match, Reader, Root
 from .spec import Kind, dq, q
 
 #: concat inputs the table has patterns for (larger first)
@@ -86,21 +86,21 @@ def _read_slice(r: Reader, root: Root) -> Match:
     return root.match("slice", op, [r.operand(op.args[0])])
 
 
-def _ints(r: Reader, expr) -> list[int]:
-    e = r.value(expr)
-    vals = e.fields if hasattr(e, "fields") else e.values
-    return [int(prim_float(v)) for v in vals]
+def slice_bounds(r: Reader, op, shape: tuple[int, ...]
+                 ) -> tuple[list[int], list[tuple[int, int, int]]]:
+    """(axes, [(begin, end, stride)] normalised like Python's slice over each axis) of a
+    ``strided_slice`` ``op`` of a tensor of ``shape``."""
+    args = op.args
+    axes = [a % len(shape) for a in r.ints(args[1])]
+    begin, end = r.ints(args[2]), r.ints(args[3])
+    steps = r.ints(args[4]) if len(args) > 4 else [1] * len(axes)
+    return axes, [slice(b, e, s).indices(shape[a])
+                  for a, b, e, s in zip(axes, begin, end, steps)]
 
 
 def slice_range(r: Reader, m: Match) -> tuple[list[int], list[tuple[int, int, int]]]:
-    """(axes, [(begin, end, stride)] normalised like Python's slice over each axis)."""
-    shape = m.inputs[0].shape
-    args = m.op.args
-    axes = [a % len(shape) for a in _ints(r, args[1])]
-    begin, end = _ints(r, args[2]), _ints(r, args[3])
-    steps = _ints(r, args[4]) if len(args) > 4 else [1] * len(axes)
-    return axes, [slice(b, e, s).indices(shape[a])
-                  for a, b, e, s in zip(axes, begin, end, steps)]
+    """:func:`slice_bounds` of a slice match."""
+    return slice_bounds(r, m.op, m.inputs[0].shape)
 
 
 def _slice_form(m: Match, cfg: HardwareConfig) -> str | None:

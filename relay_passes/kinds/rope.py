@@ -23,7 +23,8 @@ from dsa_tvm.hw.config import HardwareConfig
 from dsa_tvm.layers.ir import Layer, QTensor, Rope
 
 from .common import Constraint, common_constraints
-from .match import Match, NotAMatch, Reader, Root, const_value, prim_float
+from .match import Match, NotAMatch, Reader, Root, const_value
+from .movement import slice_bounds
 from .scales import requant
 from .spec import Kind, dq, moved, q
 
@@ -58,22 +59,15 @@ def _variants() -> list[tuple[str, DFPattern]]:
 
 
 # ----------------------------------------------------------------------------- reading
-def _ints(r: Reader, expr) -> list[int]:
-    e = r.value(expr)
-    return [int(prim_float(v)) for v in (e.fields if hasattr(e, "fields") else e.values)]
-
-
-def _slice_of(r: Reader, expr, d: int) -> tuple[relax.Expr, tuple[int, int]]:
+def _slice_of(r: Reader, expr) -> tuple[relax.Expr, tuple[int, int]]:
     """(the dequantize it slices, (begin, end)) of a unit-stride slice of the last axis."""
     sl = r.need(expr, "relax.strided_slice")
-    rank = len(sl.args[0].ty.shape)
-    axes = [a % rank for a in _ints(r, sl.args[1])]
-    steps = _ints(r, sl.args[4]) if len(sl.args) > 4 else [1] * len(axes)
-    if axes != [rank - 1] or steps != [1]:
-        raise NotAMatch(f"slice over axes {axes} with steps {steps}, not the last axis")
-    (b, e, _), = [slice(b, e).indices(d) for b, e in zip(_ints(r, sl.args[2]),
-                                                        _ints(r, sl.args[3]))]
-    return sl.args[0], (b, e)
+    shape = tuple(int(n) for n in sl.args[0].ty.shape)
+    axes, ranges = slice_bounds(r, sl, shape)
+    if axes != [len(shape) - 1] or ranges[0][2] != 1:
+        raise NotAMatch(f"slice over axes {axes}, ranges {ranges}: not a unit-stride slice "
+                        f"of the last axis")
+    return sl.args[0], ranges[0][:2]
 
 
 def _table(r: Reader, expr, shape: tuple[int, ...]) -> np.ndarray:
@@ -106,26 +100,16 @@ def _read(r: Reader, root: Root) -> Match:
         x = r.operand(x_dq, moves=True)
         shape, d = tuple(x.shape), int(x.shape[-1])
         neg, low = r.value(cat.args[0]).fields
-        high_dq, high = _slice_of(r, r.need(neg, "relax.negative").args[0], d)
-        low_dq, low_range = _slice_of(r, low, d)
+        high_dq, high = _slice_of(r, r.need(neg, "relax.negative").args[0])
+        low_dq, low_range = _slice_of(r, low)
         h = d // 2
         if d % 2 or high != (h, d) or low_range != (0, h):
             raise NotAMatch(f"rotate_half slices {high} and {low_range} of {d} codes")
         for other in (high_dq, low_dq):
-            _same_source(r, x_dq, other)
+            r.same_tensor(x_dq, other, "the rotated and the direct term read different tensors")
         return RopeMatch("rope", add, [x], root.out, root.out_shape, root.q,
                          cos=_table(r, c, shape), sin=_table(r, s, shape))
     raise NotAMatch("not x * C + rotate_half(x) * S")
-
-
-def _same_source(r: Reader, a: relax.Expr, b: relax.Expr) -> None:
-    """Two dequantizes of one int8 tensor (through the same moves) with one grid."""
-    da, db = r.need(a, "relax.dequantize"), r.need(b, "relax.dequantize")
-    if not r.value(da.args[0]).same_as(r.value(db.args[0])):
-        raise NotAMatch("the rotated and the direct term read different tensors")
-    qa, qb = r.qparams(da), r.qparams(db)
-    if not (np.array_equal(qa.scale, qb.scale) and np.array_equal(qa.zero_point, qb.zero_point)):
-        raise NotAMatch("two dequantizes of one tensor with different parameters")
 
 
 # ----------------------------------------------------------------------------- checks, layer

@@ -40,6 +40,10 @@ class NormMatch(Match):
     eps: float = 0.0
 
 
+#: why a norm's normalized tensor and its statistics must be one (dequantized) tensor
+_STATS = "the normalized tensor and its statistics are different tensors"
+
+
 def _op(name: str, *args: DFPattern) -> DFPattern:
     return is_op(name)(*args)
 
@@ -109,24 +113,11 @@ def _read_normalized(r: Reader, body: relax.Expr) -> tuple[relax.Call, relax.Exp
     sq = r.need(mean.args[0], "relax.power", "relax.multiply")
     if sq.op.name == "relax.power" and _scalar(r, sq.args[1]) != 2.0:
         raise NotAMatch("power with an exponent other than 2")
-    _same_tensor(r, top.args[0], sq.args[0])
+    r.same_tensor(top.args[0], sq.args[0], _STATS)
     if sq.op.name == "relax.multiply":
-        _same_tensor(r, sq.args[0], sq.args[1])
+        r.same_tensor(sq.args[0], sq.args[1], _STATS)
     _last_axis(mean)
     return top, top.args[0], _scalar(r, add.args[1])
-
-
-def _same_tensor(r: Reader, a: relax.Expr, b: relax.Expr) -> None:
-    """``a`` and ``b`` are one tensor, or dequantizes of one int8 tensor with one scale."""
-    va, vb = r.value(a), r.value(b)
-    if va.same_as(vb):
-        return
-    da, db = r.call(a, "relax.dequantize"), r.call(b, "relax.dequantize")
-    if da is None or db is None or not r.value(da.args[0]).same_as(r.value(db.args[0])):
-        raise NotAMatch("the normalized tensor and its statistics are different tensors")
-    qa, qb = r.qparams(da), r.qparams(db)
-    if not (np.array_equal(qa.scale, qb.scale) and np.array_equal(qa.zero_point, qb.zero_point)):
-        raise NotAMatch("two dequantizes of one tensor with different parameters")
 
 
 def _split_scale(r: Reader, body: relax.Expr) -> tuple[np.ndarray | None, relax.Expr]:
@@ -175,7 +166,7 @@ def _read_layer_norm(r: Reader, root: Root) -> Match:
     sub = r.need(d, "relax.subtract")
     mean = r.need(sub.args[1], "relax.mean")
     _last_axis(mean)
-    _same_tensor(r, mean.args[0], sub.args[0])
+    r.same_tensor(mean.args[0], sub.args[0], _STATS)
     x = r.operand(sub.args[0])
     return _norm_match(root, "layer_norm", top, x, gamma=gamma if gamma is not None else 1.0,
                        beta=beta, eps=eps)
