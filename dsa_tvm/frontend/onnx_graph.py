@@ -53,6 +53,12 @@ class Graph:
                 dims = tuple(d.dim_value if d.HasField("dim_value") else -1 for d in tt.shape.dim)
                 self.shapes[vi.name] = dims
 
+    def only_reader(self, tensor: str, node: onnx.NodeProto) -> bool:
+        """``node`` is the one reader of ``tensor`` and it is no graph output (a fold or a
+        fused chain may then rename or drop it)."""
+        return [c.name for c in self.consumers[tensor]] == [node.name] \
+            and tensor not in self.outputs
+
     def is_const(self, name: str) -> bool:
         return name in self.inits
 

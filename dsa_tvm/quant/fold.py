@@ -29,9 +29,7 @@ def fold_batch_norms(model: onnx.ModelProto) -> list[str]:
         if bn.op_type != "BatchNormalization" or len(bn.output) > 1 and any(bn.output[1:]):
             continue
         conv = g.producer.get(bn.input[0])
-        if conv is None or conv.op_type != "Conv" or len(g.consumers[conv.output[0]]) != 1:
-            continue
-        if conv.output[0] in g.outputs:
+        if conv is None or conv.op_type != "Conv" or not g.only_reader(conv.output[0], bn):
             continue
         params = bn.input[1:5]
         if not all(g.is_const(p) for p in params) or not g.is_const(conv.input[1]):
@@ -72,10 +70,6 @@ def _drop_unused_initializers(model: onnx.ModelProto) -> None:
     model.graph.input.extend(inputs)
 
 
-def _sole_consumer(g: Graph, name: str, node: onnx.NodeProto) -> bool:
-    return [c.name for c in g.consumers[name]] == [node.name] and name not in g.outputs
-
-
 def _channel_scale(c: np.ndarray, out_ch: int, axis_last: bool) -> np.ndarray | None:
     """``c`` as one factor per output channel when it varies along that axis only (the last
     axis of a MatMul's output, axis 1 of a Conv's), else None."""
@@ -111,7 +105,7 @@ def fold_channel_scales(model: onnx.ModelProto) -> list[str]:
             continue
         src = mul.input[0] if mul.input[1] == consts[0] else mul.input[1]
         prod = g.producer.get(src)
-        if prod is None or not _sole_consumer(g, src, mul):
+        if prod is None or not g.only_reader(src, mul):
             continue
         bias_add, layer, bias = None, prod, None
         if prod.op_type == "Add":
@@ -121,7 +115,7 @@ def fold_channel_scales(model: onnx.ModelProto) -> list[str]:
             if len(bc) != 1 or len(other) != 1:
                 continue
             layer = g.producer.get(other[0])
-            if layer is None or not _sole_consumer(g, other[0], prod):
+            if layer is None or not g.only_reader(other[0], prod):
                 continue
             bias_add, bias = prod, bc[0]
         if layer.op_type == "MatMul" and g.is_const(layer.input[1]):

@@ -14,10 +14,6 @@ import onnx
 from ..frontend.onnx_graph import Graph
 
 
-def _only_reader(g: Graph, tensor: str, node: onnx.NodeProto) -> bool:
-    return [c.name for c in g.consumers[tensor]] == [node.name] and tensor not in g.outputs
-
-
 def _times_const(g: Graph, n: onnx.NodeProto | None) -> str | None:
     """The activation a ``Mul`` by a constant scales, or None."""
     if n is None or n.op_type != "Mul" or len(n.input) != 2:
@@ -35,7 +31,7 @@ def rope_chain(g: Graph, n: onnx.NodeProto) -> tuple[str, list[str]] | None:
     if n.op_type != "Add" or len(n.input) != 2:
         return None
     muls = [g.producer.get(i) for i in n.input]
-    if any(m is None or not _only_reader(g, m.output[0], n) for m in muls):
+    if any(m is None or not g.only_reader(m.output[0], n) for m in muls):
         return None
     for direct, rotated in (muls, muls[::-1]):
         x, r = _times_const(g, direct), _times_const(g, rotated)
@@ -50,7 +46,7 @@ def rope_chain(g: Graph, n: onnx.NodeProto) -> tuple[str, list[str]] | None:
             continue
         inner = [(r, rotated), (neg.output[0], cat), (low.output[0], cat),
                  (high.output[0], neg)]
-        if all(_only_reader(g, t, reader) for t, reader in inner):
+        if all(g.only_reader(t, reader) for t, reader in inner):
             return x, [direct.name, rotated.name, cat.name, neg.name, low.name, high.name]
     return None
 
