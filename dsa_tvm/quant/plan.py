@@ -288,7 +288,6 @@ def make_plan(g: Graph, keep_fp32: set[str] = frozenset(), available: set[str] |
         ins = [i for i in n.input if i and not g.is_const(i)]
         if not ins:
             continue
-        f = _table_follower(g, p, n, ins, produced, keep_fp32)
         if n.name in ropes:
             x, inner = ropes[n.name]
             if x not in produced:
@@ -297,7 +296,7 @@ def make_plan(g: Graph, keep_fp32: set[str] = frozenset(), available: set[str] |
             if all(ok(t) for t in f.inputs + [f.output]):
                 p.interior.update(inner)
                 rope_readers.update(inner)
-        elif f is not None:
+        elif (f := _table_follower(g, p, n, ins, produced, keep_fp32)) is not None:
             if not all(ok(t) for t in f.inputs + [f.output]):
                 continue
             fused.update(id(c) for c in f.chain)
