@@ -17,7 +17,10 @@ from __future__ import annotations
 import math
 
 from dsa_tvm.hw.config import HardwareConfig
+from dsa_tvm.isa.builder import ProgramBuilder
 from dsa_tvm.isa.formats import DRAM_SIZE_BITS
+from dsa_tvm.isa.sync import insert_dependencies
+from dsa_tvm.sim.timing import schedule
 
 #: the largest count a 16-bit DMA size or stride field holds
 MAX_DMA = (1 << DRAM_SIZE_BITS) - 1
@@ -75,3 +78,20 @@ def stream_cycles(cfg: HardwareConfig, tiles: int, loads: list[tuple[int, int]],
         total = tiles * (load + alu + store) + once
     bus = tiles * (sum(b for b, _ in loads) + store_bytes) / bw
     return max(total, bus)
+
+
+def tile_sizes(most: int) -> list[int]:
+    """A tile knob's sizes: the powers of two up to ``most``, and ``most`` itself."""
+    return sorted({t for t in (1 << i for i in range(17)) if t <= most} | ({most} if most else set()))
+
+
+def emitted_cycles(cfg: HardwareConfig, emit, shape, knobs,
+                   regions: dict[str, tuple[str, tuple[int, ...], str]]) -> float:
+    """The estimate of a room that emits its instructions itself: the timing model run on
+    exactly what ``emit(builder, cfg, shape, knobs, regions)`` writes, tokens included.
+    ``regions``: DRAM region name -> (kind, shape, dtype) for the builder."""
+    b = ProgramBuilder(cfg, "estimate")
+    emit(b, cfg, shape, knobs, {name: b.region(name, kind, dims, dtype)
+                                for name, (kind, dims, dtype) in regions.items()})
+    b.finish()
+    return float(schedule(insert_dependencies(b.instructions, cfg), cfg).cycles)

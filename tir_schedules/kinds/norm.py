@@ -23,17 +23,16 @@ import numpy as np
 
 from dsa_tvm.hw.config import HardwareConfig
 from dsa_tvm.isa import norm_unit as nu
-from dsa_tvm.isa.builder import ProgramBuilder
 from dsa_tvm.isa.formats import DRAM_SIZE_BITS, EXTENT_BITS
 from dsa_tvm.isa.instructions import Buffer, NormOp
-from dsa_tvm.isa.sync import insert_dependencies
 from dsa_tvm.layers.checks import elements, with_weights
 from dsa_tvm.layers.intnorm import MAX_ROW, int_norm, int_softmax
 from dsa_tvm.layers.ir import LayerNorm, RMSNorm, Softmax
 from dsa_tvm.layers.layouts import same_bytes
 from dsa_tvm.layers.reference import centered
-from dsa_tvm.sim.timing import schedule
 
+from ..tiling import lowest_estimate
+from ..vector_unit import emitted_cycles, tile_sizes
 from .base import Kind, Recipe, UnsupportedLayer
 
 OPS: dict[type, NormOp] = {Softmax: NormOp.SOFTMAX, LayerNorm: NormOp.LAYERNORM,
@@ -90,8 +89,8 @@ def candidate_norm_knobs(cfg: HardwareConfig, s: NormShape) -> list[NormKnobs]:
     for db in (True, False):
         free = cfg.acc_depth - nu.param_rows(s.op, s.n, s.block)
         most = min(s.rows, free // ((2 if db else 1) * _span(s)), _MAX_FIELD // _span(s))
-        sizes = {t for t in (1 << i for i in range(17)) if t <= most} | ({most} if most else set())
-        out += [k for t in sorted(sizes) for k in [NormKnobs(t, db)] if norm_fits(cfg, s, k) is None]
+        out += [k for t in tile_sizes(most) for k in [NormKnobs(t, db)]
+                if norm_fits(cfg, s, k) is None]
     return out
 
 def default_norm_knobs(cfg: HardwareConfig, s: NormShape) -> NormKnobs:
@@ -99,7 +98,7 @@ def default_norm_knobs(cfg: HardwareConfig, s: NormShape) -> NormKnobs:
     cands = candidate_norm_knobs(cfg, s)
     if not cands:
         raise ValueError(norm_fits(cfg, s, NormKnobs(1, False)) or "no tile fits")
-    return min(cands, key=lambda k: (estimate_norm_cycles(cfg, s, k), -k.tile_rows))
+    return lowest_estimate(cands, lambda k: estimate_norm_cycles(cfg, s, k))
 
 def _tiles(s: NormShape, k: NormKnobs) -> list[tuple[int, int]]:
     return [(r0, min(k.tile_rows, s.rows - r0)) for r0 in range(0, s.rows, k.tile_rows)]
@@ -123,14 +122,10 @@ def emit_norm(b, cfg: HardwareConfig, s: NormShape, k: NormKnobs, regions: dict)
 @lru_cache(maxsize=256)
 def estimate_norm_cycles(cfg: HardwareConfig, s: NormShape, k: NormKnobs) -> float:
     """The timing model on the instructions :func:`emit_norm` emits (and their tokens)."""
-    b = ProgramBuilder(cfg, "norm_estimate")
-    prow = nu.param_rows(s.op, s.n, s.block)
-    regions = {"params": b.region("params", "const", (prow, s.block), "int32"),
-               "x": b.region("x", "input", (s.rows * _span(s), s.block), "int8"),
-               "y": b.region("y", "output", (s.rows * _span(s), s.block), "int8")}
-    emit_norm(b, cfg, s, k, regions)
-    b.finish()
-    return float(schedule(insert_dependencies(b.instructions, cfg), cfg).cycles)
+    rows = (s.rows * _span(s), s.block)
+    return emitted_cycles(cfg, emit_norm, s, k, {
+        "params": ("const", (nu.param_rows(s.op, s.n, s.block), s.block), "int32"),
+        "x": ("input", rows, "int8"), "y": ("output", rows, "int8")})
 
 # ----------------------------------------------------------------------------- layers
 def norm_recipe(layer, cfg: HardwareConfig, consts: bool) -> Recipe:

@@ -26,16 +26,15 @@ import numpy as np
 
 from dsa_tvm.hw.config import HardwareConfig
 from dsa_tvm.isa import semantics as sem
-from dsa_tvm.isa.builder import ProgramBuilder
 from dsa_tvm.isa.formats import DRAM_SIZE_BITS, EXTENT_BITS
 from dsa_tvm.isa.instructions import AluOp, Buffer
-from dsa_tvm.isa.sync import insert_dependencies
 from dsa_tvm.layers.checks import elements, with_weights
 from dsa_tvm.layers.ir import Rope
 from dsa_tvm.layers.layouts import pack_output_stage
 from dsa_tvm.layers.reference import apply_requant, centered
-from dsa_tvm.sim.timing import schedule
 
+from ..tiling import lowest_estimate
+from ..vector_unit import emitted_cycles, tile_sizes
 from .base import Kind, Recipe, UnsupportedLayer
 
 _MAX_FIELD = min((1 << DRAM_SIZE_BITS) - 1, (1 << EXTENT_BITS) - 1)
@@ -81,8 +80,7 @@ def rope_fits(cfg: HardwareConfig, s: RopeShape, k: RopeKnobs) -> str | None:
 
 
 def candidate_rope_knobs(cfg: HardwareConfig, s: RopeShape) -> list[RopeKnobs]:
-    sizes = sorted({g for g in (1 << i for i in range(17)) if g <= s.groups} | {s.groups})
-    return [k for db in (True, False) for g in sizes
+    return [k for db in (True, False) for g in tile_sizes(s.groups)
             for k in [RopeKnobs(g, db)] if rope_fits(cfg, s, k) is None]
 
 
@@ -90,7 +88,7 @@ def default_rope_knobs(cfg: HardwareConfig, s: RopeShape) -> RopeKnobs:
     cands = candidate_rope_knobs(cfg, s)
     if not cands:
         raise ValueError(rope_fits(cfg, s, RopeKnobs(1, False)) or "no tile fits")
-    return min(cands, key=lambda k: (estimate_rope_cycles(cfg, s, k), -k.tile_groups))
+    return lowest_estimate(cands, lambda k: estimate_rope_cycles(cfg, s, k))
 
 
 def _tiles(s: RopeShape, k: RopeKnobs) -> list[tuple[int, int]]:
@@ -132,16 +130,11 @@ def emit_rope(b, cfg: HardwareConfig, s: RopeShape, k: RopeKnobs, regions: dict)
 @lru_cache(maxsize=256)
 def estimate_rope_cycles(cfg: HardwareConfig, s: RopeShape, k: RopeKnobs) -> float:
     """The timing model on the instructions :func:`emit_rope` emits (and their tokens)."""
-    b = ProgramBuilder(cfg, "rope_estimate")
-    tr, blk = _table_rows(s), s.block
-    regions = {"params": b.region("params", "const", (3 * s.blocks, blk), "int32"),
-               "cos": b.region("cos", "const", (tr, blk), "int32"),
-               "sin": b.region("sin", "const", (tr, blk), "int32"),
-               "x": b.region("x", "input", (s.groups * tr, blk), "int8"),
-               "y": b.region("y", "output", (s.groups * tr, blk), "int8")}
-    emit_rope(b, cfg, s, k, regions)
-    b.finish()
-    return float(schedule(insert_dependencies(b.instructions, cfg), cfg).cycles)
+    table, rows = (_table_rows(s), s.block), (s.groups * _table_rows(s), s.block)
+    return emitted_cycles(cfg, emit_rope, s, k, {
+        "params": ("const", (3 * s.blocks, s.block), "int32"),
+        "cos": ("const", table, "int32"), "sin": ("const", table, "int32"),
+        "x": ("input", rows, "int8"), "y": ("output", rows, "int8")})
 
 
 # ----------------------------------------------------------------------------- layers
