@@ -205,14 +205,20 @@ def perm_fits(cfg: HardwareConfig, s: PermShape, k: PermKnobs) -> str | None:
 candidate_perm_knobs, default_perm_knobs = staged_rows_knobs(PermKnobs, perm_fits)
 
 
+def _ring(s: PermShape, k: PermKnobs) -> tuple[list, int, int]:
+    """(the transfers, the staging slot's rows: the largest transfer, slots in the ring)."""
+    transfers = _transfers(s, k)
+    slot = max((g * n for _, _, g, n, _ in transfers), default=1)
+    return transfers, slot, max(1, k.rows // slot)
+
+
 def estimate_perm_cycles(cfg: HardwareConfig, s: PermShape, k: PermKnobs) -> float:
     """Every byte in and out at the DRAM bandwidth, a load's and a store's latency per
     ring of in-flight transfers (:func:`emit_perm`); a tile transpose adds its tiles'
     loads, GEMM rows and stores."""
     bw, lat = cfg.bandwidth_bytes_per_cycle, cfg.latency_cycles
-    transfers = _transfers(s, k)
-    slot = max((g * n for _, _, g, n, _ in transfers), default=1)
-    rings = ceil_div(len(transfers), max(1, k.rows // slot))
+    transfers, _, slots = _ring(s, k)
+    rings = ceil_div(len(transfers), slots)
     dma = sum(2 * g * n * s.block / bw for _, _, g, n, _ in transfers) + rings * 2 * lat
     tile = cfg.wgt_tile_bytes / bw + s.block * s.block / bw + 2 * lat
     sums = s.sum_groups * (s.sum_tiles * (cfg.wgt_tile_bytes / bw + lat + 1
@@ -234,9 +240,7 @@ def emit_perm(b, cfg: HardwareConfig, s: PermShape, k: PermKnobs, regions: dict)
     buf = Buffer.ACC8
     x, y = regions["x"], regions["y"]
     dst = regions["t"] if s.transpose_tiles else y
-    transfers = _transfers(s, k)
-    slot = max((g * n for _, _, g, n, _ in transfers), default=1)
-    slots = max(1, k.rows // slot)
+    transfers, slot, slots = _ring(s, k)
     for i, (x0, d, g, n, y0) in enumerate(transfers):
         base = (i % slots) * slot
         b.load(buf, base, b.addr(x, buf) + x0, g, n, d, prefetch=True)
