@@ -116,10 +116,10 @@ def test_bench_zoo_prints_each_goal_met_or_missed():
     R = zoo_measure.ZooResult
     good = R("mobilenet_v2", "cnn", onnx_macs=100, report_macs=100, dsa_macs=100,
              launches=1, cycles=110, bound=100, ref_steps=0, ort_steps=0.0,
-             dw_layers=3, dw_worst=1.4, dw_by_kernel={"3x3": 1.4})
+             dw_layers=3, dw_by_kernel={"3x3": 1.4})
     slow = R("efficientnet_b0", "cnn", onnx_macs=100, report_macs=100, dsa_macs=98,
              launches=2, cycles=150, bound=100, ref_steps=1, ort_steps=3.0,
-             dw_layers=2, dw_worst=2.5)
+             dw_layers=2, dw_by_kernel={"5x5": 2.5})
     tf = R("gpt2", "transformer", onnx_macs=10, report_macs=10, dsa_macs=10, launches=1,
            cycles=1, bound=1, ref_steps=0, ort_steps=2.0)   # integer norms: not judged so
     tf.dsa_ops["LayerNorm"] = 2

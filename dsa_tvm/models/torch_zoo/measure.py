@@ -45,8 +45,8 @@ class ZooResult:
     cycles: int = 0
     bound: int = 0                  # sum of the DSA layers' roofline bounds
     dw_layers: int = 0              # depthwise convs on the DSA
-    dw_worst: float | None = None   # their worst attributed cycles / roofline bound
-    dw_by_kernel: dict[str, float] = field(default_factory=dict)  # "3x3" -> worst ratio
+    #: their worst attributed cycles / roofline bound per kernel ("3x3" -> ratio)
+    dw_by_kernel: dict[str, float] = field(default_factory=dict)
     ref_steps: int | None = None    # max |DSA - integer reference| over launch outputs (int8 codes)
     ort_steps: float | None = None  # max |DSA - onnxruntime QDQ (opt off)| in output steps
     cos_fp32: float | None = None   # cosine(DSA output, onnxruntime FP32)
@@ -59,6 +59,11 @@ class ZooResult:
     @property
     def failed(self) -> bool:
         return bool(self.stage)
+
+    @property
+    def dw_worst(self) -> float | None:
+        """The worst depthwise layer's cycles / bound (None without depthwise layers)."""
+        return max(self.dw_by_kernel.values(), default=None)
 
     @property
     def mac_share(self) -> float:
@@ -194,7 +199,7 @@ def measure(name: str, hw: str = "default", tiny: bool = False, cpu_gmacs: float
                   for ly in d.region.layers if getattr(ly, "depthwise", False)}
         dw = [(kernel[r.name], r.cycles / r.bound) for r in dsa_rows
               if r.name in kernel and r.bound]
-        res.dw_layers, res.dw_worst = len(dw), (max(x for _, x in dw) if dw else None)
+        res.dw_layers = len(dw)
         for k, x in dw:
             res.dw_by_kernel[k] = max(res.dw_by_kernel.get(k, 0.0), x)
         stage = enter("reference")
