@@ -199,35 +199,43 @@ def _constant_operand(matmul: relax.Call, var2val: dict) -> bool:
     return isinstance(b, GenericConst)
 
 
-def _feeds_matmul(var2val: dict) -> set:
-    """The quantize calls whose int8 result reaches a matmul of two activations through
-    dequantize and moves:
-    attention's ``K^T`` (a head split then a transpose, which an exporter may fuse into one
-    (0, 2, 3, 1) permute) is taken into the matmul pattern as int8 moves."""
-    users: dict = {}
-    for var, val in var2val.items():
-        if isinstance(val, relax.Call):
-            for a in val.args:
-                if isinstance(a, relax.Var):
-                    users.setdefault(a, []).append(var)
-    out: set = set()
-    for var, val in var2val.items():
-        if not (_is_op(val, "relax.quantize")):
-            continue
-        todo, seen = [var], 0
-        while todo and seen < 64:
-            seen += 1
-            v = todo.pop()
-            for u in users.get(v, ()):
-                uv = var2val[u]
-                if _is_op(uv, "relax.matmul") and not _constant_operand(uv, var2val):
-                    out.add(val)
-                    todo = []
-                    break
-                if isinstance(uv.op, Op) and uv.op.name in (*_MOVES, "relax.dequantize",
-                                                            "relax.quantize"):
+class _MatmulReach:
+    """Whether a quantize's int8 result reaches a matmul of two activations through
+    dequantize and moves: attention's ``K^T`` (a head split then a transpose, which an
+    exporter may fuse into one (0, 2, 3, 1) permute) is taken into the matmul pattern as
+    int8 moves. Asked only of layout permutes; the use lists are built on the first."""
+
+    #: ops a K^T operand passes through between the quantize and its matmul
+    PASS = (*_MOVES, "relax.dequantize", "relax.quantize")
+
+    def __init__(self, var2val: dict):
+        self.var2val = var2val
+        self.users: dict | None = None
+        self.bound: dict = {}
+
+    def _index(self) -> None:
+        self.users = {}
+        for var, val in self.var2val.items():
+            if isinstance(val, relax.Call):
+                self.bound[val] = var
+                for a in val.args:
+                    if isinstance(a, relax.Var):
+                        self.users.setdefault(a, []).append(var)
+
+    def __call__(self, quantize: relax.Call, limit: int = 64) -> bool:
+        if self.users is None:
+            self._index()
+        todo = [self.bound.get(quantize)]
+        for _ in range(limit):
+            if not todo:
+                return False
+            for u in self.users.get(todo.pop(), ()):
+                uv = self.var2val[u]
+                if _is_op(uv, "relax.matmul") and not _constant_operand(uv, self.var2val):
+                    return True
+                if isinstance(uv.op, Op) and uv.op.name in self.PASS:
                     todo.append(u)
-    return out
+        return False
 
 
 @mutator
@@ -239,7 +247,7 @@ class _Moves(PyExprMutator):
     def __init__(self, mod: tvm.IRModule, var2val: dict):
         super().__init__(mod)
         self.var2val = var2val
-        self.matmul_operands = _feeds_matmul(var2val)
+        self.reaches_matmul = _MatmulReach(var2val)
 
     def _val(self, e: relax.Expr) -> relax.Expr:
         return self.var2val.get(e, e) if isinstance(e, relax.Var) else e
@@ -248,7 +256,7 @@ class _Moves(PyExprMutator):
         if _is_op(call, "relax.quantize"):
             mv = self._val(call.args[0])
             keep = (isinstance(mv, relax.Call) and _layout_permute(mv)
-                    and call not in self.matmul_operands)
+                    and not self.reaches_matmul(call))
             if (isinstance(mv, relax.Call) and isinstance(mv.op, Op) and mv.op.name in _MOVES
                     and not keep):
                 dq = self._val(mv.args[0])
