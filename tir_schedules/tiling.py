@@ -32,6 +32,11 @@ def divisors(n: int) -> list[int]:
     return [d for d in range(1, n + 1) if n % d == 0]
 
 
+def chunks(n: int, size: int) -> list[tuple[int, int]]:
+    """``range(n)`` in pieces of ``size`` (the last may be shorter): (start, length) each."""
+    return [(i, min(size, n - i)) for i in range(0, n, size)]
+
+
 def tile_volume(k) -> int:
     """The product of a knob setting's tile sizes (its boolean knobs left out)."""
     return math.prod(v for v in k.__dict__.values() if not isinstance(v, bool))

@@ -31,7 +31,7 @@ from dsa_tvm.layers.ir import LayerNorm, RMSNorm, Softmax
 from dsa_tvm.layers.layouts import same_bytes
 from dsa_tvm.layers.reference import centered
 
-from ..tiling import lowest_estimate
+from ..tiling import chunks, lowest_estimate
 from ..vector_unit import emitted_cycles, tile_sizes
 from .base import Kind, Recipe, UnsupportedLayer
 
@@ -101,7 +101,7 @@ def default_norm_knobs(cfg: HardwareConfig, s: NormShape) -> NormKnobs:
     return lowest_estimate(cands, lambda k: estimate_norm_cycles(cfg, s, k))
 
 def _tiles(s: NormShape, k: NormKnobs) -> list[tuple[int, int]]:
-    return [(r0, min(k.tile_rows, s.rows - r0)) for r0 in range(0, s.rows, k.tile_rows)]
+    return chunks(s.rows, k.tile_rows)
 
 def norm_instructions(cfg: HardwareConfig, s: NormShape, k: NormKnobs) -> int:
     return 1 + 3 * len(_tiles(s, k))

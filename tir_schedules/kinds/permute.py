@@ -32,6 +32,7 @@ from dsa_tvm.layers.host_pack import COLSUM, batch_dims, weight_tiles
 from dsa_tvm.layers.ir import Permute
 from dsa_tvm.layers.layouts import image_dims
 
+from ..tiling import chunks
 from ..vector_unit import MAX_DMA, staged_rows_knobs
 from .base import Kind, Recipe, UnsupportedLayer
 
@@ -177,7 +178,7 @@ def _transfers(s: PermShape, k: PermKnobs) -> list[tuple[int, int, int, int, int
     pieces: list[tuple[int, int]] = []
     for x0, n in s.runs:  # runs longer than the staging area, or a DMA row, in pieces
         step = min(cap, MAX_DMA)
-        pieces += [(x0 + i, min(step, n - i)) for i in range(0, n, step)]
+        pieces += [(x0 + i, m) for i, m in chunks(n, step)]
     out, y0, i = [], 0, 0
     while i < len(pieces):
         x0, n = pieces[i]

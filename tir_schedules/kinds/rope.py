@@ -33,7 +33,7 @@ from dsa_tvm.layers.ir import Rope
 from dsa_tvm.layers.layouts import pack_output_stage
 from dsa_tvm.layers.reference import apply_requant, centered
 
-from ..tiling import lowest_estimate
+from ..tiling import chunks, lowest_estimate
 from ..vector_unit import emitted_cycles, tile_sizes
 from .base import Kind, Recipe, UnsupportedLayer
 
@@ -92,7 +92,7 @@ def default_rope_knobs(cfg: HardwareConfig, s: RopeShape) -> RopeKnobs:
 
 
 def _tiles(s: RopeShape, k: RopeKnobs) -> list[tuple[int, int]]:
-    return [(g0, min(k.tile_groups, s.groups - g0)) for g0 in range(0, s.groups, k.tile_groups)]
+    return chunks(s.groups, k.tile_groups)
 
 
 def rope_instructions(cfg: HardwareConfig, s: RopeShape, k: RopeKnobs) -> int:
