@@ -12,7 +12,10 @@ hardware description and simulated (timing only). Printed per layer:
 * ``default GEMM`` / ``total alone``: the same with the compiler's default tiling, which may
   split pixels finer (more folds, but the first input tile loads sooner);
 * ``closed``: the closed-form systolic model below, written from SCALE-Sim's per-fold
-  counts and independent of the simulator (no dsa_tvm timing code is used);
+  counts and independent of the simulator (no dsa_tvm timing code is used), on the GEMM the
+  array is handed: each tap's channels rounded up to whole blocks of ``block_in`` (the DSA's
+  layout; only output-stationary, which streams K element by element, sees the padding, and
+  ``why`` prints what it costs against SCALE-Sim's unpadded GEMM);
 * ``ratio`` = sim GEMM / closed, and ``total``: the layer's whole simulated run (DMA,
   requantize, tokens), and whether the layer is compute-bound (closed >= DRAM bytes /
   bandwidth). Where they differ, ``why`` says which mapping detail the closed form lacks.
@@ -53,21 +56,26 @@ def closed_form(flow: str, m: int, k: int, n: int, r: int, c: int) -> int:
     return m * math.ceil(k / r) * math.ceil(n / c) + r + c
 
 
-def layer_gemm(ly, r: int) -> tuple[int, int, int, int, str]:
-    """(groups, m, k, n, note) of a layer as GEMMs: m output pixels, k reduction, n outputs.
+def layer_gemm(ly, r: int) -> tuple[int, int, int, int, int, str]:
+    """(groups, m, k, k_blocked, n, note) of a layer as GEMMs: m output pixels, k reduction,
+    n outputs. ``k_blocked`` is the reduction the array is handed: the DSA stores channels in
+    blocks of r (block_in), so each tap's channels round up to whole blocks (a 24-channel
+    1x1 conv streams 32). SCALE-Sim given that GEMM counts what the closed form does.
 
     A depthwise conv runs on the array as diagonal r x r tiles, one group of r channels at
     a time (k = taps x r, n = r), so its closed form is the per-group GEMM times groups."""
     from dsa_tvm.layers import ir as L
 
     if isinstance(ly, L.Dense):
-        m = math.prod(ly.input.shape[:-1])
-        return 1, m, ly.weight.shape[1], ly.weight.shape[0], ""
+        m, k = math.prod(ly.input.shape[:-1]), ly.weight.shape[1]
+        return 1, m, k, math.ceil(k / r) * r, ly.weight.shape[0], ""
     n_img, cout, oh, ow = ly.output.shape
     kh, kw = ly.weight.shape[2:]
     if ly.depthwise:
-        return math.ceil(cout / r), n_img * oh * ow, kh * kw * r, r, "depthwise as diagonal tiles"
-    return 1, n_img * oh * ow, kh * kw * ly.weight.shape[1], cout, ""
+        return (math.ceil(cout / r), n_img * oh * ow, kh * kw * r, kh * kw * r, r,
+                "depthwise as diagonal tiles")
+    cin = ly.weight.shape[1]
+    return 1, n_img * oh * ow, kh * kw * cin, kh * kw * math.ceil(cin / r) * r, cout, ""
 
 
 def network_layers(name: str, size: int, cfg) -> tuple[list, dict[str, int]]:
@@ -93,33 +101,18 @@ def network_layers(name: str, size: int, cfg) -> tuple[list, dict[str, int]]:
     return layers, in_net
 
 
-def fewest_folds(cfg, shape):
-    """The conv/dense tiling with the fewest GEMM cycles that fits: every output pixel
-    streamed through each weight tile once where the accumulator holds them, the mapping
-    the closed form (and SCALE-Sim) assumes. The compiler's default may tile pixels finer
-    so the first input tile loads sooner (more folds, less exposed DMA)."""
-    from tir_schedules.kinds.conv2d import candidate_knobs, conv_gemm_levels
-    from tir_schedules.tiling import tile_gemm_cycles, tile_volume
-
-    oh, ow = shape.out_hw
-
-    def gemm(k) -> int:
-        tiles = shape.n * (oh // k.tile_oh) * (ow // k.tile_ow) * (shape.ocb // k.tile_ocb)
-        return tiles * tile_gemm_cycles(cfg, conv_gemm_levels(cfg, shape, k))
-
-    return min(candidate_knobs(cfg, shape), key=lambda k: (gemm(k), -tile_volume(k)))
-
-
 def alone(ly, cfg, mapping: bool = False) -> dict:
     """Compile one layer as its own region and simulate it (timing only); ``mapping``:
-    with the closed form's tiling (:func:`fewest_folds`) instead of the default."""
+    with the closed form's tiling (``tir_schedules.kinds.conv2d.fewest_folds``) instead of
+    the default."""
     from dsa_tvm.isa.instructions import Gemm, Load, Store
     from dsa_tvm.layers import ir as L
     from dsa_tvm.lowering.region import compile_region
     from dsa_tvm.sim.simulator import Simulator
     from dsa_tvm.sim.timing import compute_cycles, dma_bytes
+    from tir_schedules.kinds.conv2d import fewest_folds
 
-    choose = (lambda c, shape: fewest_folds(c, shape)) if mapping else None
+    choose = fewest_folds if mapping else None
     prog = compile_region(L.Region(ly.name, [ly.input], [ly.output], [ly]), cfg,
                           choose).program
     res = Simulator(cfg).run(prog, timing_only=True)
@@ -128,20 +121,35 @@ def alone(ly, cfg, mapping: bool = False) -> dict:
     return {"total": res.cycles, "gemm": gemm, "dram": dram}
 
 
-def why(flow: str, ratio: float, note: str, bound: bool) -> str:
-    """Which mapping detail the closed form lacks, when the two differ by more than 5%."""
+def why(flow: str, ratio: float, note: str, k: int, k_blocked: int, r: int, c: int) -> str:
+    """Which mapping detail the closed form lacks, when the two differ by more than 2%;
+    and, for output-stationary, what channel padding costs against SCALE-Sim's element K."""
     if note:
         return note
-    if abs(ratio - 1) <= 0.05:
-        return ""
+    pad = ""
+    if flow == "output-stationary" and k_blocked != k:
+        pad = (f"K {k} streams as {k_blocked} (channels in blocks of {r}): "
+               f"{(k_blocked + r + c - 2) / (k + r + c - 2):.3f}x SCALE-Sim's unpadded GEMM; ")
+    if abs(ratio - 1) <= 0.02:
+        return pad
     if flow == "weight-stationary":
-        return ("pixels split into tiles whose input rows (every input-channel block) fit the "
-                "input scratchpad: one fold per weight tile per spatial tile, each paying its "
-                "preload and skew (the schedules have no input-channel tiling)")
+        return pad + ("the accumulator or input scratchpad cannot hold every output pixel of "
+                      "the layer: pixels split into tiles, each weight tile folds once per "
+                      "pixel tile (its preload and skew again)")
     if flow == "output-stationary":
-        return ("the reduction streams whole blocks (K padded to block_in) and pixel folds "
-                "follow the tile's rows: extra drains")
-    return "fill/drain once per GEMM instruction (many per layer)"
+        return pad + ("the input scratchpad cannot hold every pixel's whole reduction: pixel "
+                      "tiles of whole rows fold separately (a fold straddling two tiles costs "
+                      "two), or the reduction splits into chunks that each drain")
+    return pad + "fill/drain once per GEMM instruction (several per layer)"
+
+
+def as_run(ly, cfg):
+    """The layer as the array runs it alone: a few-channel stem whose input the host packs
+    as its im2col matrix is a 1x1 conv over C*KH*KW channels (``lowering.fold_input``)."""
+    from dsa_tvm.layers import ir as L
+    from dsa_tvm.lowering.fold_input import fold_region_inputs
+
+    return fold_region_inputs(L.Region(ly.name, [ly.input], [ly.output], [ly]), cfg)[0].layers[0]
 
 
 def scalesim_cycles(python: str, flow: str, m: int, k: int, n: int, cfg) -> int | None:
@@ -174,14 +182,18 @@ def main() -> None:
     ap.add_argument("--size", type=int, default=224)
     ap.add_argument("--stage", default="shared", choices=("shared", "pipelined"))
     ap.add_argument("--double-buffer", action="store_true", help="weight_double_buffer = true")
+    ap.add_argument("--set", action="append", default=[], metavar="SECTION.FIELD=VALUE",
+                    help="override a field of the description, e.g. --set sram.inp_kib=128")
     ap.add_argument("--network", action="store_true",
                     help="also each layer's attributed cycles in the whole network")
     ap.add_argument("--scalesim", default="", help="python of a venv with scalesim installed")
     a = ap.parse_args()
 
     import dsa_tvm
+    from dsa_tvm.hw.config import with_overrides
 
-    base = dsa_tvm.load_config(a.hw).replace(stage=a.stage, weight_double_buffer=a.double_buffer)
+    base = with_overrides(dsa_tvm.load_config(a.hw), a.set).replace(
+        stage=a.stage, weight_double_buffer=a.double_buffer)
     r, c = base.block_in, base.block_out
     scalesim = a.scalesim if a.scalesim and shutil.which(a.scalesim) else ""
     worst: dict[str, float] = {}
@@ -207,7 +219,7 @@ def main() -> None:
             for ly in layers:
                 if type(ly).__name__ not in ("Conv2d", "Dense"):
                     continue
-                g, m, k, n, note = layer_gemm(ly, r)
+                g, m, k, kb, n, note = layer_gemm(as_run(ly, cfg), r)
                 key = (type(ly).__name__, ly.input.shape, ly.output.shape,
                        ly.weight.shape, getattr(ly, "strides", None))
                 if key in seen and not a.network:
@@ -215,7 +227,7 @@ def main() -> None:
                 seen.setdefault(key, ly.name)
                 dflt = alone(ly, cfg)
                 got = alone(ly, cfg, mapping=not note)   # depthwise: its own mapping
-                ref = g * closed_form(flow, m, k, n, r, c)
+                ref = g * closed_form(flow, m, kb, n, r, c)
                 ratio = got["gemm"] / ref
                 compute_bound = ref >= got["dram"] / cfg.bandwidth_bytes_per_cycle
                 if compute_bound and not note:
@@ -229,7 +241,7 @@ def main() -> None:
                       f"{ref:>11,} {ratio:>6.3f} {dflt['gemm']:>12,} {dflt['total']:>11,} "
                       f"{net_c if net_c is not None else '':>11} "
                       f"{'C' if compute_bound else 'M':>5}{ss}  "
-                      f"{why(flow, ratio, note, compute_bound)}")
+                      f"{why(flow, ratio, note, k, kb, r, c)}")
     print("\nworst |sim GEMM / closed - 1| over compute-bound (C) convs and dense layers "
           "(depthwise excluded):")
     for flow in DATAFLOWS:

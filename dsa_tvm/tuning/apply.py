@@ -16,6 +16,7 @@ keeps the default schedule.
 
 from __future__ import annotations
 
+import warnings
 from contextlib import contextmanager
 from pathlib import Path
 
@@ -103,12 +104,17 @@ class TunedKnobs:
         self._cache: dict = {}
 
     def __call__(self, cfg, shape):
-        from tir_schedules.kinds.space import check_knobs, perf_shape
+        from tir_schedules.kinds.space import MissingKnob, check_knobs, perf_shape
 
         key = (cfg.fingerprint, shape)
         if key not in self._cache:
             try:
                 self._cache[key] = self._lookup(Task(cfg, perf_shape(shape)))
+            except MissingKnob as e:  # tuned before the room gained a knob: default
+                warnings.warn(f"tuning record for {type(shape).__name__} ignored ({e}); the "
+                              f"layer takes its default schedule: tune again (dsa-tvm tune) "
+                              f"to search the current knobs", stacklevel=2)
+                self._cache[key] = None
             except (TypeError, ValueError):  # a layer kind without a tuning space: default
                 self._cache[key] = None
         knobs = self._cache[key]

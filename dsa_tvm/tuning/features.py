@@ -22,7 +22,7 @@ from tvm.s_tir.meta_schedule.feature_extractor import PyFeatureExtractor
 
 from .task import task_of
 
-N_TILES = 3       # tile-size slots (conv and window have three tile knobs)
+N_TILES = 4       # tile-size slots (conv has four tile knobs, window three)
 N_FLAGS = 2       # boolean slots (resident operand, double buffering)
 N_FEATURES = N_TILES + N_FLAGS + 1 + 3 + 1
 

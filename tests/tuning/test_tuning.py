@@ -307,6 +307,31 @@ def test_database_round_trip(tuned_conv):
     assert (chooser.hits, chooser.misses) == (1, 1)
 
 
+def test_a_record_of_an_older_knob_space_warns_and_keeps_the_default(tmp_path):
+    """A record tuned before the conv room gained ``tile_icb`` replays without that knob:
+    the layer takes its default schedule and the user is told to tune again."""
+    from tvm.s_tir.meta_schedule.arg_info import ArgInfo
+    from tvm.s_tir.meta_schedule.database import TuningRecord
+
+    from dsa_tvm.tuning.tuner import target_of
+
+    task = Task(DEFAULT, conv_shape(h=14, icb=2, ocb=4))
+    mod = task.workload()
+    sch = s_tir.Schedule(mod)
+    sample_knobs(sch, task.shape, fixed=_non_default(task))
+    old = [i for i in sch.trace.insts
+           if not (i.kind.name == "Annotate" and "tile_icb" in str(i.attrs))]
+    assert len(old) == len(sch.trace.insts) - 1
+    trace = s_tir.schedule.Trace(old, {i: d for i, d in sch.trace.decisions.items() if i in old})
+    db = open_database(tmp_path)
+    db.commit_tuning_record(TuningRecord(trace, db.commit_workload(mod), [1e-6],
+                                         target_of(DEFAULT), ArgInfo.from_prim_func(mod["main"])))
+    chooser = TunedKnobs(db)
+    with pytest.warns(UserWarning, match="tile_icb.*tune again"):
+        assert chooser(DEFAULT, task.shape) is None
+    assert (chooser.hits, chooser.misses) == (0, 1)
+
+
 def _non_default(task: Task):
     default = task.default_knobs()
     return next(k for k in task.candidates() if k != default and k.tile_ocb != default.tile_ocb)

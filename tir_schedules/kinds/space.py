@@ -28,6 +28,10 @@ from . import kind_of
 KNOB_PREFIX = "dsa.knob."
 
 
+class MissingKnob(ValueError):
+    """A sampled module lacks a knob its room has now (a record of an older knob space)."""
+
+
 def perf_shape(shape):
     """``shape`` with the fields that change values but not the instruction stream (zero
     points, clip bounds, rescale factors) set to fixed values: layers that differ only
@@ -70,8 +74,8 @@ def knobs_from_mod(mod, shape):
     for f in dataclasses.fields(kind.knobs):
         key = KNOB_PREFIX + f.name
         if key not in ann:
-            raise ValueError(f"the module carries no '{key}' annotation: not a sampled "
-                             f"{type(shape).__name__} schedule")
+            raise MissingKnob(f"the module carries no '{key}' annotation: not a sampled "
+                              f"{type(shape).__name__} schedule of this version's knobs")
         v = int(ann[key])
         values[f.name] = bool(v) if f.type in (bool, "bool") else v
     return kind.knobs(**values)
