@@ -173,27 +173,46 @@ def compile_region(region: Region, cfg: HardwareConfig,
 
 def _walk_placed(b: ProgramBuilder, cfg: HardwareConfig, func, regions: dict,
                  prev: dict[str, tuple[int, int]] | None) -> dict[str, tuple[int, int]]:
-    """Walk a layer's TIR into ``b`` with its tile buffers just above the rows the previous
-    layer used, or (when they do not fit there) from row 0; the rows it used.
+    """Walk a layer's TIR into ``b`` with its tile buffers in rows the previous layer did
+    not use where they fit: just above them, else (per scratchpad) below them or against
+    the top of the scratchpad, else from row 0; the rows it used.
 
     Dependency tokens follow scratchpad footprints, so a layer whose buffers share rows
-    with the previous layer's waits for it to finish with them: its first weight and
-    table loads cannot overlap the previous layer's last tiles. Disjoint rows let them."""
+    with the previous layer's waits for it to finish with them: its first loads cannot
+    overlap the previous layer's last tiles. Disjoint rows let them, and choosing them per
+    scratchpad keeps identical layers placed alike wherever they sit in a network."""
     first = len(b.instructions)
-    bases = ([{s: hi for s, (_, hi) in prev.items()}] if prev else []) + \
-        [{"inp": 0, "wgt": 0, "acc": 0}]
-    for i, base in enumerate(bases):
+
+    def walk(base: dict[str, int]) -> dict[str, tuple[int, int]] | None:
         walker = TirWalker(cfg, b, regions, base)
         try:
             with paused_gc():
                 walker.run(func)
         except CodegenError:
-            if i == len(bases) - 1:
-                raise
             del b.instructions[first:]
-            continue
+            return None
         return {s: (base[s], walker.peak[s]) for s in base}
-    raise AssertionError("unreachable")
+
+    if prev:
+        used = walk({s: hi for s, (_, hi) in prev.items()})
+        if used is not None:
+            return used
+    used = walk({"inp": 0, "wgt": 0, "acc": 0})
+    if used is None:  # the layer alone does not fit: let the walker say why
+        TirWalker(cfg, b, regions, {"inp": 0, "wgt": 0, "acc": 0}).run(func)
+        raise AssertionError("unreachable")
+    if not prev:
+        return used
+    depth = {"inp": cfg.inp_depth, "wgt": cfg.wgt_depth, "acc": cfg.acc_depth}
+    base = {}
+    for s, (lo, hi) in prev.items():
+        need = used[s][1]
+        top = depth[s] - need
+        base[s] = 0 if need <= lo or top < hi else top  # below, else against the top
+    if all(v == 0 for v in base.values()):
+        return used
+    del b.instructions[first:]
+    return walk(base) or _walk_placed(b, cfg, func, regions, None)
 
 
 def _check_views(region: Region) -> None:

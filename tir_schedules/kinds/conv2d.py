@@ -79,6 +79,18 @@ class ConvShape:
     def out_hw(self) -> tuple[int, int]:
         return window_out_hw(self)
 
+    @property
+    def subsampled(self) -> bool:
+        """A strided 1x1 conv without padding: its input tile is only the pixels it reads
+        (a strided LOAD), not the rows and columns between them."""
+        return ((self.kh, self.kw) == (1, 1) and self.strides != (1, 1) and not self.depthwise
+                and not any(self.padding))
+
+    @property
+    def tile_strides(self) -> tuple[int, int]:
+        """Strides of the window over the input tile in the scratchpad."""
+        return (1, 1) if self.subsampled else self.strides
+
 
 @dataclass(frozen=True)
 class ConvKnobs:
@@ -110,7 +122,13 @@ def conv2d(s: ConvShape) -> tirx.PrimFunc:
         inside = tirx.all(h >= pt, h < s.h + pt, w_ >= pl, w_ < s.w + pl)
         return tirx.if_then_else(inside, x[n, h - pt, w_ - pl, c, i], zp)
 
-    xp = te.compute((s.n, s.h + pt + pb, s.w + pl + pr, in_blocks, bi), pad_value, name="pad")
+    if s.subsampled:  # only the pixels the 1x1 window reads
+        xp = te.compute((s.n, oh, ow, in_blocks, bi),
+                        lambda n, h, w_, c, i: x[n, h * sh, w_ * sw, c, i], name="pad")
+        sh = sw = 1
+    else:
+        xp = te.compute((s.n, s.h + pt + pb, s.w + pl + pr, in_blocks, bi), pad_value,
+                        name="pad")
     rkh = te.reduce_axis((0, s.kh), "kh")
     rkw = te.reduce_axis((0, s.kw), "kw")
     ric = te.reduce_axis((0, s.icb), "icb")
@@ -133,6 +151,11 @@ def conv2d(s: ConvShape) -> tirx.PrimFunc:
     return te.create_prim_func([x, w, params, out])
 
 
+def conv_input_tile(s: ConvShape, k: ConvKnobs) -> tuple[int, int]:
+    """(rows, columns) of pixels one input tile holds."""
+    return (k.tile_oh, k.tile_ow) if s.subsampled else input_tile(s, k)
+
+
 def ic_chunks(s: ConvShape, k: ConvKnobs) -> int:
     """Input tiles per output tile: the reduction's channel chunks (1 for depthwise)."""
     return 1 if s.depthwise else s.icb // k.tile_icb
@@ -140,7 +163,7 @@ def ic_chunks(s: ConvShape, k: ConvKnobs) -> int:
 
 def tile_footprint(s: ConvShape, k: ConvKnobs) -> dict[str, int]:
     """Scratchpad rows (inp) / tiles (wgt) / rows (acc) one set of tiles needs."""
-    in_rows, in_cols = input_tile(s, k)
+    in_rows, in_cols = conv_input_tile(s, k)
     nbuf = 2 if k.double_buffer else 1
     acc_tile = k.tile_oh * k.tile_ow * k.tile_ocb
     return {"inp": nbuf * in_rows * in_cols * _input_blocks(s, k),
@@ -166,7 +189,7 @@ def fits(cfg: HardwareConfig, s: ConvShape, k: ConvKnobs) -> str | None:
     blocks = _input_blocks(s, k)
     if s.depthwise and (blocks < s.ocb or max(pl, pr) * blocks > 255):
         # one LOAD per input row; border rows join the pad fields of the first/last one
-        in_cols = input_tile(s, k)[1]
+        in_cols = conv_input_tile(s, k)[1]
         if max(pt * in_cols + pl, pb * in_cols + pr) > 255:
             return "the tile's border exceeds the 8-bit LOAD pad fields"
     elif max(pl, pr) * blocks > 255 or max(pt, pb) > 255:
@@ -180,7 +203,7 @@ def estimate_cycles(cfg: HardwareConfig, s: ConvShape, k: ConvKnobs) -> float:
     tiles_sp = (oh // k.tile_oh) * (ow // k.tile_ow)
     tiles_oc = s.ocb // k.tile_ocb
     chunks = ic_chunks(s, k)
-    in_rows, in_cols = input_tile(s, k)
+    in_rows, in_cols = conv_input_tile(s, k)
     in_bytes = in_rows * in_cols * _input_blocks(s, k) * cfg.block_in  # one chunk
     w_bytes = k.tile_ocb * s.kh * s.kw * s.icb * cfg.wgt_tile_bytes
     out_bytes = k.tile_oh * k.tile_ow * k.tile_ocb * cfg.block_out
@@ -299,8 +322,8 @@ def conv_gemm_levels(cfg: HardwareConfig, s: ConvShape, k: ConvKnobs) -> list[tu
     """One input chunk's GEMM loop levels (extent, acc, inp, wgt strides), outermost first,
     in the order :func:`schedule_conv2d` gives them (the walker emits the same nest)."""
     th, tw, toc = k.tile_oh, k.tile_ow, k.tile_ocb
-    (sh, sw), (dh, dw) = s.strides, s.dilation
-    in_cols = input_tile(s, k)[1]
+    (sh, sw), (dh, dw) = s.tile_strides, s.dilation
+    in_cols = conv_input_tile(s, k)[1]
     blocks = _input_blocks(s, k)
     ic = 1 if s.depthwise else k.tile_icb       # weight tiles per tap and chunk
     ob = (toc, 1, 1 if s.depthwise else 0, s.kh * s.kw * (1 if s.depthwise else s.icb))
@@ -327,10 +350,15 @@ def fewest_folds(cfg: HardwareConfig, s: ConvShape) -> ConvKnobs:
 def conv_instructions(cfg: HardwareConfig, s: ConvShape, k: ConvKnobs) -> int:
     oh, ow = s.out_hw
     th, tw, toc = k.tile_oh, k.tile_ow, k.tile_ocb
-    in_rows, in_cols = input_tile(s, k)
+    in_rows, in_cols = conv_input_tile(s, k)
     blocks = _input_blocks(s, k)                 # channel blocks of one input tile
     image_blocks = s.ocb if s.depthwise else s.icb
-    chunk = tile_copy(in_rows, in_cols, blocks, s.w, image_blocks)
+    if s.subsampled:  # one strided transfer per row
+        (sh, sw) = s.strides
+        chunk = copy_count([(in_rows, in_cols * blocks, sh * s.w * image_blocks),
+                            (in_cols, blocks, sw * image_blocks), (blocks, 1, 1)])
+    else:
+        chunk = tile_copy(in_rows, in_cols, blocks, s.w, image_blocks)
     gemm = nest_count(conv_gemm_levels(cfg, s, k), GEMM_LEVELS)
     chunks = ic_chunks(s, k)
     stores = tile_copy(th, tw, toc, ow, s.ocb)
