@@ -190,10 +190,13 @@ def main() -> None:
     a = ap.parse_args()
 
     import dsa_tvm
-    from dsa_tvm.hw.config import with_overrides
+    from dsa_tvm.hw.config import ConfigError, with_overrides
 
-    base = with_overrides(dsa_tvm.load_config(a.hw), a.set).replace(
-        stage=a.stage, weight_double_buffer=a.double_buffer)
+    try:
+        base = with_overrides(dsa_tvm.load_config(a.hw), a.set).replace(
+            stage=a.stage, weight_double_buffer=a.double_buffer)
+    except (ConfigError, OSError) as e:
+        raise SystemExit(f"bench_fidelity: {e}") from None
     r, c = base.block_in, base.block_out
     scalesim = a.scalesim if a.scalesim and shutil.which(a.scalesim) else ""
     worst: dict[str, float] = {}
