@@ -12,6 +12,7 @@ import numpy as np
 
 from .cli_common import CliError, hw_spec, interrupted, read_model
 from .demo import demo_program
+from .eval_cli import add_parser as add_eval
 from .flow import run_model
 from .frontend.intake import IntakeError, add_shape_arg, parse_shape_args
 from .hw.config import ConfigError, load_config, preset_names, with_overrides
@@ -201,6 +202,7 @@ def build_parser() -> argparse.ArgumentParser:
     g = sub.add_parser("docs", help="regenerate docs/isa.md and docs/hardware.md")
     g.set_defaults(fn=cmd_docs)
     add_quantize(sub)
+    add_eval(sub)
     return p
 
 

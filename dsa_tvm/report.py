@@ -50,6 +50,7 @@ class RunReport:
     total_cycles: int = 0
     regions: int = 0
     trace_events: list[dict[str, Any]] = field(default_factory=list, repr=False)
+    timing_reused: int = 0   # launches whose timing came from an earlier run of the program
 
     @property
     def latency_us(self) -> float:
@@ -74,6 +75,7 @@ class RunReport:
         return {"hardware": self.hardware, "mhz": self.mhz, "total_cycles": self.total_cycles,
                 "latency_us": self.latency_us, "dsa_mac_share": self.dsa_mac_share,
                 "bound_cycles": self.bound_cycles, "regions": self.regions,
+                "timing_reused": self.timing_reused,
                 "layers": [asdict(r) for r in self.rows]}
 
     def to_json(self) -> str:
@@ -108,6 +110,10 @@ class RunReport:
         lines.append(f"total: {self.total_cycles:,} DSA cycles = {self.latency_us:,.1f} us at "
                      f"{self.mhz:g} MHz over {self.regions} region launch(es); "
                      f"{self.dsa_mac_share:.1%} of MACs on the DSA")
+        if self.timing_reused:
+            lines.append(f"timing: {self.timing_reused} of {self.regions} launch(es) reused the "
+                         f"schedule of an earlier run of the same program (timing does not "
+                         f"depend on the data; the values were computed anew)")
         if self.bound_cycles:
             lines.append(f"roofline: the DSA layers' bounds sum to {self.bound_cycles:,} cycles "
                          f"({self.total_cycles / self.bound_cycles:.2f}x; compulsory bytes as "
@@ -187,6 +193,7 @@ def build_report(launches: list, compile_report=None) -> RunReport:
             rep.trace_events.append(ev)
         offset += launch.result.cycles
     rep.regions = len(launches)
+    rep.timing_reused = sum(bool(getattr(x.result, "timing_reused", False)) for x in launches)
     if rep.violations:
         warnings.warn(f"DSA run report: {len(rep.violations)} layer(s) are below their compute "
                       f"bound or compulsory DRAM bytes (first: {rep.violations[0].name}: "

@@ -8,6 +8,12 @@ chunks of at most 1024 int8 products, whose float32 sums are exact integers
 (below 2**24), and the chunk sums are added in int32, which wraps like the
 accumulator. ALU results come from ``isa.semantics`` (int32 arithmetic where it
 wraps, int64 where it must not).
+
+Every state array has a leading batch axis: one pass over a program computes
+``batch`` independent inputs at once (one machine per input, stepped in lockstep:
+the program and its timing do not depend on the data), and a single run is the
+batch of one. A GEMM whose weight tiles all came from the program's constant DRAM
+multiplies every input by one shared weight matrix.
 """
 
 from __future__ import annotations
@@ -53,22 +59,35 @@ def _loop_order(ins: Alu) -> np.ndarray:
 
 
 class Machine:
-    """DRAM and scratchpad state of one device."""
+    """DRAM and scratchpad state of ``batch`` devices running one program in lockstep."""
 
-    def __init__(self, cfg: "HardwareConfig", program: "Program"):
+    def __init__(self, cfg: "HardwareConfig", program: "Program", batch: int = 1):
+        if batch < 1:
+            raise ValueError(f"a batch holds at least one input, got {batch}")
         self.cfg = cfg
-        self.dram = np.zeros(max(program.dram_size, 1), dtype=np.uint8)
+        self.batch = batch
+        size = max(program.dram_size, 1)
+        image = np.zeros(size, dtype=np.uint8)
+        self._const: list[tuple[int, int]] = []  # DRAM byte ranges every input shares
         for r in program.regions:
             if r.data is not None:
-                self.dram[r.offset:r.offset + r.nbytes] = np.frombuffer(r.data, dtype=np.uint8)
+                image[r.offset:r.offset + r.nbytes] = np.frombuffer(r.data, dtype=np.uint8)
+                self._const.append((r.offset, r.offset + r.nbytes))
+        self.dram = np.broadcast_to(image, (batch, size)).copy()
         bi, bo = cfg.block_in, cfg.block_out
-        self.inp = np.zeros((cfg.inp_depth, bi), dtype=np.int8)
-        self.wgt = np.zeros((cfg.wgt_depth, bo, bi), dtype=np.int8)
-        self.acc = np.zeros((cfg.acc_depth, bo), dtype=np.int32)
+        self.inp = np.zeros((batch, cfg.inp_depth, bi), dtype=np.int8)
+        self.wgt = np.zeros((batch, cfg.wgt_depth, bo, bi), dtype=np.int8)
+        self.acc = np.zeros((batch, cfg.acc_depth, bo), dtype=np.int32)
+        # weight tiles loaded from constant DRAM: the same in every input
+        self.wgt_shared = np.ones(cfg.wgt_depth, dtype=bool)
         # prepared GEMM weight matrices: key -> (first tile, last tile, matrix); a WGT
         # load drops the entries whose tiles it overwrites
         self._wcache: dict = {}
         self._elems = {buf: self._elem(buf) for buf in Buffer}
+
+    def _is_const(self, lo: int, hi: int) -> bool:
+        """Whether DRAM bytes lo..hi-1 lie in one constant region."""
+        return any(c_lo <= lo and hi <= c_hi for c_lo, c_hi in self._const)
 
     # --- DRAM element views
     def _elem(self, buffer: Buffer) -> tuple[tuple[int, ...], np.dtype, int, tuple[int, ...]]:
@@ -87,12 +106,12 @@ class Machine:
         return {Buffer.INP: self.inp, Buffer.WGT: self.wgt}.get(buffer, self.acc)
 
     def _dram_window(self, ins: Load | Store) -> np.ndarray:
-        """(y_size, x_size, *element) strided view of the DRAM the transfer touches
+        """(batch, y_size, x_size, *element) strided view of the DRAM the transfer touches
         (validation has checked that it lies inside the program's DRAM)."""
         shape, dtype, unit, inner = self._elems[ins.buffer]
-        return np.ndarray((ins.y_size, ins.x_size) + shape, dtype, buffer=self.dram,
-                          offset=ins.dram_base * unit,
-                          strides=(ins.x_stride * unit, unit) + inner)
+        return np.ndarray((self.batch, ins.y_size, ins.x_size) + shape, dtype,
+                          buffer=self.dram, offset=ins.dram_base * unit,
+                          strides=(self.dram.shape[1], ins.x_stride * unit, unit) + inner)
 
     # --- instructions
     def execute(self, i: int, ins: Instruction) -> None:
@@ -112,19 +131,26 @@ class Machine:
         sram = self._sram(ins.buffer)
         h = ins.pad_top + ins.y_size + ins.pad_bottom
         w = ins.pad_left + ins.x_size + ins.pad_right
-        dst = sram[ins.sram_base:ins.sram_base + h * w].reshape((h, w) + sram.shape[1:])
+        dst = sram[:, ins.sram_base:ins.sram_base + h * w].reshape(
+            (self.batch, h, w) + sram.shape[2:])
         if h * w != ins.y_size * ins.x_size:
             dst[...] = ins.pad_value
-        dst[ins.pad_top:ins.pad_top + ins.y_size, ins.pad_left:ins.pad_left + ins.x_size] = src
-        if ins.buffer == Buffer.WGT and self._wcache:
+        dst[:, ins.pad_top:ins.pad_top + ins.y_size,
+            ins.pad_left:ins.pad_left + ins.x_size] = src
+        if ins.buffer == Buffer.WGT:
             lo, hi = ins.sram_base, ins.sram_base + h * w - 1
+            unit = self._elems[Buffer.WGT][2]
+            first = ins.dram_base * unit
+            last = first + ((ins.y_size - 1) * ins.x_stride + ins.x_size) * unit
+            self.wgt_shared[lo:hi + 1] = self.batch == 1 or self._is_const(first, last)
             stale = [k for k, (w_lo, w_hi, _) in self._wcache.items() if w_lo <= hi and lo <= w_hi]
             for k in stale:
                 del self._wcache[k]
 
     def store(self, ins: Store) -> None:
         n = ins.y_size * ins.x_size
-        rows = self.acc[ins.sram_base:ins.sram_base + n].reshape(ins.y_size, ins.x_size, -1)
+        rows = self.acc[:, ins.sram_base:ins.sram_base + n].reshape(
+            self.batch, ins.y_size, ins.x_size, -1)
         self._dram_window(ins)[...] = rows.astype(np.int8) if ins.buffer == Buffer.ACC8 else rows
 
     def norm(self, i: int, ins: Norm) -> None:
@@ -135,32 +161,36 @@ class Machine:
         prow = norm_unit.param_rows(ins.op, n, bo)
         try:
             params = norm_unit.unpack_params(
-                ins.op, self.acc[ins.param_base:ins.param_base + prow], n)
+                ins.op, self.acc[0, ins.param_base:ins.param_base + prow], n)
         except ValueError as e:
             raise SimulationError(i, f"NORM {ins.op.name} parameter block at accumulator row "
                                      f"{ins.param_base}: {e}") from None
         rows = ins.rows * span
-        x = self.acc[ins.src_base:ins.src_base + rows].reshape(ins.rows, span * bo)[:, :n]
-        out = np.zeros((ins.rows, span * bo), np.int32)
-        out[:, :n] = norm_unit.apply(ins.op, x, ins.in_zp, params)
-        self.acc[ins.dst_base:ins.dst_base + rows] = out.reshape(rows, bo)
+        for b in range(self.batch):  # the parameter block is each input's own
+            if b:
+                params = norm_unit.unpack_params(
+                    ins.op, self.acc[b, ins.param_base:ins.param_base + prow], n)
+            x = self.acc[b, ins.src_base:ins.src_base + rows].reshape(ins.rows, span * bo)
+            out = np.zeros((ins.rows, span * bo), np.int32)
+            out[:, :n] = norm_unit.apply(ins.op, x[:, :n], ins.in_zp, params)
+            self.acc[b, ins.dst_base:ins.dst_base + rows] = out.reshape(rows, bo)
 
     def gemm(self, ins: Gemm) -> None:
         plan = gemm_plan(ins.loops, self.cfg.block_in)
-        bi, bo = self.cfg.block_in, self.cfg.block_out
+        bi, bo, nbat = self.cfg.block_in, self.cfg.block_out, self.batch
         nb, nm, nc, ch = plan.nb, plan.nm, plan.nchunk, plan.chunk
         if plan.inp_run is not None:
-            x = self.inp[ins.inp_base:ins.inp_base + plan.inp_run]
+            x = self.inp[:, ins.inp_base:ins.inp_base + plan.inp_run]
         else:  # np.take on the row axis: an order of magnitude faster than x[idx] here
-            x = np.take(self.inp, ins.inp_base + plan.inp, axis=0)
-        x = x.reshape(nb, nc, nm, ch * bi).astype(np.float32)
-        prod = np.matmul(x, self._gemm_weights(ins, plan))        # (nb, nc, nm, nn*bo)
+            x = np.take(self.inp, ins.inp_base + plan.inp, axis=1)
+        x = x.reshape(nbat, nb, nc, nm, ch * bi).astype(np.float32)
+        prod = np.matmul(x, self._gemm_weights(ins, plan))    # (batch, nb, nc, nm, nn*bo)
         # every chunk sum is an exact integer below 2**24; int32 adds wrap like the
         # accumulator does
         if nc == 1:
-            prod = prod.astype(np.int32).reshape(-1, bo)
+            prod = prod.astype(np.int32).reshape(nbat, -1, bo)
         else:
-            prod = prod.astype(np.int32).sum(axis=1, dtype=np.int32).reshape(-1, bo)
+            prod = prod.astype(np.int32).sum(axis=2, dtype=np.int32).reshape(nbat, -1, bo)
         acc = self.acc
         if plan.acc_run is not None:
             rows = slice(ins.acc_base, ins.acc_base + plan.acc_run)
@@ -168,29 +198,35 @@ class Machine:
             rows = ins.acc_base + plan.acc
         if plan.acc_injective:
             if ins.reset:
-                acc[rows] = prod
+                acc[:, rows] = prod
             else:
-                acc[rows] += prod
+                acc[:, rows] += prod
         else:  # several loop points update the same row: np.add.at sums them
             if ins.reset:
-                acc[rows] = 0
-            np.add.at(acc, rows, prod)
+                acc[:, rows] = 0
+            for b in range(nbat):
+                np.add.at(acc[b], rows, prod[b])
 
     def _gemm_weights(self, ins: Gemm, plan) -> np.ndarray:
         """(nb, nchunk, chunk*block_in, nn*block_out) float32 weight matrix (zero rows
-        where the last chunk is padded), reused until a WGT load overwrites its tiles."""
+        where the last chunk is padded), reused until a WGT load overwrites its tiles;
+        with a leading batch axis when some tile is not the same in every input."""
         key = (ins.wgt_base, ins.loops)
         hit = self._wcache.get(key)
         if hit is not None:
             return hit[2]
         bi, bo = self.cfg.block_in, self.cfg.block_out
         nb, nn, nk = plan.nb, plan.nn, plan.nk
-        w = np.take(self.wgt, ins.wgt_base + plan.wgt, axis=0)      # (nb, nn, nk, bo, bi)
-        w = w.transpose(0, 2, 4, 1, 3).reshape(nb, nk * bi, nn * bo)
+        tiles = ins.wgt_base + plan.wgt
+        shared = bool(self.wgt_shared[tiles].all())
+        w = np.take(self.wgt[0] if shared else self.wgt, tiles, axis=0 if shared else 1)
+        lead = () if shared else (self.batch,)                  # (..., nb, nn, nk, bo, bi)
+        w = np.moveaxis(w, (-4, -3, -2, -1), (-2, -4, -1, -3)).reshape(
+            lead + (nb, nk * bi, nn * bo))
         kpad = plan.nchunk * plan.chunk
-        mat = np.zeros((nb, kpad * bi, nn * bo), dtype=np.float32)
-        mat[:, :nk * bi] = w
-        mat = mat.reshape(nb, plan.nchunk, plan.chunk * bi, nn * bo)
+        mat = np.zeros(lead + (nb, kpad * bi, nn * bo), dtype=np.float32)
+        mat[..., :nk * bi, :] = w
+        mat = mat.reshape(lead + (nb, plan.nchunk, plan.chunk * bi, nn * bo))
         if len(self._wcache) >= WEIGHT_CACHE_SIZE:
             del self._wcache[next(iter(self._wcache))]
         self._wcache[key] = (ins.wgt_base + plan.wgt_lo, ins.wgt_base + plan.wgt_hi, mat)
@@ -231,21 +267,25 @@ class Machine:
             return slice(first, first + n)
         return base + offs[r]
 
+    def _read(self, rows) -> np.ndarray:
+        """(batch, len(rows), lanes) accumulator rows (a slice or row indices)."""
+        return self.acc[:, rows] if isinstance(rows, slice) else self.acc.take(rows, axis=1)
+
     def _param(self, rows, k: int) -> np.ndarray:
         """Parameter row b + k of every point (int32)."""
         if isinstance(rows, slice):
-            return self.acc[rows.start + k:rows.stop + k]
-        return self.acc.take(rows + k, axis=0)
+            return self.acc[:, rows.start + k:rows.stop + k]
+        return self.acc.take(rows + k, axis=1)
 
     def _alu_step(self, i: int, ins: Alu, d, a, b, period: int | None = None) -> None:
         """One vector operation over rows ``d`` (destination), ``a`` and ``b`` (slices or
-        row indices). With ``period``, ``b`` holds that many parameter rows, which repeat
-        over the points: the operands are shaped (points / period, period, lanes)."""
+        row indices), in every input of the batch. With ``period``, ``b`` holds that many
+        parameter rows, which repeat over the points: the operands are shaped
+        (batch, points / period, period, lanes)."""
         acc = self.acc
         op = ins.op
-        av = acc[a] if isinstance(a, slice) else acc.take(a, axis=0)
-        dv = (acc[d] if isinstance(d, slice) else acc.take(d, axis=0)) \
-            if op == AluOp.MAC else av
+        av = self._read(a)
+        dv = self._read(d) if op == AluOp.MAC else av
         b2 = b3 = None
         if ins.use_imm:
             if op == AluOp.CLIP:
@@ -254,9 +294,9 @@ class Machine:
             else:
                 bv = np.int32(ins.imm)
             period = None
-        elif op == AluOp.LUT:  # one table (validation: b strides 0), rows b_base...
+        elif op == AluOp.LUT:  # one table per input (validation: b strides 0), rows b_base...
             first = ins.b_base
-            bv = acc[first:first + lut_rows(acc.shape[1])].reshape(-1)
+            bv = acc[:, first:first + lut_rows(acc.shape[2])].reshape(self.batch, -1)
         else:
             rows = b_rows(op)
             bv = self._param(b, 0)
@@ -273,7 +313,12 @@ class Machine:
                                          f"{first + 2}...) is outside {lo}..{hi}")
         if period:
             lanes = av.shape[-1]
-            av = av.reshape(-1, period, lanes)
-            dv = dv.reshape(-1, period, lanes) if op == AluOp.MAC else av
-        res = sem.alu_apply(op, dv, av, bv, b2, b3, imm=ins.imm)
-        acc[d] = res.reshape(-1, res.shape[-1]) if period else res
+            av = av.reshape(self.batch, -1, period, lanes)
+            dv = dv.reshape(self.batch, -1, period, lanes) if op == AluOp.MAC else av
+            bv, b2, b3 = (None if v is None else v[:, None] for v in (bv, b2, b3))
+        if op == AluOp.LUT:
+            res = np.stack([sem.alu_apply(op, dv[k], av[k], bv[k], imm=ins.imm)
+                            for k in range(self.batch)])
+        else:
+            res = sem.alu_apply(op, dv, av, bv, b2, b3, imm=ins.imm)
+        acc[:, d] = res.reshape(self.batch, -1, res.shape[-1]) if period else res

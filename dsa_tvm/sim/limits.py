@@ -104,27 +104,31 @@ def host_memory_bytes() -> int | None:
         return None
 
 
-def check_functional(program: "Program", cfg: "HardwareConfig") -> None:
-    """Refuse a values-and-timing run whose DRAM image or loop nests the host cannot hold
-    (a timing-only run builds none of it and is not limited by this)."""
-    need = program.dram_size
+def check_functional(program: "Program", cfg: "HardwareConfig", batch: int = 1) -> None:
+    """Refuse a values-and-timing run (of ``batch`` inputs at once) whose DRAM images or
+    loop nests the host cannot hold (a timing-only run builds none of it and is not
+    limited by this)."""
+    need = program.dram_size * batch
     have = host_memory_bytes()
     if have is not None and need > have:
         last = max(program.regions, key=lambda r: r.offset + r.nbytes)
-        raise SimulationError(None, f"program '{program.name}' needs a {_gib(need)} DRAM image "
-                                    f"(region '{last.name}' ends at byte {need:,}); this host "
-                                    f"has {_gib(have)} of memory. Run it with timing_only=True "
-                                    f"or on a larger host")
+        per = f"{batch} DRAM images of {_gib(program.dram_size)}" if batch > 1 else \
+            f"a {_gib(need)} DRAM image"
+        raise SimulationError(None, f"program '{program.name}' needs {per} (region "
+                                    f"'{last.name}' ends at byte {program.dram_size:,}); this "
+                                    f"host has {_gib(have)} of memory. Run a smaller batch, "
+                                    f"with timing_only=True or on a larger host")
     seen: set[int] = set()
     for i, ins in enumerate(program.instructions):
         if not isinstance(ins, (Gemm, Alu, Norm)) or id(ins) in seen:
             continue
         seen.add(id(ins))
-        nbytes = functional_bytes(ins, cfg)
+        nbytes = functional_bytes(ins, cfg) * batch
         if nbytes > FUNCTIONAL_BYTES_LIMIT:
             what = (f"{ins.rows} x {ins.length} rows" if isinstance(ins, Norm)
                     else f"loop nest {_nest(ins)} ({ins.steps:,} points)")
             raise SimulationError(i, f"{ins.opcode.name} {what} would need about {_gib(nbytes)} "
                                      f"of host memory in the functional model (limit "
                                      f"{_gib(FUNCTIONAL_BYTES_LIMIT)}); split the nest into "
-                                     f"smaller instructions, or run with timing_only=True")
+                                     f"smaller instructions, run a smaller batch, or run with "
+                                     f"timing_only=True")

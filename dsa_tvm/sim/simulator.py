@@ -3,11 +3,20 @@
 >>> sim = Simulator("default")
 >>> res = sim.run(program, {"x": x})
 >>> res.outputs["y"], res.cycles, res.counters
+>>> many = sim.run_batch(program, {"x": xs})    # xs: (N, *shape), one pass for N inputs
+>>> many.outputs["y"][k]                          # bit for bit run(program, {"x": xs[k]})
+
+Timing does not depend on the data: a program's schedule, counters and hazard check
+are worked out on its first run and reused by every later run of the same program
+object on this simulator (the functional model then replays the instructions in the
+order they started). ``trace=True`` or ``fresh_timing=True`` asks for them anew.
 """
 
 from __future__ import annotations
 
+from collections import OrderedDict
 from collections.abc import Mapping
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -29,11 +38,17 @@ from .validate import validate_program
 
 @dataclass
 class SimResult:
+    """Values and timing of a run. For a batch (``batch`` > 1) every output has a
+    leading axis of that length; the timing is of one input's run of the program (the
+    same for every input: timing is data independent)."""
+
     program: Program
     config: HardwareConfig
     schedule: Schedule
     counters: dict[str, float]
     outputs: dict[str, np.ndarray] = field(default_factory=dict)
+    batch: int = 1
+    timing_reused: bool = False   # the schedule came from an earlier run of the program
 
     @property
     def cycles(self) -> int:
@@ -85,41 +100,114 @@ class _HazardChecker:
         self.active.append((t1, i, ins.engine))
 
 
+@dataclass
+class _Timing:
+    """What a run of a program takes, whatever its data: kept per program object."""
+
+    program: Program
+    schedule: Schedule
+    counters: dict[str, float]
+    order: list[int]          # instruction indices in the order they started
+    hazards_checked: bool
+    contents: int             # _contents(program) when timed: an edited program is re-timed
+
+
+#: programs whose timing a simulator keeps (the least recently run go first)
+TIMING_CACHE_ENTRIES = 64
+
+
 class Simulator:
     """Functional-plus-timing simulator of one hardware config."""
 
     def __init__(self, config: "str | Path | HardwareConfig | None" = None):
         self.config = load_config(config)
+        self._timings: OrderedDict[int, _Timing] = OrderedDict()
 
     def load_program(self, data: bytes) -> Program:
         return Program.from_bytes(data, self.config)
 
     def run(self, program: Program | bytes, inputs: Mapping[str, np.ndarray] | None = None,
-            timing_only: bool = False, check_hazards: bool = True) -> SimResult:
+            timing_only: bool = False, check_hazards: bool = True,
+            fresh_timing: bool = False) -> SimResult:
         """Run a program. ``timing_only`` skips all data work (cycles and counters only)."""
+        if timing_only:
+            return self._timed(program, None, check_hazards)
+        res = self.run_batch(program, {k: np.asarray(v)[None] for k, v in (inputs or {}).items()},
+                             check_hazards=check_hazards, fresh_timing=fresh_timing,
+                             _batch=1)
+        res.outputs = {k: v[0] for k, v in res.outputs.items()}
+        return res
+
+    def run_batch(self, program: Program | bytes, inputs: Mapping[str, np.ndarray],
+                  check_hazards: bool = True, fresh_timing: bool = False,
+                  _batch: int | None = None) -> SimResult:
+        """Run a program on a batch of inputs in one pass: ``inputs[name]`` is
+        (N, *shape) for an input of ``shape``; every output gets the same leading N.
+        Bit for bit N runs of :meth:`run`, in one walk over the instructions."""
+        if isinstance(program, (bytes, bytearray, memoryview)):
+            program = self.load_program(bytes(program))
+        with one_blas_thread():
+            return self._run_batch(program, inputs, check_hazards, fresh_timing, _batch)
+
+    def _run_batch(self, program: Program, inputs: Mapping[str, np.ndarray],
+                   check_hazards: bool, fresh_timing: bool, _batch: int | None) -> SimResult:
+        cfg = self.config
+        timing = None if fresh_timing else self._cached(program, check_hazards)
+        footprints = validate_program(program, cfg) if timing is None else None
+        batch = _batch if _batch is not None else _batch_size(program, inputs)
+        check_functional(program, cfg, batch)  # before any DRAM image is allocated
+        machine = Machine(cfg, program, batch)
+        self._place_inputs(machine, program, inputs)
+        if timing is None:
+            res = self._timed(program, machine, check_hazards, footprints)
+        else:
+            instrs = program.instructions
+            for i in timing.order:
+                machine.execute(i, instrs[i])
+            res = SimResult(program, cfg, timing.schedule, dict(timing.counters),
+                            timing_reused=True)
+        res.outputs = self._read_outputs(machine, program)
+        res.batch = batch
+        return res
+
+    def _cached(self, program: Program, check_hazards: bool) -> _Timing | None:
+        t = self._timings.get(id(program))
+        if (t is None or t.program is not program or (check_hazards and not t.hazards_checked)
+                or t.contents != _contents(program)):
+            return None
+        self._timings.move_to_end(id(program))
+        return t
+
+    def _timed(self, program: Program | bytes, machine: Machine | None, check_hazards: bool,
+               footprints: list | None = None) -> SimResult:
+        """Validate (unless ``footprints`` says it was) and schedule ``program``, running
+        ``machine`` on it as instructions start; keep its timing for later runs."""
         cfg = self.config
         if isinstance(program, (bytes, bytearray, memoryview)):
             program = self.load_program(bytes(program))
-        footprints = validate_program(program, cfg)
+        if footprints is None:
+            footprints = validate_program(program, cfg)
         instrs = program.instructions
-        if not timing_only:
-            check_functional(program, cfg)  # before the DRAM image and any plan is allocated
-        machine = None if timing_only else Machine(cfg, program)
-        if machine is not None:
-            self._place_inputs(machine, program, inputs or {})
         hazards = _HazardChecker(footprints, instrs) if check_hazards else None
+        order: list[int] = []
 
         def on_start(i: int, ins: Instruction, t0: int, t1: int) -> None:
             if hazards is not None:
                 hazards.check(i, ins, t0, t1)
             if machine is not None:
+                order.append(i)
                 machine.execute(i, ins)
 
         callback = on_start if (machine is not None or hazards is not None) else None
         sched = schedule(instrs, cfg, callback)
         counters = collect_counters(instrs, sched, footprints, cfg)
-        outputs = {} if machine is None else self._read_outputs(machine, program)
-        return SimResult(program, cfg, sched, counters, outputs)
+        if machine is not None:
+            self._timings[id(program)] = _Timing(program, sched, counters, order,
+                                                 check_hazards, _contents(program))
+            self._timings.move_to_end(id(program))
+            while len(self._timings) > TIMING_CACHE_ENTRIES:
+                self._timings.popitem(last=False)
+        return SimResult(program, cfg, sched, counters)
 
     def cycles(self, program: Program | bytes) -> int:
         """Cycles of ``program`` alone on the timing model: validated and scheduled, with no
@@ -141,16 +229,64 @@ class Simulator:
                 raise SimulationError(None, f"missing program input '{name}' "
                                             f"({r.dtype}{list(r.shape)})")
             arr = np.asarray(inputs[name])
-            if arr.shape != r.shape or arr.dtype != np.dtype(r.dtype):
-                raise SimulationError(None, f"input '{name}' must be {r.dtype}{list(r.shape)}, "
-                                            f"got {arr.dtype}{list(arr.shape)}")
-            machine.dram[r.offset:r.offset + r.nbytes] = np.ascontiguousarray(arr).view(
-                np.uint8).reshape(-1)
+            want = (machine.batch, *r.shape)
+            if arr.shape != want or arr.dtype != np.dtype(r.dtype):
+                what = f"{r.dtype}{list(r.shape)}" if machine.batch == 1 else \
+                    f"{r.dtype}{list(want)} (a batch of {machine.batch})"
+                got = arr.shape[1:] if machine.batch == 1 and arr.ndim else arr.shape
+                raise SimulationError(None, f"input '{name}' must be {what}, got "
+                                            f"{arr.dtype}{list(got)}")
+            machine.dram[:, r.offset:r.offset + r.nbytes] = np.ascontiguousarray(arr).view(
+                np.uint8).reshape(machine.batch, -1)
 
     @staticmethod
     def _read_outputs(machine: Machine, program: Program) -> dict[str, np.ndarray]:
         out = {}
         for r in program.regions_of("output"):
-            raw = machine.dram[r.offset:r.offset + r.nbytes]
-            out[r.name] = raw.view(np.dtype(r.dtype)).reshape(r.shape).copy()
+            raw = np.ascontiguousarray(machine.dram[:, r.offset:r.offset + r.nbytes])
+            out[r.name] = raw.view(np.dtype(r.dtype)).reshape(machine.batch, *r.shape)
         return out
+
+
+_BLAS = None
+
+
+@contextmanager
+def one_blas_thread():
+    """Run the functional model's numpy work on one BLAS thread: its products are many
+    small tiles that threads do not speed up, and OpenBLAS's spinning threads stall it
+    ten-fold when other work shares the cores (use processes for more cores)."""
+    global _BLAS
+    if _BLAS is None:
+        from threadpoolctl import ThreadpoolController
+
+        _BLAS = ThreadpoolController()
+    with _BLAS.limit(limits=1, user_api="blas"):
+        yield
+
+
+def _contents(program: Program) -> int:
+    """Identity of a program's instructions and regions (they are immutable objects, so
+    a program edited in place since it was timed hashes differently)."""
+    return hash((tuple(map(id, program.instructions)), tuple(map(id, program.regions)),
+                 program.dram_size))
+
+
+def _batch_size(program: Program, inputs: Mapping[str, np.ndarray]) -> int:
+    """N of a batch of inputs: every input (N, *its shape), the same N."""
+    sizes = set()
+    for r in program.regions_of("input"):
+        if r.name in inputs:
+            arr = np.asarray(inputs[r.name])
+            if arr.ndim != len(r.shape) + 1 or tuple(arr.shape[1:]) != tuple(r.shape):
+                raise SimulationError(None, f"batched input '{r.name}' must be (N, "
+                                            f"{', '.join(map(str, r.shape))}), got "
+                                            f"{list(arr.shape)}: stack the inputs on a new "
+                                            f"first axis")
+            sizes.add(int(arr.shape[0]))
+    if len(sizes) > 1:
+        raise SimulationError(None, f"batched inputs disagree on N: {sorted(sizes)}")
+    n = sizes.pop() if sizes else 1
+    if n < 1:
+        raise SimulationError(None, "an empty batch (N = 0): give at least one input")
+    return n

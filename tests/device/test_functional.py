@@ -397,7 +397,7 @@ def test_weight_cache_dropped_only_for_overwritten_tiles(default_cfg):
 
     # the cache itself: which prepared matrices each load keeps
     m = Machine(cfg, prog)
-    m.dram[rw.offset:rw.offset + rw.nbytes] = w_all.view(np.uint8).reshape(-1)
+    m.dram[:, rw.offset:rw.offset + rw.nbytes] = w_all.view(np.uint8).reshape(-1)
     loads = [i for i in prog.instructions if isinstance(i, Load) and i.buffer == Buffer.WGT]
     gemms = [i for i in prog.instructions if isinstance(i, Gemm)]
     for ld in loads[:2]:

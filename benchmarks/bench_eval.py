@@ -1,0 +1,98 @@
+"""Dataset-scale simulation speed (issue 17): per-image wall time of the DSA run against
+onnxruntime running the FP32 model on the same images, side by side in one run.
+
+For each network (one DSA region between the host's quantize and dequantize), N images
+are run three ways:
+
+* ``single, first``: the model's first VM run (the region's program is validated and its
+  timing simulated along with the values);
+* ``single``: later VM runs, one image each (the timing is reused: it does not depend on
+  the data; only the values are computed);
+* ``batch N``: the region's program over all N images in one pass of the functional
+  model (``Simulator.run_batch``), checked identical to the single runs, image by image.
+
+    python benchmarks/bench_eval.py [resnet18 resnet50] [--batch 32] [--size 224]
+"""
+
+from __future__ import annotations
+
+import argparse
+import time
+
+
+def bench(name: str, n: int, size: int) -> dict:
+    import numpy as np
+    import onnxruntime as ort
+    import tvm
+    from tvm import relax
+    from tvm.relax.frontend.onnx import from_onnx
+
+    import dsa_tvm
+    from dsa_tvm.layers.host_pack import pack_region_input
+    from dsa_tvm.models.quantize import calibration_data
+    from dsa_tvm.models.zoo import get_model
+    from dsa_tvm.runtime import take_launches
+    from dsa_tvm.sim.simulator import Simulator
+
+    fp32 = get_model(name, quantized=False, input_size=size)
+    qdq = get_model(name, quantized=True, input_size=size)
+    images = [next(iter(f.values())) for f in calibration_data(fp32, n=n, seed=11)]
+    ex = tvm.compile(from_onnx(qdq, keep_params_in_input=False), target=dsa_tvm.target("default"))
+    vm = relax.VirtualMachine(ex, tvm.cpu())
+    walls, launches = [], []
+    for x in images:
+        take_launches()
+        t0 = time.perf_counter()
+        vm["main"](tvm.runtime.tensor(x))
+        walls.append(time.perf_counter() - t0)
+        (launch,) = take_launches()
+        launches.append(launch)
+    prog, cfg = launches[0].program, launches[0].result.config
+    feeds: dict[str, list] = {}
+    for launch in launches:
+        for k, v in launch.inputs.items():
+            for pk, pv in pack_region_input(k, v, prog.meta["io"][k], cfg.block_in,
+                                            cfg.block_out).items():
+                feeds.setdefault(pk, []).append(pv)
+    sim = Simulator(cfg)
+    sim.run(prog, {k: v[0] for k, v in feeds.items()})  # its timing, as the VM's first run
+    t0 = time.perf_counter()
+    res = sim.run_batch(prog, {k: np.stack(v) for k, v in feeds.items()})
+    batch = time.perf_counter() - t0
+    same = all(np.array_equal(res.outputs[k][i], launches[i].result.outputs[k])
+               for i in range(n) for k in res.outputs)
+    sess = ort.InferenceSession(fp32.SerializeToString(), providers=["CPUExecutionProvider"])
+    iname = sess.get_inputs()[0].name
+    sess.run(None, {iname: images[0]})
+    t0 = time.perf_counter()
+    for x in images:
+        sess.run(None, {iname: x})
+    ort_s = (time.perf_counter() - t0) / n
+    return {"name": name, "n": n, "first": walls[0], "single": sum(walls[1:]) / max(n - 1, 1),
+            "batch": batch / n, "ort": ort_s, "same": same}
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("nets", nargs="*", default=["resnet18"])
+    ap.add_argument("--batch", type=int, default=32)
+    ap.add_argument("--size", type=int, default=224)
+    a = ap.parse_args()
+    if a.batch < 2:
+        raise SystemExit("bench_eval: --batch must be at least 2")
+    print(f"{'model':<10} {'images':>6} {'ORT FP32':>9} {'single, first':>14} {'single':>14} "
+          f"{'batch':>14}  batch == singles")
+    for name in a.nets:
+        r = bench(name, a.batch, a.size)
+        ort = r["ort"]
+        first, single, batch = (f"{r[k] * 1e3:6.0f} ms {r[k] / ort:4.0f}x"
+                                for k in ("first", "single", "batch"))
+        print(f"{name:<10} {r['n']:>6} {ort * 1e3:6.1f} ms {first} {single} {batch}  "
+              f"{'yes' if r['same'] else 'NO'}")
+    print("per image; x: against onnxruntime FP32 on the same images and machine (goal <= 3x "
+          "at batch 32). The batch runs the region's program outside the VM (the VM path "
+          "still runs one image per call).")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,241 @@
+"""Accuracy at dataset scale: a model compiled for the DSA, run on the simulator over a
+dataset, against a reference model on the same inputs (``dsa_tvm.evaluate``,
+``dsa-tvm eval``).
+
+The DSA side compiles once per worker process and runs every input through TVM's VM
+(the simulator reuses each program's timing after its first run: it does not depend on
+the data). The reference is the FP32 model when one is given, else the same QDQ graph in
+onnxruntime (graph optimizations off). Reported: output cosine per input (the worst
+inputs listed), top-1 / top-5 agreement with the reference and accuracy against labels
+when the output is a row of class scores, and the wall time per input.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import time
+from collections.abc import Sequence
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from .hw.config import HardwareConfig, load_config
+
+
+@dataclass
+class EvalReport:
+    model: str
+    reference: str
+    hardware: str
+    inputs: int
+    cosine_mean: float
+    cosine_min: float
+    top1_agreement: float | None = None
+    top5_agreement: float | None = None
+    top1_accuracy: float | None = None          # the DSA model against the labels
+    reference_top1_accuracy: float | None = None
+    worst: list[dict[str, Any]] = field(default_factory=list)  # lowest cosine first
+    seconds_per_input: float = 0.0             # wall time over the inputs, compiling included
+    workers: int = 1
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+    def to_json(self) -> str:
+        return json.dumps(self.to_dict(), indent=2)
+
+    def __str__(self) -> str:
+        lines = [f"evaluation of {self.model} on '{self.hardware}' against {self.reference}: "
+                 f"{self.inputs} input(s), {self.seconds_per_input * 1e3:,.0f} ms of wall time "
+                 f"each, compiling included ({self.workers} worker process(es))",
+                 f"  output cosine: mean {self.cosine_mean:.6f}, worst {self.cosine_min:.6f}"]
+        if self.top1_agreement is not None:
+            lines.append(f"  top-1 agreement {self.top1_agreement:.2%}, top-5 agreement "
+                         f"{self.top5_agreement:.2%}")
+        if self.top1_accuracy is not None:
+            lines.append(f"  top-1 accuracy against the labels: DSA {self.top1_accuracy:.2%}, "
+                         f"reference {self.reference_top1_accuracy:.2%}")
+        lines.append("  worst inputs: " + ", ".join(
+            f"#{w['index']} (cosine {w['cosine']:.4f})" for w in self.worst))
+        return "\n".join(lines)
+
+
+def evaluate(model: str | Path, data: Any, reference: str | Path | None = None,
+             hw: "str | Path | HardwareConfig | None" = None, labels: Any = None,
+             limit: int | None = None, workers: int | None = None,
+             preprocess: str = "imagenet", show_progress: bool = True,
+             worst: int = 5) -> EvalReport:
+    """Run the QDQ ``model`` compiled for ``hw`` over ``data`` (an image folder, ``.npz``
+    or ``.npy`` file, arrays or feeds, as :func:`dsa_tvm.quantize` takes) and compare it
+    with ``reference`` (an FP32 ONNX model; default: the QDQ graph in onnxruntime).
+    ``labels``: class indices, one per input (a sequence or a ``.npy``/``.txt`` file).
+    ``workers`` processes share the inputs (default: one per core, at most one per input)."""
+    from .flow import load_model
+    from .models.quantize import run_onnxruntime
+    from .quant.api import input_dtypes, input_shapes
+    from .quant.data import as_feeds
+
+    if limit is not None and (isinstance(limit, bool) or not isinstance(limit, int) or limit < 1):
+        raise ValueError(f"limit must be a whole number >= 1 (or None for every input), got "
+                         f"{limit!r}")
+    cfg = load_config(hw)
+    qdq, name = load_model(model)
+    if reference is not None:
+        ref_model, ref_name = load_model(reference)
+    else:
+        ref_model, ref_name = qdq, "the QDQ graph in onnxruntime"
+    feeds = as_feeds(data, input_shapes(qdq), preprocess, limit, input_dtypes(qdq),
+                     what="evaluation data")
+    want = _labels(labels, len(feeds))
+    workers = _workers(workers, len(feeds))
+    t0 = time.perf_counter()
+    got = _run_dsa(qdq, cfg, feeds, workers, show_progress)
+    secs = (time.perf_counter() - t0) / len(feeds)
+    ref = [run_onnxruntime(ref_model, f, optimize=False)[0] for f in feeds]
+    return _report(name, ref_name if reference is None else str(reference), cfg, got, ref,
+                   want, secs, workers, worst)
+
+
+def _labels(labels: Any, n: int) -> np.ndarray | None:
+    if labels is None:
+        return None
+    if isinstance(labels, (str, Path)):
+        p = Path(labels)
+        if not p.exists():
+            raise FileNotFoundError(f"labels '{p}' do not exist")
+        labels = np.load(p) if p.suffix == ".npy" else np.loadtxt(p, dtype=np.int64, ndmin=1)
+    arr = np.asarray(labels)
+    if arr.ndim != 1 or not np.issubdtype(arr.dtype, np.integer):
+        raise ValueError(f"labels must be one class index per input, got {arr.dtype}"
+                         f"{list(arr.shape)}")
+    if len(arr) < n:
+        raise ValueError(f"{len(arr)} labels for {n} inputs: give one per input")
+    return arr[:n]
+
+
+def _workers(workers: int | None, n: int) -> int:
+    if workers is None:
+        workers = os.cpu_count() or 1
+    if isinstance(workers, bool) or not isinstance(workers, int) or workers < 1:
+        raise ValueError(f"workers must be a whole number >= 1, got {workers!r}")
+    return max(1, min(workers, n))
+
+
+def _run_dsa(qdq, cfg: HardwareConfig, feeds: list[dict], workers: int,
+             show_progress: bool) -> list[np.ndarray]:
+    """The model's first output for every feed: in this process, or split over
+    ``workers`` fresh processes that each compile the model once."""
+    from tqdm import tqdm
+
+    bar = tqdm(total=len(feeds), desc="DSA", unit="input", disable=not show_progress)
+    if workers == 1:
+        run = _Runner(qdq.SerializeToString(), json.dumps(cfg.as_dict()))
+        out = []
+        for f in feeds:
+            out.append(run(f))
+            bar.update()
+        bar.close()
+        return out
+    from concurrent.futures import ProcessPoolExecutor, as_completed
+    from multiprocessing import get_context
+
+    # small chunks: the bar moves as inputs finish; each worker compiles once (initializer)
+    size = max(1, min(8, len(feeds) // (4 * workers)))
+    chunks = [list(range(k, min(k + size, len(feeds)))) for k in range(0, len(feeds), size)]
+    out: list[np.ndarray | None] = [None] * len(feeds)
+    with ProcessPoolExecutor(workers, mp_context=get_context("spawn"), initializer=_start_worker,
+                             initargs=(qdq.SerializeToString(), json.dumps(cfg.as_dict()))) as pool:
+        jobs = {pool.submit(_run_chunk, [feeds[i] for i in chunk]): chunk for chunk in chunks}
+        for job in as_completed(jobs):
+            for i, y in zip(jobs[job], job.result()):
+                out[i] = y
+            bar.update(len(jobs[job]))
+    bar.close()
+    return [y for y in out if y is not None]
+
+
+class _Runner:
+    """The model compiled for the DSA once, run one feed at a time through the VM."""
+
+    def __init__(self, model_bytes: bytes, hw_json: str):
+        import onnx
+        import tvm
+        from tvm import relax
+        from tvm.relax.frontend.onnx import from_onnx
+
+        from .hw.config import config_from_dict
+        from .target import target
+
+        cfg = config_from_dict(json.loads(hw_json))
+        mod = from_onnx(onnx.load_from_string(model_bytes), keep_params_in_input=False)
+        self.vm = relax.VirtualMachine(tvm.compile(mod, target=target(cfg)), tvm.cpu())
+        self.tvm = tvm
+
+    def __call__(self, feed: dict) -> np.ndarray:
+        out = self.vm["main"](*[self.tvm.runtime.tensor(v) for v in feed.values()])
+        return (out.numpy() if hasattr(out, "numpy") else out[0].numpy()).copy()
+
+
+_WORKER: "_Runner | None" = None
+
+
+def _start_worker(model_bytes: bytes, hw_json: str) -> None:
+    """Compile the model once in a worker process; Ctrl-C is the parent's to handle."""
+    import signal
+
+    global _WORKER
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    _WORKER = _Runner(model_bytes, hw_json)
+
+
+def _run_chunk(feeds: list[dict]) -> list[np.ndarray]:
+    from .sim.simulator import one_blas_thread
+
+    assert _WORKER is not None
+    with one_blas_thread():
+        return [_WORKER(f) for f in feeds]
+
+
+def _report(name: str, ref_name: str, cfg: HardwareConfig, got: Sequence[np.ndarray],
+            ref: Sequence[np.ndarray], labels: np.ndarray | None, secs: float, workers: int,
+            worst: int) -> EvalReport:
+    from .quant.metrics import cosine
+
+    cos = np.array([cosine(g.astype(np.float64), r.astype(np.float64))
+                    for g, r in zip(got, ref)])
+    order = np.argsort(cos, kind="stable")[:worst]
+    rep = EvalReport(name, ref_name, cfg.name, len(got), float(cos.mean()), float(cos.min()),
+                     worst=[{"index": int(i), "cosine": float(cos[i])} for i in order],
+                     seconds_per_input=secs, workers=workers)
+    scores = [_class_scores(g) for g in got]
+    if all(s is not None for s in scores):
+        ref_scores = [_class_scores(r) for r in ref]
+        g1 = np.array([int(np.argmax(s)) for s in scores])
+        r1 = np.array([int(np.argmax(r)) for r in ref_scores])
+        rep.top1_agreement = float((g1 == r1).mean())
+        # the reference's top class among the DSA's five best
+        rep.top5_agreement = float(np.mean([int(r) in set(np.argsort(-s)[:5])
+                                            for s, r in zip(scores, r1)]))
+        if labels is not None:
+            rep.top1_accuracy = float((g1 == labels).mean())
+            rep.reference_top1_accuracy = float((r1 == labels).mean())
+    elif labels is not None:
+        raise ValueError("labels were given but the model's output is not one row of class "
+                         "scores per input")
+    if not math.isfinite(rep.cosine_mean):
+        raise ValueError("the outputs hold NaN or Inf: no cosine to report")
+    return rep
+
+
+def _class_scores(y: np.ndarray) -> np.ndarray | None:
+    """The class-score row of a one-input output ((1, C) or (C,)), else None."""
+    y = np.asarray(y)
+    if y.ndim == 2 and y.shape[0] == 1 and y.shape[1] > 1:
+        return y[0]
+    if y.ndim == 1 and y.shape[0] > 1:
+        return y
+    return None

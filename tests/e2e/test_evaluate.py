@@ -1,0 +1,110 @@
+"""``dsa_tvm.evaluate`` / ``dsa-tvm eval``: a quantized model on the DSA over a dataset,
+against the FP32 model; the numbers checked against an independent computation."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import onnx
+import pytest
+
+pytest.importorskip("tvm")
+
+from dsa_tvm.cli import main  # noqa: E402
+from dsa_tvm.evaluate import evaluate  # noqa: E402
+from dsa_tvm.models.quantize import calibration_data, run_onnxruntime  # noqa: E402
+from dsa_tvm.models.zoo import get_model  # noqa: E402
+
+N = 5
+
+
+@pytest.fixture(scope="module")
+def files(tmp_path_factory):
+    d = tmp_path_factory.mktemp("eval")
+    fp32 = get_model("small_cnn", quantized=False)
+    onnx.save(fp32, d / "fp32.onnx")
+    onnx.save(get_model("small_cnn", quantized=True), d / "int8.onnx")
+    xs = np.concatenate([f["input"] for f in calibration_data(fp32, n=N, seed=21)])
+    np.savez(d / "data.npz", input=xs)
+    np.savetxt(d / "labels.txt", np.arange(N) % 10, fmt="%d")
+    return d, xs
+
+
+def _dsa_outputs(path, xs) -> list[np.ndarray]:
+    import tvm
+    from tvm import relax
+    from tvm.relax.frontend.onnx import from_onnx
+
+    import dsa_tvm
+
+    mod = from_onnx(onnx.load(path), keep_params_in_input=False)
+    vm = relax.VirtualMachine(tvm.compile(mod, target=dsa_tvm.target("default")), tvm.cpu())
+    return [vm["main"](tvm.runtime.tensor(x[None])).numpy() for x in xs]
+
+
+def test_the_report_is_what_an_independent_loop_computes(files):
+    d, xs = files
+    rep = evaluate(d / "int8.onnx", d / "data.npz", reference=d / "fp32.onnx",
+                   labels=d / "labels.txt", workers=1, show_progress=False)
+    got = _dsa_outputs(d / "int8.onnx", xs)
+    fp32 = onnx.load(d / "fp32.onnx")
+    ref = [run_onnxruntime(fp32, {"input": x[None]}, optimize=False)[0] for x in xs]
+    g64, r64 = ([a.astype(np.float64).ravel() for a in v] for v in (got, ref))
+    cos = [float(g @ r / np.linalg.norm(g) / np.linalg.norm(r)) for g, r in zip(g64, r64)]
+    assert rep.inputs == N
+    assert rep.cosine_mean == pytest.approx(np.mean(cos), abs=1e-9)
+    assert rep.cosine_min == pytest.approx(min(cos), abs=1e-9)
+    assert rep.worst[0]["index"] == int(np.argmin(cos))
+    g1 = np.array([g.argmax() for g in got])
+    r1 = np.array([r.argmax() for r in ref])
+    assert rep.top1_agreement == pytest.approx(np.mean(g1 == r1))
+    assert rep.top1_accuracy == pytest.approx(np.mean(g1 == np.arange(N) % 10))
+    assert rep.reference_top1_accuracy == pytest.approx(np.mean(r1 == np.arange(N) % 10))
+    assert json.loads(rep.to_json())["inputs"] == N
+
+
+def test_worker_processes_give_the_same_report(files):
+    d, _ = files
+    one = evaluate(d / "int8.onnx", d / "data.npz", workers=1, show_progress=False, limit=4)
+    two = evaluate(d / "int8.onnx", d / "data.npz", workers=2, show_progress=False, limit=4)
+    assert two.workers == 2 and two.inputs == one.inputs == 4
+    for key in ("cosine_mean", "cosine_min", "top1_agreement", "top5_agreement", "worst"):
+        assert getattr(two, key) == getattr(one, key), key
+
+
+@pytest.mark.parametrize("kw, match", [
+    (dict(labels=[1, 2]), "2 labels for 5 inputs"),
+    (dict(labels=[0.5] * N), "one class index per input"),
+    (dict(workers=0), "workers must be a whole number"),
+    (dict(limit=0), "limit must be a whole number"),
+])
+def test_bad_arguments_name_the_fix(files, kw, match):
+    d, _ = files
+    with pytest.raises(ValueError, match=match):
+        evaluate(d / "int8.onnx", d / "data.npz", show_progress=False, **kw)
+
+
+def test_cli_prints_the_report_and_writes_json(files, capsys, tmp_path):
+    d, _ = files
+    out = tmp_path / "eval.json"
+    assert main(["eval", str(d / "int8.onnx"), "--data", str(d / "data.npz"), "--reference",
+                 str(d / "fp32.onnx"), "--labels", str(d / "labels.txt"), "--limit", "3",
+                 "--workers", "1", "--quiet", "--json", str(out)]) == 0
+    text = capsys.readouterr().out
+    assert "top-1 agreement" in text and "3 input(s)" in text
+    assert json.loads(out.read_text())["inputs"] == 3
+
+
+@pytest.mark.parametrize("args, match", [
+    (["--data", "/no/such/folder"], "no/such/folder"),
+    (["--data", "{npz}", "--labels", "/no/labels.txt"], "labels"),
+    (["--data", "{bad}"], "evaluation data"),
+])
+def test_cli_errors_are_one_line(files, capsys, tmp_path, args, match):
+    d, xs = files
+    np.savez(tmp_path / "bad.npz", input=xs[:, :2])          # wrong shape
+    args = [a.format(npz=d / "data.npz", bad=tmp_path / "bad.npz") for a in args]
+    assert main(["eval", str(d / "int8.onnx"), "--quiet", *args]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and match in err and "Traceback" not in err
