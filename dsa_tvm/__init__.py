@@ -15,6 +15,7 @@ from .api import (  # noqa: A004
     setup,
 )
 from .compile_ids import UnknownCompileError
+from .evaluation import EvalReport, evaluate
 from .frontend.intake import Intake, IntakeError, load_onnx
 from .hw.config import ConfigError, HardwareConfig, load_config, preset_names
 from .isa.builder import ProgramBuilder
@@ -31,9 +32,10 @@ setup()
 __version__ = "0.1.0"
 
 __all__ = [
-    "CompileOptions", "ConfigError", "DeadlockError", "HardwareConfig", "HazardError", "Intake",
+    "CompileOptions", "ConfigError", "DeadlockError", "EvalReport", "HardwareConfig",
+    "HazardError", "Intake",
     "IntakeError", "Program", "ProgramBuilder",
     "SimResult", "SimulationError", "Simulator", "UnknownCompileError", "compile",
-    "compile_report", "disassemble", "last_compile_report", "last_run_report", "load_config",
+    "compile_report", "disassemble", "evaluate", "last_compile_report", "last_run_report", "load_config",
     "load_onnx", "options", "preset_names", "quantize", "run_report", "setup", "target", "tune", "tuned",
 ]

@@ -40,7 +40,7 @@ def _positive(text: str) -> int:
 
 
 def cmd_eval(args: argparse.Namespace) -> int:
-    from .evaluate import evaluate
+    from .evaluation import evaluate
 
     try:
         rep = evaluate(args.model, args.data, reference=args.reference, hw=args.hw,

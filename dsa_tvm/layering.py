@@ -34,7 +34,8 @@ LAYERS: tuple[tuple[str, tuple[str, ...]], ...] = (
     # the zoo's measurement, which drives a model through the public API end to end
     ("api/cli", ("dsa_tvm", "dsa_tvm.api", "dsa_tvm.cli", "dsa_tvm.cli_common",
                  "dsa_tvm.models.torch_zoo.measure",
-                 "dsa_tvm.quantize_cli", "dsa_tvm.tune_cli", "dsa_tvm.flow", "dsa_tvm.demo",
+                 "dsa_tvm.quantize_cli", "dsa_tvm.tune_cli", "dsa_tvm.eval_cli",
+                 "dsa_tvm.evaluation", "dsa_tvm.flow", "dsa_tvm.demo",
                  "dsa_tvm.conformance", "dsa_tvm.onnx_backend")),
 )
 

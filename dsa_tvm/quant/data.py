@@ -60,14 +60,15 @@ def check_num_batches(limit: int | None) -> None:
 def as_feeds(data, input_shapes: Mapping[str, tuple[int, ...] | None],
              preprocess: str | Callable[[np.ndarray], np.ndarray] = "imagenet",
              limit: int | None = None, dtypes: Mapping[str, np.dtype] | None = None,
-             what: str = "calibration data") -> list[Feed]:
+             what: str = "calibration data", keep_order: bool = False) -> list[Feed]:
     """Normalize ``data`` into feeds: a list of feeds, a list of arrays (single-input
     model), an array, a dict of arrays, an ``.npz`` path, or an image folder path.
 
     Every batch is checked against the model's inputs (shape, a numeric dtype); batches
     with NaN or Inf are skipped with a warning (an error when none is left), and an input
     that is all zero or below the smallest quantization step warns: its scale then says
-    nothing about real data. ``what`` names the data in messages."""
+    nothing about real data. ``what`` names the data in messages. ``keep_order``: a batch
+    with NaN or Inf is an error instead (evaluation: inputs line up with their labels)."""
     check_num_batches(limit)
     check_preprocess(preprocess)
     names = list(input_shapes)
@@ -106,7 +107,7 @@ def as_feeds(data, input_shapes: Mapping[str, tuple[int, ...] | None],
     if not feeds:
         raise ValueError(f"{what} is empty: no batches")
     out = [_typed_feed(f, i, input_shapes, dtypes or {}, what) for i, f in enumerate(feeds)]
-    out = _drop_non_finite(out, what)
+    out = _drop_non_finite(out, what, keep_order)
     _warn_degenerate(out, what)
     return out
 
@@ -132,13 +133,18 @@ def _typed_feed(f: Mapping, i: int, input_shapes: Mapping[str, tuple[int, ...] |
     return ff
 
 
-def _drop_non_finite(feeds: list[Feed], what: str) -> list[Feed]:
-    """Batches without NaN/Inf (in float32, as the model reads them); warn about the rest."""
+def _drop_non_finite(feeds: list[Feed], what: str, keep_order: bool = False) -> list[Feed]:
+    """Batches without NaN/Inf (in float32, as the model reads them); warn about the rest
+    (``keep_order``: refuse them)."""
     bad = [i for i, f in enumerate(feeds)
            if any(v.dtype.kind == "f" and not np.isfinite(v).all() for v in f.values())]
     if not bad:
         return feeds
     where = ", ".join(map(str, bad[:8])) + (", ..." if len(bad) > 8 else "")
+    if keep_order:
+        raise ValueError(f"{what}: {len(bad)} input(s) hold NaN or Inf values (index {where}); "
+                         f"remove or fix them (inputs are reported, and matched with labels, "
+                         f"by index)")
     if len(bad) == len(feeds):
         raise ValueError(f"{what}: every batch ({len(feeds)}) has NaN or Inf values "
                          "(or values past float32); nothing to calibrate on")

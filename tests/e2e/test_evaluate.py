@@ -12,7 +12,7 @@ import pytest
 pytest.importorskip("tvm")
 
 from dsa_tvm.cli import main  # noqa: E402
-from dsa_tvm.evaluate import evaluate  # noqa: E402
+from dsa_tvm.evaluation import evaluate  # noqa: E402
 from dsa_tvm.models.quantize import calibration_data, run_onnxruntime  # noqa: E402
 from dsa_tvm.models.zoo import get_model  # noqa: E402
 
@@ -83,6 +83,17 @@ def test_bad_arguments_name_the_fix(files, kw, match):
     d, _ = files
     with pytest.raises(ValueError, match=match):
         evaluate(d / "int8.onnx", d / "data.npz", show_progress=False, **kw)
+
+
+def test_non_finite_inputs_are_refused_not_skipped(files, tmp_path):
+    """Skipping one would shift every later input against its label and index."""
+    d, xs = files
+    bad = xs.copy()
+    bad[2, 0, 0, 0] = np.nan
+    np.savez(tmp_path / "nan.npz", input=bad)
+    with pytest.raises(ValueError, match="index 2"):
+        evaluate(d / "int8.onnx", tmp_path / "nan.npz", labels=np.arange(N),
+                 show_progress=False)
 
 
 def test_cli_prints_the_report_and_writes_json(files, capsys, tmp_path):

@@ -89,7 +89,7 @@ def evaluate(model: str | Path, data: Any, reference: str | Path | None = None,
     else:
         ref_model, ref_name = qdq, "the QDQ graph in onnxruntime"
     feeds = as_feeds(data, input_shapes(qdq), preprocess, limit, input_dtypes(qdq),
-                     what="evaluation data")
+                     what="evaluation data", keep_order=True)
     want = _labels(labels, len(feeds))
     workers = _workers(workers, len(feeds))
     t0 = time.perf_counter()
