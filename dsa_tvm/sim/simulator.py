@@ -9,11 +9,12 @@
 Timing does not depend on the data: a program's schedule, counters and hazard check
 are worked out on its first run and reused by every later run of the same program
 object on this simulator (the functional model then replays the instructions in the
-order they started). ``trace=True`` or ``fresh_timing=True`` asks for them anew.
+order they started). ``fresh_timing=True`` asks for them anew.
 """
 
 from __future__ import annotations
 
+import threading
 from collections import OrderedDict
 from collections.abc import Mapping
 from contextlib import contextmanager
@@ -122,6 +123,7 @@ class Simulator:
     def __init__(self, config: "str | Path | HardwareConfig | None" = None):
         self.config = load_config(config)
         self._timings: OrderedDict[int, _Timing] = OrderedDict()
+        self._lock = threading.Lock()
 
     def load_program(self, data: bytes) -> Program:
         return Program.from_bytes(data, self.config)
@@ -171,12 +173,14 @@ class Simulator:
         return res
 
     def _cached(self, program: Program, check_hazards: bool) -> _Timing | None:
-        t = self._timings.get(id(program))
-        if (t is None or t.program is not program or (check_hazards and not t.hazards_checked)
-                or t.contents != _contents(program)):
-            return None
-        self._timings.move_to_end(id(program))
-        return t
+        with self._lock:  # launches of one program may run in several threads
+            t = self._timings.get(id(program))
+            if (t is None or t.program is not program
+                    or (check_hazards and not t.hazards_checked)
+                    or t.contents != _contents(program)):
+                return None
+            self._timings.move_to_end(id(program))
+            return t
 
     def _timed(self, program: Program | bytes, machine: Machine | None, check_hazards: bool,
                footprints: list | None = None) -> SimResult:
@@ -202,11 +206,12 @@ class Simulator:
         sched = schedule(instrs, cfg, callback)
         counters = collect_counters(instrs, sched, footprints, cfg)
         if machine is not None:
-            self._timings[id(program)] = _Timing(program, sched, counters, order,
-                                                 check_hazards, _contents(program))
-            self._timings.move_to_end(id(program))
-            while len(self._timings) > TIMING_CACHE_ENTRIES:
-                self._timings.popitem(last=False)
+            timing = _Timing(program, sched, counters, order, check_hazards, _contents(program))
+            with self._lock:
+                self._timings[id(program)] = timing
+                self._timings.move_to_end(id(program))
+                while len(self._timings) > TIMING_CACHE_ENTRIES:
+                    self._timings.popitem(last=False)
         return SimResult(program, cfg, sched, counters)
 
     def cycles(self, program: Program | bytes) -> int:
@@ -248,20 +253,26 @@ class Simulator:
         return out
 
 
-_BLAS = None
+_BLAS: list = []  # the threadpoolctl controller, made on first use
 
 
 @contextmanager
 def one_blas_thread():
     """Run the functional model's numpy work on one BLAS thread: its products are many
     small tiles that threads do not speed up, and OpenBLAS's spinning threads stall it
-    ten-fold when other work shares the cores (use processes for more cores)."""
-    global _BLAS
-    if _BLAS is None:
+    ten-fold when other work shares the cores (use processes for more cores).
+
+    Only in the main thread: the limit is process-wide, and OpenBLAS does not take it
+    back when another thread restores it, so runs in the caller's own threads (which
+    has chosen threads) leave BLAS as it is."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    if not _BLAS:
         from threadpoolctl import ThreadpoolController
 
-        _BLAS = ThreadpoolController()
-    with _BLAS.limit(limits=1, user_api="blas"):
+        _BLAS.append(ThreadpoolController())
+    with _BLAS[0].limit(limits=1, user_api="blas"):
         yield
 
 

@@ -135,3 +135,24 @@ def test_the_run_report_says_when_timing_was_reused():
     assert reused.timing_reused == 1 and "1 of 1 launch(es) reused the schedule" in str(reused)
     assert reused.total_cycles == fresh.total_cycles
     assert [r.cycles for r in reused.rows] == [r.cycles for r in fresh.rows]
+
+
+def test_blas_is_pinned_during_a_run_and_given_back():
+    import threading
+
+    from threadpoolctl import threadpool_info
+
+    from dsa_tvm.sim.simulator import one_blas_thread
+
+    def blas() -> list[int]:
+        return [i["num_threads"] for i in threadpool_info() if i["user_api"] == "blas"]
+
+    before = blas()
+    with one_blas_thread():
+        assert all(n == 1 for n in blas())
+    assert blas() == before
+    seen = []
+    t = threading.Thread(target=lambda: seen.append(one_blas_thread().__enter__() or blas()))
+    t.start()
+    t.join()
+    assert seen == [before] and blas() == before   # the caller's threads: left alone
