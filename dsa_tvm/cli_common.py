@@ -7,6 +7,7 @@ Kept apart from ``cli.py`` (which registers the subcommands) so the subcommands
 
 from __future__ import annotations
 
+import argparse
 import ctypes
 import sys
 from pathlib import Path
@@ -53,3 +54,14 @@ def interrupted() -> int:
     except (ValueError, AttributeError):
         pass
     return 130
+
+
+def at_least_one(text: str) -> int:
+    """argparse type of a count option (--trials, --workers, --limit): a whole number >= 1."""
+    try:
+        n = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"'{text}' is not a whole number") from None
+    if n < 1:
+        raise argparse.ArgumentTypeError(f"must be at least 1 (got {n})")
+    return n

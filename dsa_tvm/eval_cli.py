@@ -9,7 +9,7 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from .cli_common import CliError, hw_spec
+from .cli_common import CliError, at_least_one, hw_spec
 from .quant.data import PREPROCESS
 
 
@@ -20,23 +20,13 @@ def add_parser(sub) -> None:
     e.add_argument("--data", required=True, help="folder of images, .npz or .npy")
     e.add_argument("--reference", help="FP32 ONNX model (default: the QDQ graph in onnxruntime)")
     e.add_argument("--labels", help="class indices, one per input (.npy or a text file)")
-    e.add_argument("--limit", type=_positive, help="only the first K inputs")
-    e.add_argument("--workers", type=_positive, help="processes (default: one per core)")
+    e.add_argument("--limit", type=at_least_one, help="only the first K inputs")
+    e.add_argument("--workers", type=at_least_one, help="processes (default: one per core)")
     e.add_argument("--preprocess", default="imagenet", choices=list(PREPROCESS))
     e.add_argument("--json", help="write the report as JSON here")
     e.add_argument("--quiet", action="store_true", help="no progress bar")
     e.add_argument("--hw", default="default", type=hw_spec, help="hardware preset or .toml")
     e.set_defaults(fn=cmd_eval)
-
-
-def _positive(text: str) -> int:
-    try:
-        v = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"'{text}' is not a whole number") from None
-    if v < 1:
-        raise argparse.ArgumentTypeError(f"{v} is not >= 1")
-    return v
 
 
 def cmd_eval(args: argparse.Namespace) -> int:

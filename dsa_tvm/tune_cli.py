@@ -16,7 +16,7 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
-from .cli_common import CliError, hw_spec, interrupted, read_model
+from .cli_common import CliError, at_least_one, hw_spec, interrupted, read_model
 from .flow import load_model
 from .frontend.intake import add_shape_arg, parse_shape_args
 from .tuning.api import tune
@@ -98,28 +98,18 @@ def _interrupt_flag() -> Iterator[list]:
         signal.signal(signal.SIGINT, previous)
 
 
-def _at_least_one(text: str) -> int:
-    try:
-        n = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"'{text}' is not a whole number") from None
-    if n < 1:
-        raise argparse.ArgumentTypeError(f"must be at least 1 (got {n})")
-    return n
-
-
 def add_parser(sub) -> None:
     """Register the ``tune`` subcommand on the CLI's subparsers."""
     t = sub.add_parser("tune", help="tune the DSA schedules of a model with MetaSchedule "
                                     "(measured on the simulator) into a database")
     t.add_argument("model", help="ONNX file (QDQ int8) or bundled model name")
-    t.add_argument("--trials", type=_at_least_one, default=64,
+    t.add_argument("--trials", type=at_least_one, default=64,
                    help="measured candidates per task (>= 1; 1 measures the default only)")
     t.add_argument("--work-dir", required=True, help="where the JSON database and logs go")
     t.add_argument("--hw", default="default", type=hw_spec, help="hardware preset or .toml file")
     t.add_argument("--seed", type=int, default=0,
                    help="the same seed, model and hardware repeat a run exactly (one worker)")
-    t.add_argument("--workers", type=_at_least_one, default=None,
+    t.add_argument("--workers", type=at_least_one, default=None,
                    help="processes that build and measure candidates (default: one per core)")
     t.add_argument("--rpc", metavar="HOST:PORT",
                    help="measure on the RPC servers registered with this tracker")
