@@ -183,12 +183,18 @@ def _walk_placed(b: ProgramBuilder, cfg: HardwareConfig, func, regions: dict,
     scratchpad keeps identical layers placed alike wherever they sit in a network."""
     first = len(b.instructions)
 
-    def walk(base: dict[str, int]) -> dict[str, tuple[int, int]] | None:
+    zero = {"inp": 0, "wgt": 0, "acc": 0}
+
+    def walk(base: dict[str, int], may_fail: bool = True) -> dict[str, tuple[int, int]] | None:
+        """The rows used from ``base``; None if the tiles do not fit there (``may_fail``:
+        else the walker's error, naming the buffer, stands)."""
         walker = TirWalker(cfg, b, regions, base)
         try:
             with paused_gc():
                 walker.run(func)
         except CodegenError:
+            if not may_fail:
+                raise
             del b.instructions[first:]
             return None
         return {s: (base[s], walker.peak[s]) for s in base}
@@ -197,10 +203,7 @@ def _walk_placed(b: ProgramBuilder, cfg: HardwareConfig, func, regions: dict,
         used = walk({s: hi for s, (_, hi) in prev.items()})
         if used is not None:
             return used
-    used = walk({"inp": 0, "wgt": 0, "acc": 0})
-    if used is None:  # the layer alone does not fit: let the walker say why
-        TirWalker(cfg, b, regions, {"inp": 0, "wgt": 0, "acc": 0}).run(func)
-        raise AssertionError("unreachable")
+    used = walk(zero, may_fail=False)
     if not prev:
         return used
     depth = {"inp": cfg.inp_depth, "wgt": cfg.wgt_depth, "acc": cfg.acc_depth}
@@ -212,7 +215,7 @@ def _walk_placed(b: ProgramBuilder, cfg: HardwareConfig, func, regions: dict,
     if all(v == 0 for v in base.values()):
         return used
     del b.instructions[first:]
-    return walk(base) or _walk_placed(b, cfg, func, regions, None)
+    return walk(base) or walk(zero, may_fail=False)
 
 
 def _check_views(region: Region) -> None:

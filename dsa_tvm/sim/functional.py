@@ -18,6 +18,7 @@ multiplies every input by one shared weight matrix.
 
 from __future__ import annotations
 
+import bisect
 from typing import TYPE_CHECKING
 
 import numpy as np
@@ -73,6 +74,7 @@ class Machine:
             if r.data is not None:
                 image[r.offset:r.offset + r.nbytes] = np.frombuffer(r.data, dtype=np.uint8)
                 self._const.append((r.offset, r.offset + r.nbytes))
+        self._const.sort()
         self.dram = np.broadcast_to(image, (batch, size)).copy()
         bi, bo = cfg.block_in, cfg.block_out
         self.inp = np.zeros((batch, cfg.inp_depth, bi), dtype=np.int8)
@@ -86,8 +88,10 @@ class Machine:
         self._elems = {buf: self._elem(buf) for buf in Buffer}
 
     def _is_const(self, lo: int, hi: int) -> bool:
-        """Whether DRAM bytes lo..hi-1 lie in one constant region."""
-        return any(c_lo <= lo and hi <= c_hi for c_lo, c_hi in self._const)
+        """Whether DRAM bytes lo..hi-1 lie in one constant region (regions do not overlap:
+        the one starting last at or before ``lo`` is the only candidate)."""
+        k = bisect.bisect_right(self._const, (lo, float("inf"))) - 1
+        return k >= 0 and hi <= self._const[k][1]
 
     # --- DRAM element views
     def _elem(self, buffer: Buffer) -> tuple[tuple[int, ...], np.dtype, int, tuple[int, ...]]:
