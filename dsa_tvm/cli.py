@@ -95,8 +95,43 @@ def cmd_demo(args: argparse.Namespace) -> int:
     return 0 if exact else 1
 
 
+#: picture formats --plot and --breakdown write (matplotlib's Agg and vector canvases)
+PLOT_SUFFIXES = (".png", ".svg", ".pdf")
+
+
+def _check_outputs(args: argparse.Namespace) -> None:
+    """Refuse an output path that cannot be written before minutes of compiling, not after."""
+    for opt in ("trace", "json", "csv", "plot", "breakdown"):
+        path = getattr(args, opt, None)
+        if not path:
+            continue
+        p = Path(path)
+        if p.is_dir():
+            raise CliError(f"--{opt} '{path}' is a folder; give a file name inside it")
+        if not p.parent.is_dir():
+            raise CliError(f"--{opt} '{path}': folder '{p.parent}' does not exist; create it "
+                           f"or write somewhere that exists")
+        if opt in ("plot", "breakdown") and p.suffix.lower() not in PLOT_SUFFIXES:
+            raise CliError(f"--{opt} '{path}' has no picture suffix; name it "
+                           f"{' or '.join('*' + s for s in PLOT_SUFFIXES)}")
+
+
+def _write_plots(args: argparse.Namespace, res) -> None:
+    """--plot / --breakdown: the pictures, or one line saying why there is nothing to draw."""
+    from . import plots  # matplotlib loads only when a picture is asked for
+
+    try:
+        if args.plot:
+            print(f"roofline: {plots.roofline(res.run_report, res.hardware, args.plot, res.model)}")
+        if args.breakdown:
+            print(f"breakdown: {plots.breakdown(res.run_report, args.breakdown, model=res.model)}")
+    except ValueError as e:
+        raise CliError(f"{e}; drop --plot/--breakdown for this model") from None
+
+
 def cmd_run_model(args: argparse.Namespace) -> int:
     """Compile a model for the DSA, run it on the simulator, print the reports."""
+    _check_outputs(args)
     model = read_model(args.model)
     if model is not None and len(model_inputs(model)) != 1:
         names = model_inputs(model)
@@ -120,6 +155,10 @@ def cmd_run_model(args: argparse.Namespace) -> int:
     if args.json:
         Path(args.json).write_text(res.run_report.to_json())
         print(f"report: {args.json}")
+    if args.csv:
+        print(f"per-layer CSV: {res.run_report.write_csv(args.csv)}")
+    if args.plot or args.breakdown:
+        _write_plots(args, res)
     return 0 if agree.get("max_steps", 0.0) <= 1.0 + 1e-6 else 1
 
 
@@ -179,6 +218,12 @@ def build_parser() -> argparse.ArgumentParser:
     m.add_argument("--seed", type=int, default=0)
     m.add_argument("--trace", help="write the whole model's Perfetto trace here")
     m.add_argument("--json", help="write the run report as JSON here")
+    m.add_argument("--csv", help="write one line per layer (cycles, waits, bytes, roofline "
+                                 "bound) as CSV here")
+    m.add_argument("--plot", metavar="PNG", help="draw every DSA layer on the hardware's "
+                                                 "roofline, colored by op kind (.png/.svg/.pdf)")
+    m.add_argument("--breakdown", metavar="PNG", help="draw each DSA layer's cycles split into "
+                                                      "compute / DRAM wait / token wait")
     add_shape_arg(m)
     _hw_arg(m)
     m.set_defaults(fn=cmd_run_model)

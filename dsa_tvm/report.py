@@ -2,20 +2,24 @@
 
 Built from the launches the runtime recorded (each region's program and its
 simulated schedule) and the compile report (what stayed on the CPU and why).
-Printable as a table, exportable as JSON and as one Perfetto trace of the
-whole model (regions laid end to end).
+Printable as a table, exportable as JSON, as a per-layer CSV (one header line,
+stable column names, in the style of Vela's per-layer report) and as one Perfetto
+trace of the whole model (regions laid end to end).
 """
 
 from __future__ import annotations
 
+import csv
+import io
 import json
+import math
 import warnings
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
 from .isa.instructions import Load, Store
-from .layers.checks import roofline_bound, violations
+from .layers.checks import compute_bound, roofline_bound, violations
 from .sim.attribution import attribute
 from .sim.timing import dma_bytes
 
@@ -40,6 +44,10 @@ class LayerRow:
     min_read: int = 0        # compulsory DRAM bytes from the program's layer table (host-packed
     min_written: int = 0     # inputs as the DSA reads them, e.g. a folded stem's im2col matrix)
     bound: int = 0           # roofline: max(compute bound, compulsory bytes / bandwidth) cycles
+    bound_by: str = ""       # the larger term of ``bound``: "compute" or "memory"
+    compute: int = 0         # ``cycles`` by what claimed them (sim.attribution; they sum to it):
+    dram_wait: int = 0       # the compute engine ran it / only its DRAM transfers were in flight /
+    token_wait: int = 0      # no engine worked (a dependency token or the pipeline held it up)
 
 
 @dataclass
@@ -81,6 +89,20 @@ class RunReport:
     def to_json(self) -> str:
         return json.dumps(self.to_dict(), indent=2)
 
+    def to_csv(self) -> str:
+        """One line per layer (DSA and CPU) under one header of :data:`CSV_COLUMNS`, for a
+        spreadsheet or a diff between runs; measured columns are empty on CPU rows."""
+        buf = io.StringIO()
+        out = csv.writer(buf, lineterminator="\n")
+        out.writerow(CSV_COLUMNS)
+        out.writerows(_csv_row(r, self.total_cycles) for r in self.rows)
+        return buf.getvalue()
+
+    def write_csv(self, path: str | Path) -> Path:
+        path = Path(path)
+        path.write_text(self.to_csv())
+        return path
+
     def write_trace(self, path: str | Path) -> Path:
         path = Path(path)
         path.write_text(json.dumps({"traceEvents": self.trace_events, "displayTimeUnit": "ns"}))
@@ -107,6 +129,12 @@ class RunReport:
         lines.append("cycles: each region cycle charged to one layer (compute engine first, then "
                      "load, then store; idle cycles to the work waited for), so they sum to the "
                      "total; span: first start to last end; load/compute/store: busy cycles")
+        dsa = [r for r in self.rows if r.target == "DSA"]
+        if self.total_cycles:
+            split = [sum(getattr(r, k) for r in dsa) for k in ("compute", "dram_wait", "token_wait")]
+            lines.append("cycles by what the layer waited on: " + ", ".join(
+                f"{what} {n:,} ({n / self.total_cycles:.0%})"
+                for what, n in zip(("compute", "DRAM", "tokens/pipeline"), split)))
         lines.append(f"total: {self.total_cycles:,} DSA cycles = {self.latency_us:,.1f} us at "
                      f"{self.mhz:g} MHz over {self.regions} region launch(es); "
                      f"{self.dsa_mac_share:.1%} of MACs on the DSA")
@@ -119,6 +147,33 @@ class RunReport:
                          f"({self.total_cycles / self.bound_cycles:.2f}x; compulsory bytes as "
                          f"the DSA reads them, host-packed inputs included)")
         return "\n".join(lines)
+
+
+def _bound_by(macs: int, min_read: int | None, min_write: int | None, cfg) -> str:
+    """Which term of :func:`roofline_bound` is the larger: what would limit an ideal layer."""
+    moved = (min_read or 0) + (min_write or 0)
+    memory = math.ceil(moved / cfg.bandwidth_bytes_per_cycle) if moved else 0
+    return "memory" if memory > compute_bound(macs, cfg.peak_macs_per_cycle) else "compute"
+
+
+#: the per-layer CSV's header, in order; names are stable (scripts key on them)
+CSV_COLUMNS = ("name", "op", "target", "region", "macs", "cycles", "cycles_pct", "compute",
+               "dram_wait", "token_wait", "utilization", "span", "load_busy", "compute_busy",
+               "store_busy", "dram_read_bytes", "dram_written_bytes", "min_read_bytes",
+               "min_written_bytes", "bound_cycles", "bound_ratio", "bound_by", "why", "check")
+
+
+def _csv_row(r: LayerRow, total: int) -> list[Any]:
+    """A row's CSV fields; a CPU layer has no measured cycles or bytes, so those are empty."""
+    if r.target != "DSA":
+        measured: list[Any] = [""] * (len(CSV_COLUMNS) - 7)
+    else:
+        measured = [r.cycles, f"{100 * r.cycles / total:.2f}" if total else "", r.compute,
+                    r.dram_wait, r.token_wait, f"{r.utilization:.4f}", r.span, r.load_cycles,
+                    r.compute_cycles, r.store_cycles, r.dram_read, r.dram_written, r.min_read,
+                    r.min_written, r.bound, f"{r.cycles / r.bound:.3f}" if r.bound else "",
+                    r.bound_by]
+    return [r.name, r.op, r.target, r.region, r.macs, *measured, r.why, r.check]
 
 
 def _layer_rows(launch, peak: int) -> tuple[list[LayerRow], list[tuple[int, int, int]]]:
@@ -143,7 +198,9 @@ def _layer_rows(launch, peak: int) -> tuple[list[LayerRow], list[tuple[int, int,
                                res.config.bandwidth_bytes_per_cycle)
         rows.append(LayerRow(ly["name"], ly["op"], "DSA", "offloaded", int(ly["macs"]),
                              t.cycles, util, t.span, t.load, t.compute, t.store, rd, wr,
-                             prog.name, "; ".join(bad), int(lo_rd or 0), int(lo_wr or 0), bound))
+                             prog.name, "; ".join(bad), int(lo_rd or 0), int(lo_wr or 0), bound,
+                             _bound_by(int(ly["macs"]), lo_rd, lo_wr, res.config),
+                             t.on_compute, t.dram_wait, t.token_wait))
     return rows, times.runs
 
 

@@ -14,6 +14,11 @@ the spans of a region's layers sum to more than the region takes. The rule here:
 
 So the ``cycles`` column sums to the program's total exactly, and a compute-bound
 layer is charged at least its compute time (never less than its compute bound).
+Each layer's cycles split by what claimed them, which says what the layer waited on:
+``on_compute`` (the compute engine ran its instruction; ACC loads, which hold the
+compute engine, count here), ``dram_wait`` (only its DMA transfers were in flight,
+DRAM latency included) and ``token_wait`` (no engine worked: a dependency token or the
+pipeline held it up); the three sum to ``cycles``.
 The span and each engine's busy cycles (the union of its instructions' intervals
 per engine, in-flight transfers counted once) are kept beside it.
 """
@@ -40,6 +45,13 @@ class LayerTime:
     load: int          # busy cycles of each engine on its instructions
     compute: int
     store: int
+    on_compute: int = 0   # ``cycles`` split by what claimed them (they sum to ``cycles``)
+    dram_wait: int = 0
+    token_wait: int = 0
+
+
+#: what claimed a segment: the index in PRIORITY, or IDLE
+IDLE = -1
 
 
 def _union(starts: np.ndarray, ends: np.ndarray) -> list[tuple[int, int]]:
@@ -87,6 +99,7 @@ def attribute(sched: Schedule, ranges: list[tuple[int, int]]) -> Attribution:
     bounds = np.array(sorted(cuts), np.int64)
     seg_len = np.diff(bounds)
     owner = np.full(seg_len.size, -1, np.int64)
+    claim = np.full(seg_len.size, IDLE, np.int64)
     # paint the engines from the lowest priority up, each layer from the youngest down, so
     # the owner of a segment is the oldest layer on the highest-priority busy engine
     for eng in reversed(PRIORITY):
@@ -96,14 +109,20 @@ def attribute(sched: Schedule, ranges: list[tuple[int, int]]) -> Attribution:
                 a, b = np.searchsorted(bounds, [min(s, total), min(e, total)])
                 paint[a:b] = k
         owner = np.where(paint >= 0, paint, owner)
+        claim = np.where(paint >= 0, PRIORITY.index(eng), claim)
     owner = _fill_idle(owner)
     cycles = np.bincount(owner, weights=seg_len, minlength=len(ranges)).astype(np.int64)
+    # per layer, the cycles each claimant gave it: 0 compute, 1 load, 2 store, IDLE nothing
+    by_claim = {c: np.bincount(owner, weights=np.where(claim == c, seg_len, 0),
+                               minlength=len(ranges)).astype(np.int64)
+                for c in (*range(len(PRIORITY)), IDLE)}
     out = []
     for k, (lo, hi) in enumerate(ranges):
         span = int(end[lo:hi + 1].max() - start[lo:hi + 1].min()) if hi >= lo else 0
         work = {e: sum(b - a for a, b in busy[k][int(e)]) for e in Engine}
         out.append(LayerTime(int(cycles[k]), span, work[Engine.LOAD], work[Engine.COMPUTE],
-                             work[Engine.STORE]))
+                             work[Engine.STORE], int(by_claim[0][k]),
+                             int(by_claim[1][k] + by_claim[2][k]), int(by_claim[IDLE][k])))
     change = np.flatnonzero(np.diff(owner)) + 1
     firsts = np.concatenate(([0], change))
     lasts = np.concatenate((change, [owner.size]))
