@@ -26,7 +26,7 @@ LAYERS: tuple[tuple[str, tuple[str, ...]], ...] = (
     ("relay_passes", ("relay_passes",)),
     # the dsa target, its Relax pipeline, the runtime and the reports
     ("compiler", ("dsa_tvm.target", "dsa_tvm.pipeline", "dsa_tvm.runtime", "dsa_tvm.report",
-                  "dsa_tvm.compile_ids")),
+                  "dsa_tvm.plots", "dsa_tvm.compile_ids")),
     # what users run on top of the compiler: quantization, then tuning and the bundled models
     ("quant", ("dsa_tvm.quant",)),
     ("tuning/models", ("dsa_tvm.tuning", "dsa_tvm.models")),
@@ -36,7 +36,9 @@ LAYERS: tuple[tuple[str, tuple[str, ...]], ...] = (
                  "dsa_tvm.models.torch_zoo.measure",
                  "dsa_tvm.quantize_cli", "dsa_tvm.tune_cli", "dsa_tvm.eval_cli",
                  "dsa_tvm.evaluation", "dsa_tvm.flow", "dsa_tvm.demo",
-                 "dsa_tvm.conformance", "dsa_tvm.onnx_backend")),
+                 "dsa_tvm.conformance", "dsa_tvm.onnx_backend",
+                 # Relay-style facade (TVM <= 0.19 deploy scripts) over the Relax path
+                 "dsa_tvm.relay", "dsa_tvm.graph_executor")),
 )
 
 #: The top-level packages whose imports are checked.
