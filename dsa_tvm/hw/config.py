@@ -18,6 +18,7 @@ from pathlib import Path
 from types import MappingProxyType
 from typing import Any
 
+from . import area
 from .schema import FIELDS, FINGERPRINT_OMIT_AT_DEFAULT, SECTIONS, FieldSpec
 
 
@@ -162,6 +163,12 @@ class HardwareConfig:
     def energy_modelled(self) -> bool:
         return any(self.values[k] > 0 for k in ("mac_pj", "alu_lane_op_pj", "sram_byte_pj",
                                                  "dram_byte_pj", "table_lookup_pj"))
+
+    @cached_property
+    def area_mm2(self) -> float:
+        """Estimated silicon area from the [area] costs (dsa_tvm.hw.area), for sweeps that
+        weigh cycles against area."""
+        return area.area_mm2(self)
 
     # --- identity
     @cached_property

@@ -10,6 +10,8 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass
 
+from . import cost_sources as src
+
 #: values of ``array.dataflow`` and ``output.stage``
 DATAFLOWS = ("matrix-vector", "weight-stationary", "output-stationary")
 OUTPUT_STAGES = ("shared", "pipelined")
@@ -187,25 +189,99 @@ FIELDS: tuple[FieldSpec, ...] = (
     _int("norm", "norm_row_latency_cycles", "cycles",
          "Cycles a unit adds per row beyond its passes (reciprocal or inverse-square-root "
          "table lookup and Newton steps).", "0..100000", lambda v: 0 <= v <= 100000, 24),
-    # --- energy (optional; 0 means not modelled)
-    _float("energy", "mac_pj", "pJ", "Energy of one int8 MAC.", ">= 0", lambda v: v >= 0, 0.0),
-    _float("energy", "alu_lane_op_pj", "pJ", "Energy of one int32 vector-lane operation.", ">= 0",
+    # --- energy (optional; 0 means not modelled). The 16 nm references are [H14] 45 nm figures
+    #     x the [SB17] energy factor (dsa_tvm/hw/cost_sources.py), the node of the [area] defaults
+    _float("energy", "mac_pj", "pJ",
+           f"Energy of one int8 MAC (the multiply and its int32 accumulate; its scratchpad reads "
+           f"are sram_byte_pj). 0 for every energy field: not modelled. The 16 nm references "
+           f"(the node of the [area] defaults) scale {src.cite('H14')} (45 nm, 0.9 V) by "
+           f"{src.cite('SB17')}. 16 nm reference: [H14] 45 nm 8-bit multiply {src.MUL8_PJ:g} "
+           f"+ 32-bit add {src.ADD32_PJ:g} = "
+           f"{src.MUL8_PJ + src.ADD32_PJ:g} pJ x {src.ENERGY_45_TO_16:.3f} ([SB17] energy, HP "
+           f"45 nm 0.9 V -> HP 16 nm 0.8 V) = {src.pj16(src.MUL8_PJ + src.ADD32_PJ):.3f} pJ, "
+           f"arithmetic only.", ">= 0", lambda v: v >= 0, 0.0),
+    _float("energy", "alu_lane_op_pj", "pJ",
+           f"Energy of one int32 vector-lane operation. 16 nm references: a 32-bit add "
+           f"{src.ADD32_PJ:g} pJ x {src.ENERGY_45_TO_16:.3f} = {src.pj16(src.ADD32_PJ):.3f} pJ; "
+           f"a REQUANT lane (32-bit multiply {src.MUL32_PJ:g} + 4 adds = "
+           f"{src.MUL32_PJ + 4 * src.ADD32_PJ:g} pJ) x {src.ENERGY_45_TO_16:.3f} = "
+           f"{src.pj16(src.MUL32_PJ + 4 * src.ADD32_PJ):.2f} pJ.", ">= 0",
            lambda v: v >= 0, 0.0),
-    _float("energy", "sram_byte_pj", "pJ", "Energy per scratchpad byte read or written.", ">= 0",
-           lambda v: v >= 0, 0.0),
-    _float("energy", "dram_byte_pj", "pJ", "Energy per DRAM byte transferred.", ">= 0",
-           lambda v: v >= 0, 0.0),
+    _float("energy", "sram_byte_pj", "pJ",
+           f"Energy per scratchpad byte read or written. 16 nm references: [H14] 64-bit SRAM "
+           f"reads of {src.sram_references()}; a 64 KB bank (log-interpolated between 32 KB and 1 MB) "
+           f"{src.pj16(src.sram_read_pj(64) / 8):.2f} pJ/byte.", ">= 0", lambda v: v >= 0, 0.0),
+    _float("energy", "dram_byte_pj", "pJ",
+           f"Energy per DRAM byte transferred. Reference: [H14] {src.DRAM_64B_PJ[0] / 1e3:g}-"
+           f"{src.DRAM_64B_PJ[1] / 1e3:g} nJ per 64-bit access (DDR3 era) = "
+           f"{src.DRAM_64B_PJ[0] / 8:g}-{src.DRAM_64B_PJ[1] / 8:g} pJ/byte; set by the "
+           f"memory interface, not the logic node, so not scaled (LPDDR4- and HBM-class "
+           f"interfaces take several times less).", ">= 0", lambda v: v >= 0, 0.0),
     _float("energy", "table_lookup_pj", "pJ",
-           "Energy of one activation-table lookup (one lane of an ALU LUT step), beside its "
-           "scratchpad bytes; 0 counts it as a vector-lane operation.", ">= 0",
-           lambda v: v >= 0, 0.0),
+           f"Energy of one activation-table lookup (one lane of an ALU LUT step), beside its "
+           f"scratchpad bytes; 0 counts it as a vector-lane operation. 16 nm reference: at most "
+           f"a 4-byte read of [H14]'s smallest SRAM (8 KB), "
+           f"{src.pj16(4 * src.sram_read_pj(8) / 8):.2f} pJ.", ">= 0", lambda v: v >= 0, 0.0),
+    # --- area (optional): per-component silicon area at 16 nm, the defaults derived from the
+    #     published figures in dsa_tvm/hw/cost_sources.py; dsa_tvm/hw/area.py adds them up
+    _float("area", "mac_um2", "um^2",
+           f"Silicon area of one int8 MAC of the array (block_in x block_out of them): the "
+           f"8-bit multiply and its share of the int32 accumulate (one 32-bit adder), "
+           f"arithmetic only. Every [area] default is at one node, {src.NODE}, derived from [H14] "
+           f"and [SB17] (see energy.mac_pj), {src.cite('W13', 'J17')}; for comparing designs, "
+           f"not for sign-off. Default: [H14] 45 nm "
+           f"8-bit multiply {src.MUL8_UM2:g} + 32-bit add {src.ADD32_UM2:g} = "
+           f"{src.MAC_45:g} um^2 x {src.AREA_45_TO_16:g} ([SB17] area, 45 -> 16 nm) = "
+           f"{src.MAC_45 * src.AREA_45_TO_16:.1f} ~ {src.at16(src.MAC_45):g} um^2.",
+           ">= 0", lambda v: v >= 0, src.at16(src.MAC_45)),
+    _float("area", "sram_kib_um2", "um^2/KiB",
+           f"Silicon area per KiB of on-chip SRAM, for each scratchpad (sram.inp_kib, wgt_kib, "
+           f"acc_kib). Default: 8192 bits x {src.BITCELL_UM2:g} um^2 ([W13] 16 nm high-density "
+           f"6T bit cell) x {src.SRAM_PERIPHERY:g} (periphery: decoders, sense amplifiers and "
+           f"I/O take about half of a small, wide bank; assumed) = {src.SRAM_KIB_UM2:g} um^2.",
+           ">= 0", lambda v: v >= 0, src.SRAM_KIB_UM2),
+    _float("area", "vector_lane_um2", "um^2",
+           f"Silicon area of one int32 vector-ALU lane (vector.lanes of them), sized for "
+           f"REQUANT, its widest operation. Default: [H14] 32-bit multiply (64-bit product) "
+           f"{src.MUL32_UM2:g} + 4 x 32-bit add {src.ADD32_UM2:g} (bias, rounding, zero point, "
+           f"clamp compare) = {src.LANE_45:g} um^2 x {src.AREA_45_TO_16:g} = "
+           f"{src.at16(src.LANE_45):g} um^2; shifter and muxes not counted.",
+           ">= 0", lambda v: v >= 0, src.at16(src.LANE_45)),
+    _float("area", "table_kib_um2", "um^2/KiB",
+           "Silicon area per KiB of activation-table storage. A part with table.table_unit = 1 "
+           "holds one copy of the table (table_entries int32 entries: 1 KiB) per lookup per "
+           "cycle (table_lookups_per_cycle, or vector.lanes when 0): copies are how parallel "
+           f"lookups get read ports of their own. Default: as sram_kib_um2 ({src.SRAM_KIB_UM2:g} "
+           "um^2); a table in latches or flip-flops is larger.",
+           ">= 0", lambda v: v >= 0, src.SRAM_KIB_UM2),
+    _float("area", "norm_lane_um2", "um^2",
+           f"Silicon area per element per cycle of a [norm] row unit (norm_units x "
+           f"norm_elements_per_cycle of them). Default: [H14] 2 x 32-bit multiply "
+           f"{src.MUL32_UM2:g} (i-exp's scale and square; the normalize pass's reciprocal and "
+           f"gamma) + 4 x 32-bit add {src.ADD32_UM2:g} (row sums, the 64-bit beta add) = "
+           f"{src.NORM_LANE_45:g} um^2 x {src.AREA_45_TO_16:g} = "
+           f"{src.at16(src.NORM_LANE_45):g} um^2.",
+           ">= 0", lambda v: v >= 0, src.at16(src.NORM_LANE_45)),
+    _float("area", "norm_unit_um2", "um^2",
+           f"Silicon area of each [norm] row unit beside its lanes: the per-row reciprocal or "
+           f"inverse square root (table seed and Newton steps, time-shared over "
+           f"norm_row_latency_cycles) and the 64-bit row sums. Default: [H14] 32-bit multiply "
+           f"{src.MUL32_UM2:g} + 4 x 32-bit add {src.ADD32_UM2:g} = {src.NORM_UNIT_45:g} um^2 x "
+           f"{src.AREA_45_TO_16:g} = {src.at16(src.NORM_UNIT_45):g} um^2 (the 16- and 12-entry "
+           f"seed tables not counted).", ">= 0", lambda v: v >= 0, src.at16(src.NORM_UNIT_45)),
+    _float("area", "overhead_pct", "%",
+           f"Control, instruction fetch and queues, DMA, DRAM and host interfaces and wiring, "
+           f"as a percentage of the area of the components above. Default: [J17] the TPU's "
+           f"datapath (buffers, matrix unit, accumulators, activation) is nearly two-thirds of "
+           f"its die, so the rest is (1 - 2/3) / (2/3) = {src.OVERHEAD_PCT:g}% of it.",
+           ">= 0", lambda v: v >= 0, src.OVERHEAD_PCT),
 )
 
 #: Fields added after programs were first fingerprinted: left out of a description's
 #: fingerprint (and of the description programs embed) while they hold their default, so
 #: programs compiled before they existed (and the bundled presets' program bytes) stay valid.
 FINGERPRINT_OMIT_AT_DEFAULT: frozenset[str] = frozenset(
-    {f.key for f in FIELDS if f.section in ("norm", "table", "output")}
+    {f.key for f in FIELDS if f.section in ("norm", "table", "output", "area")}
     | {"energy.table_lookup_pj", "array.dataflow", "array.weight_double_buffer",
        "array.wgt_port_bytes", "array.inp_port_bytes"})
 
