@@ -57,6 +57,7 @@ class RegionDecision:
     cpu_us: float | None = None
     compile_s: float = 0.0
     region: Any = field(default=None, repr=False)   # the layers.ir.Region
+    program: Any = field(default=None, repr=False)  # its compiled isa Program (either target)
     schedules: str = ""          # with a tuning database: tuned or default, and why
 
 
@@ -105,9 +106,10 @@ class CompileMemory:
     """The compile reports this process remembers, by compile id, bounded.
 
     The newest compile's report is kept in full (its regions keep their layers, weights
-    included, for checks against a reference); older ones lose the layers
-    (``RegionDecision.region`` is None) and keep their decisions, partition report and
-    CPU rows, a few KB each, so memory does not grow with the number of compiles."""
+    included, for checks against a reference, and their programs); older ones lose the
+    layers and programs (``RegionDecision.region`` and ``.program`` are None) and keep
+    their decisions, partition report and CPU rows, a few KB each, so memory does not grow
+    with the number of compiles."""
 
     def __init__(self, limit: int = COMPILE_RECORDS) -> None:
         self.limit = limit
@@ -118,7 +120,8 @@ class CompileMemory:
     def add(self, report: CompileReport) -> None:
 
         record = build_report([], report)  # the CPU rows, taken while the layers are here
-        light = replace(report, regions=[replace(d, region=None) for d in report.regions])
+        light = replace(report, regions=[replace(d, region=None, program=None)
+                                         for d in report.regions])
         with self._lock:
             self._entries[report.compile_id] = (light, record)
             while len(self._entries) > self.limit:
@@ -263,6 +266,7 @@ def decide_regions(regions: list[RegionRead], cfg: HardwareConfig, report: Compi
         t1 = time.perf_counter()
         try:
             prog, d.dsa_cycles, d.schedules = _region_program(region, cfg, choose_knobs, sim)
+            d.program = prog
         except UnsupportedLayer as e:
             d.reason = f"codegen: {e}"
             continue

@@ -22,6 +22,7 @@ from dataclasses import dataclass, field
 from tir_schedules.kinds import UnsupportedLayer, layer_bounds, recipe
 from tir_schedules.lower import lower_for_walker
 from tir_schedules.nests import CodegenError
+from tir_schedules.options import current_options
 
 from ..codegen.walker import TirWalker
 from ..gc_pause import paused_gc
@@ -35,6 +36,7 @@ from ..layers.host_pack import COLSUM, PARAMS, ROWSUM, batch_dims
 from ..layers.ir import BatchMatmul, Layer, QTensor, Region, layer_inputs
 from ..layers.layouts import blocked_shape, same_bytes
 from .fold_input import fold_region_inputs
+from .program_cache import PROGRAMS, WALKS, cache_enabled, content_key, lowering_view, restamp
 
 __all__ = ["CompiledRegion", "LayerPlan", "UnsupportedLayer", "compile_region",
            "lowering_supports"]
@@ -86,10 +88,49 @@ def compile_region(region: Region, cfg: HardwareConfig,
     default schedule of a layer (the tuner's database plugs in here; returning None
     keeps the default)."""
     _check_views(region)
-    block = cfg.block_in
     io = {t.name: {"shape": list(t.shape), "scale": t.scale, "zero_point": t.zero_point}
-          for t in region.inputs + region.outputs}
+          for t in region.inputs + region.outputs}   # as the runtime sees them, before folding
     region, folded = fold_region_inputs(region, cfg)
+    chosen = []
+    for layer in region.layers:
+        t0 = time.perf_counter()
+        r = recipe(layer, cfg)
+        knobs = choose_knobs(cfg, r.shape) if choose_knobs else None
+        if knobs is None:
+            try:
+                knobs = r.kind.default(cfg, r.shape)
+            except ValueError as e:
+                raise UnsupportedLayer(f"{layer.name}: {e}") from None
+        chosen.append((r, knobs, time.perf_counter() - t0))
+    key = _cache_key((region, io, folded), chosen, cfg)
+    hit = PROGRAMS.get(key) if key is not None else None
+    if hit is not None:
+        return CompiledRegion(restamp(hit.program, cfg), hit.plans)
+    out = _compile_chosen(region, io, folded, chosen, cfg)
+    if key is not None:
+        PROGRAMS.put(key, out)
+    return out
+
+
+def _cache_key(made_of: tuple, chosen: list, cfg: HardwareConfig) -> tuple | None:
+    """What the region's program is made of (program_cache); None when the cache is off or
+    a tuner's knobs are not hashable."""
+    if not cache_enabled():
+        return None
+    schedules = tuple((getattr(r.kind.build, "__module__", ""),
+                       getattr(r.kind.build, "__qualname__", repr(r.kind.build)), r.shape, knobs)
+                      for r, knobs, _ in chosen)
+    try:
+        hash(schedules)
+    except TypeError:
+        return None
+    return (content_key(made_of), schedules, lowering_view(cfg), current_options())
+
+
+def _compile_chosen(region: Region, io: dict, folded: dict, chosen: list,
+                    cfg: HardwareConfig) -> CompiledRegion:
+    """The program of a (folded) region whose layers' recipes and knobs are chosen."""
+    block = cfg.block_in
     for name, spec in folded.items():
         io[name]["im2col"] = spec
     for name, spec in _matmul_operands(region).items():
@@ -119,15 +160,8 @@ def compile_region(region: Region, cfg: HardwareConfig,
         dram(t, "output")
     plans, layers_meta = [], []
     used: dict[str, tuple[int, int]] | None = None  # the previous layer's scratchpad rows
-    for layer in region.layers:
-        t0 = time.perf_counter()
-        r = recipe(layer, cfg)
-        knobs = choose_knobs(cfg, r.shape) if choose_knobs else None
-        if knobs is None:
-            try:
-                knobs = r.kind.default(cfg, r.shape)
-            except ValueError as e:
-                raise UnsupportedLayer(f"{layer.name}: {e}") from None
+    for layer, (r, knobs, choice_s) in zip(region.layers, chosen):
+        t0 = time.perf_counter() - choice_s
         if getattr(layer, "weight_tiles", False) and layer.output.name not in tensors:
             bt, k, n = batch_dims(layer.output.shape)   # an on-device matmul's weight tiles
             tensors[layer.output.name] = b.region(
@@ -152,7 +186,7 @@ def compile_region(region: Region, cfg: HardwareConfig,
             r.kind.emit(b, cfg, r.shape, knobs, regions)
             used = None
         else:
-            used = _walk_placed(b, cfg, _lowered(r, cfg, knobs, lower_for_walker), regions, used)
+            used = _walk_cached(b, cfg, r, knobs, regions, used)
         layers_meta.append({"name": layer.name, "op": type(layer).__name__, "first": first,
                             "last": len(b.instructions) - 1, "macs": layer.macs,
                             **dict(zip(("min_read_bytes", "min_write_bytes"),
@@ -169,6 +203,30 @@ def compile_region(region: Region, cfg: HardwareConfig,
         io=io,
         inputs=[t.name for t in region.inputs], outputs=[t.name for t in region.outputs])
     return CompiledRegion(prog, plans)
+
+
+def _walk_cached(b: ProgramBuilder, cfg: HardwareConfig, r, knobs, regions: dict,
+                 prev: dict[str, tuple[int, int]] | None) -> dict[str, tuple[int, int]]:
+    """:func:`_walk_placed`, or the instructions the same walk gave before: a layer's
+    instructions are a function of its lowered TIR (kind, shape, knobs, the description as
+    the code generator sees it), the DRAM regions it reads and writes (where they are) and
+    the scratchpad rows the previous layer left it (``prev``)."""
+    key, func = _lowered(r, cfg, knobs, lower_for_walker)
+    if key is not None and cache_enabled():
+        key = (key, tuple(sorted((k, v.name, v.offset, v.dtype, tuple(v.shape))
+                                 for k, v in regions.items())),
+               tuple(sorted(prev.items())) if prev else None)
+        hit = WALKS.get(key)
+        if hit is not None:
+            b.instructions.extend(hit[0])
+            return dict(hit[1])
+    else:
+        key = None
+    first = len(b.instructions)
+    used = _walk_placed(b, cfg, func, regions, prev)
+    if key is not None:
+        WALKS.put(key, (tuple(b.instructions[first:]), dict(used)))
+    return used
 
 
 def _walk_placed(b: ProgramBuilder, cfg: HardwareConfig, func, regions: dict,
@@ -268,9 +326,10 @@ _LOWERED: dict[tuple, object] = {}
 _MAX_LOWERED = 512
 
 
-def _lowered(r, cfg: HardwareConfig, knobs, lower_for_walker):
+def _lowered(r, cfg: HardwareConfig, knobs, lower_for_walker) -> tuple[tuple | None, object]:
+    """(key, lowered PrimFunc): the key names what the TIR is made of (None: not cacheable)."""
     try:
-        key = (r.kind.build, r.kind.schedule, r.shape, knobs, cfg.fingerprint)
+        key = (r.kind.build, r.kind.schedule, r.shape, knobs, lowering_view(cfg))
         hit = _LOWERED.get(key)
     except TypeError:  # unhashable knobs (a tuner's own type): no caching
         key, hit = None, None
@@ -280,7 +339,7 @@ def _lowered(r, cfg: HardwareConfig, knobs, lower_for_walker):
             if len(_LOWERED) >= _MAX_LOWERED:
                 _LOWERED.clear()
             _LOWERED[key] = hit
-    return hit
+    return key, hit
 
 
 def _renumber_layers(prog: Program, layers_meta: list[dict]) -> None:
