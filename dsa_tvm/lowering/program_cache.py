@@ -3,8 +3,8 @@
 A region's program is a function of its layers (weights included), each layer's
 schedule (kind, TIR shape, knobs), the compiler options and the part of the hardware
 description the code generator reads. The fields in :data:`TIMING_ONLY` only change how
-long things take (DRAM bandwidth and latency, the clock, the host, energy and area,
-queue depths, ALU and NORM latencies): they steer the cost model that picks schedules,
+long things take or what they cost (DRAM bandwidth and latency, the clock, the host,
+energy and area, queue depths, ALU and NORM latencies): they steer the cost model that picks schedules,
 but a schedule picked is in the key, so a design point that differs from one compiled
 before only in them reuses its program (re-stamped for the new description) and is just
 timed again. ``tests/compiler/test_program_cache.py`` compiles with the cache on and off
@@ -25,18 +25,17 @@ from typing import Any
 import numpy as np
 
 from ..hw.config import HardwareConfig
+from ..hw.schema import FIELDS
 from ..isa.program import Program
 
-#: description fields that never reach the code generator except through a schedule choice
+#: sections of the description the code generator never reads except through a schedule
+#: choice: the clock, the host, queue depths, energy and area
+TIMING_ONLY_SECTIONS = ("clock", "host", "queues", "energy", "area")
+#: ... and single fields of other sections: labels, DRAM timing, unit latencies
 TIMING_ONLY = frozenset({
-    "name", "description",
-    "bandwidth_bytes_per_cycle", "latency_cycles",
-    "mhz", "cpu_gmacs", "launch_overhead_us",
-    "load_depth", "compute_depth", "store_depth", "dispatch_cycles",
+    "name", "description", "bandwidth_bytes_per_cycle", "latency_cycles",
     "alu_latency_cycles", "norm_row_latency_cycles", "table_lookups_per_cycle",
-    "mac_pj", "alu_lane_op_pj", "sram_byte_pj", "dram_byte_pj", "table_lookup_pj",
-})
-TIMING_ONLY_PREFIXES = ("area_",)   # the area model's fields, if the description has them
+} | {f.name for f in FIELDS if f.section in TIMING_ONLY_SECTIONS})
 
 #: whole region programs kept (a ResNet-50 region with its weights is ~25 MB)
 MAX_PROGRAMS = 24
@@ -44,8 +43,7 @@ MAX_PROGRAMS = 24
 
 def lowering_view(cfg: HardwareConfig) -> tuple:
     """The description as the code generator sees it: every field but the timing-only ones."""
-    return tuple(sorted((k, repr(v)) for k, v in cfg.values.items()
-                        if k not in TIMING_ONLY and not k.startswith(TIMING_ONLY_PREFIXES)))
+    return tuple(sorted((k, repr(v)) for k, v in cfg.values.items() if k not in TIMING_ONLY))
 
 
 def content_key(obj: Any) -> bytes:

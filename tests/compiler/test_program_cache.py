@@ -37,6 +37,13 @@ CHANGES = {
     "sram_byte_pj": "energy.sram_byte_pj=3",
     "dram_byte_pj": "energy.dram_byte_pj=99",
     "table_lookup_pj": "energy.table_lookup_pj=1",
+    "mac_um2": "area.mac_um2=300",
+    "sram_kib_um2": "area.sram_kib_um2=2000",
+    "vector_lane_um2": "area.vector_lane_um2=1000",
+    "table_kib_um2": "area.table_kib_um2=2000",
+    "norm_lane_um2": "area.norm_lane_um2=2000",
+    "norm_unit_um2": "area.norm_unit_um2=1000",
+    "overhead_pct": "area.overhead_pct=25",
 }
 
 
