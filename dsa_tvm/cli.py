@@ -23,6 +23,7 @@ from .isa.program import ProgramError
 from .quantize_cli import add_parser as add_quantize
 from .sim.errors import SimulationError
 from .sim.simulator import Simulator
+from .sweep_cli import add_parser as add_sweep
 from .tune_cli import add_parser as add_tune_parser
 from .tuning.apply import DatabaseError
 from .tuning.rpc import TrackerError
@@ -170,6 +171,7 @@ def cmd_hw(args: argparse.Namespace) -> int:
         print(f"  source {cfg.source}, fingerprint {cfg.fingerprint.hex()}")
         print(f"  depths inp/wgt/acc {cfg.inp_depth}/{cfg.wgt_depth}/{cfg.acc_depth} rows, "
               f"peak {cfg.peak_gops:g} GOPS")
+        print(f"  area ~{cfg.area_mm2:.3g} mm^2 from the [area] costs (docs/hardware.md)")
     return 0
 
 
@@ -248,6 +250,7 @@ def build_parser() -> argparse.ArgumentParser:
     g.set_defaults(fn=cmd_docs)
     add_quantize(sub)
     add_eval(sub)
+    add_sweep(sub)
     return p
 
 

@@ -35,7 +35,9 @@ LAYERS: tuple[tuple[str, tuple[str, ...]], ...] = (
     ("api/cli", ("dsa_tvm", "dsa_tvm.api", "dsa_tvm.cli", "dsa_tvm.cli_common",
                  "dsa_tvm.models.torch_zoo.measure",
                  "dsa_tvm.quantize_cli", "dsa_tvm.tune_cli", "dsa_tvm.eval_cli",
-                 "dsa_tvm.evaluation", "dsa_tvm.flow", "dsa_tvm.demo",
+                 "dsa_tvm.evaluation", "dsa_tvm.flow", "dsa_tvm.flow_pytorch",
+                 "dsa_tvm.flow_result", "dsa_tvm.demo",
+                 "dsa_tvm.sweep", "dsa_tvm.sweep_cli",
                  "dsa_tvm.conformance", "dsa_tvm.onnx_backend",
                  # Relay-style facade (TVM <= 0.19 deploy scripts) over the Relax path
                  "dsa_tvm.relay", "dsa_tvm.graph_executor")),

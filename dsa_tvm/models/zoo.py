@@ -117,3 +117,22 @@ def get_model(name: str, quantized: bool = True, *, per_channel: bool = True,
     path = get_model_path(name, quantized, per_channel=per_channel,
                           calibration_size=calibration_size, **size_kwargs)
     return onnx.load(str(path))
+
+
+def model_or_file(spec: str | Path, shapes=None, notes: list[str] | None = None
+                  ) -> tuple[onnx.ModelProto, str]:
+    """(onnx.ModelProto, display name) of what a user named: an ONNX file through intake
+    (:func:`dsa_tvm.load_onnx`, ``shapes`` for dynamic inputs; its notes appended to
+    ``notes``), or a bundled model name (quantized)."""
+    from ..frontend.intake import load_onnx
+
+    p = Path(str(spec))
+    if p.suffix == ".onnx" or p.exists():
+        taken = load_onnx(p, shapes)
+        if notes is not None:
+            notes.extend(taken.notes)
+        return taken.model, p.name
+    if str(spec) not in list_models():
+        raise FileNotFoundError(f"no ONNX file '{spec}' and no bundled model of that name "
+                                f"(bundled: {', '.join(list_models())})")
+    return get_model(str(spec), quantized=True), str(spec)
