@@ -147,4 +147,8 @@ def restamp(prog: Program, cfg: HardwareConfig) -> Program:
     description in the header (a fresh object, so timing is simulated anew)."""
     out = replace(prog, fingerprint=cfg.fingerprint, instructions=list(prog.instructions),
                   meta={**prog.meta, "hardware": cfg.as_dict()})
+    if getattr(prog, "_fields_checked", None) is not None:
+        # the instruction formats follow from fields in the key (widths, depths): the
+        # words encoded for the cached program are this one's, and need no second check
+        out.mark_fields_checked(cfg, getattr(prog, "_words", None))
     return out
