@@ -9,6 +9,7 @@ from tir_schedules.options import CompileOptions, options
 from .api import (  # noqa: A004
     compile,
     compile_report,
+    from_pytorch,
     last_compile_report,
     last_run_report,
     run_report,
@@ -36,6 +37,7 @@ __all__ = [
     "HazardError", "Intake",
     "IntakeError", "Program", "ProgramBuilder",
     "SimResult", "SimulationError", "Simulator", "UnknownCompileError", "compile",
-    "compile_report", "disassemble", "evaluate", "last_compile_report", "last_run_report", "load_config",
+    "compile_report", "disassemble", "evaluate", "from_pytorch", "last_compile_report",
+    "last_run_report", "load_config",
     "load_onnx", "options", "preset_names", "quantize", "run_report", "setup", "target", "tune", "tuned",
 ]

@@ -65,6 +65,33 @@ def _import_onnx(model, shapes, calibration_data, quantize_options: dict, verbos
     return from_onnx(taken.model, keep_params_in_input=False)
 
 
+def from_pytorch(model, example_inputs=None, calibration_data=None, *, verbose: bool = True,
+                 **quantize_options) -> tvm.IRModule:
+    """A PyTorch model as a Relax module for ``tvm.compile(mod, target="dsa")``.
+
+    ``model`` is a ``torch.nn.Module`` (traced by ``torch.export`` on ``example_inputs``: a
+    tensor or array, a tuple of them, or a dict by ``forward()`` parameter; exported in
+    eval mode), a ``torch.export.ExportedProgram`` or a ``.pt2`` file of one. TVM's
+    ``from_exported_program`` imports it with the weights bound as constants; its inputs
+    are named as ``forward()``'s parameters. With ``calibration_data`` (feeds as for
+    :func:`dsa_tvm.quantize`) the module comes back quantized to int8 QDQ by the Relax
+    quantizer (``quantize_options`` as there), ready to offload; without it, FP32.
+    Failures raise :class:`dsa_tvm.IntakeError` naming the cause and a fix.
+    """
+    from .frontend.pytorch import import_pytorch
+
+    notes: list[str] = []
+    mod, _ = import_pytorch(model, example_inputs, notes)
+    if verbose:
+        for n in notes:
+            print(f"dsa_tvm.from_pytorch: {n}", file=sys.stderr)
+    if calibration_data is None:
+        return mod
+    from .quant.api import quantize
+
+    return quantize(mod, calibration_data, verbose=verbose, **quantize_options)
+
+
 def compile_report(executable):
     """What the DSA compile of ``executable`` decided (regions, ops left on the CPU and
     why): ``executable`` is what ``tvm.compile(mod, target="dsa")`` returned, a

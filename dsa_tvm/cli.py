@@ -14,6 +14,7 @@ from .cli_common import CliError, hw_spec, interrupted, read_model
 from .demo import demo_program
 from .eval_cli import add_parser as add_eval
 from .flow import run_model
+from .flow_pytorch import is_pytorch_program
 from .frontend.intake import IntakeError, add_shape_arg, parse_shape_args
 from .hw.config import ConfigError, load_config, preset_names, with_overrides
 from .isa.disasm import disassemble
@@ -130,27 +131,41 @@ def _write_plots(args: argparse.Namespace, res) -> None:
         raise CliError(f"{e}; drop --plot/--breakdown for this model") from None
 
 
+#: the flow's timings as ``cmd_run_model`` prints them, in order
+TIMINGS = (("import_s", "import"), ("quantize_s", "quantize"), ("compile_s", "compile"),
+           ("run_s", "run (simulated)"))
+
+
 def cmd_run_model(args: argparse.Namespace) -> int:
     """Compile a model for the DSA, run it on the simulator, print the reports."""
     _check_outputs(args)
-    model = read_model(args.model)
+    pytorch = is_pytorch_program(args.model)
+    if args.data is not None and not pytorch:
+        raise CliError(f"--data calibrates a PyTorch program (.pt2) and '{args.model}' is not "
+                       f"one; quantize an FP32 ONNX model with dsa-tvm quantize MODEL --calib DATA")
+    if args.data is not None and not Path(args.data).exists():
+        raise CliError(f"--data '{args.data}' not found; pass a folder of images or an .npz "
+                       f"of arrays named by the program's inputs")
+    model = None if pytorch else read_model(args.model)
     if model is not None and len(model_inputs(model)) != 1:
         names = model_inputs(model)
         raise CliError(f"'{args.model}' has {len(names)} inputs ({', '.join(names)}) and dsa-tvm "
                        f"run feeds one; compile it from Python (tvm.compile(mod, "
                        f"target=dsa_tvm.target(...))) and feed every input to the VM")
-    res = run_model(args.model, args.hw, seed=args.seed, shapes=parse_shape_args(args.shape))
+    res = run_model(args.model, args.hw, seed=args.seed, shapes=parse_shape_args(args.shape),
+                    data=args.data)
     print(res.compile_report)
     print()
     print(res.run_report)
     agree = res.agreement(res.output_step)
-    print(f"\nagainst onnxruntime (same QDQ graph): max |diff| {agree['max_abs_diff']:.4g}"
+    print(f"\nagainst {res.reference_name}: max |diff| {agree['max_abs_diff']:.4g}"
           + (f" = {agree['max_steps']:.2f} quantization steps, "
              f"{agree['fraction_differing']:.2%} of outputs differ" if "max_steps" in agree
              else "") + f", cosine {agree['cosine']:.6f}")
-    t = res.timings
-    print(f"import {t['import_s']:.2f} s, compile {t['compile_s']:.2f} s, "
-          f"run (simulated) {t['run_s']:.2f} s")
+    if res.fp32_cosine is not None:
+        print(f"against {res.fp32_name}: cosine {res.fp32_cosine:.6f}")
+    print(", ".join(f"{label} {res.timings[k]:.2f} s" for k, label in TIMINGS
+                    if k in res.timings))
     if args.trace:
         print(f"trace: {res.run_report.write_trace(args.trace)} (open in https://ui.perfetto.dev)")
     if args.json:
@@ -214,9 +229,13 @@ def build_parser() -> argparse.ArgumentParser:
     d.add_argument("--trace", help="write a Perfetto/Chrome trace JSON here")
     d.add_argument("--save", help="write the program container here")
     d.set_defaults(fn=cmd_demo)
-    m = sub.add_parser("run", help="compile a model (ONNX file or bundled name) for the DSA, "
-                                   "run it on the simulator and print the per-layer report")
+    m = sub.add_parser("run", help="compile a model (ONNX file, bundled name or PyTorch .pt2 "
+                                   "program) for the DSA, run it on the simulator and print "
+                                   "the per-layer report")
     m.add_argument("model", nargs="?", default="small_cnn")
+    m.add_argument("--data", metavar="DIR|FILE.npz",
+                   help="calibration data of a .pt2 program: a folder of images or an .npz "
+                        "(default: seeded random inputs shaped like the program's)")
     m.add_argument("--seed", type=int, default=0)
     m.add_argument("--trace", help="write the whole model's Perfetto trace here")
     m.add_argument("--json", help="write the run report as JSON here")

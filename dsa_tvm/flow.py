@@ -1,75 +1,46 @@
 """The whole flow on one model: import, compile for the DSA, run, compare, report.
 
 Used by the command line (``dsa-tvm``, ``dsa-tvm run MODEL``) and the tutorials.
-``MODEL`` is an ONNX file (FP32 or QDQ int8) or the name of a bundled model.
+``MODEL`` is an ONNX file (FP32 or QDQ int8), the name of a bundled model, or a
+PyTorch program (``.pt2`` from ``torch.export.save``: ``flow_pytorch.py``).
 """
 
 from __future__ import annotations
 
 import time
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
 
-import numpy as np
-
+from .flow_result import FlowResult
 from .hw.config import HardwareConfig, load_config
-
-
-@dataclass
-class FlowResult:
-    model: str
-    hardware: HardwareConfig
-    outputs: list[np.ndarray]
-    reference: list[np.ndarray]
-    compile_report: Any
-    run_report: Any
-    timings: dict[str, float] = field(default_factory=dict)
-    intake: list[str] = field(default_factory=list)   # what model intake changed
-    output_step: float | None = None                  # the output's quantization step (QDQ)
-
-    def agreement(self, step: float | None) -> dict[str, float]:
-        """How the DSA outputs compare with onnxruntime on the same QDQ graph."""
-        from .quant.metrics import cosine
-
-        got, ref = self.outputs[0].astype(np.float64), self.reference[0].astype(np.float64)
-        out = {"max_abs_diff": float(np.abs(got - ref).max())}
-        if step:
-            steps = np.abs(got - ref) / step
-            out["max_steps"] = float(steps.max())
-            out["fraction_differing"] = float((steps > 0.5).mean())
-        out["cosine"] = cosine(got, ref)
-        return out
 
 
 def load_model(model: str | Path, shapes: Mapping[str, Sequence[int]] | None = None,
                notes: list[str] | None = None):
     """(onnx.ModelProto, display name): an ONNX file through intake (:func:`dsa_tvm.load_onnx`,
     ``shapes`` for dynamic inputs; its notes appended to ``notes``), or a bundled model name
-    (quantized, built by the project)."""
-    from .frontend.intake import load_onnx
+    (quantized, built by the project); ``models.zoo.model_or_file``."""
+    from .models.zoo import model_or_file
 
-    p = Path(str(model))
-    if p.suffix == ".onnx" or p.exists():
-        taken = load_onnx(p, shapes)
-        if notes is not None:
-            notes.extend(taken.notes)
-        return taken.model, p.name
-    from .models.zoo import get_model, list_models
-
-    if str(model) not in list_models():
-        raise FileNotFoundError(f"no ONNX file '{model}' and no bundled model of that name "
-                                f"(bundled: {', '.join(list_models())})")
-    return get_model(str(model), quantized=True), str(model)
+    return model_or_file(model, shapes, notes)
 
 
 def run_model(model: str | Path, hw: "str | Path | HardwareConfig | None" = None,
               seed: int = 0, verbose: bool = True,
-              shapes: Mapping[str, Sequence[int]] | None = None) -> FlowResult:
+              shapes: Mapping[str, Sequence[int]] | None = None,
+              data: "str | Path | None" = None) -> FlowResult:
     """Compile ``model`` for ``hw``, run one input on the simulator, compare with ORT.
 
-    ``shapes`` fixes dynamic input dimensions of an ONNX file (``{"x": (1, 3, 48, 320)}``)."""
+    ``shapes`` fixes dynamic input dimensions of an ONNX file (``{"x": (1, 3, 48, 320)}``).
+    A ``.pt2`` PyTorch program goes through :func:`flow_pytorch.run_pytorch` (``data``:
+    its calibration data, an image folder or ``.npz``)."""
+    from .flow_pytorch import is_pytorch_program, run_pytorch
+
+    if is_pytorch_program(model):
+        return run_pytorch(model, hw, seed=seed, verbose=verbose, data=data)
+    if data is not None:
+        raise ValueError("calibration data is for a PyTorch program (.pt2); quantize an FP32 "
+                         "ONNX model with dsa-tvm quantize MODEL --calib DATA first")
     import tvm
     from tvm import relax
     from tvm.relax.frontend.onnx import from_onnx

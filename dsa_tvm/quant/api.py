@@ -293,6 +293,17 @@ def quantize(model, calibration_data=None, **options):
     return quantize_onnx(taken, calibration_data, **options).to_relax()
 
 
+def relax_input_shapes(mod) -> dict[str, tuple[int, ...]]:
+    """``main``'s parameters by name with their static shapes."""
+    return {p.name: tuple(int(d) for d in p.ty.shape) for p in mod["main"].params}
+
+
+def relax_input_dtypes(mod) -> dict[str, np.dtype]:
+    """``main``'s parameters by name with their dtypes: calibration feeds keep them (token
+    ids stay int64; a float32 copy is refused by the VM)."""
+    return {p.name: np.dtype(str(p.ty.dtype)) for p in mod["main"].params}
+
+
 def _quantize_relax_module(mod, calibration_data, method: str = "minmax", per_channel: bool = True,
                            symmetric_activations: bool = False, keep_fp32: Iterable[str] = (),
                            num_batches: int | None = None, preprocess="imagenet",
@@ -303,9 +314,8 @@ def _quantize_relax_module(mod, calibration_data, method: str = "minmax", per_ch
         raise ValueError("calibration_data is required to quantize an FP32 model")
     if method not in METHODS:
         raise ValueError(f"unknown calibration method '{method}' (one of {', '.join(METHODS)})")
-    params = mod["main"].params
-    shapes = {p.name: tuple(int(d) for d in p.ty.shape) for p in params}
-    feeds = as_feeds(calibration_data, shapes, preprocess, limit=num_batches)
+    feeds = as_feeds(calibration_data, relax_input_shapes(mod), preprocess, limit=num_batches,
+                     dtypes=relax_input_dtypes(mod))
     qmod, plan = quantize_relax(mod, feeds, method, per_channel, symmetric_activations,
                                 frozenset(keep_fp32), show_progress, **observer_options)
     if verbose:

@@ -178,12 +178,55 @@ def _absorb_affine(ch: Chain, axis: int, var2val: dict, only_user, absorbed: set
         absorbed.update(chain)
 
 
+def _table_source(e: relax.Expr, var2val: dict, produced: set[relax.Var],
+                  absorbed: set[relax.Var]) -> relax.Var | None:
+    """The one int8 tensor (a chain's output, of ``e``'s shape) that ``e`` is an element-wise
+    function of, through ops a DSA table computes and scalar constants, at least one of
+    them more than ReLU/Clip: ``e`` then gets int8 from a table chain (a squeeze-excite
+    gate's sigmoid or hardsigmoid after its conv). None otherwise."""
+    from relay_passes.table_chains import BINARY, PLAIN, UNARY
+
+    sources: set[relax.Var] = set()
+    ops: set[str] = set()
+
+    def walk(x: relax.Expr) -> bool:
+        if isinstance(x, relax.Var) and x in produced:
+            sources.add(x)
+            return True
+        c = _const(x, var2val)
+        if c is not None:
+            return c.size == 1
+        call = var2val.get(x) if isinstance(x, relax.Var) else None
+        op = _op(call) if call is not None else ""
+        if op not in UNARY | BINARY or x in absorbed or not _float_tensor(call):
+            return False
+        ops.add(op)
+        return all(walk(a) for a in (call.args if op in BINARY else call.args[:1]))
+
+    if not walk(e) or len(sources) != 1 or ops <= PLAIN:
+        return None
+    src = next(iter(sources))
+    return src if _shape(src) == _shape(e) else None
+
+
+def _int8_operands(args: list, var2val: dict, produced: set[relax.Var],
+                   absorbed: set[relax.Var]) -> bool:
+    """Whether both operands of a product are int8 without a quantize step of their own:
+    chain outputs, or table functions of two different ones (``x * sigmoid(x)`` is a
+    function of one tensor: a table chain takes it whole)."""
+    if all(a in produced for a in args):
+        return True
+    srcs = [a if a in produced else _table_source(a, var2val, produced, absorbed) for a in args]
+    return all(s is not None for s in srcs) and not srcs[0].same_as(srcs[1])
+
+
 def _binary(v: relax.Var, call: relax.Call, var2val: dict,
-            produced: set[relax.Var]) -> Chain | None:
+            produced: set[relax.Var], absorbed: set[relax.Var] = frozenset()) -> Chain | None:
     """An add or multiply the DSA runs int8: two activations of one shape, or one
     broadcasting per channel (``[N, C, 1, 1]``), or (multiply) an activation times a
-    per-channel constant (or divided by one). A product needs both activations int8 already (an SE gate
-    from a conv, a table activation's output), or it would only add a quantize step."""
+    per-channel constant (or divided by one). A product needs both activations int8 already
+    (an SE gate from a conv, or a sigmoid/hardsigmoid table of one: :func:`_table_source`),
+    or it would only add a quantize step."""
     args, kind = list(call.args), "add" if _op(call) == "relax.add" else "mul"
     consts = [_const(a, var2val) for a in args]
     out = _shape(call)
@@ -198,7 +241,7 @@ def _binary(v: relax.Var, call: relax.Call, var2val: dict,
         elif out not in shapes or isinstance(broadcast_dims(out, shapes[1 - shapes.index(out)]),
                                              str):
             return None
-        if kind == "mul" and not all(a in produced for a in args):
+        if kind == "mul" and not _int8_operands(args, var2val, produced, absorbed):
             return None
         return Chain(kind, v, args[:2], v)
     if kind != "mul" or sum(c is None for c in consts) != 1:
@@ -307,7 +350,7 @@ def _make_plan(func: relax.Function, keep_fp32: frozenset[str],
             elif w is None and all(_float_tensor(a) for a in args):
                 ch = Chain("batch_matmul", v, args[:2], v)
         elif op in ("relax.add", "relax.multiply", "relax.divide"):
-            ch = _binary(v, call, var2val, {c.output for c in plan.chains})
+            ch = _binary(v, call, var2val, {c.output for c in plan.chains}, absorbed)
             if ch is not None and _scalar_product(call, var2val) and (
                     v in deferred if deferred is not None
                     else _feeds_a_table(v, var2val, users)):

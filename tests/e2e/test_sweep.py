@@ -23,7 +23,7 @@ from dsa_tvm.cli import main
 from dsa_tvm.hw.config import load_config
 from dsa_tvm.models.quantize import calibration_data
 from dsa_tvm.models.zoo import get_model
-from dsa_tvm.sweep import Axis, grid, parse_axes, pareto_front, sweep
+from dsa_tvm.sweep import Axis, grid, pareto_front, parse_axes, sweep
 from dsa_tvm.sweep.evaluate import PointResult
 from dsa_tvm.sweep.space import check_axes, config_of
 

@@ -12,6 +12,7 @@ import pytest
 import tvm
 from tvm import relax
 from tvm.relax.frontend.onnx import from_onnx
+from tvm.script import ir as I
 
 import dsa_tvm
 from dsa_tvm.models import calibration_data, get_model
@@ -197,3 +198,33 @@ def test_batch_norm_folds_into_the_conv(conv_bias):
     assert [type(ly).__name__ for ly in layers] == ["Conv2d"]
     _bit_exact(launches, _regions())
     assert cosine(got, want) >= 0.999
+
+
+def test_integer_inputs_keep_their_dtype():
+    """Token ids (int64) reach calibration as int64: ``dsa_tvm.quantize`` feeds every input
+    in the dtype ``main`` declares (a float32 copy is refused by the VM), float arrays
+    of whole numbers included; the embedding's dense layer is quantized."""
+    from tvm.script import relax as R
+
+    rng = np.random.default_rng(5)
+    table = rng.normal(0, 1, (16, 8)).astype(np.float32)
+    w = rng.normal(0, 0.5, (8, 4)).astype(np.float32)
+
+    @I.ir_module
+    class Tokens:
+        @R.function
+        def main(ids: R.Tensor((1, 6), "int64")):
+            with R.dataflow():
+                e = R.take(R.const(table), ids, axis=0)
+                y = R.matmul(e, R.const(w))
+                R.output(y)
+            return y
+
+    calib = [rng.integers(0, 16, (1, 6)) for _ in range(3)]
+    calib.append(calib[0].astype(np.float32))  # ids as floats: cast back to int64
+    qmod = dsa_tvm.quantize(Tokens, calib, verbose=False, show_progress=False)
+    assert [p.ty.dtype for p in qmod["main"].params] == ["int64"]
+    ids = calib[1]
+    got = relax.VirtualMachine(tvm.compile(qmod, target="llvm"), tvm.cpu())["main"](
+        tvm.runtime.tensor(ids)).numpy()
+    assert cosine(got, table[ids] @ w) >= 0.99
