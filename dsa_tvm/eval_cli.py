@@ -22,6 +22,9 @@ def add_parser(sub) -> None:
     e.add_argument("--labels", help="class indices, one per input (.npy or a text file)")
     e.add_argument("--limit", type=at_least_one, help="only the first K inputs")
     e.add_argument("--workers", type=at_least_one, help="processes (default: one per core)")
+    e.add_argument("--ray", metavar="ADDRESS", help="run the inputs on a Ray cluster, --workers "
+                                                    "actors each compiling once ('auto', "
+                                                    "host:port or 'local')")
     e.add_argument("--preprocess", default="imagenet", choices=list(PREPROCESS))
     e.add_argument("--json", help="write the report as JSON here")
     e.add_argument("--quiet", action="store_true", help="no progress bar")
@@ -35,7 +38,8 @@ def cmd_eval(args: argparse.Namespace) -> int:
     try:
         rep = evaluate(args.model, args.data, reference=args.reference, hw=args.hw,
                        labels=args.labels, limit=args.limit, workers=args.workers,
-                       preprocess=args.preprocess, show_progress=not args.quiet)
+                       preprocess=args.preprocess, show_progress=not args.quiet,
+                       ray_address=args.ray)
     except (ValueError, KeyError) as e:
         raise CliError(str(e.args[0] if e.args else e)) from None
     print(rep)

@@ -68,12 +68,13 @@ def evaluate(model: str | Path, data: Any, reference: str | Path | None = None,
              hw: "str | Path | HardwareConfig | None" = None, labels: Any = None,
              limit: int | None = None, workers: int | None = None,
              preprocess: str = "imagenet", show_progress: bool = True,
-             worst: int = 5) -> EvalReport:
+             worst: int = 5, ray_address: str | None = None) -> EvalReport:
     """Run the QDQ ``model`` compiled for ``hw`` over ``data`` (an image folder, ``.npz``
     or ``.npy`` file, arrays or feeds, as :func:`dsa_tvm.quantize` takes) and compare it
     with ``reference`` (an FP32 ONNX model; default: the QDQ graph in onnxruntime).
     ``labels``: class indices, one per input (a sequence or a ``.npy``/``.txt`` file).
-    ``workers`` processes share the inputs (default: one per core, at most one per input)."""
+    ``workers`` processes share the inputs (default: one per core, at most one per input);
+    with ``ray_address`` they are that many Ray actors on the cluster (each compiles once)."""
     from .flow import load_model
     from .models.quantize import run_onnxruntime
     from .quant.api import input_dtypes, input_shapes
@@ -93,7 +94,7 @@ def evaluate(model: str | Path, data: Any, reference: str | Path | None = None,
     want = _labels(labels, len(feeds))
     workers = _workers(workers, len(feeds))
     t0 = time.perf_counter()
-    got = _run_dsa(qdq, cfg, feeds, workers, show_progress)
+    got = _run_dsa(qdq, cfg, feeds, workers, show_progress, ray_address)
     secs = (time.perf_counter() - t0) / len(feeds)
     ref = [run_onnxruntime(ref_model, f, optimize=False)[0] for f in feeds]
     return _report(name, ref_name if reference is None else str(reference), cfg, got, ref,
@@ -126,12 +127,16 @@ def _workers(workers: int | None, n: int) -> int:
 
 
 def _run_dsa(qdq, cfg: HardwareConfig, feeds: list[dict], workers: int,
-             show_progress: bool) -> list[np.ndarray]:
+             show_progress: bool, ray_address: str | None = None) -> list[np.ndarray]:
     """The model's first output for every feed: in this process, or split over
-    ``workers`` fresh processes that each compile the model once."""
+    ``workers`` fresh processes (or Ray actors) that each compile the model once."""
     from tqdm import tqdm
 
     bar = tqdm(total=len(feeds), desc="DSA", unit="input", disable=not show_progress)
+    if ray_address is not None:
+        out = _run_on_ray(ray_address, qdq, cfg, feeds, workers, bar.update)
+        bar.close()
+        return out
     if workers == 1:
         run = _Runner(qdq.SerializeToString(), json.dumps(cfg.as_dict()))
         out = []
@@ -179,8 +184,39 @@ class _Runner:
         out = self.vm["main"](*[self.tvm.runtime.tensor(v) for v in feed.values()])
         return (out.numpy() if hasattr(out, "numpy") else out[0].numpy()).copy()
 
+    def run_many(self, feeds: list[dict]) -> list[np.ndarray]:
+        """A chunk of feeds (a Ray actor's method: one call per chunk)."""
+        from .sim.simulator import one_blas_thread
+
+        with one_blas_thread():
+            return [self(f) for f in feeds]
+
 
 _WORKER: "_Runner | None" = None
+
+
+def _run_on_ray(address: str, qdq, cfg: HardwareConfig, feeds: list[dict], workers: int,
+                advance) -> list[np.ndarray]:
+    """``workers`` Ray actors, each holding the compiled model, share the feeds in chunks."""
+    from .sweep.ray_runner import ray_session
+
+    with ray_session(address) as ray:
+        actor = ray.remote(_Runner)
+        runners = [actor.remote(qdq.SerializeToString(), json.dumps(cfg.as_dict()))
+                   for _ in range(workers)]
+        size = max(1, min(8, len(feeds) // (4 * workers)))
+        chunks = [list(range(k, min(k + size, len(feeds)))) for k in range(0, len(feeds), size)]
+        out: list[np.ndarray | None] = [None] * len(feeds)
+        pending = {runners[n % workers].run_many.remote([feeds[i] for i in c]): c
+                   for n, c in enumerate(chunks)}
+        while pending:
+            ready, _ = ray.wait(list(pending), num_returns=1)
+            for ref in ready:
+                chunk = pending.pop(ref)
+                for i, y in zip(chunk, ray.get(ref)):
+                    out[i] = y
+                advance(len(chunk))
+    return [y for y in out if y is not None]
 
 
 def _start_worker(model_bytes: bytes, hw_json: str) -> None:

@@ -9,7 +9,8 @@ results come back as the same :class:`PointResult` objects a local pool gives.
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 
 from ..hw.config import HardwareConfig
 from .evaluate import PointResult
@@ -25,13 +26,11 @@ def _ray():
     return ray
 
 
-def run_on_ray(address: str, run_chunk: Callable[..., list[PointResult]], jobs: list,
-               chunks: list[range], base: HardwareConfig, axes: list[Axis], cache: bool,
-               done: Callable[[int, PointResult], None]) -> None:
-    """Run ``chunks`` of ``jobs`` as Ray tasks (``run_chunk(jobs, base_dict, axes, cache)``)
-    on the cluster at ``address``; ``done(index, result)`` for each job as its chunk ends."""
+@contextmanager
+def ray_session(address: str) -> Iterator[object]:
+    """The ``ray`` module connected to the cluster at ``address`` for the block (a
+    connection this process already has is used and left open)."""
     ray = _ray()
-
     started_here = not ray.is_initialized()
     if started_here:
         try:
@@ -41,6 +40,18 @@ def run_on_ray(address: str, run_chunk: Callable[..., list[PointResult]], jobs: 
             raise ValueError(f"--ray {address}: cannot reach a Ray cluster ({e}); start one "
                              f"with 'ray start --head' or give its host:port") from None
     try:
+        yield ray
+    finally:
+        if started_here:
+            ray.shutdown()
+
+
+def run_on_ray(address: str, run_chunk: Callable[..., list[PointResult]], jobs: list,
+               chunks: list[range], base: HardwareConfig, axes: list[Axis], cache: bool,
+               done: Callable[[int, PointResult], None]) -> None:
+    """Run ``chunks`` of ``jobs`` as Ray tasks (``run_chunk(jobs, base_dict, axes, cache)``)
+    on the cluster at ``address``; ``done(index, result)`` for each job as its chunk ends."""
+    with ray_session(address) as ray:
         task = ray.remote(run_chunk)
         base_dict = base.as_dict()
         pending = {task.remote([jobs[i] for i in c], base_dict, axes, cache): c for c in chunks}
@@ -49,6 +60,3 @@ def run_on_ray(address: str, run_chunk: Callable[..., list[PointResult]], jobs: 
             for ref in ready:
                 for i, res in zip(pending.pop(ref), ray.get(ref)):
                     done(i, res)
-    finally:
-        if started_here:
-            ray.shutdown()

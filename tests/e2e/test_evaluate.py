@@ -73,6 +73,21 @@ def test_worker_processes_give_the_same_report(files):
         assert getattr(two, key) == getattr(one, key), key
 
 
+def test_ray_actors_give_the_same_report(files):
+    """The Ray path (a local cluster started here) computes what one process does."""
+    import ray  # the test extra installs it
+
+    d, _ = files
+    one = evaluate(d / "int8.onnx", d / "data.npz", workers=1, show_progress=False, limit=4)
+    ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False)
+    try:
+        on_ray = evaluate(d / "int8.onnx", d / "data.npz", workers=2, show_progress=False,
+                          limit=4, ray_address="auto")
+    finally:
+        ray.shutdown()
+    assert on_ray.cosine_min == one.cosine_min and on_ray.worst == one.worst
+
+
 @pytest.mark.parametrize("kw, match", [
     (dict(labels=[1, 2]), "2 labels for 5 inputs"),
     (dict(labels=[0.5] * N), "one class index per input"),
