@@ -35,6 +35,10 @@ def load_sweep_model(spec: str):
     from ..frontend.onnx_graph import is_qdq
     from ..models.zoo import model_or_file
 
+    if str(spec).endswith(".pt2"):
+        raise ValueError(f"'{spec}' is a PyTorch program and sweeps take a QDQ ONNX file or a "
+                         f"bundled model; export the model to ONNX (torch.onnx.export), quantize "
+                         f"it (dsa-tvm quantize model.onnx --calib DATA) and sweep the int8 file")
     onnx_model, name = model_or_file(spec)
     if not is_qdq(onnx_model):
         raise ValueError(f"'{spec}' is an FP32 model: nothing of it would run on the DSA at any "
