@@ -197,6 +197,23 @@ class HardwareConfig:
                 out[f.name] = v  # type: ignore[assignment]
         return out
 
+    def to_toml(self) -> str:
+        """The description as a TOML file ``load_config`` reads back as the same description
+        (a design picked from a sweep, saved for ``--hw``)."""
+        def value(v: Any) -> str:
+            if isinstance(v, bool):
+                return "true" if v else "false"
+            if isinstance(v, str):
+                return '"' + v.replace("\\", "\\\\").replace('"', '\\"') + '"'
+            return repr(v)  # int or float (inf and nan are TOML floats too)
+
+        doc = self.as_dict()
+        lines = [f"{k} = {value(v)}" for k, v in doc.items() if not isinstance(v, dict)]
+        for section, fields in doc.items():
+            if isinstance(fields, dict):
+                lines += ["", f"[{section}]", *(f"{k} = {value(v)}" for k, v in fields.items())]
+        return "\n".join(lines) + "\n"
+
     def replace(self, **changes: Any) -> "HardwareConfig":
         """A new validated config with some fields changed (flat names: ``block_in=32``)."""
         nested = self.as_dict()

@@ -109,7 +109,9 @@ def sweep(models: Sequence[str], axes: Sequence[str] | list[Axis],
     texts or :class:`Axis`) over the description ``hw``; ``workers`` processes (default: all
     cores, at most one per two points); ``ray_address`` runs the points on a Ray cluster.
     ``search="optuna"`` evaluates ``trials`` designs chosen by Optuna's NSGA-II instead of
-    the whole grid (for spaces too large to grid)."""
+    the whole grid (for spaces too large to grid). With ``workers > 1`` the pool spawns
+    processes that import the calling script: call it under ``if __name__ == "__main__":``
+    in a script (as ``multiprocessing`` requires)."""
     import os
 
     base = load_config(hw)

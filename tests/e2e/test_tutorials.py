@@ -28,9 +28,77 @@ def test_compile_and_run_tutorial(tmp_path):
 def test_tuning_tutorial(tmp_path):
     out = run_tutorial("02_tune.py", "--trials", "4", "--work-dir", "tune", cwd=tmp_path)
     assert "DSA tuning for 'default'" in out
+    _check_tuned(out, tmp_path)
+
+
+def _check_tuned(out: str, tmp_path) -> None:
+    """A tuning tutorial's verdict: tuned no slower, same outputs, the database written."""
     m = re.search(r"DSA cycles: default schedules ([\d,]+), tuned ([\d,]+)", out)
     assert m, out
     default, tuned = (int(g.replace(",", "")) for g in m.groups())
     assert 0 < tuned <= default
     assert "outputs identical: True" in out
     assert (tmp_path / "tune" / "database_tuning_record.json").is_file()
+
+
+def test_pytorch_tutorial(tmp_path):
+    """A PyTorch model with a residual block goes through from_pytorch, compiles whole onto the
+    DSA, matches TVM's LLVM build within one output step and torch's FP32 output by cosine,
+    and the roofline, the breakdown and the per-layer CSV are written."""
+    out = run_tutorial("03_pytorch_model.py", cwd=tmp_path)
+    assert "DSA run report" in out and re.search(r":add\s+Add\s+DSA", out), out  # the residual
+    assert re.search(r"100\.0% of MACs on the DSA", out), out
+    m = re.search(r"max \|DSA - LLVM int8\|: (\d+) output step", out)
+    assert m and int(m.group(1)) <= 1, out
+    m = re.search(r"cosine DSA vs torch FP32: ([\d.]+)", out)
+    assert m and float(m.group(1)) >= 0.99, out
+    assert re.search(r"compute-bound|memory-bound", out)
+    folder = tmp_path / "pytorch_out"
+    for name in ("roofline.png", "breakdown.png"):
+        assert (folder / name).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n", name
+        assert f"pytorch_out/{name}" in out
+    lines = (folder / "layers.csv").read_text().splitlines()
+    assert lines[0].startswith("name,op,target") and len(lines) > 8
+
+
+def test_design_space_tutorial(tmp_path):
+    """The sweep prints its table and writes CSV, JSON and the Pareto plot; the picked design
+    is on the front, is saved as a description that loads, and the model compiled for it
+    runs in the cycles the sweep counted."""
+    import dsa_tvm
+
+    out = run_tutorial("04_design_space.py", cwd=tmp_path)
+    assert "sweep of small_cnn over 9 runs" in out, out
+    folder = tmp_path / "sweep_out"
+    assert (folder / "pareto.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    assert len((folder / "sweep.csv").read_text().splitlines()) == 10
+    assert (folder / "sweep.json").is_file()
+    m = re.search(r"picked: (array=\d+ dram\.bandwidth_bytes_per_cycle=\d+): ", out)
+    assert m, out
+    front = out.split("Pareto front of small_cnn", 1)[1].split("picked:", 1)[0]
+    assert m.group(1) in front
+    cfg = dsa_tvm.load_config(folder / "small_cnn_pick.toml")
+    array, bandwidth = (int(v) for v in re.findall(r"=(\d+)", m.group(1)))
+    assert (cfg.block_in, cfg.block_out, cfg.bandwidth_bytes_per_cycle) == (array, array, bandwidth)
+    m = re.search(r"small_cnn on small_cnn_pick: ([\d,]+) DSA cycles.*the sweep counted ([\d,]+) cycles",
+                  out)
+    assert m and m.group(1) == m.group(2), out
+
+
+def test_rpc_tuning_tutorial(tmp_path):
+    """Tuning measures on two RPC servers behind a tracker, the tuned build is no slower and
+    computes the same outputs, and every process the tutorial started is gone."""
+    import psutil
+
+    out = run_tutorial("05_rpc_tuning.py", "--trials", "4", "--work-dir", "tune", cwd=tmp_path)
+    assert out.count("dsa-tvm RPC server on 127.0.0.1:") == 2, out
+    assert "2 free server(s)" in out and "DSA tuning for 'default'" in out, out
+    served = re.findall(r"server (\d) \(pid \d+\) measured (\d+) candidate", out)
+    assert served and all(who in ("1", "2") for who, _ in served), out
+    m = re.search(r"measurements over RPC: (\d+) on (\d) server", out)
+    assert m and int(m.group(1)) == sum(int(n) for _, n in served) > 0, out
+    _check_tuned(out, tmp_path)
+    assert "processes left running: 0" in out, out
+    here = str(tmp_path)
+    left = [p.info for p in psutil.process_iter(["pid", "cmdline", "cwd"]) if p.info["cwd"] == here]
+    assert not left, left
