@@ -45,7 +45,9 @@ def plot_pareto(results: Sequence[PointResult], path: str | Path) -> Path:
     if not models:
         raise ValueError("no design point compiled, so there is nothing to plot; the CSV's "
                          "error column says why each failed")
-    fig = Figure(figsize=(7.2 * len(models), 5.4), layout="constrained")
+    most = max(len(pareto_front([r for r in results if r.model == m and not r.error]))
+               for m in models)
+    fig = Figure(figsize=(7.2 * len(models), 5.4 + 0.13 * most), layout="constrained")
     FigureCanvasAgg(fig)
     axes = fig.subplots(1, len(models), squeeze=False)[0]
     for ax, model in zip(axes, models):
@@ -56,13 +58,12 @@ def plot_pareto(results: Sequence[PointResult], path: str | Path) -> Path:
                         cmap="viridis", s=36, edgecolors="black", linewidths=0.4, zorder=3)
         ax.plot([r.area_mm2 for r in front], [r.latency_us for r in front], color="crimson",
                 lw=1.2, zorder=2, label=f"Pareto front ({len(front)} of {len(mine)})")
-        mid = (min(r.area_mm2 for r in mine) + max(r.area_mm2 for r in mine)) / 2
-        for r in front:   # labels point inward and do not resize the panel
-            right = r.area_mm2 > mid
-            ann = ax.annotate(short_label(r), (r.area_mm2, r.latency_us), fontsize=6,
-                              xytext=(-4 if right else 4, 4), textcoords="offset points",
-                              ha="right" if right else "left")
-            ann.set_in_layout(False)
+        for i, r in enumerate(front, 1):   # numbered here, named in the list below
+            ax.annotate(str(i), (r.area_mm2, r.latency_us), fontsize=8, fontweight="bold",
+                        xytext=(4, 3), textcoords="offset points", color="crimson")
+        ax.text(0.0, -0.14, "\n".join(f"{i}: {short_label(r)}  ({r.latency_us:,.0f} us, "
+                                      f"{r.area_mm2:.2f} mm$^2$)" for i, r in enumerate(front, 1)),
+                transform=ax.transAxes, fontsize=7, va="top", family="monospace")
         ax.set_xlabel("area estimate (mm$^2$)")
         ax.set_ylabel("latency (us)")
         ax.set_yscale("log")
