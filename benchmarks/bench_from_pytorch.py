@@ -28,8 +28,6 @@ import numpy as np
 #: token model (int64 ids); about two minutes on two cores
 FAST = ("resnet18", "mobilenet_v3_small", "bert")
 CALIBRATION, CALIBRATION_SEED, EVAL_SEED = 8, 1234, 7
-GLUE = {"quantize", "dequantize", "reshape", "permute_dims", "squeeze", "expand_dims",
-        "flatten", "astype", "shape_of", "shape_to_tensor"}
 
 
 @dataclass
@@ -53,6 +51,7 @@ def measure(name: str, hw: str = "default", tiny: bool = False) -> Row:
     import dsa_tvm
     from dsa_tvm.flow_pytorch import output_step
     from dsa_tvm.models import torch_zoo
+    from dsa_tvm.models.torch_zoo.measure import cpu_ops_left
     from dsa_tvm.quant.metrics import cosine
 
     row, t0 = Row(name), time.perf_counter()
@@ -67,13 +66,7 @@ def measure(name: str, hw: str = "default", tiny: bool = False) -> Row:
         got = vm["main"](tvm.runtime.tensor(x)).numpy()
         rep = dsa_tvm.run_report(vm)
         row.mac_share, row.launches = rep.dsa_mac_share, rep.regions
-        for op in crep.partition.cpu_ops:
-            short = op.op.replace("relax.", "").replace("nn.", "")
-            if short not in GLUE:
-                row.cpu_ops[short] += 1
-        for d in crep.regions:
-            if d.target == "cpu" and d.region is not None:
-                row.cpu_ops.update(f"{type(ly).__name__} (cost model)" for ly in d.region.layers)
+        row.cpu_ops.update(cpu_ops_left(crep))
         want = relax.VirtualMachine(tvm.compile(qmod, target="llvm"), tvm.cpu())["main"](
             tvm.runtime.tensor(x)).numpy()
         step = output_step(qmod)

@@ -7,6 +7,7 @@ import numpy as np
 
 from dsa_tvm.isa.program import Program
 from dsa_tvm.sim.simulator import Simulator
+from dsa_tvm.sim.timing import Schedule
 
 from .reference_machine import reference_outputs
 
@@ -36,3 +37,20 @@ def rand_int8(rng, shape):
 
 def rand_int32(rng, shape, lo=-(1 << 31), hi=(1 << 31)):
     return rng.integers(lo, hi, shape, dtype=np.int64).astype(np.int32)
+
+
+def schedule_of(start, end, engine) -> Schedule:
+    """A timing schedule from instruction intervals and engines (attribution tests)."""
+    start, end = np.asarray(start, np.int64), np.asarray(end, np.int64)
+    return Schedule(start, end, np.asarray(engine, np.int64), np.zeros_like(start),
+                    int(end.max()) if end.size else 0)
+
+
+def random_layers(instrs, n_layers: int, rnd) -> tuple[Schedule, list[tuple[int, int]]]:
+    """The schedule of hypothesis-drawn ``(start, duration, engine)`` instructions and a
+    random cut of them into up to ``n_layers`` consecutive layers (first, last)."""
+    sched = schedule_of([s for s, _, _ in instrs], [s + d for s, d, _ in instrs],
+                        [e for _, _, e in instrs])
+    cuts = sorted(rnd.sample(range(1, len(instrs)), min(n_layers, len(instrs)) - 1))
+    bounds = [0, *cuts, len(instrs)]
+    return sched, [(lo, hi - 1) for lo, hi in zip(bounds, bounds[1:])]

@@ -2,26 +2,20 @@
 
 from __future__ import annotations
 
-import numpy as np
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from dsa_tvm.isa.instructions import Engine
 from dsa_tvm.sim.attribution import attribute
-from dsa_tvm.sim.timing import Schedule
 
-
-def _schedule(start, end, engine) -> Schedule:
-    start, end = np.asarray(start, np.int64), np.asarray(end, np.int64)
-    return Schedule(start, end, np.asarray(engine, np.int64), np.zeros_like(start),
-                    int(end.max()) if end.size else 0)
+from .harness import random_layers, schedule_of
 
 
 def test_compute_claims_overlapping_loads_and_idle_goes_to_the_awaited_layer():
     # layer 0: load [0, 10), compute [10, 30); layer 1: load [20, 40) under layer 0's
     # compute, then nothing until its compute [50, 60) (10 idle cycles, waited for by 1)
-    s = _schedule([0, 10, 20, 50], [10, 30, 40, 60],
+    s = schedule_of([0, 10, 20, 50], [10, 30, 40, 60],
                   [Engine.LOAD, Engine.COMPUTE, Engine.LOAD, Engine.COMPUTE])
     a = attribute(s, [(0, 1), (2, 3)])
     assert [t.cycles for t in a.layers] == [30, 30]
@@ -35,18 +29,13 @@ def test_compute_claims_overlapping_loads_and_idle_goes_to_the_awaited_layer():
                 min_size=1, max_size=40),
        st.integers(1, 6), st.randoms(use_true_random=False))
 def test_cycles_sum_to_the_total_whatever_the_overlap(instrs, n_layers, rnd):
-    start = [s for s, _, _ in instrs]
-    end = [s + d for s, d, _ in instrs]
-    sched = _schedule(start, end, [e for _, _, e in instrs])
-    cuts = sorted(rnd.sample(range(1, len(instrs)), min(n_layers, len(instrs)) - 1))
-    bounds = [0, *cuts, len(instrs)]
-    ranges = [(lo, hi - 1) for lo, hi in zip(bounds, bounds[1:])]
+    sched, ranges = random_layers(instrs, n_layers, rnd)
     a = attribute(sched, ranges)
     assert sum(t.cycles for t in a.layers) == sched.cycles
     assert all(t.cycles >= 0 for t in a.layers)
     assert sum(e - s for _, s, e in a.runs) == sched.cycles
     for (lo, hi), t in zip(ranges, a.layers):
-        assert t.span == max(end[lo:hi + 1]) - min(start[lo:hi + 1])
+        assert t.span == int(sched.end[lo:hi + 1].max() - sched.start[lo:hi + 1].min())
         assert t.compute <= t.span and t.load <= t.span and t.store <= t.span
 
 

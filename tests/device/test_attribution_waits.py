@@ -3,25 +3,19 @@ the compute engine, only DMA transfers (DRAM wait), or nothing (token wait)."""
 
 from __future__ import annotations
 
-import numpy as np
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from dsa_tvm.isa.instructions import Engine
 from dsa_tvm.sim.attribution import attribute
-from dsa_tvm.sim.timing import Schedule
 
-
-def _schedule(start, end, engine) -> Schedule:
-    start, end = np.asarray(start, np.int64), np.asarray(end, np.int64)
-    return Schedule(start, end, np.asarray(engine, np.int64), np.zeros_like(start),
-                    int(end.max()) if end.size else 0)
+from .harness import random_layers, schedule_of
 
 
 def test_loads_are_dram_wait_and_idle_cycles_token_wait():
     # layer 0: load [0, 10), compute [10, 30); layer 1: load [20, 40) (under layer 0's
     # compute until 30), idle [40, 50), compute [50, 60), store [60, 70)
-    s = _schedule([0, 10, 20, 50, 60], [10, 30, 40, 60, 70],
+    s = schedule_of([0, 10, 20, 50, 60], [10, 30, 40, 60, 70],
                   [Engine.LOAD, Engine.COMPUTE, Engine.LOAD, Engine.COMPUTE, Engine.STORE])
     a = attribute(s, [(0, 1), (2, 4)])
     split = [(t.on_compute, t.dram_wait, t.token_wait) for t in a.layers]
@@ -33,15 +27,12 @@ def test_loads_are_dram_wait_and_idle_cycles_token_wait():
                 min_size=1, max_size=40),
        st.integers(1, 6), st.randoms(use_true_random=False))
 def test_the_split_adds_up_to_each_layers_cycles(instrs, n_layers, rnd):
-    start = [s for s, _, _ in instrs]
-    end = [s + d for s, d, _ in instrs]
-    sched = _schedule(start, end, [e for _, _, e in instrs])
-    cuts = sorted(rnd.sample(range(1, len(instrs)), min(n_layers, len(instrs)) - 1))
-    bounds = [0, *cuts, len(instrs)]
-    a = attribute(sched, [(lo, hi - 1) for lo, hi in zip(bounds, bounds[1:])])
+    sched, ranges = random_layers(instrs, n_layers, rnd)
+    a = attribute(sched, ranges)
     for t in a.layers:
         assert t.on_compute + t.dram_wait + t.token_wait == t.cycles
         assert min(t.on_compute, t.dram_wait, t.token_wait) >= 0
         assert t.on_compute <= t.compute  # only while one of its instructions computes
-    idle = sched.cycles - len(set().union(*(range(s, e) for s, e in zip(start, end))))
+    busy = set().union(*(range(s, e) for s, e in zip(sched.start.tolist(), sched.end.tolist())))
+    idle = sched.cycles - len(busy)
     assert sum(t.token_wait for t in a.layers) == idle

@@ -28,6 +28,20 @@ GLUE = {"quantize", "dequantize", "reshape", "permute_dims", "squeeze", "expand_
         "flatten", "astype", "shape_of", "shape_to_tensor"}
 
 
+def cpu_ops_left(crep) -> Counter:
+    """What a compile left on the CPU, by kind: Relax ops outside regions (glue excluded)
+    and the layers of regions the cost model gave to the CPU."""
+    out: Counter = Counter()
+    for op in crep.partition.cpu_ops:
+        short = op.op.replace("relax.", "").replace("nn.", "")
+        if short not in GLUE:
+            out[short] += 1
+    for d in crep.regions:
+        if d.target == "cpu" and d.region is not None:
+            out.update(f"{type(ly).__name__} (cost model)" for ly in d.region.layers)
+    return out
+
+
 @dataclass
 class ZooResult:
     name: str
@@ -186,13 +200,7 @@ def measure(name: str, hw: str = "default", tiny: bool = False, cpu_gmacs: float
         res.report_macs = sum(r.macs for r in rep.rows)
         res.dsa_layers = len(dsa_rows)
         res.dsa_ops = Counter(r.op for r in dsa_rows)
-        for op in crep.partition.cpu_ops:
-            short = op.op.replace("relax.", "").replace("nn.", "")
-            if short not in GLUE:
-                res.cpu_ops[short] += 1
-        for d in crep.regions:
-            if d.target == "cpu" and d.region is not None:
-                res.cpu_ops.update(f"{type(ly).__name__} (cost model)" for ly in d.region.layers)
+        res.cpu_ops.update(cpu_ops_left(crep))
         res.launches, res.cycles, res.bound = len(launches), rep.total_cycles, rep.bound_cycles
         kernel = {ly.name: "x".join(map(str, ly.weight.shape[2:]))
                   for d in crep.regions if d.target == "dsa" and d.region is not None
