@@ -209,6 +209,23 @@ def quantize_onnx(model: onnx.ModelProto | str | Path | Intake, calibration_data
     return out
 
 
+def quantize_with_ranges(model: onnx.ModelProto | str | Path | Intake,
+                         calibrated: QuantizedModel) -> QuantizedModel:
+    """``model`` quantized with the ranges of an earlier calibration of a graph with the
+    same tensor names (another static-shape bucket of one network: the LLM's prefill and
+    decode steps), so a tensor crossing between the graphs (a KV cache) has the same int8
+    grid in each. ``calibrated`` must come from :func:`quantize_onnx` without outlier
+    side paths (they depend on the graph's data)."""
+    if calibrated.side_path:
+        raise ValueError("ranges from a calibration with split outliers cannot be reused: "
+                         "calibrate with split_outliers=False")
+    taken = load_onnx(model)
+    fp32, folded = _prepare(taken.model)
+    out = _build(fp32, calibrated.options, calibrated.ranges, folded, {}, [])
+    out.intake = list(taken.notes)
+    return out
+
+
 def _split_outliers(fp32: onnx.ModelProto, feeds, show_progress: bool
                     ) -> tuple[onnx.ModelProto, list[str]]:
     """A first calibration pass over the dense layers' inputs and outputs, then the split."""

@@ -1,0 +1,6 @@
+"""Decoder LLMs on the DSA: prefill and decode steps against a KV cache (issue 14)."""
+
+from .model import CompiledLLM, Generation, StepRecord, load
+from .source import load_source, tiny_llama
+
+__all__ = ["CompiledLLM", "Generation", "StepRecord", "load", "load_source", "tiny_llama"]

@@ -1,0 +1,249 @@
+"""``dsa_tvm.llm.load``: a decoder LLM compiled for the DSA, step by step.
+
+Quantized once (ranges from FP32 decode steps over calibration text, shared by every
+bucket so the KV cache has one int8 grid), compiled once per bucket, run on the
+simulator through TVM's VM; the host embeds, keeps the cache and samples.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+from .buckets import CONTEXT, PREFILL, bucket
+from .feeds import KVCache, step_feeds
+from .source import Source, load_source
+from .step import Arch, export_step, run_step_fp32
+
+QUANTS = ("w8a8", "fp32")
+#: calibration: decode steps at these many positions of each calibration text
+CALIBRATION_TOKENS = 48
+CALIBRATION_CACHE = 64
+DEFAULT_CALIBRATION = (
+    "The capital of France is Paris. It is known for the Eiffel Tower and fine food.",
+    "def fibonacci(n):\n    if n < 2:\n        return n\n    return fibonacci(n - 1) + "
+    "fibonacci(n - 2)\n",
+    "Once upon a time, in a small village by the sea, there lived an old fisherman who "
+    "told stories to the children every evening.",
+    "Water boils at 100 degrees Celsius at sea level; at higher altitudes it boils at a "
+    "lower temperature because the air pressure is lower.",
+)
+
+
+@dataclass
+class StepRecord:
+    """One step on the device: what it computed and what it cost."""
+
+    kind: str                 # "prefill" or "decode"
+    tokens: int               # real tokens (the bucket may be larger)
+    bucket: tuple[int, int]   # (tokens, cache slots) of the compiled step
+    context: int              # cache length before the step
+    cycles: int = 0
+    launches: int = 0
+    dram_read: int = 0
+    dram_written: int = 0
+    macs_dsa: int = 0
+    macs_cpu: int = 0
+    wall_s: float = 0.0
+
+
+@dataclass
+class Generation:
+    text: str
+    ids: list[int]
+    prompt_ids: list[int]
+    steps: list[StepRecord] = field(default_factory=list)
+    mhz: float = 0.0
+
+    @property
+    def prefill(self) -> StepRecord | None:
+        return next((s for s in self.steps if s.kind == "prefill"), None)
+
+    @property
+    def decode(self) -> list[StepRecord]:
+        return [s for s in self.steps if s.kind == "decode"]
+
+    def summary(self) -> str:
+        lines = [f"prompt {len(self.prompt_ids)} tokens, generated {len(self.ids)}"]
+        p = self.prefill
+        if p is not None:
+            lines.append(f"  prefill: {p.cycles:,} cycles ({p.cycles / self.mhz / 1e3:.3f} ms), "
+                         f"{p.launches} launch(es), DRAM {p.dram_read / 1e6:.2f} MB read")
+        d = self.decode
+        if d:
+            cyc = np.mean([s.cycles for s in d])
+            lines.append(f"  decode: {cyc:,.0f} cycles/token ({self.mhz * 1e6 / cyc:,.1f} "
+                         f"tokens/s at {self.mhz:g} MHz), {d[-1].launches} launch(es)/token, "
+                         f"DRAM {np.mean([s.dram_read for s in d]) / 1e6:.2f} MB read/token, "
+                         f"simulator {np.mean([s.wall_s for s in d]):.2f} s/token")
+        return "\n".join(lines)
+
+
+class CompiledLLM:
+    """A decoder with its quantization and per-bucket executables (built on first use)."""
+
+    def __init__(self, source: Source, hw: str = "default", quant: str = "w8a8",
+                 calibration: tuple[str, ...] = DEFAULT_CALIBRATION,
+                 prefill_buckets: tuple[int, ...] = PREFILL,
+                 context_buckets: tuple[int, ...] = CONTEXT, verbose: bool = False) -> None:
+        import dsa_tvm
+
+        if quant not in QUANTS:
+            raise ValueError(f"quant must be one of {QUANTS}, got {quant!r}")
+        self.source, self.quant, self.verbose = source, quant, verbose
+        self.hf, self.arch = source.model, Arch.of(source.model)
+        self.cfg = dsa_tvm.load_config(hw)
+        self.prefill_buckets, self.context_buckets = tuple(prefill_buckets), tuple(context_buckets)
+        self._calibration = tuple(calibration)
+        self._calibrated = None
+        self._compiled: dict[tuple[int, int], Any] = {}
+        #: bucket -> its full compile report (regions with their layers, for reference checks)
+        self.reports: dict[tuple[int, int], Any] = {}
+        self.last_launches: list = []                     # the last step's DSA launches
+
+    # ----------------------------------------------------------------- compile
+    def _log(self, msg: str) -> None:
+        if self.verbose:
+            print(f"dsa_tvm.llm: {msg}", flush=True)
+
+    def calibration_feeds(self) -> list[dict[str, np.ndarray]]:
+        """Decode-step inputs at every position of each calibration text, the cache
+        filled by the FP32 model (one FP32 prefill per text)."""
+        feeds = []
+        for text in self._calibration:
+            ids = self.source.encode(text)[:CALIBRATION_TOKENS]
+            if not ids:
+                continue
+            full = step_feeds(self.hf, self.arch, ids, 0, len(ids), 0, None)
+            outs = dict(zip(self.arch.output_names(), run_step_fp32(self.hf, len(ids), 0, full)))
+            for p in range(len(ids)):
+                kv = KVCache(self.arch, CALIBRATION_CACHE)
+                kv.append(outs, p)
+                feeds.append(step_feeds(self.hf, self.arch, ids[p:p + 1], p, 1,
+                                        CALIBRATION_CACHE, kv))
+        if not feeds:
+            raise ValueError("no calibration text: give at least one non-empty string")
+        return feeds
+
+    def _quantized(self, tokens: int, cache: int):
+        from dsa_tvm.quant.api import quantize_onnx, quantize_with_ranges
+
+        fp32 = export_step(self.hf, tokens, cache)
+        if self._calibrated is None:
+            t0 = time.perf_counter()
+            cal = export_step(self.hf, 1, CALIBRATION_CACHE)
+            self._calibrated = quantize_onnx(cal, self.calibration_feeds(), show_progress=False,
+                                             quantize_norms=self.cfg.norm_units >= 1,
+                                             split_outliers=False, bias_correction=False)
+            self._log(f"calibrated in {time.perf_counter() - t0:.1f} s")
+        return quantize_with_ranges(fp32, self._calibrated)
+
+    def executable(self, tokens: int, cache: int):
+        """The VM of bucket ``(tokens, cache)``, compiled on first use."""
+        key = (tokens, cache)
+        if key not in self._compiled:
+            import tvm
+            from tvm import relax
+
+            import dsa_tvm
+
+            t0 = time.perf_counter()
+            mod = self._quantized(tokens, cache).to_relax()
+            ex = tvm.compile(mod, target=dsa_tvm.target(self.cfg))
+            self.reports[key] = dsa_tvm.compile_report(ex)
+            self._compiled[key] = (ex, relax.VirtualMachine(ex, tvm.cpu()))
+            self._log(f"compiled step {key} in {time.perf_counter() - t0:.1f} s")
+        return self._compiled[key]
+
+    # ----------------------------------------------------------------- run
+    def run_step(self, ids: list[int], kv: KVCache, kind: str) -> tuple[np.ndarray, StepRecord]:
+        """Logits (len(ids), vocab) of ``ids`` after the cache; their K/V join the cache."""
+        import tvm
+
+        from dsa_tvm.report import build_report
+        from dsa_tvm.runtime import take_launches
+
+        n, start = len(ids), kv.length
+        if kind == "prefill" and start == 0:
+            shape = (bucket(n, self.prefill_buckets, "a prompt"), 0)
+        else:
+            shape = (1, bucket(start, self.context_buckets, "a context"))
+            if n != 1:
+                raise ValueError("a decode step takes one token")
+        feeds = step_feeds(self.hf, self.arch, ids, start, shape[0], shape[1],
+                           kv if shape[1] else None)
+        t0 = time.perf_counter()
+        launches = []
+        if self.quant == "fp32":   # the reference: the same step in torch, nothing simulated
+            out = run_step_fp32(self.hf, shape[0], shape[1], feeds)
+        else:
+            ex, vm = self.executable(*shape)
+            take_launches()
+            out = vm["main"](*(tvm.runtime.tensor(feeds[nm])
+                               for nm in self.arch.input_names(shape[1])))
+            out = [o.numpy() for o in out]
+            launches = take_launches()
+        self.last_launches = launches
+        wall = time.perf_counter() - t0
+        outs = dict(zip(self.arch.output_names(), out))
+        kv.append(outs, n)
+        rec = StepRecord(kind, n, shape, start, wall_s=wall, launches=len(launches))
+        if launches:
+            rep = build_report(launches, self.reports[shape])
+            rec.cycles = rep.total_cycles
+            rec.dram_read = sum(r.dram_read for r in rep.rows)
+            rec.dram_written = sum(r.dram_written for r in rep.rows)
+            rec.macs_dsa = sum(r.macs for r in rep.rows if r.target == "DSA")
+            rec.macs_cpu = sum(r.macs for r in rep.rows if r.target != "DSA")
+        return outs["logits"][0, :n], rec
+
+    def new_cache(self) -> KVCache:
+        return KVCache(self.arch, self.context_buckets[-1])
+
+    def generate(self, prompt: str | list[int], max_new_tokens: int = 32, greedy: bool = True,
+                 seed: int = 0, on_token=None) -> Generation:
+        """Prefill the prompt, then decode ``max_new_tokens`` (greedy, or sampled from the
+        softmax with ``seed``); ``on_token(id, text, record)`` sees each token as it comes."""
+        ids = self.source.encode(prompt) if isinstance(prompt, str) else list(prompt)
+        if not ids:
+            raise ValueError("empty prompt: give at least one token")
+        if max_new_tokens < 0:
+            raise ValueError(f"max_new_tokens must be >= 0, got {max_new_tokens}")
+        bucket(len(ids), self.prefill_buckets, "a prompt")
+        need = len(ids) + max(max_new_tokens - 1, 0)
+        if need > self.context_buckets[-1]:
+            raise ValueError(f"a context of {len(ids)} prompt + {max_new_tokens} new tokens "
+                             f"exceeds the largest bucket ({self.context_buckets[-1]}); ask "
+                             f"for fewer tokens or pass larger context_buckets")
+        rng = np.random.default_rng(seed)
+        kv = self.new_cache()
+        logits, rec = self.run_step(ids, kv, "prefill")
+        steps, out = [rec], []
+        eos = getattr(self.hf.config, "eos_token_id", None)
+        for i in range(max_new_tokens):
+            tok = _pick(logits[-1], greedy, rng)
+            out.append(tok)
+            if on_token is not None:
+                on_token(tok, self.source.decode([tok]), steps[-1])
+            if tok == eos or i == max_new_tokens - 1:
+                break
+            logits, rec = self.run_step([tok], kv, "decode")
+            steps.append(rec)
+        return Generation(self.source.decode(out), out, ids, steps, self.cfg.mhz)
+
+
+def _pick(logits: np.ndarray, greedy: bool, rng: np.random.Generator) -> int:
+    if greedy:
+        return int(np.argmax(logits))
+    p = np.exp(logits - logits.max())
+    return int(rng.choice(len(p), p=p / p.sum()))
+
+
+def load(model: str = "smollm2", hw: str = "default", quant: str = "w8a8", **options) -> CompiledLLM:
+    """A decoder (``"smollm2"``, ``"tiny"``, a .gguf file or a Hugging Face folder) ready to
+    ``generate`` on the DSA of hardware ``hw``; steps compile on first use."""
+    seed = options.pop("seed", 0)
+    return CompiledLLM(load_source(model, seed), hw, quant, **options)
