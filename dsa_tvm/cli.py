@@ -16,6 +16,7 @@ from .eval_cli import add_parser as add_eval
 from .flow import run_model
 from .flow_pytorch import is_pytorch_program
 from .frontend.intake import IntakeError, add_shape_arg, parse_shape_args
+from .generate_cli import add_parser as add_generate
 from .hw.config import ConfigError, load_config, preset_names, with_overrides
 from .isa.disasm import disassemble
 from .isa.docgen import main as write_docs
@@ -270,6 +271,7 @@ def build_parser() -> argparse.ArgumentParser:
     add_quantize(sub)
     add_eval(sub)
     add_sweep(sub)
+    add_generate(sub)
     return p
 
 

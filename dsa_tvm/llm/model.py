@@ -37,7 +37,7 @@ DEFAULT_CALIBRATION = (
 class StepRecord:
     """One step on the device: what it computed and what it cost."""
 
-    kind: str                 # "prefill" or "decode"
+    kind: str                 # "sink" (the first token, host FP32), "prefill" or "decode"
     tokens: int               # real tokens (the bucket may be larger)
     bucket: tuple[int, int]   # (tokens, cache slots) of the compiled step
     context: int              # cache length before the step
@@ -59,8 +59,8 @@ class Generation:
     mhz: float = 0.0
 
     @property
-    def prefill(self) -> StepRecord | None:
-        return next((s for s in self.steps if s.kind == "prefill"), None)
+    def prefill(self) -> list[StepRecord]:
+        return [s for s in self.steps if s.kind == "prefill"]
 
     @property
     def decode(self) -> list[StepRecord]:
@@ -69,16 +69,24 @@ class Generation:
     def summary(self) -> str:
         lines = [f"prompt {len(self.prompt_ids)} tokens, generated {len(self.ids)}"]
         p = self.prefill
-        if p is not None:
-            lines.append(f"  prefill: {p.cycles:,} cycles ({p.cycles / self.mhz / 1e3:.3f} ms), "
-                         f"{p.launches} launch(es), DRAM {p.dram_read / 1e6:.2f} MB read")
+        if p:
+            cyc = sum(s.cycles for s in p)
+            lines.append(f"  prefill: {sum(s.tokens for s in p)} tokens in {cyc:,} cycles "
+                         f"({cyc / self.mhz / 1e3:.3f} ms), {sum(s.launches for s in p)} "
+                         f"launch(es), DRAM {sum(s.dram_read for s in p) / 1e6:.2f} MB read "
+                         f"(the first token on the host)")
         d = self.decode
         if d:
-            cyc = np.mean([s.cycles for s in d])
-            lines.append(f"  decode: {cyc:,.0f} cycles/token ({self.mhz * 1e6 / cyc:,.1f} "
-                         f"tokens/s at {self.mhz:g} MHz), {d[-1].launches} launch(es)/token, "
-                         f"DRAM {np.mean([s.dram_read for s in d]) / 1e6:.2f} MB read/token, "
-                         f"simulator {np.mean([s.wall_s for s in d]):.2f} s/token")
+            cyc = float(np.mean([s.cycles for s in d]))
+            wall = float(np.mean([s.wall_s for s in d]))
+            if cyc:
+                lines.append(f"  decode: {cyc:,.0f} cycles/token ({self.mhz * 1e6 / cyc:,.1f} "
+                             f"tokens/s at {self.mhz:g} MHz), {d[-1].launches} launch(es)/token, "
+                             f"DRAM {np.mean([s.dram_read for s in d]) / 1e6:.2f} MB read/token, "
+                             f"simulator {wall:.2f} s/token")
+            else:
+                lines.append(f"  decode: no DSA launch (the compiler's cost model kept every "
+                             f"region on the CPU, or quant fp32), {wall:.2f} s/token on the host")
         return "\n".join(lines)
 
 
@@ -89,13 +97,13 @@ class CompiledLLM:
                  calibration: tuple[str, ...] = DEFAULT_CALIBRATION,
                  prefill_buckets: tuple[int, ...] = PREFILL,
                  context_buckets: tuple[int, ...] = CONTEXT, verbose: bool = False) -> None:
-        import dsa_tvm
+        from ..hw.config import load_config
 
         if quant not in QUANTS:
             raise ValueError(f"quant must be one of {QUANTS}, got {quant!r}")
         self.source, self.quant, self.verbose = source, quant, verbose
         self.hf, self.arch = source.model, Arch.of(source.model)
-        self.cfg = dsa_tvm.load_config(hw)
+        self.cfg = load_config(hw)
         self.prefill_buckets, self.context_buckets = tuple(prefill_buckets), tuple(context_buckets)
         self._calibration = tuple(calibration)
         self._calibrated = None
@@ -119,7 +127,7 @@ class CompiledLLM:
                 continue
             full = step_feeds(self.hf, self.arch, ids, 0, len(ids), 0, None)
             outs = dict(zip(self.arch.output_names(), run_step_fp32(self.hf, len(ids), 0, full)))
-            for p in range(len(ids)):
+            for p in range(1, len(ids)):   # not the sink token (run_step says why)
                 kv = KVCache(self.arch, CALIBRATION_CACHE)
                 kv.append(outs, p)
                 feeds.append(step_feeds(self.hf, self.arch, ids[p:p + 1], p, 1,
@@ -129,7 +137,7 @@ class CompiledLLM:
         return feeds
 
     def _quantized(self, tokens: int, cache: int):
-        from dsa_tvm.quant.api import quantize_onnx, quantize_with_ranges
+        from ..quant.api import quantize_onnx, quantize_with_ranges
 
         fp32 = export_step(self.hf, tokens, cache)
         if self._calibrated is None:
@@ -148,39 +156,53 @@ class CompiledLLM:
             import tvm
             from tvm import relax
 
-            import dsa_tvm
+            from ..compile_ids import compile_id_of
+            from ..pipeline import compile_report_of
+            from ..target import target
 
             t0 = time.perf_counter()
             mod = self._quantized(tokens, cache).to_relax()
-            ex = tvm.compile(mod, target=dsa_tvm.target(self.cfg))
-            self.reports[key] = dsa_tvm.compile_report(ex)
+            ex = tvm.compile(mod, target=target(self.cfg))
+            self.reports[key] = compile_report_of(compile_id_of(ex))  # newest: in full
             self._compiled[key] = (ex, relax.VirtualMachine(ex, tvm.cpu()))
             self._log(f"compiled step {key} in {time.perf_counter() - t0:.1f} s")
         return self._compiled[key]
 
     # ----------------------------------------------------------------- run
-    def run_step(self, ids: list[int], kv: KVCache, kind: str) -> tuple[np.ndarray, StepRecord]:
-        """Logits (len(ids), vocab) of ``ids`` after the cache; their K/V join the cache."""
+    def step_shape(self, n: int, start: int) -> tuple[int, int]:
+        """The bucket ``(tokens, cache slots)`` of ``n`` tokens after ``start`` cached ones."""
+        tokens = 1 if n == 1 else bucket(n, self.prefill_buckets, "a prefill chunk")
+        return tokens, bucket(start, self.context_buckets, "a context")
+
+    def run_step(self, ids: list[int], kv: KVCache, kind: str = "decode"
+                 ) -> tuple[np.ndarray, StepRecord]:
+        """Logits (len(ids), vocab) of ``ids`` after the cache; their K/V join the cache.
+
+        The sequence's first token runs on the host in FP32 (``kind`` "sink"): decoders put
+        massive activations (thousands of times the rest) on it, its keys and values are
+        what every later token attends to, and one int8 grid cannot hold both (measured:
+        greedy agreement 0% with it in the calibration, 74% without; see docs/llm.md)."""
         import tvm
 
-        from dsa_tvm.report import build_report
-        from dsa_tvm.runtime import take_launches
+        from ..report import build_report
+        from ..runtime import take_launches
 
         n, start = len(ids), kv.length
-        if kind == "prefill" and start == 0:
-            shape = (bucket(n, self.prefill_buckets, "a prompt"), 0)
-        else:
-            shape = (1, bucket(start, self.context_buckets, "a context"))
+        if start == 0:
             if n != 1:
-                raise ValueError("a decode step takes one token")
+                raise ValueError("the first token runs alone (the host's sink step)")
+            kind, shape = "sink", (1, 0)
+        else:
+            shape = self.step_shape(n, start)
         feeds = step_feeds(self.hf, self.arch, ids, start, shape[0], shape[1],
                            kv if shape[1] else None)
-        t0 = time.perf_counter()
         launches = []
-        if self.quant == "fp32":   # the reference: the same step in torch, nothing simulated
+        if self.quant == "fp32" or kind == "sink":   # torch FP32, nothing simulated
+            t0 = time.perf_counter()
             out = run_step_fp32(self.hf, shape[0], shape[1], feeds)
         else:
             ex, vm = self.executable(*shape)
+            t0 = time.perf_counter()
             take_launches()
             out = vm["main"](*(tvm.runtime.tensor(feeds[nm])
                                for nm in self.arch.input_names(shape[1])))
@@ -200,6 +222,22 @@ class CompiledLLM:
             rec.macs_cpu = sum(r.macs for r in rep.rows if r.target != "DSA")
         return outs["logits"][0, :n], rec
 
+    def prefill(self, ids: list[int], kv: KVCache) -> tuple[np.ndarray, list[StepRecord]]:
+        """Run ``ids`` into the cache: the sink token, then chunks of the largest prefill
+        bucket; the logits of every token."""
+        logits, recs = [], []
+        if kv.length == 0 and ids:
+            lg, rec = self.run_step(ids[:1], kv)
+            logits.append(lg)
+            recs.append(rec)
+            ids = ids[1:]
+        chunk = self.prefill_buckets[-1]
+        for i in range(0, len(ids), chunk):
+            lg, rec = self.run_step(ids[i:i + chunk], kv, "prefill")
+            logits.append(lg)
+            recs.append(rec)
+        return np.concatenate(logits), recs
+
     def new_cache(self) -> KVCache:
         return KVCache(self.arch, self.context_buckets[-1])
 
@@ -212,7 +250,6 @@ class CompiledLLM:
             raise ValueError("empty prompt: give at least one token")
         if max_new_tokens < 0:
             raise ValueError(f"max_new_tokens must be >= 0, got {max_new_tokens}")
-        bucket(len(ids), self.prefill_buckets, "a prompt")
         need = len(ids) + max(max_new_tokens - 1, 0)
         if need > self.context_buckets[-1]:
             raise ValueError(f"a context of {len(ids)} prompt + {max_new_tokens} new tokens "
@@ -220,8 +257,8 @@ class CompiledLLM:
                              f"for fewer tokens or pass larger context_buckets")
         rng = np.random.default_rng(seed)
         kv = self.new_cache()
-        logits, rec = self.run_step(ids, kv, "prefill")
-        steps, out = [rec], []
+        logits, steps = self.prefill(ids, kv)
+        out = []
         eos = getattr(self.hf.config, "eos_token_id", None)
         for i in range(max_new_tokens):
             tok = _pick(logits[-1], greedy, rng)
@@ -233,6 +270,27 @@ class CompiledLLM:
             logits, rec = self.run_step([tok], kv, "decode")
             steps.append(rec)
         return Generation(self.source.decode(out), out, ids, steps, self.cfg.mhz)
+
+    def perplexity(self, text: str | list[int], max_tokens: int | None = None) -> float:
+        """exp(mean negative log-likelihood) of the text's tokens, each predicted from the
+        ones before it in its window (windows of the largest context bucket, a fresh cache
+        each; the host's float log-softmax of the step's logits)."""
+        ids = self.source.encode(text) if isinstance(text, str) else list(text)
+        ids = ids[:max_tokens] if max_tokens else ids
+        if len(ids) < 2:
+            raise ValueError("perplexity needs at least two tokens of text")
+        window, nll, count = self.context_buckets[-1], 0.0, 0
+        for w in range(0, len(ids), window):
+            chunk = ids[w:w + window]
+            if len(chunk) < 2:
+                break
+            logits, _ = self.prefill(chunk, self.new_cache())
+            z = logits[:-1].astype(np.float64)
+            z = z - z.max(-1, keepdims=True)
+            logp = z - np.log(np.exp(z).sum(-1, keepdims=True))
+            nll -= float(logp[np.arange(len(chunk) - 1), chunk[1:]].sum())
+            count += len(chunk) - 1
+        return float(np.exp(nll / count))
 
 
 def _pick(logits: np.ndarray, greedy: bool, rng: np.random.Generator) -> int:

@@ -36,21 +36,24 @@ def w8a8():
     return load("tiny", hw=cfg, **BUCKETS)
 
 
-def test_fp32_steps_generate_what_hugging_face_generates():
-    """Prefill (padded to its bucket), then decode across a cache-bucket boundary (16 -> 64
-    slots): the same greedy tokens as transformers' own KV-cache generation."""
+@pytest.mark.parametrize("prompt", [PROMPT, "A prompt longer than one prefill chunk of 16"])
+def test_fp32_steps_generate_what_hugging_face_generates(prompt):
+    """The sink token, prefill chunks (padded to their bucket), then decode across a
+    cache-bucket boundary (16 -> 64 slots): the same greedy tokens as transformers' own
+    KV-cache generation."""
     model = load("tiny", quant="fp32", **BUCKETS)
-    ids = model.source.encode(PROMPT)
-    gen = model.generate(PROMPT, max_new_tokens=20)
-    assert gen.ids == hf_greedy(model.hf, ids, 20)
-    assert {s.bucket for s in gen.decode} == {(1, 16), (1, 64)}
+    ids = model.source.encode(prompt)
+    gen = model.generate(prompt, max_new_tokens=12)
+    assert gen.ids == hf_greedy(model.hf, ids, 12)
+    assert gen.steps[0].kind == "sink" and gen.steps[0].bucket == (1, 0)
+    assert (1, 64) in {s.bucket for s in gen.decode}
 
 
 def test_fp32_step_logits_match_the_full_forward():
     model = load("tiny", quant="fp32", **BUCKETS)
     ids = model.source.encode("The quick brown fox")
     kv = model.new_cache()
-    logits, _ = model.run_step(ids[:-3], kv, "prefill")
+    logits, _ = model.prefill(ids[:-3], kv)
     rows = [logits[-1]]
     for t in ids[-3:]:
         step, _ = model.run_step([t], kv, "decode")
@@ -62,13 +65,16 @@ def test_fp32_step_logits_match_the_full_forward():
 
 def test_dsa_launches_are_bit_exact_and_buckets_compile_once(w8a8):
     gen = w8a8.generate(PROMPT, max_new_tokens=3)
-    assert len(gen.steps) == 3 and all(s.launches >= 1 for s in gen.steps)
+    assert [s.kind for s in gen.steps] == ["sink", "prefill", "decode", "decode"]
+    assert all(s.launches >= 1 for s in gen.steps[1:])
     regions = {}   # region names repeat across the buckets' compiles: key by compile too
     for crep in w8a8.reports.values():
         regions.update({(crep.compile_id, d.name): d.region for d in crep.regions
                         if d.target == "dsa"})
     kv = w8a8.new_cache()
-    for kind, ids in (("prefill", w8a8.source.encode(PROMPT)), ("decode", gen.ids[:1])):
+    w8a8.run_step(w8a8.source.encode(PROMPT)[:1], kv)
+    assert not w8a8.last_launches   # the sink token runs on the host
+    for kind, ids in (("prefill", w8a8.source.encode(PROMPT)[1:]), ("decode", gen.ids[:1])):
         w8a8.run_step(ids, kv, kind)
         assert w8a8.last_launches
         for launch in w8a8.last_launches:
@@ -77,20 +83,21 @@ def test_dsa_launches_are_bit_exact_and_buckets_compile_once(w8a8):
             for name, got in launch.outputs.items():
                 np.testing.assert_array_equal(got, want[name])
     compiled = set(w8a8._compiled)
-    w8a8.generate("Another prompt", max_new_tokens=4)
-    assert set(w8a8._compiled) == compiled == {(16, 0), (1, 16)}
+    w8a8.generate("Another prompt", max_new_tokens=2)
+    assert set(w8a8._compiled) == compiled == {(16, 16), (1, 16)}
 
 
 def test_dsa_steps_report_cycles_and_dram(w8a8):
     gen = w8a8.generate(PROMPT, max_new_tokens=2)
-    for s in gen.steps:
+    assert gen.steps[0].kind == "sink" and gen.steps[0].cycles == 0
+    for s in gen.steps[1:]:
         assert s.cycles > 0 and s.dram_read > 0 and s.macs_dsa > 0
     assert "cycles/token" in gen.summary()
 
 
 @pytest.mark.parametrize("call, match", [
     (lambda m: m.generate("", 4), "empty prompt"),
-    (lambda m: m.generate("x" * 17, 1), "exceeds the largest bucket"),
+    (lambda m: m.run_step([1, 2], m.new_cache()), "first token runs alone"),
     (lambda m: m.generate(PROMPT, -1), "max_new_tokens"),
     (lambda m: m.generate("y" * 16, 60), "exceeds the largest bucket"),
 ])
@@ -105,3 +112,33 @@ def test_bad_model_and_options_are_refused(tmp_path):
         load("tiny", quant="int3")
     with pytest.raises(FileNotFoundError, match="no model at"):
         load_source(tmp_path / "missing.gguf")
+
+
+def test_generate_cli_streams_tokens_and_writes_the_report(tmp_path, capsys):
+    import json
+
+    from dsa_tvm.cli import main
+
+    out = tmp_path / "gen.json"
+    assert main(["generate", "tiny", "--prompt", PROMPT, "--max-new-tokens", "3",
+                 "--quant", "fp32", "--json", str(out)]) == 0
+    text = capsys.readouterr().out
+    assert text.count("launch(es)]") == 3 and "decode:" in text
+    rep = json.loads(out.read_text())
+    want = hf_greedy(load_source("tiny").model, list(PROMPT.encode()), 3)
+    assert rep["ids"] == want and [s["kind"] for s in rep["steps"]][:2] == ["sink", "prefill"]
+    assert main(["generate", "tiny", "--prompt", "", "--quant", "fp32"]) == 2
+    assert "empty prompt" in capsys.readouterr().err
+
+
+def test_perplexity_matches_the_full_forward_and_w8a8_stays_close(w8a8):
+    text = "the quick brown fox jumps over the lazy dog " * 3
+    ids = list(text.encode())[:60]
+    fp32 = load("tiny", quant="fp32", **BUCKETS)
+    with torch.no_grad():
+        logp = torch.log_softmax(fp32.hf(torch.tensor([ids])).logits[0, :-1].double(), -1)
+    want = float(torch.exp(-logp[torch.arange(len(ids) - 1), torch.tensor(ids[1:])].mean()))
+    assert fp32.perplexity(ids) == pytest.approx(want, rel=1e-4)
+    assert w8a8.perplexity(ids) == pytest.approx(want, rel=0.25)
+    with pytest.raises(ValueError, match="at least two tokens"):
+        fp32.perplexity("a")
