@@ -1,0 +1,102 @@
+"""Decoder LLM on the DSA (issue 14): W8A8 against the FP32 model, side by side.
+
+Per run: greedy tokens of the W8A8 model against the FP32 model's (the same step graphs
+in torch) over ``--prompts`` prompts x ``--tokens`` new tokens, position by position
+until the first disagreement and overall; perplexity of both on the first
+``--ppl-tokens`` tokens of ``pydoc_data.topics`` (English text that ships with Python);
+the prefill and decode steps' cycles, launches and DRAM bytes; compile and simulator
+wall times. Every number is measured in this run.
+
+    python benchmarks/bench_llm.py [--model smollm2|tiny] [--hw default]
+                                   [--prompts 8] [--tokens 32] [--ppl-tokens 256]
+"""
+
+from __future__ import annotations
+
+import argparse
+import time
+
+import numpy as np
+
+PROMPTS = (
+    "The capital of France is",
+    "Water is made of",
+    "The largest planet in the solar system is",
+    "To make a cup of tea, you",
+    "def add(a, b):\n   ",
+    "The first president of the United States was",
+    "Photosynthesis is the process",
+    "My favourite season is autumn because",
+)
+#: buckets small enough that the run compiles four steps
+BUCKETS = dict(prefill_buckets=(16,), context_buckets=(128, 512))
+
+
+def pydoc_text() -> str:
+    from pydoc_data.topics import topics
+
+    return "\n".join(topics[k] for k in sorted(topics))
+
+
+def agreement(a: list[int], b: list[int]) -> tuple[float, int]:
+    """Share of positions where both chose the same token, and the first position where
+    they differ (len when never)."""
+    n = min(len(a), len(b))
+    same = [x == y for x, y in zip(a[:n], b[:n])]
+    first = same.index(False) if False in same else n
+    return (sum(same) / n if n else 1.0), first
+
+
+def main() -> None:
+    from dsa_tvm.llm import load
+
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--model", default="smollm2")
+    ap.add_argument("--hw", default="default")
+    ap.add_argument("--prompts", type=int, default=len(PROMPTS))
+    ap.add_argument("--tokens", type=int, default=32)
+    ap.add_argument("--ppl-tokens", type=int, default=256)
+    args = ap.parse_args()
+
+    t0 = time.perf_counter()
+    dsa = load(args.model, hw=args.hw, quant="w8a8", verbose=True, **BUCKETS)
+    ref = load(args.model, quant="fp32", **BUCKETS)
+    print(f"loaded in {time.perf_counter() - t0:.0f} s")
+    rows, gens = [], []
+    for prompt in PROMPTS[:args.prompts]:
+        want = ref.generate(prompt, args.tokens)
+        got = dsa.generate(prompt, args.tokens)
+        share, first = agreement(got.ids, want.ids)
+        rows.append((share, first))
+        gens.append(got)
+        print(f"{prompt!r:50.50} agree {share:5.1%} first miss at {first:2d}  "
+              f"{got.text[:40]!r}", flush=True)
+    share = float(np.mean([r[0] for r in rows]))
+    print(f"\ngreedy agreement W8A8 vs FP32: {share:.1%} of {args.tokens} tokens over "
+          f"{len(rows)} prompts (goal >= 90%); first miss at token "
+          f"{float(np.mean([r[1] for r in rows])):.1f} on average")
+
+    text = pydoc_text()
+    ids = dsa.source.encode(text)[:args.ppl_tokens]
+    t1 = time.perf_counter()
+    p_ref = ref.perplexity(ids)
+    p_dsa = dsa.perplexity(ids)
+    print(f"perplexity over {len(ids)} tokens of pydoc_data.topics: FP32 {p_ref:.3f}, "
+          f"W8A8 {p_dsa:.3f} ({p_dsa / p_ref - 1:+.1%}; goal within +3%) "
+          f"[{time.perf_counter() - t1:.0f} s]")
+
+    steps = [s for g in gens for s in g.steps]
+    for kind in ("prefill", "decode"):
+        ss = [s for s in steps if s.kind == kind]
+        if not ss:
+            continue
+        print(f"{kind}: {len(ss)} steps, mean {np.mean([s.cycles for s in ss]):,.0f} cycles, "
+              f"{np.mean([s.launches for s in ss]):.0f} launches, "
+              f"{np.mean([s.dram_read for s in ss]) / 1e6:.2f} MB DRAM read, "
+              f"{sum(1 for s in ss if not s.launches)} without a DSA launch, "
+              f"simulator {np.mean([s.wall_s for s in ss]):.2f} s/step")
+    print(f"buckets compiled: {sorted(dsa._compiled)}; total {time.perf_counter() - t0:.0f} s")
+
+
+if __name__ == "__main__":
+    main()
