@@ -15,3 +15,11 @@ def bucket(n: int, sizes: tuple[int, ...], what: str) -> int:
             return s
     raise ValueError(f"{what} of {n} tokens exceeds the largest bucket ({sizes[-1]}); "
                      f"shorten it or pass larger buckets")
+
+
+def check_buckets(sizes, what: str) -> tuple[int, ...]:
+    """Bucket sizes as a sorted tuple of positive whole numbers, or a ValueError."""
+    out = tuple(sorted({int(s) for s in sizes})) if sizes else ()
+    if not out or out[0] < 1 or any(float(s) != int(s) for s in sizes):
+        raise ValueError(f"{what} must be positive whole numbers, got {sizes!r}")
+    return out

@@ -13,7 +13,7 @@ from typing import Any
 
 import numpy as np
 
-from .buckets import CONTEXT, PREFILL, bucket
+from .buckets import CONTEXT, PREFILL, bucket, check_buckets
 from .feeds import KVCache, step_feeds
 from .source import Source, load_source
 from .step import Arch, export_step, run_step_fp32
@@ -104,7 +104,8 @@ class CompiledLLM:
         self.source, self.quant, self.verbose = source, quant, verbose
         self.hf, self.arch = source.model, Arch.of(source.model)
         self.cfg = load_config(hw)
-        self.prefill_buckets, self.context_buckets = tuple(prefill_buckets), tuple(context_buckets)
+        self.prefill_buckets = check_buckets(prefill_buckets, "prefill_buckets")
+        self.context_buckets = check_buckets(context_buckets, "context_buckets")
         self._calibration = tuple(calibration)
         self._calibrated = None
         self._compiled: dict[tuple[int, int], Any] = {}
@@ -248,6 +249,7 @@ class CompiledLLM:
         ids = self.source.encode(prompt) if isinstance(prompt, str) else list(prompt)
         if not ids:
             raise ValueError("empty prompt: give at least one token")
+        check_ids(ids, self.arch.vocab)
         if max_new_tokens < 0:
             raise ValueError(f"max_new_tokens must be >= 0, got {max_new_tokens}")
         need = len(ids) + max(max_new_tokens - 1, 0)
@@ -277,6 +279,7 @@ class CompiledLLM:
         each; the host's float log-softmax of the step's logits)."""
         ids = self.source.encode(text) if isinstance(text, str) else list(text)
         ids = ids[:max_tokens] if max_tokens else ids
+        check_ids(ids, self.arch.vocab)
         if len(ids) < 2:
             raise ValueError("perplexity needs at least two tokens of text")
         window, nll, count = self.context_buckets[-1], 0.0, 0
@@ -291,6 +294,14 @@ class CompiledLLM:
             nll -= float(logp[np.arange(len(chunk) - 1), chunk[1:]].sum())
             count += len(chunk) - 1
         return float(np.exp(nll / count))
+
+
+def check_ids(ids: list[int], vocab: int) -> None:
+    """Token ids must index the embedding table (torch would raise deep inside)."""
+    bad = [i for i in ids if not isinstance(i, (int, np.integer)) or not 0 <= int(i) < vocab]
+    if bad:
+        raise ValueError(f"token ids {bad[:5]} are not in 0..{vocab - 1} (the model's "
+                         f"vocabulary); pass text or ids from this model's tokenizer")
 
 
 def _pick(logits: np.ndarray, greedy: bool, rng: np.random.Generator) -> int:

@@ -98,6 +98,8 @@ def test_dsa_steps_report_cycles_and_dram(w8a8):
 @pytest.mark.parametrize("call, match", [
     (lambda m: m.generate("", 4), "empty prompt"),
     (lambda m: m.run_step([1, 2], m.new_cache()), "first token runs alone"),
+    (lambda m: m.generate([5, 256], 2), r"not in 0\.\.255"),
+    (lambda m: m.perplexity([-1, 3]), r"not in 0\.\.255"),
     (lambda m: m.generate(PROMPT, -1), "max_new_tokens"),
     (lambda m: m.generate("y" * 16, 60), "exceeds the largest bucket"),
 ])
@@ -110,6 +112,10 @@ def test_bad_requests_say_what_to_change(call, match):
 def test_bad_model_and_options_are_refused(tmp_path):
     with pytest.raises(ValueError, match="quant must be one of"):
         load("tiny", quant="int3")
+    with pytest.raises(ValueError, match="context_buckets must be positive"):
+        load("tiny", context_buckets=())
+    with pytest.raises(ValueError, match="prefill_buckets must be positive"):
+        load("tiny", prefill_buckets=(0, 16))
     with pytest.raises(FileNotFoundError, match="no model at"):
         load_source(tmp_path / "missing.gguf")
 
