@@ -56,12 +56,18 @@ def interrupted() -> int:
     return 130
 
 
-def at_least_one(text: str) -> int:
-    """argparse type of a count option (--trials, --workers, --limit): a whole number >= 1."""
-    try:
-        n = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"'{text}' is not a whole number") from None
-    if n < 1:
-        raise argparse.ArgumentTypeError(f"must be at least 1 (got {n})")
-    return n
+def at_least(minimum: int):
+    """argparse type of a count option: a whole number >= ``minimum``."""
+    def parse(text: str) -> int:
+        try:
+            n = int(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"'{text}' is not a whole number") from None
+        if n < minimum:
+            raise argparse.ArgumentTypeError(f"must be at least {minimum} (got {n})")
+        return n
+    return parse
+
+
+#: --trials, --workers, --limit
+at_least_one = at_least(1)

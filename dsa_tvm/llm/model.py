@@ -119,7 +119,8 @@ class CompiledLLM:
             print(f"dsa_tvm.llm: {msg}", flush=True)
 
     def calibration_feeds(self) -> list[dict[str, np.ndarray]]:
-        """Decode-step inputs at every position of each calibration text, the cache
+        """Decode-step inputs at every position but the first (the host's sink token) of
+        each calibration text, the cache
         filled by the FP32 model (one FP32 prefill per text)."""
         feeds = []
         for text in self._calibration:
@@ -239,6 +240,18 @@ class CompiledLLM:
             recs.append(rec)
         return np.concatenate(logits), recs
 
+    def token_ids(self, text: str | list[int]) -> list[int]:
+        """Text through the tokenizer, or ids as given, every id checked against the
+        vocabulary (torch would raise deep inside the embedding)."""
+        ids = self.source.encode(text) if isinstance(text, str) else list(text)
+        bad = [i for i in ids if not isinstance(i, (int, np.integer))
+               or not 0 <= int(i) < self.arch.vocab]
+        if bad:
+            raise ValueError(f"token ids {bad[:5]} are not in 0..{self.arch.vocab - 1} (the "
+                             f"model's vocabulary); pass text or ids from this model's "
+                             f"tokenizer")
+        return ids
+
     def new_cache(self) -> KVCache:
         return KVCache(self.arch, self.context_buckets[-1])
 
@@ -246,10 +259,9 @@ class CompiledLLM:
                  seed: int = 0, on_token=None) -> Generation:
         """Prefill the prompt, then decode ``max_new_tokens`` (greedy, or sampled from the
         softmax with ``seed``); ``on_token(id, text, record)`` sees each token as it comes."""
-        ids = self.source.encode(prompt) if isinstance(prompt, str) else list(prompt)
+        ids = self.token_ids(prompt)
         if not ids:
             raise ValueError("empty prompt: give at least one token")
-        check_ids(ids, self.arch.vocab)
         if max_new_tokens < 0:
             raise ValueError(f"max_new_tokens must be >= 0, got {max_new_tokens}")
         need = len(ids) + max(max_new_tokens - 1, 0)
@@ -277,9 +289,8 @@ class CompiledLLM:
         """exp(mean negative log-likelihood) of the text's tokens, each predicted from the
         ones before it in its window (windows of the largest context bucket, a fresh cache
         each; the host's float log-softmax of the step's logits)."""
-        ids = self.source.encode(text) if isinstance(text, str) else list(text)
+        ids = self.token_ids(text)
         ids = ids[:max_tokens] if max_tokens else ids
-        check_ids(ids, self.arch.vocab)
         if len(ids) < 2:
             raise ValueError("perplexity needs at least two tokens of text")
         window, nll, count = self.context_buckets[-1], 0.0, 0
@@ -294,14 +305,6 @@ class CompiledLLM:
             nll -= float(logp[np.arange(len(chunk) - 1), chunk[1:]].sum())
             count += len(chunk) - 1
         return float(np.exp(nll / count))
-
-
-def check_ids(ids: list[int], vocab: int) -> None:
-    """Token ids must index the embedding table (torch would raise deep inside)."""
-    bad = [i for i in ids if not isinstance(i, (int, np.integer)) or not 0 <= int(i) < vocab]
-    if bad:
-        raise ValueError(f"token ids {bad[:5]} are not in 0..{vocab - 1} (the model's "
-                         f"vocabulary); pass text or ids from this model's tokenizer")
 
 
 def _pick(logits: np.ndarray, greedy: bool, rng: np.random.Generator) -> int:
