@@ -7,8 +7,15 @@ until the first disagreement and overall; perplexity of both on the first
 the prefill and decode steps' cycles, launches and DRAM bytes; compile and simulator
 wall times. Every number is measured in this run.
 
+Part ``speed``: decode on the DSA at each context bucket (cache filled with real text by
+the FP32 model on the host), tokens/s at the simulated clock against the DRAM roofline,
+each token's bytes split into weights / KV cache / activations, a PNG of both; the
+simulator's wall time per token beside transformers' FP32 tokens/s on this CPU.
+
     python benchmarks/bench_llm.py [--model smollm2|tiny] [--hw default]
-                                   [--prompts 8] [--tokens 32] [--ppl-tokens 256]
+                                   [--parts accuracy,speed] [--prompts 8] [--tokens 32]
+                                   [--ppl-tokens 256] [--contexts 128,512,2048]
+                                   [--plot bench_llm_decode.png]
 """
 
 from __future__ import annotations
@@ -56,12 +63,26 @@ def main() -> None:
     ap.add_argument("--prompts", type=int, default=len(PROMPTS))
     ap.add_argument("--tokens", type=int, default=32)
     ap.add_argument("--ppl-tokens", type=int, default=256)
+    ap.add_argument("--parts", default="accuracy,speed")
+    ap.add_argument("--contexts", default="128,512,2048")
+    ap.add_argument("--plot", default="bench_llm_decode.png")
     args = ap.parse_args()
+    parts = set(args.parts.split(","))
+    contexts = tuple(int(c) for c in args.contexts.split(","))
 
     t0 = time.perf_counter()
-    dsa = load(args.model, hw=args.hw, quant="w8a8", verbose=True, **BUCKETS)
-    ref = load(args.model, quant="fp32", **BUCKETS)
+    buckets = dict(BUCKETS, context_buckets=tuple(sorted(set(BUCKETS["context_buckets"])
+                                                         | set(contexts))))
+    dsa = load(args.model, hw=args.hw, quant="w8a8", verbose=True, **buckets)
     print(f"loaded in {time.perf_counter() - t0:.0f} s")
+    if "accuracy" in parts:
+        accuracy(dsa, load(args.model, quant="fp32", **buckets), args)
+    if "speed" in parts:
+        speed(dsa, contexts, args)
+    print(f"buckets compiled: {sorted(dsa._compiled)}; total {time.perf_counter() - t0:.0f} s")
+
+
+def accuracy(dsa, ref, args) -> None:
     rows, gens = [], []
     for prompt in PROMPTS[:args.prompts]:
         want = ref.generate(prompt, args.tokens)
@@ -95,7 +116,44 @@ def main() -> None:
               f"{np.mean([s.dram_read for s in ss]) / 1e6:.2f} MB DRAM read, "
               f"{sum(1 for s in ss if not s.launches)} without a DSA launch, "
               f"simulator {np.mean([s.wall_s for s in ss]):.2f} s/step")
-    print(f"buckets compiled: {sorted(dsa._compiled)}; total {time.perf_counter() - t0:.0f} s")
+
+
+def transformers_tokens_per_s(model, tokens: int = 32) -> float:
+    """The FP32 model's greedy tokens/s in transformers (KV cache) on this CPU."""
+    import torch
+
+    ids = torch.tensor([model.source.encode(PROMPTS[0])])
+    with torch.no_grad():
+        t = time.perf_counter()
+        out = model.hf.generate(ids, max_new_tokens=tokens, min_new_tokens=tokens,
+                                do_sample=False, attention_mask=torch.ones_like(ids))
+        return (out.shape[1] - ids.shape[1]) / (time.perf_counter() - t)
+
+
+def speed(dsa, contexts: tuple[int, ...], args) -> None:
+    from dsa_tvm.llm.context_sweep import decode_point, plot_decode
+
+    print(f"\ndecode on {args.hw} ({dsa.cfg.mhz:g} MHz, DRAM "
+          f"{dsa.cfg.bandwidth_bytes_per_cycle * dsa.cfg.mhz / 1e3:g} GB/s), "
+          f"{dsa.arch.weight_bytes() / 1e6:.1f} MB of int8 weights per token")
+    print(f"{'context':>8} {'cycles/tok':>11} {'tok/s':>8} {'roofline':>9} {'frac':>5} "
+          f"{'weights MB':>10} {'KV MB':>6} {'act MB':>6} {'bw use':>6} {'launch':>6} "
+          f"{'host us':>7} {'sim s/tok':>9}")
+    points = []
+    for c in contexts:
+        p = decode_point(dsa, c)
+        points.append(p)
+        print(f"{p.bucket:>8} {p.cycles:>11,.0f} {p.tokens_per_s:>8.1f} "
+              f"{p.roofline_tokens_per_s:>9.1f} {p.roofline_fraction:>5.0%} "
+              f"{p.read_weights / 1e6:>10.2f} {p.read_kv / 1e6:>6.2f} "
+              f"{p.read_activations / 1e6:>6.2f} {p.bandwidth_use:>6.0%} {p.launches:>6} "
+              f"{p.host_us:>7,.0f} {p.wall_s:>9.2f}", flush=True)
+    tps = transformers_tokens_per_s(dsa)
+    wall = float(np.mean([p.wall_s for p in points]))
+    print(f"simulator {wall:.2f} s per decode token (goal <= 1 s); transformers FP32 on this "
+          f"CPU {tps:.1f} tokens/s ({1 / tps:.3f} s/token): the simulator is "
+          f"{wall * tps:.0f}x slower")
+    print(f"plot: {plot_decode(points, args.plot, f'{args.model} decode on {args.hw}')}")
 
 
 if __name__ == "__main__":

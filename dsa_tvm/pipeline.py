@@ -4,8 +4,8 @@
 wrapped ``"default"`` Relax pipeline (see :mod:`dsa_tvm.target`). Every region
 the partitioner forms is compiled to a DSA program; a region goes to the DSA
 only when it compiles and its simulated time beats the CPU estimate (both
-numbers are kept in the compile report), otherwise it is inlined back and
-LLVM builds it. Nothing unsupported ever breaks a compile.
+numbers are kept in the compile report; ``options(offload="all")`` drops the
+second condition), otherwise it is inlined back and LLVM builds it. Nothing unsupported ever breaks a compile.
 """
 
 from __future__ import annotations
@@ -251,9 +251,12 @@ def decide_regions(regions: list[RegionRead], cfg: HardwareConfig, report: Compi
     """Compile each region that read into layers, simulate it, compare with the CPU
     estimate; one ``RegionDecision`` each in ``report``. Returns the launches: region
     function -> program bytes, for the regions the DSA takes."""
+    from tir_schedules.options import current_options
+
     from .lowering.region import UnsupportedLayer
 
     sim = Simulator(cfg)
+    offload = current_options().offload
     choose_knobs = current_chooser()  # tuned schedules when a MetaSchedule database is in scope
     launch: dict[tvm.ir.GlobalVar, bytes] = {}
     for read in regions:
@@ -277,10 +280,13 @@ def decide_regions(regions: list[RegionRead], cfg: HardwareConfig, report: Compi
             d.compile_s = time.perf_counter() - t1
         d.dsa_us = d.dsa_cycles / cfg.mhz + cfg.launch_overhead_us
         d.cpu_us = cpu_estimate_us(region_ops(region), cfg)
-        if d.dsa_us > d.cpu_us:
+        if d.dsa_us > d.cpu_us and offload == "faster":
             d.reason = "the CPU is estimated faster"
             continue
-        d.target, d.reason = "dsa", "all layers supported, faster than the CPU"
+        d.target, d.reason = "dsa", ("all layers supported, faster than the CPU"
+                                     if d.dsa_us <= d.cpu_us else
+                                     "all layers supported; the CPU is estimated faster, "
+                                     "offloaded by options(offload='all')")
         prog.meta["compile"] = report.compile_id
         launch[read.gv] = prog.to_bytes(cfg)
     return launch

@@ -14,6 +14,7 @@ from contextvars import ContextVar
 from dataclasses import dataclass, fields, replace
 
 DEPTHWISE_ENGINES = ("auto", "vector", "array")
+OFFLOAD_POLICIES = ("faster", "all")
 
 
 @dataclass(frozen=True)
@@ -24,11 +25,18 @@ class CompileOptions:
     #: a host im2col fold of a few-channel conv must beat the unfolded estimate by this
     #: factor (it costs host work); ``math.inf`` never folds
     fold_min_gain: float = 1.25
+    #: which compiled regions launch on the DSA: "faster" (those whose simulated time plus
+    #: the launch overhead beats the host estimate) or "all" (every region that compiles:
+    #: to measure the DSA on work a host would win, e.g. weight-bound LLM decode)
+    offload: str = "faster"
 
     def __post_init__(self) -> None:
         if self.depthwise_engine not in DEPTHWISE_ENGINES:
             raise ValueError(f"depthwise_engine must be one of {', '.join(DEPTHWISE_ENGINES)}, "
                              f"got {self.depthwise_engine!r}")
+        if self.offload not in OFFLOAD_POLICIES:
+            raise ValueError(f"offload must be one of {', '.join(OFFLOAD_POLICIES)}, "
+                             f"got {self.offload!r}")
         gain = self.fold_min_gain
         if isinstance(gain, bool) or not isinstance(gain, (int, float)) or math.isnan(gain) \
                 or gain <= 0:

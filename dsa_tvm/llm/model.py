@@ -13,6 +13,8 @@ from typing import Any
 
 import numpy as np
 
+from tir_schedules.options import CompileOptions, options
+
 from .buckets import CONTEXT, PREFILL, bucket, check_buckets
 from .feeds import KVCache, step_feeds
 from .source import Source, load_source
@@ -45,9 +47,16 @@ class StepRecord:
     launches: int = 0
     dram_read: int = 0
     dram_written: int = 0
+    #: dram_read by what it is (llm.traffic): weights, the KV cache, activations
+    read_weights: int = 0
+    read_kv: int = 0
+    read_activations: int = 0
     macs_dsa: int = 0
     macs_cpu: int = 0
-    wall_s: float = 0.0
+    #: the host's share of the step on the modelled system: a launch overhead per launch
+    #: plus its MACs at the host's rate (both from the hardware description)
+    host_us: float = 0.0
+    wall_s: float = 0.0             # the simulator's (or torch's) wall time on this machine
 
 
 @dataclass
@@ -57,6 +66,13 @@ class Generation:
     prompt_ids: list[int]
     steps: list[StepRecord] = field(default_factory=list)
     mhz: float = 0.0
+    bandwidth_bytes_per_cycle: float = 0.0
+
+    def bandwidth_use(self, steps: list[StepRecord]) -> float:
+        """DRAM bytes moved over what the DRAM could move in the steps' cycles."""
+        cyc = sum(s.cycles for s in steps)
+        moved = sum(s.dram_read + s.dram_written for s in steps)
+        return moved / (cyc * self.bandwidth_bytes_per_cycle) if cyc else 0.0
 
     @property
     def prefill(self) -> list[StepRecord]:
@@ -80,10 +96,18 @@ class Generation:
             cyc = float(np.mean([s.cycles for s in d]))
             wall = float(np.mean([s.wall_s for s in d]))
             if cyc:
+                mean = {k: float(np.mean([getattr(s, k) for s in d])) / 1e6
+                        for k in ("dram_read", "read_weights", "read_kv", "read_activations")}
+                host = float(np.mean([s.host_us for s in d]))
                 lines.append(f"  decode: {cyc:,.0f} cycles/token ({self.mhz * 1e6 / cyc:,.1f} "
                              f"tokens/s at {self.mhz:g} MHz), {d[-1].launches} launch(es)/token, "
-                             f"DRAM {np.mean([s.dram_read for s in d]) / 1e6:.2f} MB read/token, "
                              f"simulator {wall:.2f} s/token")
+                lines.append(f"    DRAM read/token {mean['dram_read']:.2f} MB: weights "
+                             f"{mean['read_weights']:.2f}, KV cache {mean['read_kv']:.2f}, "
+                             f"activations {mean['read_activations']:.2f}; bandwidth "
+                             f"{self.bandwidth_use(d):.0%} used")
+                lines.append(f"    time/token: DSA {cyc / self.mhz:,.0f} us, host {host:,.0f} "
+                             f"us (launch overheads and CPU ops, modelled)")
             else:
                 lines.append(f"  decode: no DSA launch (the compiler's cost model kept every "
                              f"region on the CPU, or quant fp32), {wall:.2f} s/token on the host")
@@ -96,12 +120,16 @@ class CompiledLLM:
     def __init__(self, source: Source, hw: str = "default", quant: str = "w8a8",
                  calibration: tuple[str, ...] = DEFAULT_CALIBRATION,
                  prefill_buckets: tuple[int, ...] = PREFILL,
-                 context_buckets: tuple[int, ...] = CONTEXT, verbose: bool = False) -> None:
+                 context_buckets: tuple[int, ...] = CONTEXT, offload: str = "all",
+                 verbose: bool = False) -> None:
         from ..hw.config import load_config
 
         if quant not in QUANTS:
             raise ValueError(f"quant must be one of {QUANTS}, got {quant!r}")
         self.source, self.quant, self.verbose = source, quant, verbose
+        #: "all": every region that compiles runs on the DSA, though the cost model would
+        #: keep decode's weight-bound, launch-bound regions on the host (options.offload)
+        self.offload = CompileOptions(offload=offload).offload
         self.hf, self.arch = source.model, Arch.of(source.model)
         self.cfg = load_config(hw)
         self.prefill_buckets = check_buckets(prefill_buckets, "prefill_buckets")
@@ -164,7 +192,8 @@ class CompiledLLM:
 
             t0 = time.perf_counter()
             mod = self._quantized(tokens, cache).to_relax()
-            ex = tvm.compile(mod, target=target(self.cfg))
+            with options(offload=self.offload):
+                ex = tvm.compile(mod, target=target(self.cfg))
             self.reports[key] = compile_report_of(compile_id_of(ex))  # newest: in full
             self._compiled[key] = (ex, relax.VirtualMachine(ex, tvm.cpu()))
             self._log(f"compiled step {key} in {time.perf_counter() - t0:.1f} s")
@@ -186,8 +215,10 @@ class CompiledLLM:
         greedy agreement 0% with it in the calibration, 74% without; see docs/llm.md)."""
         import tvm
 
+        from ..pipeline import cpu_estimate_us
         from ..report import build_report
         from ..runtime import take_launches
+        from .traffic import read_split
 
         n, start = len(ids), kv.length
         if start == 0:
@@ -216,12 +247,18 @@ class CompiledLLM:
         kv.append(outs, n)
         rec = StepRecord(kind, n, shape, start, wall_s=wall, launches=len(launches))
         if launches:
-            rep = build_report(launches, self.reports[shape])
+            compiled = self.reports[shape]
+            rep = build_report(launches, compiled)
             rec.cycles = rep.total_cycles
             rec.dram_read = sum(r.dram_read for r in rep.rows)
             rec.dram_written = sum(r.dram_written for r in rep.rows)
+            split = read_split(launches, {d.name: d.region for d in compiled.regions})
+            rec.read_weights, rec.read_kv = split["weights"], split["kv"]
+            rec.read_activations = split["activations"]
             rec.macs_dsa = sum(r.macs for r in rep.rows if r.target == "DSA")
             rec.macs_cpu = sum(r.macs for r in rep.rows if r.target != "DSA")
+            rec.host_us = (len(launches) * self.cfg.launch_overhead_us
+                           + cpu_estimate_us(rec.macs_cpu, self.cfg))
         return outs["logits"][0, :n], rec
 
     def prefill(self, ids: list[int], kv: KVCache) -> tuple[np.ndarray, list[StepRecord]]:
@@ -283,7 +320,8 @@ class CompiledLLM:
                 break
             logits, rec = self.run_step([tok], kv, "decode")
             steps.append(rec)
-        return Generation(self.source.decode(out), out, ids, steps, self.cfg.mhz)
+        return Generation(self.source.decode(out), out, ids, steps, self.cfg.mhz,
+                          self.cfg.bandwidth_bytes_per_cycle)
 
     def perplexity(self, text: str | list[int], max_tokens: int | None = None) -> float:
         """exp(mean negative log-likelihood) of the text's tokens, each predicted from the

@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 from tir_schedules.kinds import UnsupportedLayer, layer_bounds, recipe
 from tir_schedules.lower import lower_for_walker
@@ -124,7 +124,9 @@ def _cache_key(made_of: tuple, chosen: list, cfg: HardwareConfig) -> tuple | Non
         hash(schedules)
     except TypeError:
         return None
-    return (content_key(made_of), schedules, lowering_view(cfg), current_options())
+    # the offload policy decides where a program runs, not what it is
+    return (content_key(made_of), schedules, lowering_view(cfg),
+            replace(current_options(), offload="faster"))
 
 
 def _compile_chosen(region: Region, io: dict, folded: dict, chosen: list,

@@ -13,7 +13,6 @@ import pytest
 torch = pytest.importorskip("torch")
 pytest.importorskip("transformers")
 
-from dsa_tvm.hw.config import load_config  # noqa: E402
 from dsa_tvm.llm import load  # noqa: E402
 from dsa_tvm.llm.source import load_source  # noqa: E402
 from tir_schedules.kinds import run_region  # noqa: E402
@@ -31,9 +30,7 @@ def hf_greedy(hf, ids: list[int], n: int) -> list[int]:
 
 @pytest.fixture(scope="module")
 def w8a8():
-    # a CPU estimate that never wins, so every region of the tiny model runs on the DSA
-    cfg = load_config("default").replace(cpu_gmacs=1e-3)
-    return load("tiny", hw=cfg, **BUCKETS)
+    return load("tiny", **BUCKETS)   # offload="all": every region that compiles launches
 
 
 @pytest.mark.parametrize("prompt", [PROMPT, "A prompt longer than one prefill chunk of 16"])
@@ -92,7 +89,24 @@ def test_dsa_steps_report_cycles_and_dram(w8a8):
     assert gen.steps[0].kind == "sink" and gen.steps[0].cycles == 0
     for s in gen.steps[1:]:
         assert s.cycles > 0 and s.dram_read > 0 and s.macs_dsa > 0
-    assert "cycles/token" in gen.summary()
+    assert "cycles/token" in gen.summary() and "KV cache" in gen.summary()
+
+
+def test_decode_dram_reads_split_into_weights_kv_and_activations(w8a8):
+    """Every byte a decode step reads is classified once, and no class is below what the
+    step must move: each linear layer's int8 weights (lm_head tied to the embedding
+    included), and the K and V rows of every cache slot and the new token, per layer."""
+    a = w8a8.arch
+    gen = w8a8.generate(PROMPT, max_new_tokens=2)
+    step = gen.decode[-1]
+    assert step.read_weights + step.read_kv + step.read_activations == step.dram_read
+    linear = a.hidden * (a.heads + 2 * a.kv_heads) * a.head_dim + a.heads * a.head_dim * a.hidden
+    weights = a.layers * (linear + 3 * a.hidden * a.ffn) + a.vocab * a.hidden
+    assert step.read_weights >= weights == a.weight_bytes()
+    slots = step.bucket[1] + 1
+    assert step.read_kv >= a.layers * 2 * a.kv_heads * slots * a.head_dim == a.kv_bytes(slots)
+    assert 0 < gen.bandwidth_use(gen.decode) <= 1
+    assert step.host_us >= step.launches * w8a8.cfg.launch_overhead_us
 
 
 @pytest.mark.parametrize("call, match", [
@@ -148,3 +162,39 @@ def test_perplexity_matches_the_full_forward_and_w8a8_stays_close(w8a8):
     assert w8a8.perplexity(ids) == pytest.approx(want, rel=0.25)
     with pytest.raises(ValueError, match="at least two tokens"):
         fp32.perplexity("a")
+
+
+def test_offload_policy_decides_where_compiled_regions_run():
+    """The tiny model's decode regions are launch-bound (a host estimate of a microsecond
+    or two against a 20 us launch): ``offload="faster"`` keeps them on the host and says
+    why; the default ``"all"`` launches every one; an unknown policy is refused."""
+    faster = load("tiny", offload="faster", **BUCKETS)
+    gen = faster.generate(PROMPT, max_new_tokens=2)
+    assert gen.steps[-1].kind == "decode" and gen.steps[-1].launches == 0
+    regions = faster.reports[gen.steps[-1].bucket].regions
+    assert regions and all(d.target == "cpu" and "CPU is estimated faster" in d.reason
+                           for d in regions)
+    everything = load("tiny", **BUCKETS)
+    gen = everything.generate(PROMPT, max_new_tokens=2)
+    regions = everything.reports[gen.steps[-1].bucket].regions
+    assert all(d.target == "dsa" and "offload='all'" in d.reason for d in regions)
+    assert gen.steps[-1].launches == len(regions)
+    with pytest.raises(ValueError, match="offload must be one of faster, all"):
+        load("tiny", offload="always", **BUCKETS)
+
+
+
+def test_decode_sweep_stays_under_the_dram_roofline_and_plots(w8a8, tmp_path):
+    """Per context bucket: real cache contents, the DSA's tokens/s never above the DRAM
+    roofline (every weight and the bucket's K/V read once), the KV share growing with the
+    context; the PNG is written."""
+    from dsa_tvm.llm.context_sweep import decode_point, plot_decode
+
+    points = [decode_point(w8a8, c) for c in w8a8.context_buckets]
+    for p in points:
+        assert p.bucket == p.context + 2 and 0 < p.roofline_fraction <= 1
+        assert p.tokens_per_s <= p.roofline_tokens_per_s
+    assert points[1].read_kv > points[0].read_kv
+    assert plot_decode(points, tmp_path / "decode.png").stat().st_size > 10_000
+    with pytest.raises(ValueError, match="not one of the model's cache buckets"):
+        decode_point(w8a8, 100)
