@@ -102,3 +102,19 @@ def test_rpc_tuning_tutorial(tmp_path):
     here = str(tmp_path)
     left = [p.info for p in psutil.process_iter(["pid", "cmdline", "cwd"]) if p.info["cwd"] == here]
     assert not left, left
+
+
+def test_llm_decode_tutorial(tmp_path):
+    """The tiny decoder streams its tokens with cycles, a decode step's launches are
+    bit-exact, W8A8 perplexity stays near FP32's, and every context bucket runs below the
+    DRAM roofline, plotted."""
+    out = run_tutorial("06_llm_decode.py", "--tokens", "4", "--out", "llm", cwd=tmp_path)
+    assert out.count("after a decode step:") == 3, out
+    assert "bit-exact against the integer reference: True" in out, out
+    m = re.search(r"perplexity: FP32 ([\d.]+), W8A8 on the DSA ([\d.]+)", out)
+    assert m and abs(float(m.group(2)) / float(m.group(1)) - 1) < 0.1, out
+    fractions = [int(f) for f in re.findall(r"^\s+\d+\s+[\d,]+\s+[\d,.]+\s+[\d,.]+\s+(\d+)%",
+                                            out, re.M)]
+    assert len(fractions) == 2 and all(0 < f <= 100 for f in fractions), out
+    assert (tmp_path / "llm" / "decode.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
