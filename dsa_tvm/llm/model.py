@@ -134,7 +134,11 @@ class CompiledLLM:
         self.cfg = load_config(hw)
         self.prefill_buckets = check_buckets(prefill_buckets, "prefill_buckets")
         self.context_buckets = check_buckets(context_buckets, "context_buckets")
-        self._calibration = tuple(calibration)
+        # one string is one text, not a sequence of one-character texts
+        self._calibration = (calibration,) if isinstance(calibration, str) else tuple(calibration)
+        if not all(isinstance(t, str) for t in self._calibration):
+            raise ValueError("calibration must be a string or a sequence of strings (text the "
+                             "model decodes to set the int8 ranges)")
         self._calibrated = None
         self._compiled: dict[tuple[int, int], Any] = {}
         #: bucket -> its full compile report (regions with their layers, for reference checks)

@@ -132,6 +132,10 @@ def test_bad_model_and_options_are_refused(tmp_path):
         load("tiny", prefill_buckets=(0, 16))
     with pytest.raises(FileNotFoundError, match="no model at"):
         load_source(tmp_path / "missing.gguf")
+    with pytest.raises(ValueError, match="calibration must be a string or a sequence"):
+        load("tiny", calibration=[b"bytes"])
+    # one string is one calibration text (not one text per character)
+    assert load("tiny", calibration="Some text.", **BUCKETS)._calibration == ("Some text.",)
 
 
 def test_generate_cli_streams_tokens_and_writes_the_report(tmp_path, capsys):
