@@ -9,7 +9,10 @@ table so the runtime repeats it exactly:
   with the zero-point terms that depend on it in an output-stage table
   (``<name>#params``);
 * ``matmul_a``: the first operand as activation rows plus one correction row per
-  input row (``<name>#rowsum``): ``-zp_b * sum_k a``.
+  input row (``<name>#rowsum``): ``-zp_b * sum_k a``;
+* ``weight_tiles``: an on-device matmul's second operand as its weight tiles, with the
+  column sums ``column_sums * sum_k b`` (``<name>#colsum``) when the first operand has a
+  zero point (what the region's movement would have made, ``lowering.host_tiles``).
 
 (see ``tir_schedules.kinds.matmul`` for the arithmetic).
 """
@@ -60,9 +63,25 @@ def rowsum_rows(a: np.ndarray, b_zero_point: int, block_out: int) -> np.ndarray:
     return np.ascontiguousarray(np.repeat(r[:, None], block_out, axis=1).astype(np.int32))
 
 
+def column_sum_rows(b: np.ndarray, factor: int, block_out: int) -> np.ndarray:
+    """[batch * NB][block_out] int32: ``factor * sum_k b[k, n]`` per batch and column."""
+    bt, k, n = batch_dims(b.shape)
+    nb = -(-n // block_out)
+    sums = np.zeros((bt, nb * block_out), np.int64)
+    sums[:, :n] = b.reshape(bt, k, n).astype(np.int64).sum(axis=1)
+    return sem.wrap_int32(int(factor) * sums).astype(np.int32).reshape(bt * nb, block_out)
+
+
 def pack_region_input(name: str, x: np.ndarray, io: dict, block_in: int,
                       block_out: int) -> dict[str, np.ndarray]:
     """The DRAM regions one region input fills, by region name."""
+    if "weight_tiles" in io:
+        spec = io["weight_tiles"]
+        b = x.reshape(spec["shape"])
+        out = {name: weight_tiles(b, block_in, block_out)}
+        if spec["column_sums"]:
+            out[name + COLSUM] = column_sum_rows(b, spec["column_sums"], block_out)
+        return out
     if "matmul_b" in io:
         spec = {**io["matmul_b"], "zero_point": io["zero_point"]}
         return {name: weight_tiles(x, block_in, block_out),

@@ -36,6 +36,7 @@ from ..layers.host_pack import COLSUM, PARAMS, ROWSUM, batch_dims
 from ..layers.ir import BatchMatmul, Layer, QTensor, Region, layer_inputs
 from ..layers.layouts import blocked_shape, same_bytes
 from .fold_input import fold_region_inputs
+from .host_tiles import host_tiled_inputs, io_entry, without_movements
 from .program_cache import PROGRAMS, WALKS, cache_enabled, content_key, lowering_view, restamp
 
 __all__ = ["CompiledRegion", "LayerPlan", "UnsupportedLayer", "compile_region",
@@ -91,6 +92,11 @@ def compile_region(region: Region, cfg: HardwareConfig,
     io = {t.name: {"shape": list(t.shape), "scale": t.scale, "zero_point": t.zero_point}
           for t in region.inputs + region.outputs}   # as the runtime sees them, before folding
     region, folded = fold_region_inputs(region, cfg)
+    tiled = host_tiled_inputs(region)
+    if tiled:   # the host lays these inputs out as weight tiles: no movement in the region
+        region = without_movements(region, tiled)
+        for name, p in tiled.items():
+            io[name]["weight_tiles"] = io_entry(p)
     chosen = []
     for layer in region.layers:
         t0 = time.perf_counter()
@@ -147,7 +153,16 @@ def _compile_chosen(region: Region, io: dict, folded: dict, chosen: list,
 
     bi, bo = cfg.block_in, cfg.block_out
     for t in region.inputs:
-        if "matmul_b" in io[t.name]:  # the host packs weight tiles and their table
+        if "weight_tiles" in io[t.name]:  # an on-device matmul's operand, tiled by the host
+            spec = io[t.name]["weight_tiles"]
+            bt, k, n = batch_dims(tuple(spec["shape"]))
+            nb, kb = ceil_div(n, bo), ceil_div(k, bi)
+            tensors[t.name] = tensors[spec["tiles"]] = b.region(
+                t.name, "input", (bt, nb, kb, bo, bi), "int8")
+            if spec["column_sums"]:
+                tensors[spec["tiles"] + COLSUM] = b.region(t.name + COLSUM, "input",
+                                                           (bt * nb, bo), "int32")
+        elif "matmul_b" in io[t.name]:  # the host packs weight tiles and their table
             bt, k, n = batch_dims(t.shape)
             nb, kb = ceil_div(n, bo), ceil_div(k, bi)
             tensors[t.name] = b.region(t.name, "input", (bt, nb, kb, bo, bi), "int8")

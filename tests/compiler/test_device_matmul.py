@@ -91,3 +91,32 @@ def test_lane_splitting_moves_are_refused_with_the_reason():
     reg = _attention_matmul(2, 32, cfg.block_in + 8, True, 8)
     why = lowering_supports(reg.layers[-2], cfg)
     assert why is not None and "weight tile" in why
+
+
+@pytest.mark.parametrize("preset", ["default", "large"])
+@FEW
+@given(heads=st.integers(1, 3), width_blocks=st.integers(1, 2), seq=st.integers(1, 70),
+       m=st.integers(1, 9), za=st.sampled_from([0, -128, 5]), seed=st.integers(0, 2**31 - 1))
+def test_operand_the_host_tiles_is_read_once_and_bit_exact(preset, heads, width_blocks, seq,
+                                                           m, za, seed):
+    """V arriving per head as a region input (decode's cache): the host lays it out as
+    weight tiles (with the column sums for P's zero point), the movement leaves the
+    program, and the outputs stay bit-exact; V's bytes are read once, never written."""
+    from dsa_tvm.lowering.region import compile_region
+
+    cfg = CFGS[preset]
+    width = width_blocks * cfg.block_in
+    p = L.QTensor("p", (heads, m, seq), 0.05, za)
+    v = _sym("v", (heads, seq, width))
+    b = _sym("b", (heads, seq, width))
+    tiles = L.Permute("tiles", v, b, (heads, seq, width), (0, 1, 2), weight_tiles=True,
+                      column_sums=-za)
+    y = L.QTensor("y", (heads, m, width), 0.1, 3)
+    mm = L.BatchMatmul("mm", p, b, y, _requant(1 / (8 * seq)), on_device=True)
+    reg = region([p, v], [tiles, mm])
+    check(reg, cfg, np.random.default_rng(seed))
+    prog = compile_region(reg, cfg).program
+    assert prog.meta["io"]["v"]["weight_tiles"]["column_sums"] == -za
+    assert [ly["name"] for ly in prog.meta["layers"]] == ["mm"]
+    assert not prog.regions_of("scratch")   # no tiles written to DRAM and read back
+    assert {r.name for r in prog.regions_of("input")} == {"p", "v"} | ({"v#colsum"} if za else set())

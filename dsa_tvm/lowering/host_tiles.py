@@ -1,0 +1,43 @@
+"""Second operands of on-device batch matmuls that the host lays out as weight tiles.
+
+An on-device matmul reads its second operand as the array's weight tiles, made in the
+region by a ``weight_tiles`` :class:`Permute`: a DRAM round trip (read the rows, write the
+tiles, read them back). When that operand is a region input that nothing else reads and
+the movement only re-lays it out (no permutation), the host can hand it over as tiles
+already, as it does for a host-packed matmul's operand, and the movement goes: decode's V
+cache is read once, in the layout the attention reads (``host_pack``'s ``weight_tiles``
+entry; the column sums for the first operand's zero point come with it).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+from ..layers.ir import Permute, Region
+
+
+def host_tiled_inputs(region: Region) -> dict[str, Permute]:
+    """Region input name -> the weight-tiles movement the host can do instead."""
+    inputs = {t.name for t in region.inputs}
+    outputs = {t.name for t in region.outputs}
+    readers = region.readers()
+    out = {}
+    for ly in region.layers:
+        if (isinstance(ly, Permute) and ly.weight_tiles and ly.input.name in inputs
+                and ly.input.name not in outputs and readers.get(ly.input.name) == 1
+                and not ly.then and ly.perm == tuple(range(len(ly.perm)))):
+            out[ly.input.name] = ly
+    return out
+
+
+def without_movements(region: Region, tiled: dict[str, Permute]) -> Region:
+    """The region without the movements the host does."""
+    gone = {p.name for p in tiled.values()}
+    return dataclasses.replace(region, layers=[ly for ly in region.layers
+                                               if ly.name not in gone])
+
+
+def io_entry(p: Permute) -> dict:
+    """The program's ``io`` note the runtime packs the input by (``host_pack``)."""
+    return {"shape": list(p.output.shape), "column_sums": int(p.column_sums),
+            "tiles": p.output.name}
