@@ -224,8 +224,10 @@ def _attribution_track(rows: list[LayerRow], runs: list[tuple[int, int, int]], o
     return ev
 
 
-def build_report(launches: list, compile_report=None) -> RunReport:
-    """A RunReport from recorded launches (``runtime.take_launches()``)."""
+def build_report(launches: list, compile_report=None, trace: bool = True) -> RunReport:
+    """A RunReport from recorded launches (``runtime.take_launches()``); ``trace=False``
+    leaves out the trace events (most of the cost when a caller only wants the numbers,
+    e.g. per decoded token)."""
     if launches:
         cfg = launches[0].result.config
         hw, mhz, peak = cfg.name, cfg.mhz, cfg.peak_macs_per_cycle
@@ -238,6 +240,9 @@ def build_report(launches: list, compile_report=None) -> RunReport:
         rows, runs = _layer_rows(launch, peak)
         rep.rows += rows
         rep.total_cycles += launch.result.cycles
+        if not trace:
+            offset += launch.result.cycles
+            continue
         rep.trace_events += _attribution_track(rows, runs, offset, mhz, launch.program.name,
                                                first=offset == 0)
         for ev in launch.result.trace():

@@ -252,7 +252,7 @@ class CompiledLLM:
         rec = StepRecord(kind, n, shape, start, wall_s=wall, launches=len(launches))
         if launches:
             compiled = self.reports[shape]
-            rep = build_report(launches, compiled)
+            rep = build_report(launches, compiled, trace=False)
             rec.cycles = rep.total_cycles
             rec.dram_read = sum(r.dram_read for r in rep.rows)
             rec.dram_written = sum(r.dram_written for r in rep.rows)

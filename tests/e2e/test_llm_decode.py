@@ -107,6 +107,14 @@ def test_decode_dram_reads_split_into_weights_kv_and_activations(w8a8):
     assert step.read_kv >= a.layers * 2 * a.kv_heads * slots * a.head_dim == a.kv_bytes(slots)
     assert 0 < gen.bandwidth_use(gen.decode) <= 1
     assert step.host_us >= step.launches * w8a8.cfg.launch_overhead_us
+    # the per-token record leaves the trace out; the numbers are the traced report's
+    from dsa_tvm.report import build_report
+
+    full = build_report(w8a8.last_launches, w8a8.reports[step.bucket])
+    bare = build_report(w8a8.last_launches, w8a8.reports[step.bucket], trace=False)
+    assert full.trace_events and not bare.trace_events
+    assert (bare.total_cycles, bare.rows) == (full.total_cycles, full.rows) \
+        and bare.total_cycles == step.cycles
 
 
 @pytest.mark.parametrize("call, match", [
