@@ -15,6 +15,8 @@ from .cli_common import CliError, at_least, hw_spec
 
 
 def add_parser(sub) -> None:
+    from tir_schedules.options import OFFLOAD_POLICIES
+
     from .llm.model import QUANTS
 
     g = sub.add_parser("generate", help="generate text with a decoder LLM (smollm2, tiny, a "
@@ -30,6 +32,9 @@ def add_parser(sub) -> None:
     g.add_argument("--seed", type=int, default=0)
     g.add_argument("--json", help="write the per-step report as JSON here")
     g.add_argument("--hw", default="default", type=hw_spec, help="hardware preset or .toml")
+    g.add_argument("--offload", default="all", choices=list(OFFLOAD_POLICIES),
+                   help="all: every region that compiles runs on the DSA (default); faster: "
+                        "only those the cost model expects to beat the host")
     g.set_defaults(fn=cmd_generate)
 
 
@@ -44,7 +49,8 @@ def cmd_generate(args: argparse.Namespace) -> int:
               flush=True)
 
     try:
-        model = load(args.model, hw=args.hw, quant=args.quant, verbose=True, seed=args.seed)
+        model = load(args.model, hw=args.hw, quant=args.quant, verbose=True, seed=args.seed,
+                     offload=args.offload)
         gen = model.generate(args.prompt, args.max_new_tokens, greedy=not args.sample,
                              seed=args.seed, on_token=show)
     except ValueError as e:
@@ -54,6 +60,7 @@ def cmd_generate(args: argparse.Namespace) -> int:
     if args.json:
         Path(args.json).write_text(json.dumps(
             {"prompt": args.prompt, "text": gen.text, "ids": gen.ids, "mhz": gen.mhz,
+             "bandwidth_bytes_per_cycle": gen.bandwidth_bytes_per_cycle,
              "steps": [asdict(s) for s in gen.steps]}, indent=2))
         print(f"report: {args.json}", file=sys.stderr)
     return 0

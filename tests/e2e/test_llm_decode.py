@@ -161,6 +161,15 @@ def test_generate_cli_streams_tokens_and_writes_the_report(tmp_path, capsys):
     assert rep["ids"] == want and [s["kind"] for s in rep["steps"]][:2] == ["sink", "prefill"]
     assert main(["generate", "tiny", "--prompt", "", "--quant", "fp32"]) == 2
     assert "empty prompt" in capsys.readouterr().err
+    # W8A8 on the DSA: every decode token's DRAM reads split, in the summary and the JSON
+    assert main(["generate", "tiny", "--prompt", PROMPT, "--max-new-tokens", "2",
+                 "--json", str(out)]) == 0
+    assert "KV cache" in capsys.readouterr().out
+    step = json.loads(out.read_text())["steps"][-1]
+    assert step["kind"] == "decode" and step["launches"] > 0
+    assert step["read_weights"] + step["read_kv"] + step["read_activations"] == step["dram_read"]
+    with pytest.raises(SystemExit):
+        main(["generate", "tiny", "--prompt", PROMPT, "--offload", "sometimes"])
 
 
 def test_perplexity_matches_the_full_forward_and_w8a8_stays_close(w8a8):
