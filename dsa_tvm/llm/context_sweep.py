@@ -11,7 +11,7 @@ simulated one.
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
@@ -36,9 +36,6 @@ class DecodePoint:
     host_us: float            # modelled launch overheads and CPU ops per token
     wall_s: float             # simulator wall time per token on this machine
 
-    def as_dict(self) -> dict:
-        return asdict(self)
-
 
 def filler_ids(model, count: int) -> list[int]:
     """``count`` token ids of English text that ships with Python (pydoc's topics)."""
@@ -53,7 +50,7 @@ def filler_ids(model, count: int) -> list[int]:
 
 def decode_point(model, bucket: int, steps: int = STEPS) -> DecodePoint:
     """``steps`` DSA decode tokens with the cache filled to just below ``bucket`` slots."""
-    from .model import CompiledLLM, Generation
+    from .model import CompiledLLM, bandwidth_use
 
     if bucket not in model.context_buckets:
         raise ValueError(f"context {bucket} is not one of the model's cache buckets "
@@ -75,7 +72,7 @@ def decode_point(model, bucket: int, steps: int = STEPS) -> DecodePoint:
     roof = must / cfg.bandwidth_bytes_per_cycle
     mean = {k: float(np.mean([getattr(r, k) for r in recs]))
             for k in ("read_weights", "read_kv", "read_activations", "host_us", "wall_s")}
-    use = Generation("", [], [], recs, cfg.mhz, cfg.bandwidth_bytes_per_cycle).bandwidth_use(recs)
+    use = bandwidth_use(recs, cfg.bandwidth_bytes_per_cycle)
     return DecodePoint(fill, recs[0].bucket[1], cyc, cfg.mhz * 1e6 / cyc if cyc else 0.0,
                        recs[-1].launches, mean["read_weights"], mean["read_kv"],
                        mean["read_activations"], use, cfg.mhz * 1e6 / roof,

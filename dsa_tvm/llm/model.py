@@ -59,6 +59,13 @@ class StepRecord:
     wall_s: float = 0.0             # the simulator's (or torch's) wall time on this machine
 
 
+def bandwidth_use(steps: list[StepRecord], bytes_per_cycle: float) -> float:
+    """DRAM bytes the steps moved over what the DRAM could move in their cycles."""
+    cyc = sum(s.cycles for s in steps)
+    moved = sum(s.dram_read + s.dram_written for s in steps)
+    return moved / (cyc * bytes_per_cycle) if cyc else 0.0
+
+
 @dataclass
 class Generation:
     text: str
@@ -69,10 +76,7 @@ class Generation:
     bandwidth_bytes_per_cycle: float = 0.0
 
     def bandwidth_use(self, steps: list[StepRecord]) -> float:
-        """DRAM bytes moved over what the DRAM could move in the steps' cycles."""
-        cyc = sum(s.cycles for s in steps)
-        moved = sum(s.dram_read + s.dram_written for s in steps)
-        return moved / (cyc * self.bandwidth_bytes_per_cycle) if cyc else 0.0
+        return bandwidth_use(steps, self.bandwidth_bytes_per_cycle)
 
     @property
     def prefill(self) -> list[StepRecord]:
