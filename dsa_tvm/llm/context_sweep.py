@@ -55,7 +55,10 @@ def decode_point(model, bucket: int, steps: int = STEPS) -> DecodePoint:
     if bucket not in model.context_buckets:
         raise ValueError(f"context {bucket} is not one of the model's cache buckets "
                          f"{model.context_buckets}")
-    fill = max(1, bucket - steps)
+    if not 1 <= steps < bucket:
+        raise ValueError(f"steps must be 1..{bucket - 1} (decoded tokens within the "
+                         f"{bucket}-slot bucket), got {steps}")
+    fill = bucket - steps
     host = CompiledLLM(model.source, quant="fp32", prefill_buckets=model.prefill_buckets,
                        context_buckets=model.context_buckets)
     kv = model.new_cache()
@@ -82,6 +85,8 @@ def decode_point(model, bucket: int, steps: int = STEPS) -> DecodePoint:
 def plot_decode(points: list[DecodePoint], path: str | Path, title: str = "") -> Path:
     """Two panels: tokens/s against context with the roofline, and each token's DRAM bytes
     by kind (weights, KV cache, activations)."""
+    if not points:
+        raise ValueError("no decode points to plot: measure at least one context first")
     import matplotlib
 
     matplotlib.use("Agg")

@@ -219,3 +219,8 @@ def test_decode_sweep_stays_under_the_dram_roofline_and_plots(w8a8, tmp_path):
     assert plot_decode(points, tmp_path / "decode.png").stat().st_size > 10_000
     with pytest.raises(ValueError, match="not one of the model's cache buckets"):
         decode_point(w8a8, 100)
+    for steps in (0, 16):
+        with pytest.raises(ValueError, match="steps must be 1..15"):
+            decode_point(w8a8, 16, steps=steps)
+    with pytest.raises(ValueError, match="no decode points"):
+        plot_decode([], tmp_path / "empty.png")
