@@ -148,6 +148,7 @@ class CompiledLLM:
         #: bucket -> its full compile report (regions with their layers, for reference checks)
         self.reports: dict[tuple[int, int], Any] = {}
         self.last_launches: list = []                     # the last step's DSA launches
+        self._reads: dict = {}            # (compile, program) -> its DRAM reads (llm.traffic)
 
     # ----------------------------------------------------------------- compile
     def _log(self, msg: str) -> None:
@@ -260,7 +261,8 @@ class CompiledLLM:
             rec.cycles = rep.total_cycles
             rec.dram_read = sum(r.dram_read for r in rep.rows)
             rec.dram_written = sum(r.dram_written for r in rep.rows)
-            split = read_split(launches, {d.name: d.region for d in compiled.regions})
+            split = read_split(launches, {d.name: d.region for d in compiled.regions},
+                               self._reads)
             rec.read_weights, rec.read_kv = split["weights"], split["kv"]
             rec.read_activations = split["activations"]
             rec.macs_dsa = sum(r.macs for r in rep.rows if r.target == "DSA")

@@ -11,6 +11,7 @@ on chip) are the ``kv`` cache; everything else (region inputs, spilled intermedi
 
 from __future__ import annotations
 
+from bisect import bisect_right
 from collections import Counter
 
 from ..isa.instructions import Load
@@ -30,27 +31,40 @@ def cache_operands(region) -> set[str]:
     return {_base(ly.b.name) for ly in region.layers if isinstance(ly, BatchMatmul)}
 
 
-def read_split(launches: list, regions: dict[str, object]) -> Counter:
+def program_reads(prog, cfg, kv: set[str]) -> Counter:
+    """DRAM bytes one program reads, by :data:`KINDS` (``kv``: its cache operands). A
+    program's loads do not depend on the data: callers keep the answer per program."""
+    spans = sorted((r.offset, r.offset + r.nbytes, r) for r in prog.regions)
+    starts = [lo for lo, _, _ in spans]
+    out: Counter = Counter({k: 0 for k in KINDS})
+    for ins in prog.instructions:
+        if not isinstance(ins, Load):
+            continue
+        at = ins.dram_base * cfg.element_bytes(ins.buffer)
+        i = bisect_right(starts, at) - 1
+        owner = spans[i][2] if i >= 0 and at < spans[i][1] else None
+        if owner is not None and owner.kind == "const":
+            kind = "weights"
+        elif owner is not None and owner.kind == "input" and _base(owner.name) in kv:
+            kind = "kv"
+        else:
+            kind = "activations"
+        out[kind] += dma_bytes(ins, cfg)
+    return out
+
+
+def read_split(launches: list, regions: dict[str, object],
+               known: dict[tuple, Counter] | None = None) -> Counter:
     """DRAM bytes the launches read, by :data:`KINDS`; ``regions`` maps a program's name to
-    its ``layers.ir.Region`` (the compile report's)."""
+    its ``layers.ir.Region`` (the compile report's); ``known`` keeps each program's answer
+    across calls (by compile and program name), so a decode loop classifies a program once."""
+    known = {} if known is None else known
     out: Counter = Counter({k: 0 for k in KINDS})
     for launch in launches:
-        prog, cfg = launch.program, launch.result.config
-        region = regions.get(prog.name)
-        kv = cache_operands(region) if region is not None else set()
-        spans = sorted((r.offset, r.offset + r.nbytes, r) for r in prog.regions)
-        for ins in prog.instructions:
-            if not isinstance(ins, Load):
-                continue
-            at = ins.dram_base * cfg.element_bytes(ins.buffer)
-            owner = next((r for lo, hi, r in spans if lo <= at < hi), None)
-            if owner is None:
-                kind = "activations"
-            elif owner.kind == "const":
-                kind = "weights"
-            elif owner.kind == "input" and _base(owner.name) in kv:
-                kind = "kv"
-            else:
-                kind = "activations"
-            out[kind] += dma_bytes(ins, cfg)
+        key = (launch.compile_id, launch.program.name)
+        if key not in known:
+            region = regions.get(launch.program.name)
+            known[key] = program_reads(launch.program, launch.result.config,
+                                       cache_operands(region) if region is not None else set())
+        out.update(known[key])
     return out
