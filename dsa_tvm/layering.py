@@ -13,7 +13,7 @@ LAYERS: tuple[tuple[str, tuple[str, ...]], ...] = (
     # the hardware description every number comes from
     ("hw", ("dsa_tvm.hw", "dsa_tvm.intmath")),
     # the device: instruction set, simulator, hand-written programs (no TVM)
-    ("isa/sim", ("dsa_tvm.isa", "dsa_tvm.sim", "dsa_tvm.programs", "dsa_tvm.gc_pause")),
+    ("isa/sim", ("dsa_tvm.isa", "dsa_tvm.sim", "dsa_tvm.cim", "dsa_tvm.programs", "dsa_tvm.gc_pause")),
     # the integer layer IR, its CPU oracle and its physics bounds
     ("layers", ("dsa_tvm.layers",)),
     # TIR compute, schedules, intrinsics, the tuning space

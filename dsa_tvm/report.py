@@ -21,6 +21,7 @@ from typing import Any
 from .isa.instructions import Load, Store
 from .layers.checks import compute_bound, roofline_bound, violations
 from .sim.attribution import attribute
+from .sim.cim_mapping import analog_peak_macs_per_cycle
 from .sim.timing import dma_bytes
 
 
@@ -149,11 +150,13 @@ class RunReport:
         return "\n".join(lines)
 
 
-def _bound_by(macs: int, min_read: int | None, min_write: int | None, cfg) -> str:
+def _bound_by(macs: int, min_read: int | None, min_write: int | None, cfg,
+              peak: int | None = None) -> str:
     """Which term of :func:`roofline_bound` is the larger: what would limit an ideal layer."""
     moved = (min_read or 0) + (min_write or 0)
     memory = math.ceil(moved / cfg.bandwidth_bytes_per_cycle) if moved else 0
-    return "memory" if memory > compute_bound(macs, cfg.peak_macs_per_cycle) else "compute"
+    peak = peak or cfg.peak_macs_per_cycle
+    return "memory" if memory > compute_bound(macs, peak) else "compute"
 
 
 #: the per-layer CSV's header, in order; names are stable (scripts key on them)
@@ -182,24 +185,31 @@ def _layer_rows(launch, peak: int) -> tuple[list[LayerRow], list[tuple[int, int,
     metas = prog.meta.get("layers", [])
     times = attribute(res.schedule, [(ly["first"], ly["last"]) for ly in metas])
     rows = []
+    cim = res.cim
+    resident = cim.resident_loads if cim is not None else frozenset()
     for ly, t in zip(metas, times.layers):
         lo, hi = ly["first"], ly["last"] + 1
         rd = wr = 0
-        for ins in prog.instructions[lo:hi]:
-            if isinstance(ins, Load):
+        for i, ins in enumerate(prog.instructions[lo:hi], lo):
+            if isinstance(ins, Load) and i not in resident:
                 rd += dma_bytes(ins, res.config)
             elif isinstance(ins, Store):
                 wr += dma_bytes(ins, res.config)
-        util = ly["macs"] / (t.cycles * peak) if t.cycles else 0.0
-        bad = violations(int(ly["macs"]), t.cycles, rd, wr, ly.get("min_read_bytes"),
-                         ly.get("min_write_bytes"), peak)
         lo_rd, lo_wr = ly.get("min_read_bytes"), ly.get("min_write_bytes")
-        bound = roofline_bound(int(ly["macs"]), lo_rd, lo_wr, peak,
+        peak_l = peak
+        if cim is not None and any(lo <= i < hi for i in cim.analog):
+            # the crossbars do the MACs and hold the weights: neither bound counts them
+            peak_l = max(peak, analog_peak_macs_per_cycle(res.config))
+            if any(lo <= i < hi for i in resident) and lo_rd is not None:
+                lo_rd = max(0, lo_rd - int(ly.get("weight_bytes", 0)))
+        util = ly["macs"] / (t.cycles * peak_l) if t.cycles else 0.0
+        bad = violations(int(ly["macs"]), t.cycles, rd, wr, lo_rd, lo_wr, peak_l)
+        bound = roofline_bound(int(ly["macs"]), lo_rd, lo_wr, peak_l,
                                res.config.bandwidth_bytes_per_cycle)
         rows.append(LayerRow(ly["name"], ly["op"], "DSA", "offloaded", int(ly["macs"]),
                              t.cycles, util, t.span, t.load, t.compute, t.store, rd, wr,
                              prog.name, "; ".join(bad), int(lo_rd or 0), int(lo_wr or 0), bound,
-                             _bound_by(int(ly["macs"]), lo_rd, lo_wr, res.config),
+                             _bound_by(int(ly["macs"]), lo_rd, lo_wr, res.config, peak_l),
                              t.on_compute, t.dram_wait, t.token_wait))
     return rows, times.runs
 

@@ -160,9 +160,15 @@ class HardwareConfig:
         return self.inp_port_bytes or self.inp_row_bytes
 
     @property
+    def is_cim(self) -> bool:
+        """An analog in-memory-compute part: constant-weight GEMMs run on crossbars."""
+        return self.crossbars > 0
+
+    @property
     def energy_modelled(self) -> bool:
         return any(self.values[k] > 0 for k in ("mac_pj", "alu_lane_op_pj", "sram_byte_pj",
-                                                 "dram_byte_pj", "table_lookup_pj"))
+                                                 "dram_byte_pj", "table_lookup_pj", "mvm_pj",
+                                                 "adc_pj"))
 
     @cached_property
     def area_mm2(self) -> float:
@@ -306,11 +312,32 @@ def _check_cross_field_rules(cfg: HardwareConfig, source: str) -> None:
         if (cfg.values[fld] * 1024) % unit:
             raise ConfigError(f"{source}: field 'sram.{fld}' = {cfg.values[fld]} breaks the rule: "
                               f"must hold a whole number of {unit}-byte rows/tiles")
+    if cfg.crossbars:
+        _check_cim_rules(cfg, source)
     for key, rule in _RULES_ABOVE:
         problem = rule(cfg)
         if problem:
             raise ConfigError(f"{source}: field '{key}' = {cfg.values[key.split('.')[-1]]} "
                               f"breaks the rule: {problem}")
+
+
+def _check_cim_rules(cfg: HardwareConfig, source: str) -> None:
+    """The [cim] fields that constrain each other (only for a part with crossbars)."""
+    rules = (
+        ("crossbar_rows", cfg.crossbar_rows % cfg.block_in == 0,
+         f"must be a multiple of array.block_in ({cfg.block_in}): a read sums whole input rows"),
+        ("bits_per_cell", cfg.bits_per_cell * cfg.cells_per_weight >= 8,
+         f"bits_per_cell x cells_per_weight ({cfg.bits_per_cell} x {cfg.cells_per_weight}) "
+         f"must be >= 8 to hold |w| up to 128"),
+        ("cols_per_adc", cfg.cols_per_adc <= cfg.crossbar_cols,
+         f"at most cim.crossbar_cols ({cfg.crossbar_cols})"),
+        ("cells_per_weight", cfg.cells_per_weight <= cfg.crossbar_cols,
+         f"at most cim.crossbar_cols ({cfg.crossbar_cols})"),
+    )
+    for name, ok, why in rules:
+        if not ok:
+            raise ConfigError(f"{source}: field 'cim.{name}' = {cfg.values[name]} breaks the "
+                              f"rule: {why}")
 
 
 #: (field key, rule) added by the layers sized from a config, which this module must not

@@ -275,13 +275,105 @@ FIELDS: tuple[FieldSpec, ...] = (
            f"datapath (buffers, matrix unit, accumulators, activation) is nearly two-thirds of "
            f"its die, so the rest is (1 - 2/3) / (2/3) = {src.OVERHEAD_PCT:g}% of it.",
            ">= 0", lambda v: v >= 0, src.OVERHEAD_PCT),
+
+    # --- analog in-memory compute (optional; crossbars = 0 means a digital part). The
+    #     device model is dsa_tvm/cim: weights programmed once into crossbars, GEMMs on them
+    #     computed in the analog domain through DACs and ADCs, everything else digital
+    _int("cim", "crossbars", "crossbars",
+         "Analog crossbar tiles of the part. 0: a digital part (every GEMM on the MAC array). "
+         "> 0: every GEMM whose weights are program constants runs on crossbars the weights "
+         "were programmed into once (their DRAM loads disappear); GEMMs of two activations "
+         "(attention over a KV cache) stay on the digital array.", "0..1048576",
+         lambda v: 0 <= v <= 1 << 20, 0),
+    _int("cim", "crossbar_rows", "rows",
+         "Rows (word lines, inputs) of one crossbar: the reduction one analog read sums. A "
+         "longer reduction is split across crossbars and its partial sums added digitally.",
+         "multiple of array.block_in, 16..4096", lambda v: 16 <= v <= 4096, 256),
+    _int("cim", "crossbar_cols", "columns",
+         "Columns (bit lines, outputs) of one crossbar; a weight takes cells_per_weight of them.",
+         "16..4096", lambda v: 16 <= v <= 4096, 256),
+    _int("cim", "bits_per_cell", "bits",
+         "Weight-magnitude bits one cell (a differential conductance pair, G+ for positive "
+         "weights, G- for negative) stores; |w| is split into cells_per_weight slices of this "
+         "many bits, each slice in its own column, recombined digitally (shift and add).",
+         "1..8, bits_per_cell * cells_per_weight >= 8 (|w| <= 128)", lambda v: 1 <= v <= 8, 8),
+    _int("cim", "cells_per_weight", "cells",
+         "Cells (columns) per int8 weight; see bits_per_cell.", "1..8",
+         lambda v: 1 <= v <= 8, 1),
+    _int("cim", "dac_bits", "bits",
+         "Input-magnitude bits a DAC applies per read (the sign sets the polarity); an int8 "
+         "input takes ceil(8 / dac_bits) reads (bit-serial at 1), recombined digitally. "
+         "8: one read with a pulse-width or multi-level input.", "1..8",
+         lambda v: 1 <= v <= 8, 8),
+    _int("cim", "adc_bits", "bits",
+         "Resolution of the column ADC. Its full scale is adc_range x the largest column sum "
+         "a read can produce (crossbar_rows x largest input slice x largest weight digit), "
+         "rounded up to a power of two; the step (LSB) is full scale / 2^(adc_bits - 1), at "
+         "least 1. Enough bits for a step of 1 reproduce the digital result exactly.",
+         "1..32", lambda v: 1 <= v <= 32, 8),
+    _float("cim", "adc_range", "fraction",
+           "ADC full scale as a fraction of the largest possible column sum (see adc_bits): "
+           "real column sums are far below the worst case, so a part sets its ADC range "
+           "smaller and clips the rare outliers.", "> 0 and <= 1", lambda v: 0 < v <= 1, 1.0),
+    _int("cim", "cols_per_adc", "columns",
+         "Columns that share one ADC (converted one after another).",
+         "1..crossbar_cols", lambda v: 1 <= v <= 4096, 1),
+    FieldSpec("cim", "noise_model", str, "",
+              "\"pcm\": the statistical phase-change-memory model of IBM's aihwkit "
+              "(PCMLikeNoiseModel, Nandakumar et al., ICECS 2019): programming noise whose "
+              "standard deviation is a quadratic polynomial of the target conductance, a drift "
+              "exponent nu per device drawn from a conductance-dependent normal (mean about "
+              "0.05), and accumulated 1/f read noise growing with log(time); the *_scale "
+              "fields multiply each. \"gaussian\": programming noise of prog_noise_scale x "
+              "g_max, read noise of read_noise_scale x |g|, every device drifting with "
+              "nu = drift_nu x drift_scale.", '"pcm" or "gaussian"',
+              lambda v: v in ("pcm", "gaussian"), "pcm"),
+    _float("cim", "g_max_us", "uS",
+           "Conductance the largest weight digit is programmed to (aihwkit's g_max).",
+           "> 0", lambda v: v > 0, 25.0),
+    _float("cim", "prog_noise_scale", "",
+           "Scale of the programming noise (pcm: of the fitted polynomial; gaussian: its "
+           "standard deviation as a fraction of g_max). 0: devices take their target.",
+           ">= 0", lambda v: v >= 0, 1.0),
+    _float("cim", "read_noise_scale", "",
+           "Scale of the read noise (pcm: of the fitted 1/f model; gaussian: standard "
+           "deviation as a fraction of each conductance). 0: none.", ">= 0",
+           lambda v: v >= 0, 1.0),
+    _float("cim", "drift_scale", "", "Scale of the drift exponents. 0: no drift.", ">= 0",
+           lambda v: v >= 0, 1.0),
+    _float("cim", "drift_nu", "", "Drift exponent of every device under the gaussian model.",
+           ">= 0 and <= 1", lambda v: 0 <= v <= 1, 0.05),
+    _float("cim", "t_inference_s", "s",
+           "Time from programming to inference: conductances drift as (1 + t / t0)^-nu "
+           "(t0 = 20 s, aihwkit's first read).", ">= 0", lambda v: v >= 0, 0.0),
+    _float("cim", "mvm_noise", "fraction",
+           "Additive noise on every column output of every read, standard deviation as a "
+           "fraction of the ADC full scale (aihwkit's out_noise). 0: none.", ">= 0",
+           lambda v: v >= 0, 0.0),
+    _int("cim", "noise_seed", "",
+         "Seed of every random draw (programming, drift, read): the same seed gives the same "
+         "result.", ">= 0", lambda v: v >= 0, 0),
+    _float("cim", "mvm_ns", "ns",
+           "Settling time of one analog read of a crossbar (one input slice on every row).",
+           "> 0", lambda v: v > 0, 100.0),
+    _float("cim", "adc_ns", "ns", "Time of one ADC conversion.", "> 0", lambda v: v > 0, 1.0),
+    _float("cim", "program_row_ns", "ns",
+           "Time to program one crossbar row (iterative write and verify). Charged only when "
+           "a program's weights do not fit the crossbars and are reprogrammed as they stream "
+           "in (time-shared).", ">= 0", lambda v: v >= 0, 1000.0),
+    _float("cim", "mvm_pj", "pJ",
+           "Energy of one analog read of one crossbar (DAC drivers and array), beside its "
+           "ADC conversions. 0: not modelled.", ">= 0", lambda v: v >= 0, 0.0),
+    _float("cim", "adc_pj", "pJ", "Energy of one ADC conversion. 0: not modelled.", ">= 0",
+           lambda v: v >= 0, 0.0),
+
 )
 
 #: Fields added after programs were first fingerprinted: left out of a description's
 #: fingerprint (and of the description programs embed) while they hold their default, so
 #: programs compiled before they existed (and the bundled presets' program bytes) stay valid.
 FINGERPRINT_OMIT_AT_DEFAULT: frozenset[str] = frozenset(
-    {f.key for f in FIELDS if f.section in ("norm", "table", "output", "area")}
+    {f.key for f in FIELDS if f.section in ("norm", "table", "output", "area", "cim")}
     | {"energy.table_lookup_pj", "array.dataflow", "array.weight_double_buffer",
        "array.wgt_port_bytes", "array.inp_port_bytes"})
 

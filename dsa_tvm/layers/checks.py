@@ -51,13 +51,20 @@ def inputs_read(layer: Layer) -> int:
     return sum(elements(shape) for shape in seen.values())
 
 
-def with_weights(layer: Layer, read: int) -> tuple[int, int]:
-    """(``read`` plus the layer's weight bytes, the output bytes): a layer's bounds."""
+def weight_bytes(layer: Layer) -> int:
+    """int8 bytes of the layer's constant operands (its weight, a matmul's constant side):
+    what a CIM part keeps programmed in its crossbars instead of reading."""
+    total = 0
     for field in ("weight", "const"):  # a constant operand is read like a weight
         data = getattr(layer, field, None)
         if data is not None:
-            read += int(np.size(data))
-    return read, elements(layer.output.shape)
+            total += int(np.size(data))
+    return total
+
+
+def with_weights(layer: Layer, read: int) -> tuple[int, int]:
+    """(``read`` plus the layer's weight bytes, the output bytes): a layer's bounds."""
+    return read + weight_bytes(layer), elements(layer.output.shape)
 
 
 def compute_bound(macs: int, peak_macs_per_cycle: int) -> int:

@@ -29,8 +29,9 @@ from ..hw.schema import FIELDS
 from ..isa.program import Program
 
 #: sections of the description the code generator never reads except through a schedule
-#: choice: the clock, the host, queue depths, energy and area
-TIMING_ONLY_SECTIONS = ("clock", "host", "queues", "energy", "area")
+#: choice: the clock, the host, queue depths, energy, area and the analog crossbars (the
+#: simulator maps a program's constant-weight GEMMs onto them)
+TIMING_ONLY_SECTIONS = ("clock", "host", "queues", "energy", "area", "cim")
 #: ... and single fields of other sections: labels, DRAM timing, unit latencies
 TIMING_ONLY = frozenset({
     "name", "description", "bandwidth_bytes_per_cycle", "latency_cycles",

@@ -32,6 +32,7 @@ from ..isa.builder import ProgramBuilder
 from ..isa.instructions import Sync
 from ..isa.program import Program
 from ..isa.sync import insert_dependencies
+from ..layers.checks import weight_bytes
 from ..layers.host_pack import COLSUM, PARAMS, ROWSUM, batch_dims
 from ..layers.ir import BatchMatmul, Layer, QTensor, Region, layer_inputs
 from ..layers.layouts import blocked_shape, same_bytes
@@ -208,6 +209,7 @@ def _compile_chosen(region: Region, io: dict, folded: dict, chosen: list,
                             "last": len(b.instructions) - 1, "macs": layer.macs,
                             **dict(zip(("min_read_bytes", "min_write_bytes"),
                                        layer_bounds(layer))),
+                            "weight_bytes": weight_bytes(layer),
                             "knobs": dict(knobs.__dict__)})
         plans.append(LayerPlan(layer, r.shape, knobs, time.perf_counter() - t0))
     b.finish()

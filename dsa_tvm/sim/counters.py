@@ -43,7 +43,11 @@ ENGINE_COUNTER_DOCS: dict[str, tuple[str, str]] = {
 
 
 def collect_counters(instrs: list[Instruction], sched: Schedule, footprints: list[Footprint],
-                     cfg: "HardwareConfig") -> dict[str, float]:
+                     cfg: "HardwareConfig", resident_loads: frozenset[int] = frozenset(),
+                     analog_gemms: frozenset[int] = frozenset()) -> dict[str, float]:
+    """Counters of a run. On a CIM part ``resident_loads`` move no DRAM bytes (the weights
+    stay programmed in the crossbars) and ``analog_gemms`` use no MAC-array slots (the
+    crossbar counters are ``dsa_tvm.sim.cim_mapping.cim_counters``)."""
     c: dict[str, float] = {}
     cycles = sched.cycles
     c["cycles"] = cycles
@@ -56,8 +60,10 @@ def collect_counters(instrs: list[Instruction], sched: Schedule, footprints: lis
     wr = {"acc32": 0, "acc8": 0}
     unit_of = {b: cfg.element_bytes(b) for b in Buffer}
     rd_of = {Buffer.INP: "inp", Buffer.WGT: "wgt", Buffer.ACC: "acc", Buffer.ACC8: "acc"}
-    for ins in instrs:
+    for i, ins in enumerate(instrs):
         kinds[ins.opcode] += 1
+        if i in resident_loads or i in analog_gemms:
+            continue
         if isinstance(ins, Gemm):
             gemm_steps += ins.steps
         elif isinstance(ins, Alu):
@@ -99,7 +105,8 @@ def collect_counters(instrs: list[Instruction], sched: Schedule, footprints: lis
     for b in unit:
         c[f"sram_peak_bytes.{b}"] = (peak[b] + 1) * unit[b]
     if cfg.energy_modelled:
-        sram_bytes = _sram_bytes(instrs, cfg)
+        sram_bytes = _sram_bytes([ins for i, ins in enumerate(instrs)
+                                  if i not in resident_loads and i not in analog_gemms], cfg)
         # a lookup costs table_lookup_pj where the description gives one, else a lane op
         lut_pj = (cfg.table_lookup_pj or cfg.alu_lane_op_pj) - cfg.alu_lane_op_pj
         pj = (macs * cfg.mac_pj + c["alu_lane_ops"] * cfg.alu_lane_op_pj

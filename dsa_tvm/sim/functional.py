@@ -43,6 +43,7 @@ from .plans import alu_plan, gemm_plan
 if TYPE_CHECKING:
     from ..hw.config import HardwareConfig
     from ..isa.program import Program
+    from .cim_arrays import ProgrammedArrays
 
 #: prepared weight matrices kept per machine (oldest evicted first)
 WEIGHT_CACHE_SIZE = 64
@@ -62,11 +63,13 @@ def _loop_order(ins: Alu) -> np.ndarray:
 class Machine:
     """DRAM and scratchpad state of ``batch`` devices running one program in lockstep."""
 
-    def __init__(self, cfg: "HardwareConfig", program: "Program", batch: int = 1):
+    def __init__(self, cfg: "HardwareConfig", program: "Program", batch: int = 1,
+                 arrays: "ProgrammedArrays | None" = None):
         if batch < 1:
             raise ValueError(f"a batch holds at least one input, got {batch}")
         self.cfg = cfg
         self.batch = batch
+        self.arrays = arrays  # a CIM part's crossbars: the GEMMs they hold read them
         size = max(program.dram_size, 1)
         image = np.zeros(size, dtype=np.uint8)
         self._const: list[tuple[int, int]] = []  # DRAM byte ranges every input shares
@@ -120,7 +123,10 @@ class Machine:
     # --- instructions
     def execute(self, i: int, ins: Instruction) -> None:
         if isinstance(ins, Gemm):
-            self.gemm(ins)
+            if self.arrays is not None and i in self.arrays.analog:
+                self.analog_gemm(i, ins)
+            else:
+                self.gemm(ins)
         elif isinstance(ins, Alu):
             self.alu(i, ins)
         elif isinstance(ins, Load):
@@ -195,6 +201,22 @@ class Machine:
             prod = prod.astype(np.int32).reshape(nbat, -1, bo)
         else:
             prod = prod.astype(np.int32).sum(axis=2, dtype=np.int32).reshape(nbat, -1, bo)
+        self._accumulate(ins, plan, prod)
+
+    def analog_gemm(self, i: int, ins: Gemm) -> None:
+        """GEMM ``i`` read on the crossbars its weights were programmed into
+        (``dsa_tvm.cim``): the same inputs and accumulator rows as :meth:`gemm`."""
+        plan = gemm_plan(ins.loops, self.cfg.block_in)
+        nb, nm, nk = plan.nb, plan.nm, plan.nk
+        rows = plan.inp.transpose(0, 2, 1, 3).reshape(nb, nm, -1)[..., :nk]
+        x = np.take(self.inp, ins.inp_base + rows, axis=1).reshape(self.batch, nb, nm, -1)
+        prod = self.arrays.gemm(i, x)                   # int64 (batch, nb, nm, nn * bo)
+        self._accumulate(ins, plan, prod.astype(np.int32).reshape(self.batch, -1,
+                                                                  self.cfg.block_out))
+
+    def _accumulate(self, ins: Gemm, plan, prod: np.ndarray) -> None:
+        """Write or add a GEMM's (batch, points, block_out) products into its rows."""
+        nbat = self.batch
         acc = self.acc
         if plan.acc_run is not None:
             rows = slice(ins.acc_base, ins.acc_base + plan.acc_run)

@@ -28,6 +28,8 @@ from ..hw.config import HardwareConfig, load_config
 from ..isa.footprint import Footprint
 from ..isa.instructions import Engine, Instruction
 from ..isa.program import Program
+from .cim_arrays import ProgrammedArrays
+from .cim_mapping import CimMap, cim_counters, cost_overrides, map_program
 from .counters import collect_counters, format_counters
 from .errors import HazardError, SimulationError
 from .functional import Machine
@@ -50,6 +52,7 @@ class SimResult:
     outputs: dict[str, np.ndarray] = field(default_factory=dict)
     batch: int = 1
     timing_reused: bool = False   # the schedule came from an earlier run of the program
+    cim: CimMap | None = None     # a CIM part: which GEMMs ran on crossbars, which loads stayed
 
     @property
     def cycles(self) -> int:
@@ -115,6 +118,8 @@ class _Timing:
 
 #: programs whose timing a simulator keeps (the least recently run go first)
 TIMING_CACHE_ENTRIES = 64
+#: programs whose crossbars a CIM simulator keeps programmed (their conductances drawn)
+ARRAYS_CACHE_ENTRIES = 16
 
 
 class Simulator:
@@ -123,6 +128,7 @@ class Simulator:
     def __init__(self, config: "str | Path | HardwareConfig | None" = None):
         self.config = load_config(config)
         self._timings: OrderedDict[int, _Timing] = OrderedDict()
+        self._arrays: OrderedDict[int, tuple[Program, int, ProgrammedArrays]] = OrderedDict()
         self._lock = threading.Lock()
 
     def load_program(self, data: bytes) -> Program:
@@ -158,7 +164,7 @@ class Simulator:
         footprints = validate_program(program, cfg) if timing is None else None
         batch = _batch if _batch is not None else _batch_size(program, inputs)
         check_functional(program, cfg, batch)  # before any DRAM image is allocated
-        machine = Machine(cfg, program, batch)
+        machine = Machine(cfg, program, batch, self.arrays(program) if cfg.is_cim else None)
         self._place_inputs(machine, program, inputs)
         if timing is None:
             res = self._timed(program, machine, check_hazards, footprints)
@@ -167,10 +173,25 @@ class Simulator:
             for i in timing.order:
                 machine.execute(i, instrs[i])
             res = SimResult(program, cfg, timing.schedule, dict(timing.counters),
-                            timing_reused=True)
+                            timing_reused=True, cim=machine.arrays and machine.arrays.cmap)
         res.outputs = self._read_outputs(machine, program)
         res.batch = batch
         return res
+
+    def arrays(self, program: Program) -> ProgrammedArrays:
+        """The crossbars of this CIM part programmed with ``program``'s weights (mapped and
+        drawn once, kept for later runs)."""
+        with self._lock:
+            hit = self._arrays.get(id(program))
+            if hit is not None and hit[0] is program and hit[1] == _contents(program):
+                self._arrays.move_to_end(id(program))
+                return hit[2]
+        arrays = ProgrammedArrays(program, self.config, map_program(program, self.config))
+        with self._lock:
+            self._arrays[id(program)] = (program, _contents(program), arrays)
+            while len(self._arrays) > ARRAYS_CACHE_ENTRIES:
+                self._arrays.popitem(last=False)
+        return arrays
 
     def _cached(self, program: Program, check_hazards: bool) -> _Timing | None:
         with self._lock:  # launches of one program may run in several threads
@@ -203,8 +224,17 @@ class Simulator:
                 machine.execute(i, ins)
 
         callback = on_start if (machine is not None or hazards is not None) else None
-        sched = schedule(instrs, cfg, callback)
-        counters = collect_counters(instrs, sched, footprints, cfg)
+        if cfg.is_cim:
+            cmap = self.arrays(program).cmap
+            sched = schedule(instrs, cfg, callback, cost_overrides(cmap, program, cfg))
+            counters = collect_counters(instrs, sched, footprints, cfg, cmap.resident_loads,
+                                        frozenset(cmap.analog))
+            counters.update(cim_counters(cmap, cfg))
+            if cfg.energy_modelled:
+                counters["energy_uj"] += counters["cim.energy_pj"] / 1e6
+        else:
+            sched = schedule(instrs, cfg, callback)
+            counters = collect_counters(instrs, sched, footprints, cfg)
         if machine is not None:
             timing = _Timing(program, sched, counters, order, check_hazards, _contents(program))
             with self._lock:
@@ -212,7 +242,8 @@ class Simulator:
                 self._timings.move_to_end(id(program))
                 while len(self._timings) > TIMING_CACHE_ENTRIES:
                     self._timings.popitem(last=False)
-        return SimResult(program, cfg, sched, counters)
+        return SimResult(program, cfg, sched, counters,
+                         cim=self.arrays(program).cmap if cfg.is_cim else None)
 
     def cycles(self, program: Program | bytes) -> int:
         """Cycles of ``program`` alone on the timing model: validated and scheduled, with no
@@ -220,7 +251,9 @@ class Simulator:
         if isinstance(program, (bytes, bytearray, memoryview)):
             program = self.load_program(bytes(program))
         validate_program(program, self.config)
-        return int(schedule(program.instructions, self.config, None).cycles)
+        costs = (cost_overrides(self.arrays(program).cmap, program, self.config)
+                 if self.config.is_cim else None)
+        return int(schedule(program.instructions, self.config, None, costs).cycles)
 
     @staticmethod
     def _place_inputs(machine: Machine, program: Program, inputs: Mapping[str, np.ndarray]):

@@ -163,8 +163,12 @@ def _acc_rows(ins: Instruction) -> tuple[tuple[int, int], ...] | None:
 
 
 def schedule(instrs: list[Instruction], cfg: "HardwareConfig",
-             on_start: Callable[[int, Instruction, int, int], None] | None = None) -> Schedule:
-    """Simulate the timing; ``on_start(i, ins, start, end)`` runs in start-time order."""
+             on_start: Callable[[int, Instruction, int, int], None] | None = None,
+             costs: dict[int, int] | None = None) -> Schedule:
+    """Simulate the timing; ``on_start(i, ins, start, end)`` runs in start-time order.
+    ``costs`` replaces the cost of some instructions (index -> a DMA's bus cycles, or any
+    instruction's duration negated): what a CIM part's crossbars do instead
+    (``dsa_tvm.sim.cim_mapping.cost_overrides``)."""
     n = len(instrs)
     pipelined = (True, False, True)  # DMA engines keep transfers outstanding; compute blocks
     bw = cfg.bandwidth_bytes_per_cycle
@@ -180,6 +184,8 @@ def schedule(instrs: list[Instruction], cfg: "HardwareConfig",
         eng.append(p[0])
         toks.append(p[1])
         cost.append(p[2])
+    for i, c in (costs or {}).items():
+        cost[i] = c
     staged = cfg.stage == "pipelined"
     is_alu = [isinstance(ins, Alu) for ins in instrs] if staged else []
     rows_of: dict[int, tuple | None] = {}
