@@ -19,7 +19,7 @@ exactly (the column sums are integers; float64 holds them exactly).
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 import numpy as np
@@ -50,12 +50,13 @@ class Geometry:
     adc_bits: int
     adc_range: float
     mvm_noise: float
+    repeats: int         # reads averaged per read (reads_per_mvm)
 
     @classmethod
     def from_config(cls, cfg: "HardwareConfig") -> "Geometry":
         return cls(cfg.crossbar_rows, cfg.crossbar_cols, cfg.bits_per_cell,
                    cfg.cells_per_weight, cfg.dac_bits, cfg.adc_bits, cfg.adc_range,
-                   cfg.mvm_noise)
+                   cfg.mvm_noise, cfg.reads_per_mvm)
 
     @property
     def passes(self) -> int:
@@ -95,55 +96,145 @@ def weight_digits(codes: np.ndarray, geom: Geometry) -> np.ndarray:
     return np.stack([(mag >> (geom.bits * c)) & mask for c in range(geom.cells)])
 
 
-def effective_weights(codes: np.ndarray, geom: Geometry, model: DeviceModel,
-                      t_inference: float, rng: np.random.Generator) -> np.ndarray:
-    """(cells, *codes.shape) float32 weight digits as the crossbar reads them: the digit
-    targets programmed into G+ / G- (with noise), drifted and read at ``t_inference``,
-    converted back to digit units ((G+ - G-) / g_max x D_c)."""
+@dataclass
+class ProgrammedCells:
+    """The conductance pairs of programmed weight codes: G+ and G- right after programming
+    and each device's drift exponent, (2, cells, *codes.shape) each, with the digit
+    scale (cells, 1, ...) that maps g_max back to the largest digit."""
+
+    g_prog: np.ndarray
+    nu: np.ndarray
+    dmax: np.ndarray
+    exact: np.ndarray | None = None    # the signed digits, when the devices are noiseless
+
+
+def program_cells(codes: np.ndarray, geom: Geometry, model: DeviceModel,
+                  rng: np.random.Generator | None) -> ProgrammedCells:
+    """Program int8 weight codes into conductance pairs (both cells of every pair take
+    the programming noise and drift, as aihwkit's pair converter does)."""
     digits = weight_digits(codes, geom)
-    if model.noiseless:
-        sign = np.where(codes < 0, -1, 1).astype(np.int16)
-        return (digits * sign).astype(np.float32)
     dmax = np.array([geom.weight_digit_max(c) for c in range(geom.cells)], np.float64)
     dmax = dmax.reshape((-1,) + (1,) * codes.ndim)
+    if model.noiseless:
+        sign = np.where(codes < 0, -1, 1).astype(np.int16)
+        return ProgrammedCells(np.empty(0), np.empty(0), dmax, (digits * sign).astype(np.float32))
     g_target = digits / dmax * model.g_max
     pos = codes >= 0
-    g_plus = np.where(pos, g_target, 0.0)
-    g_minus = np.where(pos, 0.0, g_target)
-    read = []
-    for g in (g_plus, g_minus):  # both cells of every pair are programmed and drift
-        g_prog = model.program(g, rng)
-        nu = model.drift_exponents(g, rng)
-        read.append(model.at_time(g_prog, nu, t_inference, rng))
-    return ((read[0] - read[1]) / model.g_max * dmax).astype(np.float32)
+    pair = np.stack([np.where(pos, g_target, 0.0), np.where(pos, 0.0, g_target)])
+    return ProgrammedCells(model.program(pair, rng), model.drift_exponents(pair, rng), dmax)
+
+
+def read_digits(cells: ProgrammedCells, model: DeviceModel, t_inference: float,
+                rng: np.random.Generator | None) -> np.ndarray:
+    """(cells, ...) float32 digits as a read ``t_inference`` seconds after programming sees
+    them: (G+ - G-) / g_max x D_c, drifted and with read noise."""
+    if cells.exact is not None:
+        return cells.exact
+    g = model.at_time(cells.g_prog, cells.nu, t_inference, rng)
+    return ((g[0] - g[1]) / model.g_max * cells.dmax).astype(np.float32)
+
+
+def effective_weights(codes: np.ndarray, geom: Geometry, model: DeviceModel,
+                      t_inference: float, rng: np.random.Generator | None) -> np.ndarray:
+    """(cells, *codes.shape) float32 weight digits as the crossbar reads them at
+    ``t_inference``: programmed (with noise), drifted, read."""
+    return read_digits(program_cells(codes, geom, model, rng), model, t_inference, rng)
+
+
+@dataclass
+class Periphery:
+    """The digital periphery's calibration of one GEMM's crossbars (every field optional):
+    the ADC step per column of every (input slice, digit, crossbar) read, (nb, N) each;
+    the drift-compensation gain per crossbar of the reduction, (nb, crossbars); the
+    output offset per column to subtract, (nb, N)."""
+
+    lsb: dict[tuple[int, int, int], np.ndarray] | None = None
+    gain: np.ndarray | None = None
+    offset: np.ndarray | None = None
+
+
+@dataclass
+class Recorder:
+    """What calibration data showed one GEMM's periphery: the largest |column sum| of every
+    (input slice, digit, crossbar) read, and the summed error per output column of the
+    crossbars' sums (before any ADC: what the devices add) against the exact product."""
+
+    col_max: dict[tuple[int, int, int], np.ndarray] = field(default_factory=dict)
+    err_sum: np.ndarray | None = None
+    count: int = 0
+
+    def observe(self, key: tuple[int, int, int], y: np.ndarray) -> None:
+        m = np.abs(y).max(axis=(0, 2))                       # (nb, N)
+        old = self.col_max.get(key)
+        self.col_max[key] = m if old is None else np.maximum(old, m)
+
+    def error(self, got: np.ndarray, exact: np.ndarray) -> None:
+        e = (got - exact).sum(axis=(0, 2))
+        self.err_sum = e if self.err_sum is None else self.err_sum + e
+        self.count += got.shape[0] * got.shape[2]
+
+    def periphery(self, geom: Geometry, gain: np.ndarray | None, ranges: bool,
+                  bias: bool) -> Periphery:
+        """The calibrated periphery: per-column ADC steps (full scale = the largest sum
+        seen, rounded up to a power of two) and/or the mean error as an offset."""
+        lsb = None
+        if ranges and self.col_max:
+            lsb = {}
+            for key, m in self.col_max.items():
+                e = np.ceil(np.log2(np.maximum(m, 1.0) + 1.0)) - (geom.adc_bits - 1)
+                lsb[key] = np.ldexp(1.0, e.astype(np.int64))
+        offset = self.err_sum / self.count if bias and self.count else None
+        return Periphery(lsb, gain, offset)
 
 
 def analog_matmul(x: np.ndarray, w: np.ndarray, geom: Geometry,
-                  rng: np.random.Generator | None) -> np.ndarray:
+                  rng: np.random.Generator | None, periphery: Periphery | None = None,
+                  recorder: Recorder | None = None,
+                  exact_w: np.ndarray | None = None) -> np.ndarray:
     """Integer result (int64, ``x.shape[:-1] + (N,)``) of ``x @ W`` read on crossbars.
 
-    ``x``: int8 inputs (..., nb, nm, K); ``w``: effective digits (cells, nb, K, N) from
-    :func:`effective_weights`. The reduction is cut into crossbars of ``rows`` rows; every
-    (input slice, digit, crossbar) read is converted by the ADC, with ``mvm_noise`` added
-    first when ``rng`` is given."""
+    ``x``: int8 inputs (batch, nb, nm, K); ``w``: digits (cells, nb, K, N) from
+    :func:`read_digits`. The reduction is cut into crossbars of ``rows`` rows; every
+    (input slice, digit, crossbar) read is converted by the ADC (``reads_per_mvm`` times
+    with fresh ``mvm_noise`` when ``rng`` is given, the codes averaged), scaled by the
+    periphery's drift gain, shifted and added; the periphery's offset is subtracted.
+    A ``recorder`` sees every read and, given the exact integer weights ``exact_w``
+    (nb, K, N), the devices' error (the sums before the ADC against the exact product)."""
     xi = x.astype(np.int16)
     sign = np.where(xi < 0, -1.0, 1.0)
     mag = np.abs(xi)
     k = x.shape[-1]
+    per = periphery or Periphery()
     total = np.zeros(x.shape[:-1] + (w.shape[-1],), dtype=np.float64)
     smask = (1 << geom.dac_bits) - 1
+    top = (1 << (geom.adc_bits - 1)) - 1
+    noisy = rng is not None and geom.mvm_noise > 0
+    repeats = geom.repeats if noisy else 1   # averaging identical reads changes nothing
+    ideal = np.zeros_like(total) if recorder is not None else None
     for p in range(geom.passes):
         xs = sign * ((mag >> (geom.dac_bits * p)) & smask)
         for c in range(geom.cells):
-            lsb = geom.adc_lsb(p, c)
-            top = (1 << (geom.adc_bits - 1)) - 1
             noise = geom.mvm_noise * geom.adc_range * geom.full_scale(p, c)
             scale = float(1 << (geom.dac_bits * p + geom.bits * c))
-            for k0 in range(0, k, geom.rows):
+            for s, k0 in enumerate(range(0, k, geom.rows)):
                 y = np.matmul(xs[..., k0:k0 + geom.rows],
                               w[c, :, k0:k0 + geom.rows, :].astype(np.float64))
-                if rng is not None and noise:
-                    y += noise * rng.standard_normal(y.shape)
-                code = np.clip(np.rint(y / lsb), -top - 1, top)
-                total += code * (lsb * scale)
-    return total.astype(np.int64)
+                if recorder is not None:
+                    recorder.observe((p, c, s), y)
+                    ideal += y * (scale if per.gain is None else
+                                  scale * per.gain[None, :, None, s:s + 1])
+                lsb = (per.lsb[(p, c, s)][None, :, None, :] if per.lsb is not None
+                       else float(geom.adc_lsb(p, c)))
+                code = np.zeros_like(y)
+                for _ in range(repeats):
+                    yr = y + noise * rng.standard_normal(y.shape) if noisy else y
+                    code += np.clip(np.rint(yr / lsb), -top - 1, top)
+                out = code * (lsb * scale / repeats)
+                if per.gain is not None:
+                    out *= per.gain[None, :, None, s:s + 1]
+                total += out
+    if per.offset is not None:
+        total -= per.offset[None, :, None, :]
+    if recorder is not None and exact_w is not None:   # the devices' error, before any ADC
+        recorder.error(ideal, np.matmul(x.astype(np.float64), exact_w))
+    return np.rint(total).astype(np.int64)

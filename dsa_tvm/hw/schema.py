@@ -353,6 +353,25 @@ FIELDS: tuple[FieldSpec, ...] = (
     _int("cim", "noise_seed", "",
          "Seed of every random draw (programming, drift, read): the same seed gives the same "
          "result.", ">= 0", lambda v: v >= 0, 0),
+    # --- mitigations a user switches on and measures
+    _int("cim", "reads_per_mvm", "reads",
+         "Mitigation: every analog read repeated this many times and the ADC codes averaged "
+         "(the per-read noise, mvm_noise, falls by its square root; the time and energy of "
+         "the reads grow by it).", "1..64", lambda v: 1 <= v <= 64, 1),
+    FieldSpec("cim", "drift_compensation", bool, "",
+              "Mitigation (aihwkit's GlobalDriftCompensation): each crossbar is read once "
+              "with an all-ones input right after programming and again at inference; its "
+              "outputs are scaled digitally by the ratio, undoing the mean drift.",
+              "true or false", lambda v: isinstance(v, bool), False),
+    FieldSpec("cim", "adc_calibration", bool, "",
+              "Mitigation: every column's ADC full scale set from the largest sum it showed on "
+              "calibration data (dsa_tvm.sim.cim_arrays.calibrating), instead of adc_range x "
+              "the worst case: small columns get a fine step, the clipped outliers are rare.",
+              "true or false", lambda v: isinstance(v, bool), False),
+    FieldSpec("cim", "bias_correction", bool, "",
+              "Mitigation: the mean error of every output column on calibration data (drift, "
+              "programming-noise asymmetry, ADC clipping) subtracted digitally.",
+              "true or false", lambda v: isinstance(v, bool), False),
     _float("cim", "mvm_ns", "ns",
            "Settling time of one analog read of a crossbar (one input slice on every row).",
            "> 0", lambda v: v > 0, 100.0),

@@ -45,7 +45,7 @@ class CimMap:
     crossbars_needed: int
     crossbars: int
     resident_bytes: int                 # distinct weight bytes programmed into crossbars
-    reads: dict[int, int] = field(default_factory=dict)       # GEMM -> reads per crossbar
+    reads: dict[int, int] = field(default_factory=dict)       # GEMM -> reads of each crossbar
     blocks: dict[int, int] = field(default_factory=dict)      # GEMM -> crossbars it reads
     conversions: dict[int, int] = field(default_factory=dict)  # GEMM -> ADC conversions
 
@@ -117,7 +117,7 @@ def map_program(program: "Program", cfg: "HardwareConfig") -> CimMap:
                 blocks_seen[key] = plan.nb * per_b
                 tiles_seen.update(int(t) for t in np.unique(src) if t >= 0)
             out.blocks[i] = plan.nb * per_b
-            out.reads[i] = plan.nb * plan.nm * geom.passes
+            out.reads[i] = plan.nb * plan.nm * geom.passes * geom.repeats
             # every column in use of every crossbar of the reduction converts once a read
             out.conversions[i] = out.reads[i] * math.ceil(k / geom.rows) * n * geom.cells
     out.const_loads = frozenset(const_loads - needed)
@@ -152,7 +152,7 @@ def cost_overrides(cmap: CimMap, program: "Program", cfg: "HardwareConfig") -> d
     for i in cmap.analog:
         plan = gemm_plan(instrs[i].loops, cfg.block_in)
         n_cols = plan.nn * cfg.block_out * geom.cells
-        costs[i] = -(plan.nb * plan.nm * geom.passes * read_cycles(cfg, n_cols))
+        costs[i] = -(plan.nb * plan.nm * geom.passes * geom.repeats * read_cycles(cfg, n_cols))
     if cmap.fits:
         for i in cmap.const_loads:
             costs[i] = -1     # selects the programmed crossbars: nothing moves

@@ -14,6 +14,7 @@ from dsa_tvm.cim.devices import DeviceModel
 from dsa_tvm.hw.config import ConfigError, load_config
 from dsa_tvm.lowering.program_cache import restamp
 from dsa_tvm.programs.matmul import MatmulTiling, matmul_program, pad_cols, reference_matmul
+from dsa_tvm.sim.cim_arrays import calibrating
 from dsa_tvm.sim.cim_mapping import analog_peak_macs_per_cycle, map_program, read_cycles
 from dsa_tvm.sim.simulator import Simulator
 
@@ -22,7 +23,8 @@ NOISELESS = dict(prog_noise_scale=0.0, read_noise_scale=0.0, drift_scale=0.0)
 
 def exact_part(**changes):
     """cim-pcm with noiseless devices and an ADC that resolves every column sum."""
-    return load_config("cim-pcm").replace(adc_bits=32, adc_range=1.0, **NOISELESS, **changes)
+    return load_config("cim-pcm").replace(**{"adc_bits": 32, "adc_range": 1.0, **NOISELESS,
+                                             **changes})
 
 
 def _matmul(cfg, m, n, k, seed=0, const_w=True, tiling=None):
@@ -221,3 +223,89 @@ def test_a_program_too_big_for_the_crossbars_is_time_shared():
 def test_bad_cim_descriptions_name_the_field(changes, field):
     with pytest.raises(ConfigError, match=field.replace(".", r"\.")):
         load_config("cim-pcm").replace(**changes)
+
+
+# ------------------------------------------------------------------ mitigations
+def _normal_matmul(cfg, m=32, n=96, k=512, x_mean=0.0):
+    """Weights and inputs shaped like a real layer's (normal codes, not uniform; after a
+    ReLU the codes sit near the zero point -128: ``x_mean``)."""
+    rng = np.random.default_rng(11)
+    w = np.clip(np.rint(rng.normal(0, 30, (n, k))), -127, 127).astype(np.int8)
+    prog = matmul_program(cfg, m, n, k, requant=False, w=w)
+
+    def inputs(seed):
+        r = np.random.default_rng(1000 + seed)
+        x = np.clip(np.rint(r.normal(x_mean, 25, (m, k))), -128, 127).astype(np.int8)
+        return {"x": pad_cols(x, cfg.block_in)}
+    return prog, w, inputs
+
+
+def _rel_error(cfg, calibrate=False, seeds=(0, 1)):
+    prog, w, inputs = _normal_matmul(cfg)
+    sim = Simulator(cfg)
+    if calibrate:
+        with calibrating():
+            for s in range(100, 104):
+                sim.run(prog, inputs(s))
+    errs = []
+    for s in seeds:
+        feed = inputs(s)
+        ref = reference_matmul(feed["x"], w, None, cfg).astype(np.float64)
+        out = sim.run(prog, feed).outputs["out"].astype(np.float64)
+        errs.append(np.sqrt(np.mean((out - ref) ** 2) / np.mean(ref ** 2)))
+    return float(np.mean(errs))
+
+
+def test_per_column_adc_ranges_from_calibration_beat_the_global_range():
+    cfg = load_config("cim-pcm").replace(**NOISELESS)
+    plain, tuned = _rel_error(cfg), _rel_error(cfg.replace(adc_calibration=True), True)
+    assert tuned < plain / 2, (plain, tuned)
+
+
+def test_calibrating_an_exact_part_keeps_it_exact():
+    """Ranges from calibration never clip what calibration saw and never coarsen a step
+    of 1; the mean error of an exact part is 0, so bias correction subtracts nothing."""
+    cfg = exact_part(adc_bits=20, adc_calibration=True, bias_correction=True)
+    prog, w, inputs = _normal_matmul(cfg)
+    sim = Simulator(cfg)
+    with calibrating():
+        sim.run(prog, inputs(7))
+    out = sim.run(prog, inputs(7)).outputs["out"]
+    np.testing.assert_array_equal(out, reference_matmul(inputs(7)["x"], w, None, cfg))
+
+
+def test_drift_compensation_undoes_the_mean_drift():
+    year = load_config("cim-pcm").replace(t_inference_s=3.15e7, adc_bits=12)
+    plain, comp = _rel_error(year), _rel_error(year.replace(drift_compensation=True))
+    assert comp < 0.7 * plain, (plain, comp)
+
+
+def test_bias_correction_removes_the_mean_error():
+    """Post-ReLU codes (mean -100) turn the devices' systematic errors (cells programmed
+    to 0 read slightly positive) into a per-column offset that calibration measures."""
+    cfg = load_config("cim-pcm").replace(adc_bits=14)
+    prog, w, inputs = _normal_matmul(cfg, x_mean=-100.0)
+
+    def mean_error(part, calibrate):
+        sim, prog_here = Simulator(part), restamp(prog, part)
+        if calibrate:
+            with calibrating():
+                for s in range(100, 108):
+                    sim.run(prog_here, inputs(s))
+        feed = inputs(0)
+        ref = reference_matmul(feed["x"], w, None, part).astype(np.float64)
+        return np.abs((sim.run(prog_here, feed).outputs["out"] - ref).mean(axis=0)).mean()
+
+    assert mean_error(cfg.replace(bias_correction=True), True) < 0.5 * mean_error(cfg, False)
+
+
+def test_averaging_reads_cuts_read_noise_and_costs_time():
+    cfg = load_config("cim-pcm").replace(**NOISELESS, adc_bits=12, mvm_noise=0.02)
+    one, eight = _rel_error(cfg), _rel_error(cfg.replace(reads_per_mvm=8))
+    assert eight < 0.6 * one, (one, eight)
+    prog, _, inputs = _normal_matmul(cfg)
+    a = Simulator(cfg).run(prog, inputs(0))
+    eight_reads = cfg.replace(reads_per_mvm=8)
+    b = Simulator(eight_reads).run(restamp(prog, eight_reads), inputs(0))
+    assert b.counters["cim.crossbar_reads"] == 8 * a.counters["cim.crossbar_reads"]
+    assert b.cycles > 4 * a.cycles
