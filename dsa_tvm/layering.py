@@ -40,6 +40,8 @@ LAYERS: tuple[tuple[str, tuple[str, ...]], ...] = (
                  "dsa_tvm.sweep", "dsa_tvm.sweep_cli",
                  # decoder LLMs: prefill/decode steps against a KV cache, dsa-tvm generate
                  "dsa_tvm.llm", "dsa_tvm.generate_cli",
+                 # analog crossbars on real models: dsa-tvm cim-sweep
+                 "dsa_tvm.cim_study", "dsa_tvm.cim_sweep_cli",
                  "dsa_tvm.conformance", "dsa_tvm.onnx_backend",
                  # Relay-style facade (TVM <= 0.19 deploy scripts) over the Relax path
                  "dsa_tvm.relay", "dsa_tvm.graph_executor")),

@@ -222,3 +222,10 @@ def program_cache_bounds(max_entries: int | None = None, max_bytes: int | None =
     """``with program_cache_bounds(max_entries=1):`` bounds the shared program cache
     differently for a while (tests of eviction)."""
     return _programs.bounded(max_entries, max_bytes)
+
+
+def release_programs() -> None:
+    """Forget every unpacked program and its simulator (a CIM part's programmed crossbars
+    with them): a study that compiles one model for many descriptions frees each one's
+    memory before the next."""
+    _programs.clear()

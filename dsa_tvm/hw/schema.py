@@ -307,9 +307,10 @@ FIELDS: tuple[FieldSpec, ...] = (
          lambda v: 1 <= v <= 8, 8),
     _int("cim", "adc_bits", "bits",
          "Resolution of the column ADC. Its full scale is adc_range x the largest column sum "
-         "a read can produce (crossbar_rows x largest input slice x largest weight digit), "
-         "rounded up to a power of two; the step (LSB) is full scale / 2^(adc_bits - 1), at "
-         "least 1. Enough bits for a step of 1 reproduce the digital result exactly.",
+         "a read can produce (the crossbar rows the mapping uses x largest input slice x "
+         "largest weight digit), rounded up to a power of two; the step (LSB) is full scale / "
+         "2^(adc_bits - 1), at least 1. Enough bits for a step of 1 reproduce the digital "
+         "result exactly.",
          "1..32", lambda v: 1 <= v <= 32, 8),
     _float("cim", "adc_range", "fraction",
            "ADC full scale as a fraction of the largest possible column sum (see adc_bits): "

@@ -38,8 +38,9 @@ if TYPE_CHECKING:
     from ..hw.config import HardwareConfig
     from ..isa.program import Program
 
-#: GEMM weight matrices kept per program (the oldest go first)
-WEIGHT_CACHE_SIZE = 64
+#: bytes of GEMM weight matrices kept per program (the oldest go first); the per-region
+#: digits (the chip's state: 4 bytes per cell) are kept whole
+WEIGHT_CACHE_BYTES = 256 << 20
 
 _session = ContextVar("dsa_tvm_cim_calibration", default=0)
 _sessions = itertools.count(1)
@@ -72,6 +73,7 @@ class ProgrammedArrays:
                                if r.data is not None and r.nbytes >= unit)
         self._region_digits: dict[int, tuple[np.ndarray, np.ndarray | None]] = {}
         self._gemm_w: dict[int, tuple[np.ndarray, np.ndarray | None]] = {}
+        self._cached_bytes = 0
         self._recorders: dict[int, Recorder] = {}
         self._recorded_in = 0                       # the calibration session recorded
         self._periphery: dict[int, Periphery] = {}
@@ -119,15 +121,18 @@ class ProgrammedArrays:
 
     def weights(self, i: int) -> tuple[np.ndarray, np.ndarray | None]:
         """(cells, nb, K, N) digits of GEMM ``i``'s weight block as read now, and as read
-        right after programming (drift compensation only)."""
-        hit = self._gemm_w.get(i)
+        right after programming (drift compensation only); one copy per block."""
+        block = self.cmap.block_of[i]
+        hit = self._gemm_w.get(block)
         if hit is None:
             now = self._gather(i, lambda f, c, r: self._digits(f, c, r)[0])
             ref = (self._gather(i, lambda f, c, r: self._digits(f, c, r)[1])
                    if self.cfg.drift_compensation else None)
-            if len(self._gemm_w) >= WEIGHT_CACHE_SIZE:
-                del self._gemm_w[next(iter(self._gemm_w))]
-            hit = self._gemm_w[i] = (now, ref)
+            hit = self._gemm_w[block] = (now, ref)
+            self._cached_bytes += now.nbytes + (0 if ref is None else ref.nbytes)
+            while self._cached_bytes > WEIGHT_CACHE_BYTES and len(self._gemm_w) > 1:
+                old_now, old_ref = self._gemm_w.pop(next(iter(self._gemm_w)))
+                self._cached_bytes -= old_now.nbytes + (0 if old_ref is None else old_ref.nbytes)
         return hit
 
     def _drift_gain(self, now: np.ndarray, ref: np.ndarray) -> np.ndarray:
@@ -143,18 +148,20 @@ class ProgrammedArrays:
             gains.append(np.where(rt > 0, r0 / np.where(rt > 0, rt, 1.0), 1.0))
         return np.stack(gains, axis=-1)
 
-    def _periphery_of(self, i: int, now: np.ndarray, ref: np.ndarray | None) -> Periphery:
-        hit = self._periphery.get(i)
+    def _periphery_of(self, block: int, now: np.ndarray, ref: np.ndarray | None) -> Periphery:
+        """The periphery of one weight block's crossbars (shared by every GEMM that reads
+        them: a layer's pixel tiles see the same columns and ADCs)."""
+        hit = self._periphery.get(block)
         if hit is None:
             gain = self._drift_gain(now, ref) if ref is not None else None
-            rec = self._recorders.get(i) if not _session.get() else None
+            rec = self._recorders.get(block) if not _session.get() else None
             if rec is not None:
                 hit = rec.periphery(self.geom, gain, self.cfg.adc_calibration,
                                     self.cfg.bias_correction)
             else:
                 hit = Periphery(gain=gain)
             if not _session.get():
-                self._periphery[i] = hit
+                self._periphery[block] = hit
         return hit
 
     def _exact(self, i: int) -> np.ndarray:
@@ -165,14 +172,15 @@ class ProgrammedArrays:
     def gemm(self, i: int, x: np.ndarray) -> np.ndarray:
         """int64 (batch, nb, nm, N) result of GEMM ``i`` on inputs ``x`` (batch, nb, nm, K)."""
         now, ref = self.weights(i)
+        block = self.cmap.block_of[i]
         rng = np.random.default_rng([self.seed, self._salt, i]) if self.geom.mvm_noise else None
         session = _session.get()
         if not session:
-            return analog_matmul(x, now, self.geom, rng, self._periphery_of(i, now, ref))
+            return analog_matmul(x, now, self.geom, rng, self._periphery_of(block, now, ref))
         if session != self._recorded_in:      # a new calibration: forget the old one
             self._recorders.clear()
             self._periphery.clear()
             self._recorded_in = session
-        rec = self._recorders.setdefault(i, Recorder())
-        return analog_matmul(x, now, self.geom, rng, self._periphery_of(i, now, ref), rec,
+        rec = self._recorders.setdefault(block, Recorder())
+        return analog_matmul(x, now, self.geom, rng, self._periphery_of(block, now, ref), rec,
                              self._exact(i) if self.cfg.bias_correction else None)

@@ -48,6 +48,9 @@ class CimMap:
     reads: dict[int, int] = field(default_factory=dict)       # GEMM -> reads of each crossbar
     blocks: dict[int, int] = field(default_factory=dict)      # GEMM -> crossbars it reads
     conversions: dict[int, int] = field(default_factory=dict)  # GEMM -> ADC conversions
+    cells: dict[int, int] = field(default_factory=dict)       # GEMM -> cells a read drives
+    block_of: dict[int, int] = field(default_factory=dict)    # GEMM -> its weight block (the
+    #                    crossbars it reads: GEMMs of one layer's pixel tiles share them)
 
     @property
     def fits(self) -> bool:
@@ -92,7 +95,7 @@ def map_program(program: "Program", cfg: "HardwareConfig") -> CimMap:
     const_loads: set[int] = set()
     needed: set[int] = set()      # constant loads a digital GEMM reads: they must move
     analog: dict[int, np.ndarray] = {}
-    blocks_seen: dict[bytes, int] = {}
+    block_ids: dict[bytes, int] = {}      # distinct weight blocks, numbered
     out = CimMap(analog, frozenset(), 0, cfg.crossbars, 0)
     tiles_seen: set[int] = set()
     for i, ins in enumerate(program.instructions):
@@ -113,15 +116,17 @@ def map_program(program: "Program", cfg: "HardwareConfig") -> CimMap:
             k, n = plan.nk * cfg.block_in, plan.nn * cfg.block_out
             per_b = geom.crossbars_for(k, n)
             key = src.tobytes() + bytes(str(src.shape), "ascii")
-            if key not in blocks_seen:
-                blocks_seen[key] = plan.nb * per_b
+            if key not in block_ids:
+                block_ids[key] = len(block_ids)
+                out.crossbars_needed += plan.nb * per_b
                 tiles_seen.update(int(t) for t in np.unique(src) if t >= 0)
+            out.block_of[i] = block_ids[key]
             out.blocks[i] = plan.nb * per_b
             out.reads[i] = plan.nb * plan.nm * geom.passes * geom.repeats
+            out.cells[i] = k * n * geom.cells       # of one block (nb blocks, nb reads)
             # every column in use of every crossbar of the reduction converts once a read
             out.conversions[i] = out.reads[i] * math.ceil(k / geom.rows) * n * geom.cells
     out.const_loads = frozenset(const_loads - needed)
-    out.crossbars_needed = sum(blocks_seen.values())
     out.resident_bytes = len(tiles_seen) * cfg.wgt_tile_bytes
     return out
 
@@ -168,9 +173,13 @@ def cost_overrides(cmap: CimMap, program: "Program", cfg: "HardwareConfig") -> d
 
 
 def cim_counters(cmap: CimMap, cfg: "HardwareConfig") -> dict[str, float]:
-    """The crossbar counters of a run (energy in pJ under ``cim.energy_pj``)."""
+    """The crossbar counters of a run (energy in pJ under ``cim.energy_pj``). A read's
+    array energy (``mvm_pj`` for a whole crossbar) scales with the cells it drives."""
     reads = sum(cmap.reads[i] * cmap.blocks[i] for i in cmap.analog)
     conversions = sum(cmap.conversions.values())
+    geom = Geometry.from_config(cfg)
+    full_reads = sum(cmap.reads[i] * cmap.cells[i] for i in cmap.analog) / (geom.rows
+                                                                            * geom.cols)
     c: dict[str, float] = {
         "cim.gemms": len(cmap.analog),
         "cim.crossbars_needed": cmap.crossbars_needed,
@@ -180,5 +189,6 @@ def cim_counters(cmap: CimMap, cfg: "HardwareConfig") -> dict[str, float]:
         "cim.crossbar_reads": reads,
         "cim.adc_conversions": conversions,
     }
-    c["cim.energy_pj"] = reads * cfg.mvm_pj + conversions * cfg.adc_pj
+    c["cim.full_crossbar_reads"] = full_reads
+    c["cim.energy_pj"] = full_reads * cfg.mvm_pj + conversions * cfg.adc_pj
     return c

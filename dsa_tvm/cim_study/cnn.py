@@ -1,0 +1,147 @@
+"""An image model on analog crossbars: its accuracy against the FP32 model at every point
+of a study, beside the digital part.
+
+The model is quantized once (int8 QDQ, per-channel weights) on the calibration inputs;
+the digital baseline (``digital``, the default preset) shows what quantization alone
+costs. Every point compiles the same QDQ model for its description with every region
+offloaded (the study is about the part, not about the offload cost model), runs the
+calibration inputs inside :func:`calibrating` when a mitigation needs them, then the
+evaluation inputs; cosine and top-1 agreement are against the FP32 model in onnxruntime.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from tir_schedules.options import options
+
+from ..hw.config import HardwareConfig, load_config
+from .grid import CALIBRATED, Point, parse_duration, parse_mitigations, point_config, points
+from .result import CimStudy, Measured
+
+#: the bundled real model and its data
+LITE0 = "efficientnet-lite0"
+
+
+def load_image_model(model: str | Path, data: Any) -> tuple[Any, str, list, str]:
+    """(FP32 ONNX model, its name, the data, the preprocessing): ``efficientnet-lite0``
+    (real ImageNet weights, scikit-image photos in 5 crops each) or an FP32 ONNX file with
+    ``data`` (an image folder or ``.npz``)."""
+    import onnx
+
+    if str(model) == LITE0:
+        from ..models.pretrained import efficientnet_lite0_path, photo_batches
+
+        return (onnx.load(efficientnet_lite0_path()), LITE0,
+                data if data is not None else photo_batches(views=5), "efficientnet")
+    path = Path(model)
+    if not path.is_file():
+        raise ValueError(f"model {str(model)!r}: not a file; give an FP32 ONNX model or "
+                         f"'{LITE0}'")
+    if data is None:
+        raise ValueError(f"{path.name}: give its data (--data DIR|FILE.npz): images or "
+                         f"input arrays for calibration and evaluation")
+    return onnx.load(str(path)), path.stem, data, "imagenet"
+
+
+def _top1(y: np.ndarray) -> int | None:
+    y = np.asarray(y)
+    if y.ndim == 2 and y.shape[0] == 1 and y.shape[1] > 1:
+        return int(np.argmax(y[0]))
+    return None
+
+
+def _measure(mod, cfg: HardwareConfig, calib: list[dict], evals: list[dict],
+             refs: list[np.ndarray], calibrate: bool) -> tuple[dict[str, float], float, float,
+                                                               str]:
+    """Metrics against ``refs``, cycles and energy of one inference, and a note."""
+    import tvm
+    from tvm import relax
+
+    from ..quant.metrics import cosine
+    from ..runtime import release_programs, take_launches
+    from ..sim.cim_arrays import calibrating
+    from ..target import target
+    with options(offload="all"):
+        ex = tvm.compile(mod, target=target(cfg))
+    vm = relax.VirtualMachine(ex, tvm.cpu())
+
+    def run(feed: dict) -> np.ndarray:
+        out = vm["main"](*[tvm.runtime.tensor(v) for v in feed.values()])
+        return (out.numpy() if hasattr(out, "numpy") else out[0].numpy()).copy()
+
+    if calibrate:
+        with calibrating():
+            for f in calib:
+                run(f)
+    take_launches()
+    got = [run(evals[0])]
+    launches = take_launches()
+    got += [run(f) for f in evals[1:]]
+    cycles = sum(la.result.cycles for la in launches)
+    energy = sum(la.result.counters.get("energy_uj", 0.0) for la in launches)
+    shared = [la.program.name for la in launches if la.result.cim is not None
+              and not la.result.cim.fits]
+    note = f"time-shared: {', '.join(shared)} do not fit the crossbars" if shared else ""
+    metrics = {"cosine": float(np.mean([cosine(g, r) for g, r in zip(got, refs)]))}
+    tops = [(_top1(g), _top1(r)) for g, r in zip(got, refs)]
+    if all(a is not None for a, _ in tops):
+        metrics["top1_agreement"] = float(np.mean([a == b for a, b in tops]))
+    release_programs()
+    return metrics, float(cycles), float(energy), note
+
+
+def study_cnn(model: str | Path = LITE0, data: Any = None, hw: "str | Path | HardwareConfig" =
+              "cim-pcm", adc: list[int] = (4, 6, 8), noise: list[float] = (0.0, 0.02, 0.05),
+              drift: list = ("1s", "1d", "1y"), noise_model: str = "gaussian",
+              mitigate: list[str] = (), grid: str = "axes", calibration: int = 8,
+              limit: int = 16, digital: str = "default",
+              progress: Callable[[str], None] | None = print) -> CimStudy:
+    """Accuracy, cycles and energy of ``model`` at every point (``grid.points``), and of the
+    ``digital`` part."""
+    from tvm.relax.frontend.onnx import from_onnx
+
+    from ..models.quantize import run_onnxruntime
+    from ..quant.api import input_dtypes, input_shapes, quantize_onnx
+    from ..quant.data import as_feeds
+
+    if calibration < 1 or limit < 1:
+        raise ValueError("calibration and limit take at least one input each")
+    base = load_config(hw)
+    changes = parse_mitigations(list(mitigate))
+    grid_points = points(list(adc), list(noise), [parse_duration(t) if isinstance(t, str)
+                                                  else float(t) for t in drift],
+                         grid, mitigated=bool(changes))
+    for p in grid_points:                       # every description is valid before any work
+        point_config(base, p, noise_model, changes)
+    fp32, name, data, preprocess = load_image_model(model, data)
+    feeds = as_feeds(data, input_shapes(fp32), preprocess, calibration + limit,
+                     input_dtypes(fp32), what="study data", keep_order=True)
+    if len(feeds) <= calibration:
+        raise ValueError(f"the data holds {len(feeds)} inputs: give more than --calibration "
+                         f"({calibration}) so some are left to evaluate on")
+    calib, evals = feeds[:calibration], feeds[calibration:]
+    say = progress or (lambda _msg: None)
+    say(f"quantizing {name} on {len(calib)} calibration inputs")
+    qdq = quantize_onnx(fp32, calib, preprocess=preprocess, show_progress=False).model
+    refs = [run_onnxruntime(fp32, f, optimize=False)[0] for f in evals]
+    mod = from_onnx(qdq, keep_params_in_input=False)
+    dig = load_config(digital)
+    say(f"digital baseline on '{dig.name}'")
+    m, cyc, uj, note = _measure(mod, dig, calib, evals, refs, False)
+    study = CimStudy(name, base.name, noise_model, list(mitigate), len(evals), "inference",
+                     base.mhz, Measured(None, dig.name, m, cyc, uj, note))
+    for k, p in enumerate(grid_points, 1):
+        cfg = point_config(base, p, noise_model, changes)
+        say(f"[{k}/{len(grid_points)}] {p.label}")
+        needs = p.mitigated and any(cfg.values[f] for f in CALIBRATED)
+        m, cyc, uj, note = _measure(mod, cfg, calib, evals, refs, needs)
+        study.points.append(Measured(p, cfg.name, m, cyc, uj, note))
+    return study
+
+
+__all__ = ["study_cnn", "Point", "LITE0"]

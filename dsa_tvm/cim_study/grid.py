@@ -1,0 +1,118 @@
+"""The points of an analog study: ADC bits, device noise and time since programming, each
+with or without the mitigations, and the hardware description of each point.
+
+``--noise`` values mean, by noise model: ``gaussian``: the programming noise's standard
+deviation as a fraction of g_max (0.02 = 2 %), no read noise, every device drifting with
+the description's ``drift_nu``; ``pcm``: the multiplier of aihwkit's PCM statistics for
+programming and read noise (1 = as published), per-device drift.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+from dataclasses import dataclass
+from typing import Any
+
+from ..hw.config import HardwareConfig
+
+#: seconds per unit of a duration ("1s", "10m", "1h", "1d", "1w", "1y")
+DURATION_UNITS = {"s": 1.0, "m": 60.0, "h": 3600.0, "d": 86400.0, "w": 604800.0,
+                  "y": 31_557_600.0}
+#: mitigation name -> the description field it switches on
+MITIGATIONS = {"adc": "adc_calibration", "drift": "drift_compensation",
+               "bias": "bias_correction"}
+#: the mitigations that need a calibration pass over data before the runs
+CALIBRATED = ("adc_calibration", "bias_correction")
+NOISE_MODELS = ("gaussian", "pcm")
+
+
+def parse_duration(text: str) -> float:
+    """Seconds of ``"1s"``, ``"1d"``, ``"1y"``, ``"3600"`` (seconds)."""
+    m = re.fullmatch(r"\s*([0-9]*\.?[0-9]+(?:[eE][-+]?[0-9]+)?)\s*([smhdwy]?)\s*", str(text))
+    if not m:
+        raise ValueError(f"duration {text!r}: expected a number with an optional unit "
+                         f"({', '.join(DURATION_UNITS)}), e.g. 1s, 1d, 1y")
+    return float(m.group(1)) * DURATION_UNITS[m.group(2) or "s"]
+
+
+def format_duration(seconds: float) -> str:
+    """The largest unit that gives a whole-ish number: 86400 -> '1d'."""
+    for unit, size in sorted(DURATION_UNITS.items(), key=lambda kv: -kv[1]):
+        if seconds >= size and abs(seconds / size - round(seconds / size)) < 1e-6:
+            return f"{round(seconds / size)}{unit}"
+    return f"{seconds:g}s"
+
+
+def parse_mitigations(names: list[str] | tuple[str, ...]) -> dict[str, Any]:
+    """Description changes of ``adc``, ``drift``, ``bias``, ``reads=K``."""
+    out: dict[str, Any] = {}
+    for raw in names:
+        name, _, val = str(raw).strip().partition("=")
+        if name in MITIGATIONS and not val:
+            out[MITIGATIONS[name]] = True
+        elif name == "reads" and val.isdigit() and 1 <= int(val) <= 64:
+            out["reads_per_mvm"] = int(val)
+        else:
+            raise ValueError(f"mitigation {raw!r}: expected one of {', '.join(MITIGATIONS)} "
+                             f"or reads=K (K = 1..64 repeated reads averaged)")
+    return out
+
+
+@dataclass(frozen=True)
+class Point:
+    """One setting of the study."""
+
+    adc_bits: int
+    noise: float
+    t_inference_s: float
+    mitigated: bool = False
+
+    @property
+    def label(self) -> str:
+        return (f"adc {self.adc_bits}, noise {self.noise:g}, t {format_duration(self.t_inference_s)}"
+                + (", mitigated" if self.mitigated else ""))
+
+
+def points(adc: list[int], noise: list[float], drift: list[float], grid: str = "axes",
+           mitigated: bool = False) -> list[Point]:
+    """``axes``: each axis swept with the others at the base (most ADC bits, least noise,
+    shortest time); ``full``: every combination. With ``mitigated`` every point twice."""
+    for name, vals in (("adc", adc), ("noise", noise), ("drift", drift)):
+        if not vals:
+            raise ValueError(f"--{name}: give at least one value")
+    if any(not 1 <= b <= 32 for b in adc):
+        raise ValueError(f"--adc {adc}: ADC bits are 1..32")
+    if any(not (math.isfinite(v) and v >= 0) for v in list(noise) + list(drift)):
+        raise ValueError("--noise and --drift values must be finite and >= 0")
+    if grid == "full":
+        combos = [(a, n, t) for a in adc for n in noise for t in drift]
+    elif grid == "axes":
+        a0, n0, t0 = max(adc), min(noise), min(drift)
+        combos = ([(a, n0, t0) for a in sorted(adc)] + [(a0, n, t0) for n in sorted(noise)]
+                  + [(a0, n0, t) for t in sorted(drift)])
+    else:
+        raise ValueError(f"grid {grid!r}: expected 'axes' or 'full'")
+    combos = list(dict.fromkeys(combos))
+    out = [Point(a, n, t) for a, n, t in combos]
+    if mitigated:
+        out += [Point(a, n, t, True) for a, n, t in combos]
+    return out
+
+
+def point_config(base: HardwareConfig, point: Point, noise_model: str,
+                 mitigations: dict[str, Any]) -> HardwareConfig:
+    """The description of ``point``: ``base`` (a part with crossbars) with its ADC, noise,
+    time and (for a mitigated point) the mitigations set."""
+    if not base.is_cim:
+        raise ValueError(f"'{base.name}' has no crossbars (cim.crossbars = 0): give a CIM "
+                         f"description, e.g. --hw cim-pcm")
+    if noise_model not in NOISE_MODELS:
+        raise ValueError(f"noise model {noise_model!r}: expected {' or '.join(NOISE_MODELS)}")
+    read = point.noise if noise_model == "pcm" else 0.0
+    changes: dict[str, Any] = dict(adc_bits=point.adc_bits, noise_model=noise_model,
+                                   prog_noise_scale=point.noise, read_noise_scale=read,
+                                   t_inference_s=point.t_inference_s)
+    if point.mitigated:
+        changes.update(mitigations)
+    return base.replace(**changes)
