@@ -10,6 +10,7 @@ from pathlib import Path
 
 import numpy as np
 
+from .cim_sweep_cli import add_parser as add_cim_sweep
 from .cli_common import CliError, hw_spec, interrupted, read_model
 from .demo import demo_program
 from .eval_cli import add_parser as add_eval
@@ -271,6 +272,7 @@ def build_parser() -> argparse.ArgumentParser:
     add_quantize(sub)
     add_eval(sub)
     add_sweep(sub)
+    add_cim_sweep(sub)
     add_generate(sub)
     return p
 

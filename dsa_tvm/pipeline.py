@@ -256,6 +256,7 @@ def decide_regions(regions: list[RegionRead], cfg: HardwareConfig, report: Compi
     from .lowering.region import UnsupportedLayer
 
     sim = Simulator(cfg)
+    crossbars = CrossbarBudget(cfg, sim)
     offload = current_options().offload
     choose_knobs = current_chooser()  # tuned schedules when a MetaSchedule database is in scope
     launch: dict[tvm.ir.GlobalVar, bytes] = {}
@@ -287,9 +288,34 @@ def decide_regions(regions: list[RegionRead], cfg: HardwareConfig, report: Compi
                                      if d.dsa_us <= d.cpu_us else
                                      "all layers supported; the CPU is estimated faster, "
                                      "offloaded by options(offload='all')")
+        if cfg.is_cim:
+            d.reason += crossbars.place(prog, d)
         prog.meta["compile"] = report.compile_id
         launch[read.gv] = prog.to_bytes(cfg)
     return launch
+
+
+class CrossbarBudget:
+    """A CIM part's crossbars, filled by the offloaded regions in program order: a region
+    whose weights no longer fit beside the ones before it is time-shared (its weights are
+    reprogrammed as they stream in), and its cycles say so."""
+
+    def __init__(self, cfg: HardwareConfig, sim: Simulator):
+        self.cfg, self.sim, self.used = cfg, sim, 0
+
+    def place(self, prog, d: RegionDecision) -> str:
+        """Place ``prog`` (a region's program); the reason's suffix."""
+        from .sim.cim_mapping import TIME_SHARED, map_program
+
+        need = map_program(prog, self.cfg).crossbars_needed
+        if self.used + need <= self.cfg.crossbars:
+            self.used += need
+            return f"; {need} crossbars ({self.used} of {self.cfg.crossbars} in use)"
+        prog.meta[TIME_SHARED] = True
+        d.dsa_cycles = self.sim.cycles(prog)
+        d.dsa_us = d.dsa_cycles / self.cfg.mhz + self.cfg.launch_overhead_us
+        return (f"; needs {need} crossbars, {self.cfg.crossbars - self.used} left: "
+                f"time-shared (its weights are reprogrammed from DRAM as they stream in)")
 
 
 def _region_program(region, cfg: HardwareConfig, choose_knobs, sim) -> tuple[Any, int, str]:

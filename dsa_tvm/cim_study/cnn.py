@@ -40,11 +40,11 @@ def load_image_model(model: str | Path, data: Any) -> tuple[Any, str, list, str]
                 data if data is not None else photo_batches(views=5), "efficientnet")
     path = Path(model)
     if not path.is_file():
-        raise ValueError(f"model {str(model)!r}: not a file; give an FP32 ONNX model or "
+        raise ValueError(f"model {str(model)!r} is not a file; give an FP32 ONNX model or "
                          f"'{LITE0}'")
     if data is None:
-        raise ValueError(f"{path.name}: give its data (--data DIR|FILE.npz): images or "
-                         f"input arrays for calibration and evaluation")
+        raise ValueError(f"{path.name} came without data; pass --data DIR|FILE.npz (images "
+                         f"or input arrays for calibration and evaluation)")
     return onnx.load(str(path)), path.stem, data, "imagenet"
 
 
@@ -110,7 +110,7 @@ def study_cnn(model: str | Path = LITE0, data: Any = None, hw: "str | Path | Har
     from ..quant.data import as_feeds
 
     if calibration < 1 or limit < 1:
-        raise ValueError("calibration and limit take at least one input each")
+        raise ValueError("calibration or limit is below 1; give at least one input each")
     base = load_config(hw)
     changes = parse_mitigations(list(mitigate))
     grid_points = points(list(adc), list(noise), [parse_duration(t) if isinstance(t, str)
@@ -122,8 +122,8 @@ def study_cnn(model: str | Path = LITE0, data: Any = None, hw: "str | Path | Har
     feeds = as_feeds(data, input_shapes(fp32), preprocess, calibration + limit,
                      input_dtypes(fp32), what="study data", keep_order=True)
     if len(feeds) <= calibration:
-        raise ValueError(f"the data holds {len(feeds)} inputs: give more than --calibration "
-                         f"({calibration}) so some are left to evaluate on")
+        raise ValueError(f"the data holds {len(feeds)} inputs, none left after calibration; "
+                         f"give more than --calibration ({calibration})")
     calib, evals = feeds[:calibration], feeds[calibration:]
     say = progress or (lambda _msg: None)
     say(f"quantizing {name} on {len(calib)} calibration inputs")

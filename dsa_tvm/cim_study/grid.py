@@ -31,8 +31,8 @@ def parse_duration(text: str) -> float:
     """Seconds of ``"1s"``, ``"1d"``, ``"1y"``, ``"3600"`` (seconds)."""
     m = re.fullmatch(r"\s*([0-9]*\.?[0-9]+(?:[eE][-+]?[0-9]+)?)\s*([smhdwy]?)\s*", str(text))
     if not m:
-        raise ValueError(f"duration {text!r}: expected a number with an optional unit "
-                         f"({', '.join(DURATION_UNITS)}), e.g. 1s, 1d, 1y")
+        raise ValueError(f"duration {text!r} is not a time; give a number with an optional "
+                         f"unit ({', '.join(DURATION_UNITS)}), e.g. 1s, 1d, 1y")
     return float(m.group(1)) * DURATION_UNITS[m.group(2) or "s"]
 
 
@@ -54,7 +54,7 @@ def parse_mitigations(names: list[str] | tuple[str, ...]) -> dict[str, Any]:
         elif name == "reads" and val.isdigit() and 1 <= int(val) <= 64:
             out["reads_per_mvm"] = int(val)
         else:
-            raise ValueError(f"mitigation {raw!r}: expected one of {', '.join(MITIGATIONS)} "
+            raise ValueError(f"mitigation {raw!r} is unknown; use {', '.join(MITIGATIONS)} "
                              f"or reads=K (K = 1..64 repeated reads averaged)")
     return out
 
@@ -80,11 +80,12 @@ def points(adc: list[int], noise: list[float], drift: list[float], grid: str = "
     shortest time); ``full``: every combination. With ``mitigated`` every point twice."""
     for name, vals in (("adc", adc), ("noise", noise), ("drift", drift)):
         if not vals:
-            raise ValueError(f"--{name}: give at least one value")
+            raise ValueError(f"--{name} has no values; give at least one")
     if any(not 1 <= b <= 32 for b in adc):
-        raise ValueError(f"--adc {adc}: ADC bits are 1..32")
+        raise ValueError(f"--adc {adc} is out of range; ADC bits are 1..32")
     if any(not (math.isfinite(v) and v >= 0) for v in list(noise) + list(drift)):
-        raise ValueError("--noise and --drift values must be finite and >= 0")
+        raise ValueError("a --noise or --drift value is negative or not finite; give finite "
+                         "values >= 0")
     if grid == "full":
         combos = [(a, n, t) for a in adc for n in noise for t in drift]
     elif grid == "axes":
@@ -92,7 +93,7 @@ def points(adc: list[int], noise: list[float], drift: list[float], grid: str = "
         combos = ([(a, n0, t0) for a in sorted(adc)] + [(a0, n, t0) for n in sorted(noise)]
                   + [(a0, n0, t) for t in sorted(drift)])
     else:
-        raise ValueError(f"grid {grid!r}: expected 'axes' or 'full'")
+        raise ValueError(f"grid {grid!r} is unknown; use 'axes' or 'full'")
     combos = list(dict.fromkeys(combos))
     out = [Point(a, n, t) for a, n, t in combos]
     if mitigated:
@@ -105,10 +106,11 @@ def point_config(base: HardwareConfig, point: Point, noise_model: str,
     """The description of ``point``: ``base`` (a part with crossbars) with its ADC, noise,
     time and (for a mitigated point) the mitigations set."""
     if not base.is_cim:
-        raise ValueError(f"'{base.name}' has no crossbars (cim.crossbars = 0): give a CIM "
+        raise ValueError(f"'{base.name}' has no crossbars (cim.crossbars = 0); give a CIM "
                          f"description, e.g. --hw cim-pcm")
     if noise_model not in NOISE_MODELS:
-        raise ValueError(f"noise model {noise_model!r}: expected {' or '.join(NOISE_MODELS)}")
+        raise ValueError(f"noise model {noise_model!r} is unknown; use "
+                         f"{' or '.join(NOISE_MODELS)}")
     read = point.noise if noise_model == "pcm" else 0.0
     changes: dict[str, Any] = dict(adc_bits=point.adc_bits, noise_model=noise_model,
                                    prog_noise_scale=point.noise, read_noise_scale=read,

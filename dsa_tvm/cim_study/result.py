@@ -33,6 +33,7 @@ class CimStudy:
     mhz: float
     digital: Measured
     points: list[Measured] = field(default_factory=list)
+    reference: dict[str, float] = field(default_factory=dict)   # the FP32 model's own metrics
 
     @property
     def metric_names(self) -> list[str]:
@@ -52,9 +53,11 @@ class CimStudy:
 
     def __str__(self) -> str:
         mit = ", ".join(self.mitigations) or "none"
+        ref = "".join(f"; FP32 {k} {v:.4f}" for k, v in self.reference.items())
+        what = "tokens" if self.unit == "token" else "inputs"
         return (f"analog study of {self.model} on {self.hw} ({self.noise_model} noise; "
-                f"mitigations: {mit}) over {self.inputs} inputs, against the FP32 model\n"
-                + self.table())
+                f"mitigations: {mit}) over {self.inputs} {what}, against the FP32 model"
+                f"{ref}\n" + self.table())
 
     def to_dict(self) -> dict[str, Any]:
         def one(m: Measured) -> dict[str, Any]:
@@ -63,7 +66,7 @@ class CimStudy:
             return d
         return {"model": self.model, "hw": self.hw, "noise_model": self.noise_model,
                 "mitigations": self.mitigations, "inputs": self.inputs, "unit": self.unit,
-                "mhz": self.mhz, "digital": one(self.digital),
+                "mhz": self.mhz, "reference": self.reference, "digital": one(self.digital),
                 "points": [one(m) for m in self.points]}
 
     def write_json(self, path: str | Path) -> Path:

@@ -144,6 +144,7 @@ class CompiledLLM:
             raise ValueError("calibration must be a string or a sequence of strings (text the "
                              "model decodes to set the int8 ranges)")
         self._calibrated = None
+        self._steps: dict[tuple[int, int], Any] = {}   # bucket -> its quantized Relax step
         self._compiled: dict[tuple[int, int], Any] = {}
         #: bucket -> its full compile report (regions with their layers, for reference checks)
         self.reports: dict[tuple[int, int], Any] = {}
@@ -175,7 +176,30 @@ class CompiledLLM:
             raise ValueError("no calibration text: give at least one non-empty string")
         return feeds
 
-    def _quantized(self, tokens: int, cache: int):
+    def on_hardware(self, hw: Any) -> "CompiledLLM":
+        """This model compiled for other hardware ``hw``: the int8 calibration and the
+        quantized step graphs are shared (a study of many descriptions quantizes once);
+        each bucket compiles anew on first use."""
+        import copy
+
+        from ..hw.config import load_config
+
+        other = copy.copy(self)
+        other.cfg = load_config(hw)
+        if (other.cfg.norm_units >= 1) != (self.cfg.norm_units >= 1):  # quantize_norms differs
+            other._calibrated, other._steps = None, {}
+        other._compiled, other.reports, other.last_launches, other._reads = {}, {}, [], {}
+        return other
+
+    def _step_module(self, tokens: int, cache: int):
+        """The quantized step of bucket ``(tokens, cache)`` as a Relax module (kept: a
+        study compiles it for many descriptions)."""
+        hit = self._steps.get((tokens, cache))
+        if hit is None:
+            hit = self._steps[(tokens, cache)] = self._quantize(tokens, cache).to_relax()
+        return hit
+
+    def _quantize(self, tokens: int, cache: int):
         from ..quant.api import quantize_onnx, quantize_with_ranges
 
         fp32 = export_step(self.hf, tokens, cache)
@@ -200,7 +224,7 @@ class CompiledLLM:
             from ..target import target
 
             t0 = time.perf_counter()
-            mod = self._quantized(tokens, cache).to_relax()
+            mod = self._step_module(tokens, cache)
             with options(offload=self.offload):
                 ex = tvm.compile(mod, target=target(self.cfg))
             self.reports[key] = compile_report_of(compile_id_of(ex))  # newest: in full

@@ -34,6 +34,9 @@ if TYPE_CHECKING:
 _VARIABLE = -2
 #: a padding tile (zeros generated on chip): an unprogrammed, empty crossbar row
 PAD = -1
+#: program meta key: the compiler left this program's weights time-shared (the model's
+#: programs together need more crossbars than the part has)
+TIME_SHARED = "cim_time_shared"
 
 
 @dataclass
@@ -51,10 +54,13 @@ class CimMap:
     cells: dict[int, int] = field(default_factory=dict)       # GEMM -> cells a read drives
     block_of: dict[int, int] = field(default_factory=dict)    # GEMM -> its weight block (the
     #                    crossbars it reads: GEMMs of one layer's pixel tiles share them)
+    #: the compiler found the whole model's weights beyond the part's crossbars and left this
+    #: program's time-shared (program meta ``cim_time_shared``)
+    shared: bool = False
 
     @property
     def fits(self) -> bool:
-        return self.crossbars_needed <= self.crossbars
+        return not self.shared and self.crossbars_needed <= self.crossbars
 
     @property
     def resident_loads(self) -> frozenset[int]:
@@ -63,7 +69,8 @@ class CimMap:
 
     def summary(self) -> str:
         state = ("fits" if self.fits else
-                 "does NOT fit: time-shared, its weights are reprogrammed as they stream in")
+                 "does NOT fit" + (" beside the model's other programs" if self.shared else "")
+                 + ": time-shared, its weights are reprogrammed as they stream in")
         return (f"{len(self.analog)} GEMMs on crossbars, {self.resident_bytes:,} weight bytes "
                 f"in {self.crossbars_needed} of {self.crossbars} crossbars ({state})")
 
@@ -127,6 +134,7 @@ def map_program(program: "Program", cfg: "HardwareConfig") -> CimMap:
             # every column in use of every crossbar of the reduction converts once a read
             out.conversions[i] = out.reads[i] * math.ceil(k / geom.rows) * n * geom.cells
     out.const_loads = frozenset(const_loads - needed)
+    out.shared = bool(program.meta.get(TIME_SHARED))
     out.resident_bytes = len(tiles_seen) * cfg.wgt_tile_bytes
     return out
 

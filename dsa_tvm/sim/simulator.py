@@ -29,7 +29,7 @@ from ..isa.footprint import Footprint
 from ..isa.instructions import Engine, Instruction
 from ..isa.program import Program
 from .cim_arrays import ProgrammedArrays
-from .cim_mapping import CimMap, cim_counters, cost_overrides, map_program
+from .cim_mapping import TIME_SHARED, CimMap, cim_counters, cost_overrides, map_program
 from .counters import collect_counters, format_counters
 from .errors import HazardError, SimulationError
 from .functional import Machine
@@ -128,7 +128,7 @@ class Simulator:
     def __init__(self, config: "str | Path | HardwareConfig | None" = None):
         self.config = load_config(config)
         self._timings: OrderedDict[int, _Timing] = OrderedDict()
-        self._arrays: OrderedDict[int, tuple[Program, int, ProgrammedArrays]] = OrderedDict()
+        self._arrays: OrderedDict[int, tuple[Program, tuple, ProgrammedArrays]] = OrderedDict()
         self._lock = threading.Lock()
 
     def load_program(self, data: bytes) -> Program:
@@ -183,12 +183,13 @@ class Simulator:
         drawn once, kept for later runs)."""
         with self._lock:
             hit = self._arrays.get(id(program))
-            if hit is not None and hit[0] is program and hit[1] == _contents(program):
+            key = (_contents(program), program.meta.get(TIME_SHARED))
+            if hit is not None and hit[0] is program and hit[1] == key:
                 self._arrays.move_to_end(id(program))
                 return hit[2]
         arrays = ProgrammedArrays(program, self.config, map_program(program, self.config))
         with self._lock:
-            self._arrays[id(program)] = (program, _contents(program), arrays)
+            self._arrays[id(program)] = (program, key, arrays)
             while len(self._arrays) > ARRAYS_CACHE_ENTRIES:
                 self._arrays.popitem(last=False)
         return arrays
