@@ -31,8 +31,9 @@ import hashlib
 import threading
 from collections import OrderedDict
 from contextlib import contextmanager
+from contextvars import ContextVar
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
@@ -40,6 +41,9 @@ from .isa.program import LAUNCH, Program, recorded_config
 from .layers.host_pack import pack_region_input
 from .layers.layouts import unpack_activation
 from .sim.simulator import SimResult, Simulator
+
+if TYPE_CHECKING:
+    from .hw.config import HardwareConfig
 
 #: unpacked programs kept (the least recently launched go first beyond either bound)
 PROGRAM_CACHE_ENTRIES = 512
@@ -170,10 +174,88 @@ def _runs() -> _ThreadRuns:
     return runs
 
 
+#: [cim] fields that decide where weights go (and so the compile's crossbar placement):
+#: device conditions may change everything else
+PLACEMENT_FIELDS = ("crossbars", "crossbar_rows", "crossbar_cols", "bits_per_cell",
+                    "cells_per_weight")
+_conditions: ContextVar["_Conditions | None"] = ContextVar("dsa_tvm_cim_conditions",
+                                                           default=None)
+
+
+class _Conditions:
+    """Device conditions launches run under instead of their compiled description: its
+    simulator, and each program restamped for it (made once per program)."""
+
+    def __init__(self, cfg: HardwareConfig):
+        self.cfg, self.sim = cfg, Simulator(cfg)
+        self.programs: dict[bytes, Program] = {}
+        self.lock = threading.Lock()
+
+    def program(self, key: bytes, prog: Program) -> Program:
+        from .lowering.program_cache import restamp
+
+        with self.lock:
+            hit = self.programs.get(key)
+        if hit is None:
+            _check_conditions(prog, self.cfg)
+            hit = restamp(prog, self.cfg)
+            with self.lock:
+                self.programs[key] = hit
+        return hit
+
+
+def _check_conditions(prog: Program, cfg: HardwareConfig) -> None:
+    """``cfg`` may differ from the program's description only in [cim] device conditions."""
+    from .hw.config import config_from_dict
+
+    built = config_from_dict(prog.meta["hardware"], source="<program>")
+    differ = sorted(k for k in cfg.values if cfg.values[k] != built.values[k])
+    bad = [k for k in differ if k in PLACEMENT_FIELDS or not _is_cim_field(k)]
+    if not built.is_cim or bad:
+        raise RuntimeError(
+            f"dsa.launch of '{prog.name}' under other conditions: the program was compiled "
+            f"for '{built.name}'" + ("" if built.is_cim else ", which has no crossbars")
+            + (f", and {', '.join(bad)} would change what it compiles to" if bad else "")
+            + "; compile for that description instead (only the [cim] device conditions - "
+            "noise, ADC, drift, mitigations, seed, timing and energy - may change at run time)")
+
+
+def compiled_view(cfg: HardwareConfig) -> tuple:
+    """What a compile for ``cfg`` depends on: every field but the [cim] device conditions
+    (two descriptions with the same view run one compiled model under
+    :func:`cim_conditions`)."""
+    return tuple(sorted((k, repr(v)) for k, v in cfg.values.items()
+                        if k in PLACEMENT_FIELDS or not _is_cim_field(k)))
+
+
+def _is_cim_field(name: str) -> bool:
+    from .hw.schema import FIELDS
+
+    return any(f.name == name and f.section == "cim" for f in FIELDS)
+
+
+@contextmanager
+def cim_conditions(cfg: HardwareConfig):
+    """Launches inside run on ``cfg`` instead of the CIM description their programs were
+    compiled for: the same compiled model on the same crossbars under other device
+    conditions (noise, ADC, time since programming, mitigations), without recompiling.
+    Only [cim] fields other than the placement ones (:data:`PLACEMENT_FIELDS`) may differ;
+    a launch of anything else is refused. The conditions' programmed crossbars are
+    released on exit."""
+    token = _conditions.set(_Conditions(cfg))
+    try:
+        yield
+    finally:
+        _conditions.reset(token)
+
+
 def launch(*args: Any) -> None:
     """``dsa.launch(program, *inputs, *outputs)``: destination-passing style."""
     blob = args[0].numpy().tobytes()
     key, prog, sim = _programs.get(blob)
+    cond = _conditions.get()
+    if cond is not None:
+        prog, sim = cond.program(key, prog), cond.sim
     names_in, names_out = prog.meta["inputs"], prog.meta["outputs"]
     if len(args) != 1 + len(names_in) + len(names_out):
         raise RuntimeError(f"dsa.launch of '{prog.name}' takes {len(names_in)} inputs and "

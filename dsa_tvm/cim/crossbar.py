@@ -92,8 +92,35 @@ class Geometry:
                    for p in range(self.passes) for c in range(self.cells))
 
     def crossbars_for(self, k: int, n: int) -> int:
-        """Crossbars a k x n weight block occupies (cells_per_weight columns per weight)."""
+        """Crossbars a k x n weight block touches on its own (cells_per_weight columns per
+        weight): what one read of it drives."""
         return math.ceil(k / self.rows) * math.ceil(n * self.cells / self.cols)
+
+    def pack(self, blocks: list[tuple[int, int]]) -> int:
+        """Crossbars that hold weight blocks of (k rows, n weights): each block cut into
+        rows x cols tiles, the whole tiles one crossbar each, the partial ones packed
+        together (next-fit decreasing height into shelves: blocks that share a crossbar
+        take disjoint rows and columns, so each is still read alone)."""
+        whole, parts = 0, []
+        for k, n in blocks:
+            w = n * self.cells
+            hs = [self.rows] * (k // self.rows) + ([k % self.rows] if k % self.rows else [])
+            ws = [self.cols] * (w // self.cols) + ([w % self.cols] if w % self.cols else [])
+            for h in hs:
+                for c in ws:
+                    if h == self.rows and c == self.cols:
+                        whole += 1
+                    else:
+                        parts.append((h, c))
+        parts.sort(reverse=True)
+        bars, used_h, shelf_w = 0, self.rows, self.cols
+        for h, c in parts:
+            if shelf_w + c > self.cols:                      # a new shelf
+                if used_h + h > self.rows:                   # ... in a new crossbar
+                    bars, used_h = bars + 1, 0
+                used_h, shelf_w = used_h + h, 0
+            shelf_w += c
+        return whole + bars
 
 
 def weight_digits(codes: np.ndarray, geom: Geometry) -> np.ndarray:

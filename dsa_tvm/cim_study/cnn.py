@@ -55,44 +55,93 @@ def _top1(y: np.ndarray) -> int | None:
     return None
 
 
-def _measure(mod, cfg: HardwareConfig, calib: list[dict], evals: list[dict],
-             refs: list[np.ndarray], calibrate: bool) -> tuple[dict[str, float], float, float,
-                                                               str]:
-    """Metrics against ``refs``, cycles and energy of one inference, and a note."""
-    import tvm
-    from tvm import relax
+class ImageBench:
+    """An image model made ready once (quantized on the calibration inputs, the FP32
+    model's outputs on the evaluation inputs), measured on any description."""
 
-    from ..quant.metrics import cosine
-    from ..runtime import release_programs, take_launches
-    from ..sim.cim_arrays import calibrating
-    from ..target import target
-    with options(offload="all"):
-        ex = tvm.compile(mod, target=target(cfg))
-    vm = relax.VirtualMachine(ex, tvm.cpu())
+    def __init__(self, model: str | Path = LITE0, data: Any = None, calibration: int = 8,
+                 limit: int = 16, say: Callable[[str], None] = lambda _m: None):
+        from tvm.relax.frontend.onnx import from_onnx
 
-    def run(feed: dict) -> np.ndarray:
-        out = vm["main"](*[tvm.runtime.tensor(v) for v in feed.values()])
-        return (out.numpy() if hasattr(out, "numpy") else out[0].numpy()).copy()
+        from ..models.quantize import run_onnxruntime
+        from ..quant.api import input_dtypes, input_shapes, quantize_onnx
+        from ..quant.data import as_feeds
 
-    if calibrate:
-        with calibrating():
-            for f in calib:
-                run(f)
-    take_launches()
-    got = [run(evals[0])]
-    launches = take_launches()
-    got += [run(f) for f in evals[1:]]
-    cycles = sum(la.result.cycles for la in launches)
-    energy = sum(la.result.counters.get("energy_uj", 0.0) for la in launches)
-    shared = [la.program.name for la in launches if la.result.cim is not None
-              and not la.result.cim.fits]
-    note = f"time-shared: {', '.join(shared)} do not fit the crossbars" if shared else ""
-    metrics = {"cosine": float(np.mean([cosine(g, r) for g, r in zip(got, refs)]))}
-    tops = [(_top1(g), _top1(r)) for g, r in zip(got, refs)]
-    if all(a is not None for a, _ in tops):
-        metrics["top1_agreement"] = float(np.mean([a == b for a, b in tops]))
-    release_programs()
-    return metrics, float(cycles), float(energy), note
+        if calibration < 1 or limit < 1:
+            raise ValueError("calibration or limit is below 1; give at least one input each")
+        fp32, self.name, data, preprocess = load_image_model(model, data)
+        feeds = as_feeds(data, input_shapes(fp32), preprocess, calibration + limit,
+                         input_dtypes(fp32), what="study data", keep_order=True)
+        if len(feeds) <= calibration:
+            raise ValueError(f"the data holds {len(feeds)} inputs, none left after "
+                             f"calibration; give more than --calibration ({calibration})")
+        self.calib, self.evals = feeds[:calibration], feeds[calibration:]
+        say(f"quantizing {self.name} on {len(self.calib)} calibration inputs")
+        qdq = quantize_onnx(fp32, self.calib, preprocess=preprocess, show_progress=False).model
+        self.refs = [run_onnxruntime(fp32, f, optimize=False)[0] for f in self.evals]
+        self.mod = from_onnx(qdq, keep_params_in_input=False)
+        self._vms: dict[tuple, Any] = {}
+
+    def measure(self, cfg: HardwareConfig, calibrate: bool = False) -> Measured:
+        """Cosine and top-1 agreement against the FP32 model, cycles and energy of one
+        inference, on ``cfg`` (every region offloaded); ``calibrate``: run the calibration
+        inputs inside :func:`calibrating` first (the mitigations that need data)."""
+        from contextlib import nullcontext
+
+        from ..runtime import cim_conditions
+
+        vm = self._vm(cfg)
+        with cim_conditions(cfg) if cfg.is_cim else nullcontext():
+            m = self._measure(vm, calibrate)
+        m.hw = cfg.name
+        return m
+
+    def _vm(self, cfg: HardwareConfig):
+        """The model compiled for ``cfg`` (every region offloaded), once per compiled view:
+        CIM points that differ only in device conditions share it (``cim_conditions``)."""
+        import tvm
+        from tvm import relax
+
+        from ..runtime import compiled_view
+        from ..target import target
+
+        key = compiled_view(cfg)
+        if key not in self._vms:
+            with options(offload="all"):
+                ex = tvm.compile(self.mod, target=target(cfg))
+            self._vms[key] = relax.VirtualMachine(ex, tvm.cpu())
+        return self._vms[key]
+
+    def _measure(self, vm, calibrate: bool) -> Measured:
+        import tvm
+
+        from ..quant.metrics import cosine
+        from ..runtime import take_launches
+        from ..sim.cim_arrays import calibrating
+
+        def run(feed: dict) -> np.ndarray:
+            out = vm["main"](*[tvm.runtime.tensor(v) for v in feed.values()])
+            return (out.numpy() if hasattr(out, "numpy") else out[0].numpy()).copy()
+
+        if calibrate:
+            with calibrating():
+                for f in self.calib:
+                    run(f)
+        take_launches()
+        got = [run(self.evals[0])]
+        launches = take_launches()
+        got += [run(f) for f in self.evals[1:]]
+        self.last_launches = launches
+        shared = [la.program.name for la in launches if la.result.cim is not None
+                  and not la.result.cim.fits]
+        note = f"time-shared: {', '.join(shared)} do not fit the crossbars" if shared else ""
+        metrics = {"cosine": float(np.mean([cosine(g, r) for g, r in zip(got, self.refs)]))}
+        tops = [(_top1(g), _top1(r)) for g, r in zip(got, self.refs)]
+        if all(a is not None for a, _ in tops):
+            metrics["top1_agreement"] = float(np.mean([a == b for a, b in tops]))
+        return Measured(None, "", metrics, float(sum(la.result.cycles for la in launches)),
+                        float(sum(la.result.counters.get("energy_uj", 0.0) for la in launches)),
+                        note)
 
 
 def study_cnn(model: str | Path = LITE0, data: Any = None, hw: "str | Path | HardwareConfig" =
@@ -103,14 +152,6 @@ def study_cnn(model: str | Path = LITE0, data: Any = None, hw: "str | Path | Har
               progress: Callable[[str], None] | None = print) -> CimStudy:
     """Accuracy, cycles and energy of ``model`` at every point (``grid.points``), and of the
     ``digital`` part."""
-    from tvm.relax.frontend.onnx import from_onnx
-
-    from ..models.quantize import run_onnxruntime
-    from ..quant.api import input_dtypes, input_shapes, quantize_onnx
-    from ..quant.data import as_feeds
-
-    if calibration < 1 or limit < 1:
-        raise ValueError("calibration or limit is below 1; give at least one input each")
     base = load_config(hw)
     changes = parse_mitigations(list(mitigate))
     grid_points = points(list(adc), list(noise), [parse_duration(t) if isinstance(t, str)
@@ -118,30 +159,19 @@ def study_cnn(model: str | Path = LITE0, data: Any = None, hw: "str | Path | Har
                          grid, mitigated=bool(changes))
     for p in grid_points:                       # every description is valid before any work
         point_config(base, p, noise_model, changes)
-    fp32, name, data, preprocess = load_image_model(model, data)
-    feeds = as_feeds(data, input_shapes(fp32), preprocess, calibration + limit,
-                     input_dtypes(fp32), what="study data", keep_order=True)
-    if len(feeds) <= calibration:
-        raise ValueError(f"the data holds {len(feeds)} inputs, none left after calibration; "
-                         f"give more than --calibration ({calibration})")
-    calib, evals = feeds[:calibration], feeds[calibration:]
     say = progress or (lambda _msg: None)
-    say(f"quantizing {name} on {len(calib)} calibration inputs")
-    qdq = quantize_onnx(fp32, calib, preprocess=preprocess, show_progress=False).model
-    refs = [run_onnxruntime(fp32, f, optimize=False)[0] for f in evals]
-    mod = from_onnx(qdq, keep_params_in_input=False)
+    bench = ImageBench(model, data, calibration, limit, say)
     dig = load_config(digital)
     say(f"digital baseline on '{dig.name}'")
-    m, cyc, uj, note = _measure(mod, dig, calib, evals, refs, False)
-    study = CimStudy(name, base.name, noise_model, list(mitigate), len(evals), "inference",
-                     base.mhz, Measured(None, dig.name, m, cyc, uj, note))
+    study = CimStudy(bench.name, base.name, noise_model, list(mitigate), len(bench.evals),
+                     "inference", base.mhz, bench.measure(dig))
     for k, p in enumerate(grid_points, 1):
         cfg = point_config(base, p, noise_model, changes)
         say(f"[{k}/{len(grid_points)}] {p.label}")
-        needs = p.mitigated and any(cfg.values[f] for f in CALIBRATED)
-        m, cyc, uj, note = _measure(mod, cfg, calib, evals, refs, needs)
-        study.points.append(Measured(p, cfg.name, m, cyc, uj, note))
+        m = bench.measure(cfg, p.mitigated and any(cfg.values[f] for f in CALIBRATED))
+        m.point = p
+        study.points.append(m)
     return study
 
 
-__all__ = ["study_cnn", "Point", "LITE0"]
+__all__ = ["study_cnn", "ImageBench", "Point", "LITE0"]

@@ -37,31 +37,77 @@ def _agreement(a: list[int], b: list[int]) -> float:
     return float(np.mean([x == y for x, y in zip(a[:n], b[:n])])) if n else 1.0
 
 
-def _measure(llm, ids: list[int], prompts: tuple[str, ...], new_tokens: int,
-             want: list[list[int]], calibrate: bool) -> tuple[dict[str, float], float, float,
-                                                              str]:
-    from ..runtime import release_programs
-    from ..sim.cim_arrays import calibrating
+class LlmBench:
+    """A decoder made ready once (the FP32 reference's perplexity and greedy tokens, the
+    W8A8 calibration and quantized steps on the ``digital`` part), measured on any
+    description."""
 
-    if calibrate:
-        with calibrating():
-            text = llm._calibration[0] if llm._calibration else prompts[0]
-            llm.generate(text, new_tokens)
-    ppl = llm.perplexity(ids)
-    agree, cycles, energy, shared = [], [], [], 0
-    for prompt, ref in zip(prompts, want):
-        gen = llm.generate(prompt, new_tokens)
-        agree.append(_agreement(gen.ids, ref))
-        cycles += [s.cycles for s in gen.decode]
-        energy.append(sum(la.result.counters.get("energy_uj", 0.0)
-                          for la in llm.last_launches))
-        shared = max(shared, sum(1 for la in llm.last_launches if la.result.cim is not None
-                                 and not la.result.cim.fits))
-    note = f"{shared} decode launches time-shared (weights beyond the crossbars)" if shared \
-        else ""
-    release_programs()
-    return ({"perplexity": ppl, "token_agreement": float(np.mean(agree))},
-            float(np.mean(cycles)) if cycles else 0.0, float(np.mean(energy)), note)
+    def __init__(self, model: str = "smollm2", digital: str = "default", tokens: int = 128,
+                 prompts: tuple[str, ...] = PROMPTS[:2], new_tokens: int = 8,
+                 say: Callable[[str], None] = lambda _m: None, **load_options: Any):
+        from ..llm import load
+
+        if tokens < 2 or new_tokens < 1:
+            raise ValueError("too few tokens; perplexity needs tokens >= 2 and agreement "
+                             "new_tokens >= 1")
+        opts = dict(prefill_buckets=(32,), context_buckets=(max(64, tokens),), **load_options)
+        ref = load(model, quant="fp32", **opts)
+        self.ids = ref.token_ids(pydoc_text())[:tokens]
+        self.prompts, self.new_tokens = prompts, new_tokens
+        self.want = [ref.generate(p, new_tokens).ids for p in prompts]
+        self.fp32_perplexity = ref.perplexity(self.ids)
+        say(f"FP32 perplexity over {len(self.ids)} tokens: {self.fp32_perplexity:.3f}")
+        self.digital = load(model, hw=load_config(digital), quant="w8a8", **opts)
+        self._models: dict[tuple, Any] = {}      # compiled view -> the model compiled for it
+
+    def measure(self, cfg: HardwareConfig | None = None, calibrate: bool = False,
+                decode: bool = True) -> Measured:
+        """Perplexity and greedy agreement against FP32, cycles and energy of a decode step,
+        on ``cfg`` (default: the digital part); ``calibrate``: the calibration text through
+        prefill and decode inside :func:`calibrating` first; ``decode=False``: perplexity
+        alone (prefill steps only: one bucket compiles)."""
+        from contextlib import nullcontext
+
+        from ..runtime import cim_conditions, compiled_view
+
+        llm = self.digital
+        if cfg is not None:   # compiled once per view: device conditions run under it
+            if compiled_view(cfg) not in self._models:
+                self._models[compiled_view(cfg)] = self.digital.on_hardware(cfg)
+            llm = self._models[compiled_view(cfg)]
+        with cim_conditions(cfg) if cfg is not None and cfg.is_cim else nullcontext():
+            m = self._measure(llm, calibrate, decode)
+        m.hw = llm.cfg.name if cfg is None else cfg.name
+        return m
+
+    def _measure(self, llm, calibrate: bool, decode: bool) -> Measured:
+        from ..sim.cim_arrays import calibrating
+
+        if calibrate:
+            with calibrating():
+                text = llm._calibration[0] if llm._calibration else self.prompts[0]
+                if decode:
+                    llm.generate(text, self.new_tokens)
+                else:
+                    llm.perplexity(text, max_tokens=len(self.ids))
+        ppl = llm.perplexity(self.ids)
+        agree, cycles, energy, shared = [], [], [], 0
+        for prompt, ref in zip(self.prompts if decode else (), self.want):
+            gen = llm.generate(prompt, self.new_tokens)
+            agree.append(_agreement(gen.ids, ref))
+            cycles += [s.cycles for s in gen.decode]
+            energy.append(sum(la.result.counters.get("energy_uj", 0.0)
+                              for la in llm.last_launches))
+            shared = max(shared, sum(1 for la in llm.last_launches
+                                     if la.result.cim is not None and not la.result.cim.fits))
+        self.last = llm
+        note = (f"{shared} decode launches time-shared (weights beyond the crossbars)"
+                if shared else "")
+        metrics = {"perplexity": ppl}
+        if agree:
+            metrics["token_agreement"] = float(np.mean(agree))
+        return Measured(None, "", metrics, float(np.mean(cycles)) if cycles else 0.0,
+                        float(np.mean(energy)) if energy else 0.0, note)
 
 
 def study_llm(model: str = "smollm2", hw: "str | HardwareConfig" = "cim-pcm",
@@ -72,11 +118,6 @@ def study_llm(model: str = "smollm2", hw: "str | HardwareConfig" = "cim-pcm",
               progress: Callable[[str], None] | None = print, **load_options: Any) -> CimStudy:
     """Perplexity, token agreement, decode cycles and energy per token of ``model`` at
     every point, and on the ``digital`` part, against the FP32 model."""
-    from ..llm import load
-
-    if tokens < 2 or new_tokens < 1:
-        raise ValueError("too few tokens; perplexity needs tokens >= 2 and agreement "
-                         "new_tokens >= 1")
     base = load_config(hw)
     changes = parse_mitigations(list(mitigate))
     grid_points = points(list(adc), list(noise), [parse_duration(t) if isinstance(t, str)
@@ -85,23 +126,14 @@ def study_llm(model: str = "smollm2", hw: "str | HardwareConfig" = "cim-pcm",
     for p in grid_points:
         point_config(base, p, noise_model, changes)
     say = progress or (lambda _msg: None)
-    opts = dict(prefill_buckets=(32,), context_buckets=(max(64, tokens),), **load_options)
-    ref = load(model, quant="fp32", **opts)
-    ids = ref.token_ids(pydoc_text())[:tokens]
-    want = [ref.generate(p, new_tokens).ids for p in prompts]
-    fp32_ppl = ref.perplexity(ids)
-    say(f"FP32 perplexity over {len(ids)} tokens: {fp32_ppl:.3f}")
-    dig = load(model, hw=load_config(digital), quant="w8a8", **opts)
-    say(f"digital W8A8 on '{dig.cfg.name}'")
-    m, cyc, uj, note = _measure(dig, ids, prompts, new_tokens, want, False)
-    study = CimStudy(model, base.name, noise_model, list(mitigate), len(ids), "token",
-                     base.mhz, Measured(None, dig.cfg.name, m, cyc, uj, note),
-                     reference={"perplexity": fp32_ppl})
+    bench = LlmBench(model, digital, tokens, prompts, new_tokens, say, **load_options)
+    say(f"digital W8A8 on '{bench.digital.cfg.name}'")
+    study = CimStudy(model, base.name, noise_model, list(mitigate), len(bench.ids), "token",
+                     base.mhz, bench.measure(), reference={"perplexity": bench.fp32_perplexity})
     for k, p in enumerate(grid_points, 1):
         cfg = point_config(base, p, noise_model, changes)
         say(f"[{k}/{len(grid_points)}] {p.label}")
-        needs = p.mitigated and any(cfg.values[f] for f in CALIBRATED)
-        m, cyc, uj, note = _measure(dig.on_hardware(cfg), ids, prompts, new_tokens, want,
-                                    needs)
-        study.points.append(Measured(p, cfg.name, m, cyc, uj, note))
+        m = bench.measure(cfg, p.mitigated and any(cfg.values[f] for f in CALIBRATED))
+        m.point = p
+        study.points.append(m)
     return study

@@ -96,10 +96,12 @@ class CimStudy:
                 ax.plot(xs, ys, style, label="mitigated" if mitigated else "plain")
             ax.axhline(self.digital.metrics.get(metric, float("nan")), color="grey",
                        linestyle=":", label=f"digital int8 ({self.digital.hw})")
+            ticks = sorted({getattr(m.point, key) for m in self.points})
             if log:
                 ax.set_xscale("symlog", linthresh=1.0)
-                ticks = sorted({m.point.t_inference_s for m in self.points})
                 ax.set_xticks(ticks, [format_duration(t) for t in ticks])
+            else:
+                ax.set_xticks(ticks)
             ax.set_xlabel(title)
             ax.grid(alpha=0.3)
         panels[0].set_ylabel(metric)

@@ -31,14 +31,15 @@ def cache_operands(region) -> set[str]:
     return {_base(ly.b.name) for ly in region.layers if isinstance(ly, BatchMatmul)}
 
 
-def program_reads(prog, cfg, kv: set[str]) -> Counter:
-    """DRAM bytes one program reads, by :data:`KINDS` (``kv``: its cache operands). A
-    program's loads do not depend on the data: callers keep the answer per program."""
+def program_reads(prog, cfg, kv: set[str], resident: frozenset[int] = frozenset()) -> Counter:
+    """DRAM bytes one program reads, by :data:`KINDS` (``kv``: its cache operands;
+    ``resident``: loads that move nothing, a CIM part's programmed weights). A program's
+    loads do not depend on the data: callers keep the answer per program."""
     spans = sorted((r.offset, r.offset + r.nbytes, r) for r in prog.regions)
     starts = [lo for lo, _, _ in spans]
     out: Counter = Counter({k: 0 for k in KINDS})
-    for ins in prog.instructions:
-        if not isinstance(ins, Load):
+    for i, ins in enumerate(prog.instructions):
+        if not isinstance(ins, Load) or i in resident:
             continue
         at = ins.dram_base * cfg.element_bytes(ins.buffer)
         i = bisect_right(starts, at) - 1
@@ -64,7 +65,9 @@ def read_split(launches: list, regions: dict[str, object],
         key = (launch.compile_id, launch.program.name)
         if key not in known:
             region = regions.get(launch.program.name)
+            cim = launch.result.cim
             known[key] = program_reads(launch.program, launch.result.config,
-                                       cache_operands(region) if region is not None else set())
+                                       cache_operands(region) if region is not None else set(),
+                                       cim.resident_loads if cim is not None else frozenset())
         out.update(known[key])
     return out

@@ -103,6 +103,7 @@ def map_program(program: "Program", cfg: "HardwareConfig") -> CimMap:
     needed: set[int] = set()      # constant loads a digital GEMM reads: they must move
     analog: dict[int, np.ndarray] = {}
     block_ids: dict[bytes, int] = {}      # distinct weight blocks, numbered
+    shapes: list[tuple[int, int]] = []    # (k, n) of each, packed into crossbars at the end
     out = CimMap(analog, frozenset(), 0, cfg.crossbars, 0)
     tiles_seen: set[int] = set()
     for i, ins in enumerate(program.instructions):
@@ -125,7 +126,7 @@ def map_program(program: "Program", cfg: "HardwareConfig") -> CimMap:
             key = src.tobytes() + bytes(str(src.shape), "ascii")
             if key not in block_ids:
                 block_ids[key] = len(block_ids)
-                out.crossbars_needed += plan.nb * per_b
+                shapes += [(k, n)] * plan.nb
                 tiles_seen.update(int(t) for t in np.unique(src) if t >= 0)
             out.block_of[i] = block_ids[key]
             out.blocks[i] = plan.nb * per_b
@@ -133,6 +134,7 @@ def map_program(program: "Program", cfg: "HardwareConfig") -> CimMap:
             out.cells[i] = k * n * geom.cells       # of one block (nb blocks, nb reads)
             # every column in use of every crossbar of the reduction converts once a read
             out.conversions[i] = out.reads[i] * math.ceil(k / geom.rows) * n * geom.cells
+    out.crossbars_needed = geom.pack(shapes)
     out.const_loads = frozenset(const_loads - needed)
     out.shared = bool(program.meta.get(TIME_SHARED))
     out.resident_bytes = len(tiles_seen) * cfg.wgt_tile_bytes

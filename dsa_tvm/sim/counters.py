@@ -105,17 +105,25 @@ def collect_counters(instrs: list[Instruction], sched: Schedule, footprints: lis
     for b in unit:
         c[f"sram_peak_bytes.{b}"] = (peak[b] + 1) * unit[b]
     if cfg.energy_modelled:
-        sram_bytes = _sram_bytes([ins for i, ins in enumerate(instrs)
-                                  if i not in resident_loads and i not in analog_gemms], cfg)
-        # a lookup costs table_lookup_pj where the description gives one, else a lane op
-        lut_pj = (cfg.table_lookup_pj or cfg.alu_lane_op_pj) - cfg.alu_lane_op_pj
-        pj = (macs * cfg.mac_pj + c["alu_lane_ops"] * cfg.alu_lane_op_pj
-              + c["table_lookups"] * lut_pj
-              + sram_bytes * cfg.sram_byte_pj
-              + (c["dram_read_bytes"] + c["dram_write_bytes"]) * cfg.dram_byte_pj)
-        c["sram_bytes"] = sram_bytes
-        c["energy_uj"] = pj / 1e6
+        c["sram_bytes"] = _sram_bytes([ins for i, ins in enumerate(instrs)
+                                       if i not in resident_loads and i not in analog_gemms],
+                                      cfg)
+        c["energy_uj"] = sum(energy_split(c, cfg).values())
     return c
+
+
+def energy_split(c: dict[str, float], cfg: "HardwareConfig") -> dict[str, float]:
+    """Where a run's energy went, in uJ, from its counters and the description's [energy]
+    (and [cim]) costs: the MAC array, vector lanes, table lookups beyond a lane op,
+    scratchpads, DRAM, and a CIM part's crossbars (reads and ADC conversions)."""
+    # a lookup costs table_lookup_pj where the description gives one, else a lane op
+    lut_pj = (cfg.table_lookup_pj or cfg.alu_lane_op_pj) - cfg.alu_lane_op_pj
+    return {"mac": c["macs"] * cfg.mac_pj / 1e6,
+            "vector": c["alu_lane_ops"] * cfg.alu_lane_op_pj / 1e6,
+            "table": c["table_lookups"] * lut_pj / 1e6,
+            "sram": c.get("sram_bytes", 0) * cfg.sram_byte_pj / 1e6,
+            "dram": (c["dram_read_bytes"] + c["dram_write_bytes"]) * cfg.dram_byte_pj / 1e6,
+            "crossbars": c.get("cim.energy_pj", 0.0) / 1e6}
 
 
 def _sram_bytes(instrs: list[Instruction], cfg: "HardwareConfig") -> int:

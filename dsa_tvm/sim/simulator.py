@@ -30,7 +30,7 @@ from ..isa.instructions import Engine, Instruction
 from ..isa.program import Program
 from .cim_arrays import ProgrammedArrays
 from .cim_mapping import TIME_SHARED, CimMap, cim_counters, cost_overrides, map_program
-from .counters import collect_counters, format_counters
+from .counters import collect_counters, energy_split, format_counters
 from .errors import HazardError, SimulationError
 from .functional import Machine
 from .limits import check_functional
@@ -232,7 +232,7 @@ class Simulator:
                                         frozenset(cmap.analog))
             counters.update(cim_counters(cmap, cfg))
             if cfg.energy_modelled:
-                counters["energy_uj"] += counters["cim.energy_pj"] / 1e6
+                counters["energy_uj"] = sum(energy_split(counters, cfg).values())
         else:
             sched = schedule(instrs, cfg, callback)
             counters = collect_counters(instrs, sched, footprints, cfg)

@@ -309,3 +309,15 @@ def test_averaging_reads_cuts_read_noise_and_costs_time():
     b = Simulator(eight_reads).run(restamp(prog, eight_reads), inputs(0))
     assert b.counters["cim.crossbar_reads"] == 8 * a.counters["cim.crossbar_reads"]
     assert b.cycles > 4 * a.cycles
+
+
+@settings(max_examples=40, deadline=None)
+@given(blocks=st.lists(st.tuples(st.integers(1, 1100), st.integers(1, 700)), min_size=1,
+                       max_size=30),
+       cells=st.sampled_from([1, 2]))
+def test_packing_is_between_the_area_bound_and_one_crossbar_set_per_block(blocks, cells):
+    geom = Geometry.from_config(load_config("cim-pcm").replace(bits_per_cell=8 // cells * 1,
+                                                               cells_per_weight=cells))
+    packed = geom.pack(blocks)
+    area = sum(k * n * cells for k, n in blocks) / (geom.rows * geom.cols)
+    assert np.ceil(area - 1e-9) <= packed <= sum(geom.crossbars_for(k, n) for k, n in blocks)

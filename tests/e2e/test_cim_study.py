@@ -184,3 +184,32 @@ def test_cim_sweep_cli_errors_name_the_fix(capsys, tmp_path):
     one_error_line(capsys, ["cim-sweep", "efficientnet-lite0", "--set", "cim.adc_bits=99"],
                    "adc_bits")
     assert main(["cim-sweep", "tiny", "--data", "x"]) == 2
+
+
+def test_device_conditions_change_at_run_time_as_a_recompile_would():
+    """One compile under other noise / ADC / drift gives what a compile for those
+    conditions gives; a placement field or a digital program is refused, saying why."""
+    from dsa_tvm.runtime import cim_conditions
+
+    qdq = get_model("small_cnn", quantized=True)
+    mod = from_onnx(qdq, keep_params_in_input=False)
+    x = np.random.default_rng(4).standard_normal(
+        [d.dim_value for d in qdq.graph.input[0].type.tensor_type.shape.dim]).astype(np.float32)
+    base = load_config("cim-pcm")
+    other = base.replace(adc_bits=6, t_inference_s=86400.0, noise_seed=5,
+                         drift_compensation=True)
+    with dsa_tvm.options(offload="all"):
+        vm = relax.VirtualMachine(tvm.compile(mod, target=dsa_tvm.target(base)), tvm.cpu())
+        dig = relax.VirtualMachine(tvm.compile(mod, target=dsa_tvm.target("default")),
+                                   tvm.cpu())
+    want, _ = _run(other, mod, x)
+    with cim_conditions(other):
+        got = vm["main"](tvm.runtime.tensor(x)).numpy()
+    np.testing.assert_array_equal(got, want)
+    assert not np.array_equal(vm["main"](tvm.runtime.tensor(x)).numpy(), want)
+    for cond, needle in ((base.replace(crossbars=8), "crossbars would change"),
+                         (base.replace(mhz=500.0), "mhz would change")):
+        with cim_conditions(cond), pytest.raises(Exception, match=needle):
+            vm["main"](tvm.runtime.tensor(x))
+    with cim_conditions(other), pytest.raises(Exception, match="has no crossbars"):
+        dig["main"](tvm.runtime.tensor(x))

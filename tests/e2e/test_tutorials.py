@@ -118,3 +118,15 @@ def test_llm_decode_tutorial(tmp_path):
     assert len(fractions) == 2 and all(0 < f <= 100 for f in fractions), out
     assert (tmp_path / "llm" / "decode.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 
+
+
+def test_analog_cim_tutorial(tmp_path):
+    """Noiseless crossbars are the digital part bit for bit; seeds are chips; the study's
+    mitigations undo a year of drift; the plot is written; the crossbars read no weights."""
+    out = run_tutorial("07_analog_cim.py", "--out", "cim", cwd=tmp_path)
+    assert "outputs equal to the digital part's: True; weight bytes read" in out, out
+    assert "same seed, same outputs: True; another seed, other outputs: True" in out, out
+    year = re.findall(r"^adc 8, noise 0, t 1y(, mitigated)?\s+([\d.]+)", out, re.M)
+    assert len(year) == 2 and float(year[1][1]) > float(year[0][1]) + 0.1, out
+    assert (tmp_path / "cim" / "cim_sweep.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    assert re.search(r"CIM \(cim-pcm\).*\(weights\s+0\)", out), out
