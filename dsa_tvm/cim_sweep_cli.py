@@ -59,7 +59,9 @@ def add_parser(sub) -> None:
     p.add_argument("--mitigate", type=_words, default=[],
                    help="adc (per-column ADC ranges from calibration), drift (global drift "
                         "compensation), bias (device-bias correction), reads=K (K reads "
-                        "averaged): every point is run plain and mitigated")
+                        "averaged), digital=N (image models: the N most sensitive layers, "
+                        "each ranked by keeping it digital alone, on the digital array): "
+                        "every point is run plain and mitigated")
     p.add_argument("--grid", choices=("axes", "full"), default="axes",
                    help="axes: each axis with the others at the base (most ADC bits, least "
                         "noise, shortest time); full: every combination")

@@ -6,7 +6,9 @@ A weight code w (int8) is stored as |w| split into ``cells_per_weight`` digits o
 digit of a positive weight, G- of a negative one, the other cell is left at 0). Digit c is
 programmed to ``g_max x d / D_c``, D_c the largest value digit c takes for |w| <= 128, so
 every column uses the whole conductance range. An input code x goes in as ``ceil(8 /
-dac_bits)`` reads of ``dac_bits``-bit magnitude slices (its sign sets the polarity). One
+dac_bits)`` reads of ``dac_bits``-bit magnitude slices (its sign sets the polarity;
+with ``input_encoding = "zero_point"`` the DACs drive the code minus its layer's zero
+point, and the zero point's share is added back digitally). One
 read of one crossbar sums up to ``crossbar_rows`` products per column; the ADC turns each
 sum into a code (``adc_bits``, full scale ``adc_range`` x the largest sum the rows in use
 can make, a power-of-two step of at least 1), and the digital periphery shifts and adds the codes of
@@ -38,9 +40,9 @@ CODE_MAX = 128
 CALIBRATION_HEADROOM = 2.0
 
 
-def digit_max(bits: int, shift: int) -> int:
-    """Largest value the ``bits``-bit digit at ``shift`` takes over magnitudes 0..128."""
-    return min((1 << bits) - 1, CODE_MAX >> shift) if shift < 8 else 0
+def digit_max(bits: int, shift: int, top: int = CODE_MAX) -> int:
+    """Largest value the ``bits``-bit digit at ``shift`` takes over magnitudes 0..top."""
+    return min((1 << bits) - 1, top >> shift) if shift < 8 else 0
 
 
 @dataclass(frozen=True)
@@ -56,12 +58,14 @@ class Geometry:
     adc_range: float
     mvm_noise: float
     repeats: int         # reads averaged per read (reads_per_mvm)
+    input_max: int       # largest input magnitude the DACs drive (255: x - zero point)
 
     @classmethod
     def from_config(cls, cfg: "HardwareConfig") -> "Geometry":
         return cls(cfg.crossbar_rows, cfg.crossbar_cols, cfg.bits_per_cell,
                    cfg.cells_per_weight, cfg.dac_bits, cfg.adc_bits, cfg.adc_range,
-                   cfg.mvm_noise, cfg.reads_per_mvm)
+                   cfg.mvm_noise, cfg.reads_per_mvm,
+                   255 if cfg.input_encoding == "zero_point" else CODE_MAX)
 
     @property
     def passes(self) -> int:
@@ -72,7 +76,7 @@ class Geometry:
         return digit_max(self.bits, self.bits * c)
 
     def input_slice_max(self, p: int) -> int:
-        return digit_max(self.dac_bits, self.dac_bits * p)
+        return digit_max(self.dac_bits, self.dac_bits * p, self.input_max)
 
     def full_scale(self, p: int, c: int, rows: int | None = None) -> int:
         """Largest |column sum| of one read of ``rows`` rows (default: all): every row at its
@@ -225,8 +229,8 @@ class Recorder:
 
 def analog_matmul(x: np.ndarray, w: np.ndarray, geom: Geometry,
                   rng: np.random.Generator | None, periphery: Periphery | None = None,
-                  recorder: Recorder | None = None,
-                  exact_w: np.ndarray | None = None) -> np.ndarray:
+                  recorder: Recorder | None = None, exact_w: np.ndarray | None = None,
+                  zero_point: int = 0, colsum: np.ndarray | None = None) -> np.ndarray:
     """Integer result (int64, ``x.shape[:-1] + (N,)``) of ``x @ W`` read on crossbars.
 
     ``x``: int8 inputs (batch, nb, nm, K); ``w``: digits (cells, nb, K, N) from
@@ -235,8 +239,10 @@ def analog_matmul(x: np.ndarray, w: np.ndarray, geom: Geometry,
     with fresh ``mvm_noise`` when ``rng`` is given, the codes averaged), scaled by the
     periphery's drift gain, shifted and added; the periphery's offset is subtracted.
     A ``recorder`` sees every read and, given the exact integer weights ``exact_w``
-    (nb, K, N), the devices' error (the sums before the ADC against the exact product)."""
-    xi = x.astype(np.int16)
+    (nb, K, N), the devices' error (the sums before the ADC against the exact product).
+    With ``zero_point`` the DACs drive ``x - zero_point`` and ``zero_point x colsum`` (the
+    exact weights' column sums, (nb, N)) is added back digitally."""
+    xi = x.astype(np.int16) - zero_point
     sign = np.where(xi < 0, -1.0, 1.0)
     mag = np.abs(xi)
     k = x.shape[-1]
@@ -270,6 +276,11 @@ def analog_matmul(x: np.ndarray, w: np.ndarray, geom: Geometry,
                 if per.gain is not None:
                     out *= per.gain[None, :, None, s:s + 1]
                 total += out
+    if zero_point:
+        back = zero_point * colsum[None, :, None, :]
+        total += back
+        if ideal is not None:
+            ideal += back
     if per.offset is not None:
         total -= per.offset[None, :, None, :]
     if recorder is not None and exact_w is not None:   # the devices' error, before any ADC

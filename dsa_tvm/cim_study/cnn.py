@@ -20,7 +20,15 @@ import numpy as np
 from tir_schedules.options import options
 
 from ..hw.config import HardwareConfig, load_config
-from .grid import CALIBRATED, Point, parse_duration, parse_mitigations, point_config, points
+from .grid import (
+    CALIBRATED,
+    DIGITAL,
+    Point,
+    parse_duration,
+    parse_mitigations,
+    point_config,
+    points,
+)
 from .result import CimStudy, Measured
 
 #: the bundled real model and its data
@@ -82,17 +90,19 @@ class ImageBench:
         self.mod = from_onnx(qdq, keep_params_in_input=False)
         self._vms: dict[tuple, Any] = {}
 
-    def measure(self, cfg: HardwareConfig, calibrate: bool = False) -> Measured:
+    def measure(self, cfg: HardwareConfig, calibrate: bool = False,
+                limit: int | None = None) -> Measured:
         """Cosine and top-1 agreement against the FP32 model, cycles and energy of one
         inference, on ``cfg`` (every region offloaded); ``calibrate``: run the calibration
-        inputs inside :func:`calibrating` first (the mitigations that need data)."""
+        inputs inside :func:`calibrating` first (the mitigations that need data);
+        ``limit``: only the first evaluation inputs."""
         from contextlib import nullcontext
 
         from ..runtime import cim_conditions
 
         vm = self._vm(cfg)
         with cim_conditions(cfg) if cfg.is_cim else nullcontext():
-            m = self._measure(vm, calibrate)
+            m = self._measure(vm, calibrate, self.evals[:limit], self.refs[:limit])
         m.hw = cfg.name
         return m
 
@@ -112,7 +122,7 @@ class ImageBench:
             self._vms[key] = relax.VirtualMachine(ex, tvm.cpu())
         return self._vms[key]
 
-    def _measure(self, vm, calibrate: bool) -> Measured:
+    def _measure(self, vm, calibrate: bool, evals: list, refs: list) -> Measured:
         import tvm
 
         from ..quant.metrics import cosine
@@ -128,15 +138,15 @@ class ImageBench:
                 for f in self.calib:
                     run(f)
         take_launches()
-        got = [run(self.evals[0])]
+        got = [run(evals[0])]
         launches = take_launches()
-        got += [run(f) for f in self.evals[1:]]
+        got += [run(f) for f in evals[1:]]
         self.last_launches = launches
         shared = [la.program.name for la in launches if la.result.cim is not None
                   and not la.result.cim.fits]
         note = f"time-shared: {', '.join(shared)} do not fit the crossbars" if shared else ""
-        metrics = {"cosine": float(np.mean([cosine(g, r) for g, r in zip(got, self.refs)]))}
-        tops = [(_top1(g), _top1(r)) for g, r in zip(got, self.refs)]
+        metrics = {"cosine": float(np.mean([cosine(g, r) for g, r in zip(got, refs)]))}
+        tops = [(_top1(g), _top1(r)) for g, r in zip(got, refs)]
         if all(a is not None for a, _ in tops):
             metrics["top1_agreement"] = float(np.mean([a == b for a, b in tops]))
         return Measured(None, "", metrics, float(sum(la.result.cycles for la in launches)),
@@ -154,13 +164,20 @@ def study_cnn(model: str | Path = LITE0, data: Any = None, hw: "str | Path | Har
     ``digital`` part."""
     base = load_config(hw)
     changes = parse_mitigations(list(mitigate))
-    grid_points = points(list(adc), list(noise), [parse_duration(t) if isinstance(t, str)
-                                                  else float(t) for t in drift],
-                         grid, mitigated=bool(changes))
+    drifts = [parse_duration(t) if isinstance(t, str) else float(t) for t in drift]
+    grid_points = points(list(adc), list(noise), drifts, grid, mitigated=bool(changes))
     for p in grid_points:                       # every description is valid before any work
         point_config(base, p, noise_model, changes)
     say = progress or (lambda _msg: None)
     bench = ImageBench(model, data, calibration, limit, say)
+    if DIGITAL in changes:   # rank the layers where the grid is noisiest, keep the worst digital
+        from .sensitivity import sensitivity
+
+        worst = point_config(base, Point(max(adc), max(noise), min(drifts)), noise_model, {})
+        ranked = sensitivity(bench, worst, say=say)
+        keep = [r.layer for r in ranked[:changes.pop(DIGITAL)]]
+        say(f"kept digital: {', '.join(keep)}")
+        changes["digital_layers"] = ",".join(keep)
     dig = load_config(digital)
     say(f"digital baseline on '{dig.name}'")
     study = CimStudy(bench.name, base.name, noise_model, list(mitigate), len(bench.evals),

@@ -44,8 +44,14 @@ def format_duration(seconds: float) -> str:
     return f"{seconds:g}s"
 
 
+#: key of parse_mitigations' result that is not a field: keep the N most sensitive layers
+#: digital (the study ranks them, then sets cim.digital_layers)
+DIGITAL = "digital"
+
+
 def parse_mitigations(names: list[str] | tuple[str, ...]) -> dict[str, Any]:
-    """Description changes of ``adc``, ``drift``, ``bias``, ``reads=K``."""
+    """Description changes of ``adc``, ``drift``, ``bias``, ``reads=K``; ``digital=N``
+    under the key :data:`DIGITAL`."""
     out: dict[str, Any] = {}
     for raw in names:
         name, _, val = str(raw).strip().partition("=")
@@ -53,9 +59,12 @@ def parse_mitigations(names: list[str] | tuple[str, ...]) -> dict[str, Any]:
             out[MITIGATIONS[name]] = True
         elif name == "reads" and val.isdigit() and 1 <= int(val) <= 64:
             out["reads_per_mvm"] = int(val)
+        elif name == DIGITAL and val.isdigit() and int(val) >= 1:
+            out[DIGITAL] = int(val)
         else:
-            raise ValueError(f"mitigation {raw!r} is unknown; use {', '.join(MITIGATIONS)} "
-                             f"or reads=K (K = 1..64 repeated reads averaged)")
+            raise ValueError(f"mitigation {raw!r} is unknown; use {', '.join(MITIGATIONS)}, "
+                             f"reads=K (K = 1..64 repeated reads averaged) or digital=N (the "
+                             f"N most sensitive layers on the digital array)")
     return out
 
 
@@ -116,5 +125,5 @@ def point_config(base: HardwareConfig, point: Point, noise_model: str,
                                    prog_noise_scale=point.noise, read_noise_scale=read,
                                    t_inference_s=point.t_inference_s)
     if point.mitigated:
-        changes.update(mitigations)
+        changes.update({k: v for k, v in mitigations.items() if k != DIGITAL})
     return base.replace(**changes)

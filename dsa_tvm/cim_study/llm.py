@@ -19,7 +19,14 @@ from typing import Any
 import numpy as np
 
 from ..hw.config import HardwareConfig, load_config
-from .grid import CALIBRATED, parse_duration, parse_mitigations, point_config, points
+from .grid import (
+    CALIBRATED,
+    DIGITAL,
+    parse_duration,
+    parse_mitigations,
+    point_config,
+    points,
+)
 from .result import CimStudy, Measured
 
 PROMPTS = ("The capital of France is", "Water is made of",
@@ -83,13 +90,13 @@ class LlmBench:
     def _measure(self, llm, calibrate: bool, decode: bool) -> Measured:
         from ..sim.cim_arrays import calibrating
 
-        if calibrate:
+        if calibrate:   # the model's own calibration text (not the measured text)
             with calibrating():
                 text = llm._calibration[0] if llm._calibration else self.prompts[0]
+                ids = llm.token_ids(text)[:llm.context_buckets[-1] - self.new_tokens]
+                llm.perplexity(ids)
                 if decode:
-                    llm.generate(text, self.new_tokens)
-                else:
-                    llm.perplexity(text, max_tokens=len(self.ids))
+                    llm.generate(ids[:8], self.new_tokens)
         ppl = llm.perplexity(self.ids)
         agree, cycles, energy, shared = [], [], [], 0
         for prompt, ref in zip(self.prompts if decode else (), self.want):
@@ -120,6 +127,9 @@ def study_llm(model: str = "smollm2", hw: "str | HardwareConfig" = "cim-pcm",
     every point, and on the ``digital`` part, against the FP32 model."""
     base = load_config(hw)
     changes = parse_mitigations(list(mitigate))
+    if DIGITAL in changes:
+        raise ValueError("digital=N ranks an image model's layers one run each; for an LLM "
+                         "give the layers yourself: --set cim.digital_layers=NAME,...")
     grid_points = points(list(adc), list(noise), [parse_duration(t) if isinstance(t, str)
                                                   else float(t) for t in drift],
                          grid, mitigated=bool(changes))

@@ -305,6 +305,14 @@ FIELDS: tuple[FieldSpec, ...] = (
          "input takes ceil(8 / dac_bits) reads (bit-serial at 1), recombined digitally. "
          "8: one read with a pulse-width or multi-level input.", "1..8",
          lambda v: 1 <= v <= 8, 8),
+    FieldSpec("cim", "input_encoding", str, "",
+              "What the DACs drive. \"zero_point\": the input code minus its layer's zero "
+              "point (a zero activation drives nothing: after a ReLU, with zero point -128, "
+              "the inputs are 0..255 and small), the zero point's share added back digitally "
+              "from the exact weights. \"signed\": the raw int8 codes (post-ReLU zeros at "
+              "-128 then fill the ADC range with a constant).",
+              '"zero_point" or "signed"', lambda v: v in ("zero_point", "signed"),
+              "zero_point"),
     _int("cim", "adc_bits", "bits",
          "Resolution of the column ADC. Its full scale is adc_range x the largest column sum "
          "a read can produce (the crossbar rows the mapping uses x largest input slice x "
@@ -373,6 +381,11 @@ FIELDS: tuple[FieldSpec, ...] = (
               "Mitigation: the mean error of every output column on calibration data (drift, "
               "programming-noise asymmetry, ADC clipping) subtracted digitally.",
               "true or false", lambda v: isinstance(v, bool), False),
+    FieldSpec("cim", "digital_layers", str, "",
+              "Mitigation: layers (names as the run report prints them, comma-separated) whose "
+              "GEMMs stay on the digital array although their weights are constants: the "
+              "most sensitive layers kept digital (dsa_tvm.cim_study.sensitivity ranks them).",
+              "comma-separated layer names, or empty", lambda v: isinstance(v, str), ""),
     _float("cim", "mvm_ns", "ns",
            "Settling time of one analog read of a crossbar (one input slice on every row).",
            "> 0", lambda v: v > 0, 100.0),

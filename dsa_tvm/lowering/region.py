@@ -210,6 +210,8 @@ def _compile_chosen(region: Region, io: dict, folded: dict, chosen: list,
                             **dict(zip(("min_read_bytes", "min_write_bytes"),
                                        layer_bounds(layer))),
                             "weight_bytes": weight_bytes(layer),
+                            "input_zp": int(getattr(getattr(layer, "input", None),
+                                                    "zero_point", 0)),
                             "knobs": dict(knobs.__dict__)})
         plans.append(LayerPlan(layer, r.shape, knobs, time.perf_counter() - t0))
     b.finish()

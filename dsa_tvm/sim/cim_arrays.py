@@ -74,6 +74,7 @@ class ProgrammedArrays:
         self._region_digits: dict[int, tuple[np.ndarray, np.ndarray | None]] = {}
         self._gemm_w: dict[int, tuple[np.ndarray, np.ndarray | None]] = {}
         self._cached_bytes = 0
+        self._colsums: dict[int, np.ndarray] = {}
         self._recorders: dict[int, Recorder] = {}
         self._recorded_in = 0                       # the calibration session recorded
         self._periphery: dict[int, Periphery] = {}
@@ -169,18 +170,29 @@ class ProgrammedArrays:
         return self._gather(i, lambda f, c, r: self._codes(c, r)[None].astype(
             np.float64))[0]
 
+    def _colsum(self, i: int) -> np.ndarray:
+        """(nb, N) column sums of GEMM ``i``'s exact weights (one per block)."""
+        block = self.cmap.block_of[i]
+        hit = self._colsums.get(block)
+        if hit is None:
+            hit = self._colsums[block] = self._exact(i).sum(axis=1)
+        return hit
+
     def gemm(self, i: int, x: np.ndarray) -> np.ndarray:
         """int64 (batch, nb, nm, N) result of GEMM ``i`` on inputs ``x`` (batch, nb, nm, K)."""
         now, ref = self.weights(i)
         block = self.cmap.block_of[i]
         rng = np.random.default_rng([self.seed, self._salt, i]) if self.geom.mvm_noise else None
+        zp = self.cmap.input_zp.get(i, 0)
+        shift = dict(zero_point=zp, colsum=self._colsum(i) if zp else None)
         session = _session.get()
         if not session:
-            return analog_matmul(x, now, self.geom, rng, self._periphery_of(block, now, ref))
+            return analog_matmul(x, now, self.geom, rng, self._periphery_of(block, now, ref),
+                                 **shift)
         if session != self._recorded_in:      # a new calibration: forget the old one
             self._recorders.clear()
             self._periphery.clear()
             self._recorded_in = session
         rec = self._recorders.setdefault(block, Recorder())
         return analog_matmul(x, now, self.geom, rng, self._periphery_of(block, now, ref), rec,
-                             self._exact(i) if self.cfg.bias_correction else None)
+                             self._exact(i) if self.cfg.bias_correction else None, **shift)

@@ -57,6 +57,9 @@ class CimMap:
     #: the compiler found the whole model's weights beyond the part's crossbars and left this
     #: program's time-shared (program meta ``cim_time_shared``)
     shared: bool = False
+    #: GEMM -> the zero point its DACs subtract (its layer's input zero point, under
+    #: input_encoding "zero_point"; 0: raw codes)
+    input_zp: dict[int, int] = field(default_factory=dict)
 
     @property
     def fits(self) -> bool:
@@ -92,11 +95,20 @@ def _origins(ins: Load, cfg: "HardwareConfig", const: list[tuple[int, int]]) -> 
     return out.reshape(-1)
 
 
+def _digital_ranges(program: "Program", names: str) -> list[tuple[int, int]]:
+    """Instruction ranges of the program's layers named in ``names`` (cim.digital_layers)."""
+    wanted = {n.strip() for n in names.split(",") if n.strip()}
+    return [(ly["first"], ly["last"]) for ly in program.meta.get("layers", [])
+            if ly["name"] in wanted]
+
+
 def map_program(program: "Program", cfg: "HardwareConfig") -> CimMap:
     """Follow every weight tile from its load to the GEMMs that read it (program order:
     the tokens keep a tile from being overwritten while a GEMM that reads it waits)."""
     geom = Geometry.from_config(cfg)
     const = [(r.offset, r.offset + r.nbytes) for r in program.regions if r.data is not None]
+    digital = _digital_ranges(program, cfg.digital_layers)
+    layers = program.meta.get("layers", [])
     origin = np.full(cfg.wgt_depth, _VARIABLE, dtype=np.int64)
     loader = np.full(cfg.wgt_depth, -1, dtype=np.int64)
     const_loads: set[int] = set()
@@ -117,10 +129,14 @@ def map_program(program: "Program", cfg: "HardwareConfig") -> CimMap:
             plan = gemm_plan(ins.loops, cfg.block_in)
             tiles = ins.wgt_base + plan.wgt
             src = origin[tiles]
-            if (src == _VARIABLE).any() or (src == PAD).all():
+            if (src == _VARIABLE).any() or (src == PAD).all() or any(
+                    lo <= i <= hi for lo, hi in digital):
                 needed.update(int(j) for j in np.unique(loader[tiles]) if j >= 0)
                 continue
             analog[i] = src
+            if cfg.input_encoding == "zero_point":
+                out.input_zp[i] = next((int(ly.get("input_zp", 0)) for ly in layers
+                                        if ly["first"] <= i <= ly["last"]), 0)
             k, n = plan.nk * cfg.block_in, plan.nn * cfg.block_out
             per_b = geom.crossbars_for(k, n)
             key = src.tobytes() + bytes(str(src.shape), "ascii")

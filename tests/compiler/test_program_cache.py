@@ -55,7 +55,8 @@ CIM_CHANGE = ("cim.crossbars=64", "cim.crossbar_rows=128", "cim.crossbar_cols=64
               "cim.t_inference_s=60", "cim.mvm_noise=0.01", "cim.noise_seed=3",
               "cim.reads_per_mvm=2", "cim.drift_compensation=true",
               "cim.adc_calibration=true", "cim.bias_correction=true", "cim.mvm_ns=50",
-              "cim.adc_ns=2", "cim.program_row_ns=10", "cim.mvm_pj=100", "cim.adc_pj=3")
+              "cim.adc_ns=2", "cim.program_row_ns=10", "cim.mvm_pj=100", "cim.adc_pj=3",
+              'cim.digital_layers="dsa_region0.0:conv2d"', 'cim.input_encoding="signed"')
 CHANGES.update({a.split(".", 1)[1].split("=")[0]: CIM_CHANGE for a in CIM_CHANGE})
 
 

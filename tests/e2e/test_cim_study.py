@@ -213,3 +213,49 @@ def test_device_conditions_change_at_run_time_as_a_recompile_would():
             vm["main"](tvm.runtime.tensor(x))
     with cim_conditions(other), pytest.raises(Exception, match="has no crossbars"):
         dig["main"](tvm.runtime.tensor(x))
+
+
+def test_llm_study_scores_perplexity_and_agreement_per_point():
+    """The tiny decoder: noiseless crossbars with a fine ADC decode exactly what the
+    digital part decodes (the same perplexity and tokens); heavy noise hurts."""
+    from dsa_tvm.cim_study.llm import study_llm
+
+    st = study_llm("tiny", hw=load_config("cim-pcm").replace(drift_scale=0.0), adc=[24],
+                   noise=[0.0, 0.2], drift=["0s"], tokens=40, new_tokens=3, progress=None)
+    quiet, loud = st.points
+    assert quiet.metrics == st.digital.metrics, (quiet.metrics, st.digital.metrics)
+    assert loud.metrics["perplexity"] > quiet.metrics["perplexity"]
+    assert st.reference["perplexity"] > 0 and quiet.cycles > 0 and quiet.energy_uj > 0
+    assert "FP32 perplexity" in str(st)
+
+
+def test_the_most_sensitive_layers_kept_digital(tmp_path):
+    """digital=N ranks the analog layers (each kept digital alone) and keeps the worst N on
+    the digital array: their GEMMs leave the crossbars, the outputs get closer to FP32."""
+    from dsa_tvm.cim_study.cnn import ImageBench
+    from dsa_tvm.cim_study.sensitivity import sensitivity
+
+    path = tmp_path / "small_cnn.onnx"
+    fp32 = get_model("small_cnn", quantized=False)
+    path.write_bytes(fp32.SerializeToString())
+    shape = [d.dim_value for d in fp32.graph.input[0].type.tensor_type.shape.dim]
+    rng = np.random.default_rng(5)
+    data = [{fp32.graph.input[0].name: rng.standard_normal(shape).astype(np.float32)}
+            for _ in range(4)]
+    bench = ImageBench(path, data, calibration=2, limit=2)
+    noisy = load_config("cim-pcm").replace(noise_model="gaussian", prog_noise_scale=0.1,
+                                           read_noise_scale=0.0, t_inference_s=0.0)
+    ranked = sensitivity(bench, noisy)
+    assert len(ranked) >= 3 and ranked[0].gain >= ranked[-1].gain
+    top = ranked[0].layer
+    base = bench.measure(noisy)
+    kept = bench.measure(noisy.replace(digital_layers=top))
+    assert kept.metrics["cosine"] == pytest.approx(ranked[0].cosine)
+    assert kept.metrics["cosine"] > base.metrics["cosine"]
+    analog = [ly["name"] for la in bench.last_launches for ly in la.program.meta["layers"]
+              if any(ly["first"] <= i <= ly["last"] for i in la.result.cim.analog)]
+    assert top not in analog
+    st = study_cnn(path, data, hw=noisy, adc=[8], noise=[0.1], drift=["0s"],
+                   mitigate=["digital=1"], calibration=2, limit=2, progress=None)
+    plain, mitigated = st.points
+    assert mitigated.metrics["cosine"] > plain.metrics["cosine"]
