@@ -7,7 +7,8 @@ Parts (``--parts``, default all):
   digital DSA, bit for bit, on the bundled CNN, the encoder block and EfficientNet-Lite0;
   the same seed twice (same outputs) and another seed (other outputs).
 * ``cnn``: EfficientNet-Lite0 (real ImageNet weights) over photo crops: the fewest ADC bits
-  (noiseless devices, the preset's global ADC range) and the most programming noise
+  (noiseless devices; plain: the best of four global ADC ranges for those bits, picked on
+  the calibration crops) and the most programming noise
   (gaussian, fraction of g_max) that keep top-1 agreement with the FP32 model within 1
   point of the digital int8 part's, and the longest time since programming (aihwkit's PCM
   drift), the last two with an ADC that resolves every sum (the devices alone), each plain
@@ -31,7 +32,9 @@ import time
 
 import numpy as np
 
-ADC = (12, 10, 8, 7, 6, 5, 4, 3)
+ADC = (16, 14, 12, 10, 8, 7, 6, 5, 4, 3)
+#: global ADC full scales a designer picks from (fractions of the worst-case column sum)
+RANGES = (1.0, 0.25, 0.0625, 0.015625)
 NOISE = (0.0025, 0.005, 0.01, 0.02, 0.04, 0.08, 0.16)
 DRIFT = ("1s", "1h", "1d", "1w", "1y")
 MITIGATE = ("adc", "drift", "bias")
@@ -109,11 +112,16 @@ def _fmt(m) -> str:
 
 #: an ADC that resolves every sum: the noise and drift searches see the devices alone
 FINE_ADC = dict(adc_bits=24, adc_range=1.0)
+#: noiseless devices at programming time: the ADC search sees the converters alone
+QUIET = dict(noise_model="gaussian", prog_noise_scale=0.0, read_noise_scale=0.0,
+             t_inference_s=0.0)
 
 
-def limits(measure_at, passes, name: str, preset_range: float) -> dict:
-    """Fewest ADC bits (noiseless devices, the preset's global range), most programming
-    noise and longest drift (an ADC that resolves every sum), plain and mitigated."""
+def limits(measure_at, passes, name: str, pick_range) -> dict:
+    """Fewest ADC bits (noiseless devices; plain: the best global ADC range for those bits,
+    ``pick_range(bits)``, chosen on the calibration data; mitigated: per-column ranges from
+    it), most programming noise and longest drift (an ADC that resolves every sum), plain
+    and mitigated."""
     from dsa_tvm.cim_study.grid import parse_duration
 
     out = {}
@@ -121,8 +129,9 @@ def limits(measure_at, passes, name: str, preset_range: float) -> dict:
         tag = "mitigated" if mitigated else "plain"
         print(f"  {name}, {tag}:", flush=True)
         out[("adc", mitigated)] = search(
-            lambda b, m=mitigated: measure_at(adc_bits=b, adc_range=preset_range, noise=0.0,
-                                              t=0.0, mitigated=m), ADC, passes, "ADC bits")[0]
+            lambda b, m=mitigated: measure_at(adc_bits=b, adc_range=1.0 if m else pick_range(b),
+                                              noise=0.0, t=0.0, mitigated=m),
+            ADC, passes, "ADC bits")[0]
         out[("noise", mitigated)] = search(
             lambda v, m=mitigated: measure_at(**FINE_ADC, noise=v, t=0.0, mitigated=m),
             NOISE, passes, "noise")[0]
@@ -174,8 +183,16 @@ def cnn(args) -> None:
                            **({MITIGATIONS[m]: True for m in MITIGATE} if mitigated else {}))
         return bench.measure(cfg, calibrate=mitigated)
 
+    def pick_range(bits):
+        score = {r: bench.measure(base.replace(adc_bits=bits, adc_range=r, **QUIET),
+                                  on_calibration=True).metrics for r in RANGES}
+        best = max(RANGES, key=lambda r: (score[r]["top1_agreement"], score[r]["cosine"]))
+        print(f"      {bits}-bit ADC: global range {best:g} (calibration crops: "
+              + ", ".join(f"{r:g} {score[r]['cosine']:.3f}" for r in RANGES) + ")", flush=True)
+        return best
+
     lim = limits(measure_at, lambda m: m.metrics["top1_agreement"] >= floor - 1e-9,
-                 "EfficientNet-Lite0", base.adc_range)
+                 "EfficientNet-Lite0", pick_range)
     print_limits("EfficientNet-Lite0", lim, f"top-1 agreement within 1 point of the digital "
                                             f"part's {digital.metrics['top1_agreement']:.4f}")
     print(f"  [{time.perf_counter() - t0:.0f} s]", flush=True)
@@ -201,8 +218,17 @@ def llm(args) -> None:
                            **({MITIGATIONS[m]: True for m in MITIGATE} if mitigated else {}))
         return bench.measure(cfg, calibrate=mitigated, decode=False)
 
+    def pick_range(bits):
+        score = {r: bench.measure(base.replace(adc_bits=bits, adc_range=r, **QUIET),
+                                  decode=False, on_calibration=True).metrics["perplexity"]
+                 for r in RANGES}
+        best = min(RANGES, key=lambda r: score[r])
+        print(f"      {bits}-bit ADC: global range {best:g} (calibration text perplexity: "
+              + ", ".join(f"{r:g} {score[r]:.2f}" for r in RANGES) + ")", flush=True)
+        return best
+
     lim = limits(measure_at, lambda m: m.metrics["perplexity"] <= ceiling, "SmolLM2",
-                 base.adc_range)
+                 pick_range)
     print_limits("SmolLM2", lim, f"perplexity within +5% of the digital part's "
                                  f"{digital.metrics['perplexity']:.3f}")
     print(f"  [{time.perf_counter() - t0:.0f} s]", flush=True)

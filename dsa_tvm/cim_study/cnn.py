@@ -87,22 +87,26 @@ class ImageBench:
         say(f"quantizing {self.name} on {len(self.calib)} calibration inputs")
         qdq = quantize_onnx(fp32, self.calib, preprocess=preprocess, show_progress=False).model
         self.refs = [run_onnxruntime(fp32, f, optimize=False)[0] for f in self.evals]
+        self.calib_refs = [run_onnxruntime(fp32, f, optimize=False)[0] for f in self.calib]
         self.mod = from_onnx(qdq, keep_params_in_input=False)
         self._vms: dict[tuple, Any] = {}
 
     def measure(self, cfg: HardwareConfig, calibrate: bool = False,
-                limit: int | None = None) -> Measured:
+                limit: int | None = None, on_calibration: bool = False) -> Measured:
         """Cosine and top-1 agreement against the FP32 model, cycles and energy of one
         inference, on ``cfg`` (every region offloaded); ``calibrate``: run the calibration
         inputs inside :func:`calibrating` first (the mitigations that need data);
-        ``limit``: only the first evaluation inputs."""
+        ``limit``: only the first evaluation inputs; ``on_calibration``: measured on the
+        calibration inputs instead (to choose a setting without the evaluation data)."""
         from contextlib import nullcontext
 
         from ..runtime import cim_conditions
 
+        feeds, refs = ((self.calib, self.calib_refs) if on_calibration
+                       else (self.evals, self.refs))
         vm = self._vm(cfg)
         with cim_conditions(cfg) if cfg.is_cim else nullcontext():
-            m = self._measure(vm, calibrate, self.evals[:limit], self.refs[:limit])
+            m = self._measure(vm, calibrate, feeds[:limit], refs[:limit])
         m.hw = cfg.name
         return m
 

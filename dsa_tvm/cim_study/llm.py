@@ -68,11 +68,13 @@ class LlmBench:
         self._models: dict[tuple, Any] = {}      # compiled view -> the model compiled for it
 
     def measure(self, cfg: HardwareConfig | None = None, calibrate: bool = False,
-                decode: bool = True) -> Measured:
+                decode: bool = True, on_calibration: bool = False) -> Measured:
         """Perplexity and greedy agreement against FP32, cycles and energy of a decode step,
         on ``cfg`` (default: the digital part); ``calibrate``: the calibration text through
         prefill and decode inside :func:`calibrating` first; ``decode=False``: perplexity
-        alone (prefill steps only: one bucket compiles)."""
+        alone (prefill steps only: one bucket compiles); ``on_calibration``: the perplexity
+        of the model's calibration text instead (to choose a setting without the measured
+        text)."""
         from contextlib import nullcontext
 
         from ..runtime import cim_conditions, compiled_view
@@ -83,21 +85,22 @@ class LlmBench:
                 self._models[compiled_view(cfg)] = self.digital.on_hardware(cfg)
             llm = self._models[compiled_view(cfg)]
         with cim_conditions(cfg) if cfg is not None and cfg.is_cim else nullcontext():
-            m = self._measure(llm, calibrate, decode)
+            m = self._measure(llm, calibrate, decode, on_calibration)
         m.hw = llm.cfg.name if cfg is None else cfg.name
         return m
 
-    def _measure(self, llm, calibrate: bool, decode: bool) -> Measured:
+    def _measure(self, llm, calibrate: bool, decode: bool, on_calibration: bool) -> Measured:
         from ..sim.cim_arrays import calibrating
 
+        text = llm._calibration[0] if llm._calibration else self.prompts[0]
+        calib_ids = llm.token_ids(text)[:llm.context_buckets[-1] - self.new_tokens]
         if calibrate:   # the model's own calibration text (not the measured text)
             with calibrating():
-                text = llm._calibration[0] if llm._calibration else self.prompts[0]
-                ids = llm.token_ids(text)[:llm.context_buckets[-1] - self.new_tokens]
-                llm.perplexity(ids)
+                llm.perplexity(calib_ids)
                 if decode:
-                    llm.generate(ids[:8], self.new_tokens)
-        ppl = llm.perplexity(self.ids)
+                    llm.generate(calib_ids[:8], self.new_tokens)
+        ppl = llm.perplexity(calib_ids if on_calibration else self.ids)
+        decode = decode and not on_calibration
         agree, cycles, energy, shared = [], [], [], 0
         for prompt, ref in zip(self.prompts if decode else (), self.want):
             gen = llm.generate(prompt, self.new_tokens)
