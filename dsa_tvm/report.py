@@ -60,6 +60,7 @@ class RunReport:
     regions: int = 0
     trace_events: list[dict[str, Any]] = field(default_factory=list, repr=False)
     timing_reused: int = 0   # launches whose timing came from an earlier run of the program
+    cim: dict[str, float] = field(default_factory=dict)   # a CIM part's crossbar counters, summed
 
     @property
     def latency_us(self) -> float:
@@ -143,6 +144,17 @@ class RunReport:
             lines.append(f"timing: {self.timing_reused} of {self.regions} launch(es) reused the "
                          f"schedule of an earlier run of the same program (timing does not "
                          f"depend on the data; the values were computed anew)")
+        if self.cim:
+            c = self.cim
+            shared = int(c["launches"] - c["fits"])
+            lines.append(
+                f"crossbars: {int(c['cim.gemms']):,} GEMMs read {int(c['cim.crossbar_reads']):,} "
+                f"crossbar(s) with {int(c['cim.adc_conversions']):,} ADC conversions, "
+                f"{c['cim.energy_pj'] / 1e6:,.2f} uJ; {int(c['cim.resident_weight_bytes']):,} "
+                f"weight bytes programmed"
+                + (f"; {shared} launch(es) time-shared (their weights beyond the crossbars, "
+                   f"read and reprogrammed as they stream in)" if shared
+                   else ", none read at run time"))
         if self.bound_cycles:
             lines.append(f"roofline: the DSA layers' bounds sum to {self.bound_cycles:,} cycles "
                          f"({self.total_cycles / self.bound_cycles:.2f}x; compulsory bytes as "
@@ -234,6 +246,11 @@ def _attribution_track(rows: list[LayerRow], runs: list[tuple[int, int, int]], o
     return ev
 
 
+#: the crossbar counters a run report sums over its launches (after two counts of its own)
+_CIM_SUMS = ("launches", "fits", "cim.gemms", "cim.crossbar_reads", "cim.adc_conversions",
+             "cim.energy_pj", "cim.resident_weight_bytes")
+
+
 def build_report(launches: list, compile_report=None, trace: bool = True) -> RunReport:
     """A RunReport from recorded launches (``runtime.take_launches()``); ``trace=False``
     leaves out the trace events (most of the cost when a caller only wants the numbers,
@@ -265,6 +282,14 @@ def build_report(launches: list, compile_report=None, trace: bool = True) -> Run
             rep.trace_events.append(ev)
         offset += launch.result.cycles
     rep.regions = len(launches)
+    for launch in launches:   # a CIM part: its crossbar counters, summed over the launches
+        if launch.result.cim is not None:
+            c = rep.cim or dict.fromkeys(_CIM_SUMS, 0.0)
+            for k in _CIM_SUMS[2:]:
+                c[k] += launch.result.counters[k]
+            c["launches"] += 1
+            c["fits"] += launch.result.cim.fits
+            rep.cim = c
     rep.timing_reused = sum(bool(getattr(x.result, "timing_reused", False)) for x in launches)
     if rep.violations:
         warnings.warn(f"DSA run report: {len(rep.violations)} layer(s) are below their compute "

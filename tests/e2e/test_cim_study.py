@@ -75,6 +75,9 @@ def test_a_model_beyond_the_crossbars_is_time_shared():
     assert f"needs {need} crossbars, {need - 1} left: time-shared" in region.reason
     (a,), (b,) = fits, shared
     assert a.result.cim.fits and not b.result.cim.fits
+    from dsa_tvm.report import build_report
+    assert "none read at run time" in str(build_report(fits, trace=False))
+    assert "1 launch(es) time-shared" in str(build_report(shared, trace=False))
     assert b.result.counters["dram_read_bytes.wgt"] > a.result.counters["dram_read_bytes.wgt"]
     assert b.result.cycles > a.result.cycles
 
