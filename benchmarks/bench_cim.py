@@ -32,11 +32,12 @@ import time
 
 import numpy as np
 
-ADC = (16, 14, 12, 10, 8, 7, 6, 5, 4, 3)
+#: the values each search walks (easiest first; --adc, --noise, --drift change them)
+SEARCH = {"adc": (16, 12, 8, 6),
+          "noise": (0.005, 0.01, 0.02, 0.04),
+          "drift": ("1d", "1y")}
 #: global ADC full scales a designer picks from (fractions of the worst-case column sum)
 RANGES = (1.0, 0.25, 0.0625, 0.015625)
-NOISE = (0.0025, 0.005, 0.01, 0.02, 0.04, 0.08, 0.16)
-DRIFT = ("1s", "1h", "1d", "1w", "1y")
 MITIGATE = ("adc", "drift", "bias")
 
 
@@ -92,24 +93,6 @@ def exact(args) -> None:
               f"other seed other outputs: {not np.array_equal(a, c)}", flush=True)
 
 
-def search(measure, values, passes, label: str) -> tuple[object, list]:
-    """Walk ``values`` (easiest first) until one fails; the last that passed, and the log."""
-    best, log = None, []
-    for v in values:
-        m = measure(v)
-        ok = passes(m)
-        log.append((v, m, ok))
-        print(f"    {label} {v}: {_fmt(m)} {'ok' if ok else 'FAILS'}", flush=True)
-        if not ok:
-            break
-        best = v
-    return best, log
-
-
-def _fmt(m) -> str:
-    return ", ".join(f"{k} {v:.4f}" for k, v in m.metrics.items())
-
-
 #: an ADC that resolves every sum: the noise and drift searches see the devices alone
 FINE_ADC = dict(adc_bits=24, adc_range=1.0)
 #: noiseless devices at programming time: the ADC search sees the converters alone
@@ -117,51 +100,67 @@ QUIET = dict(noise_model="gaussian", prog_noise_scale=0.0, read_noise_scale=0.0,
              t_inference_s=0.0)
 
 
-def limits(measure_at, passes, name: str, pick_range) -> dict:
-    """Fewest ADC bits (noiseless devices; plain: the best global ADC range for those bits,
-    ``pick_range(bits)``, chosen on the calibration data; mitigated: per-column ranges from
-    it), most programming noise and longest drift (an ADC that resolves every sum), plain
-    and mitigated."""
+def _fmt(m) -> str:
+    return ", ".join(f"{k} {v:.4f}" for k, v in m.metrics.items())
+
+
+def sweep_axes(measure_at, pick_range) -> dict:
+    """Every value of each search axis, plain and mitigated: ADC bits (noiseless devices;
+    plain: the best global range for those bits, ``pick_range(bits)``, chosen on the
+    calibration data; mitigated: per-column ranges from it), programming noise and time
+    since programming (an ADC that resolves every sum). (axis, mitigated) -> [(value, m)]."""
     from dsa_tvm.cim_study.grid import parse_duration
 
-    out = {}
+    runs = {}
     for mitigated in (False, True):
-        tag = "mitigated" if mitigated else "plain"
-        print(f"  {name}, {tag}:", flush=True)
-        out[("adc", mitigated)] = search(
-            lambda b, m=mitigated: measure_at(adc_bits=b, adc_range=1.0 if m else pick_range(b),
-                                              noise=0.0, t=0.0, mitigated=m),
-            ADC, passes, "ADC bits")[0]
-        out[("noise", mitigated)] = search(
-            lambda v, m=mitigated: measure_at(**FINE_ADC, noise=v, t=0.0, mitigated=m),
-            NOISE, passes, "noise")[0]
-        out[("drift", mitigated)] = search(
-            lambda d, m=mitigated: measure_at(**FINE_ADC, noise=0.0, t=parse_duration(d),
-                                              pcm_drift=True, mitigated=m),
-            DRIFT, passes, "drift")[0]
-    return out
+        print(f"  {'mitigated' if mitigated else 'plain'}:", flush=True)
+        for axis in ("adc", "noise", "drift"):
+            rows = []
+            for v in SEARCH[axis]:
+                if axis == "adc":
+                    m = measure_at(adc_bits=v, adc_range=1.0 if mitigated else pick_range(v),
+                                   noise=0.0, t=0.0, mitigated=mitigated)
+                elif axis == "noise":
+                    m = measure_at(**FINE_ADC, noise=v, t=0.0, mitigated=mitigated)
+                else:
+                    m = measure_at(**FINE_ADC, noise=0.0, t=parse_duration(v), pcm_drift=True,
+                                   mitigated=mitigated)
+                rows.append((v, m))
+                print(f"    {axis} {v}: {_fmt(m)}", flush=True)
+            runs[(axis, mitigated)] = rows
+    return runs
 
 
-def print_limits(name: str, lim: dict, criterion: str) -> None:
-    def gain_bits(a, b):
-        return "-" if a is None or b is None else f"{a - b:+d}"
+def limit(rows: list, passes) -> object:
+    """The last value (easiest first) before the first that fails the criterion."""
+    best = None
+    for v, m in rows:
+        if not passes(m):
+            break
+        best = v
+    return best
 
-    def gain_x(a, b):
-        return "-" if not a or not b else f"{b / a:.1f}x"
 
-    adc = (lim[("adc", False)], lim[("adc", True)])
-    noise = (lim[("noise", False)], lim[("noise", True)])
-    drift = (lim[("drift", False)], lim[("drift", True)])
-    met = ((adc[0] or 99) - (adc[1] or 99) >= 2) or (
-        noise[0] and noise[1] and noise[1] / noise[0] >= 2) or (not noise[0] and noise[1])
-    print(f"\n{name} ({criterion}):")
-    print(f"  {'':<34}{'plain':>10}{'mitigated':>12}{'bought':>10}")
-    print(f"  {'fewest ADC bits (noiseless)':<34}{adc[0]!s:>10}{adc[1]!s:>12}"
-          f"{gain_bits(adc[0], adc[1]):>10}")
-    print(f"  {'most programming noise':<34}{noise[0]!s:>10}{noise[1]!s:>12}"
-          f"{gain_x(noise[0], noise[1]):>10}")
-    print(f"  {'longest time since programming':<34}{drift[0]!s:>10}{drift[1]!s:>12}")
-    print(f"  goal (mitigations buy >= 2 ADC bits or >= 2x noise): {'met' if met else 'missed'}")
+def print_limits(name: str, runs: dict, criteria: dict) -> None:
+    """Per criterion: fewest ADC bits, most noise, longest time, plain and mitigated."""
+    for crit, passes in criteria.items():
+        lim = {k: limit(rows, passes) for k, rows in runs.items()}
+        adc = (lim[("adc", False)], lim[("adc", True)])
+        noise = (lim[("noise", False)], lim[("noise", True)])
+        drift = (lim[("drift", False)], lim[("drift", True)])
+        bits = (adc[0] - adc[1]) if adc[0] is not None and adc[1] is not None else None
+        times = (noise[1] / noise[0]) if noise[0] and noise[1] else None
+        met = (bits is not None and bits >= 2) or (times is not None and times >= 2) or (
+            noise[0] is None and noise[1] is not None) or (adc[0] is None and adc[1] is not None)
+        print(f"\n{name}, {crit}:")
+        print(f"  {'':<34}{'plain':>10}{'mitigated':>12}{'bought':>10}")
+        print(f"  {'fewest ADC bits (noiseless)':<34}{adc[0]!s:>10}{adc[1]!s:>12}"
+              f"{'-' if bits is None else f'{bits:+d} bits':>10}")
+        print(f"  {'most programming noise':<34}{noise[0]!s:>10}{noise[1]!s:>12}"
+              f"{'-' if times is None else f'{times:.0f}x':>10}")
+        print(f"  {'longest time since programming':<34}{drift[0]!s:>10}{drift[1]!s:>12}")
+        print(f"  goal (mitigations buy >= 2 ADC bits or >= 2x noise): "
+              f"{'met' if met else 'missed'}  (None: no value of the search passes)")
 
 
 def cnn(args) -> None:
@@ -191,10 +190,13 @@ def cnn(args) -> None:
               + ", ".join(f"{r:g} {score[r]['cosine']:.3f}" for r in RANGES) + ")", flush=True)
         return best
 
-    lim = limits(measure_at, lambda m: m.metrics["top1_agreement"] >= floor - 1e-9,
-                 "EfficientNet-Lite0", pick_range)
-    print_limits("EfficientNet-Lite0", lim, f"top-1 agreement within 1 point of the digital "
-                                            f"part's {digital.metrics['top1_agreement']:.4f}")
+    runs = sweep_axes(measure_at, pick_range)
+    print_limits("EfficientNet-Lite0", runs, {
+        f"top-1 agreement within 1 point of the digital part's "
+        f"{digital.metrics['top1_agreement']:.4f}":
+            lambda m: m.metrics["top1_agreement"] >= floor - 1e-9,
+        f"output cosine within 0.01 of the digital part's {digital.metrics['cosine']:.4f}":
+            lambda m: m.metrics["cosine"] >= digital.metrics["cosine"] - 0.01})
     print(f"  [{time.perf_counter() - t0:.0f} s]", flush=True)
 
 
@@ -218,19 +220,13 @@ def llm(args) -> None:
                            **({MITIGATIONS[m]: True for m in MITIGATE} if mitigated else {}))
         return bench.measure(cfg, calibrate=mitigated, decode=False)
 
-    def pick_range(bits):
-        score = {r: bench.measure(base.replace(adc_bits=bits, adc_range=r, **QUIET),
-                                  decode=False, on_calibration=True).metrics["perplexity"]
-                 for r in RANGES}
-        best = min(RANGES, key=lambda r: score[r])
-        print(f"      {bits}-bit ADC: global range {best:g} (calibration text perplexity: "
-              + ", ".join(f"{r:g} {score[r]:.2f}" for r in RANGES) + ")", flush=True)
-        return best
+    def pick_range(bits):   # the preset's (the best on the calibration text at 16 bits)
+        return base.adc_range
 
-    lim = limits(measure_at, lambda m: m.metrics["perplexity"] <= ceiling, "SmolLM2",
-                 pick_range)
-    print_limits("SmolLM2", lim, f"perplexity within +5% of the digital part's "
-                                 f"{digital.metrics['perplexity']:.3f}")
+    runs = sweep_axes(measure_at, pick_range)
+    print_limits("SmolLM2", runs, {
+        f"perplexity within +5% of the digital part's {digital.metrics['perplexity']:.3f}":
+            lambda m: m.metrics["perplexity"] <= ceiling})
     print(f"  [{time.perf_counter() - t0:.0f} s]", flush=True)
 
 
@@ -280,10 +276,19 @@ def main() -> None:
     ap.add_argument("--context", type=int, default=128, help="decode context bucket")
     ap.add_argument("--crossbars", type=int, default=4096,
                     help="crossbars of the CIM part (SmolLM2 needs ~2,000)")
+    ap.add_argument("--adc", default=",".join(map(str, SEARCH["adc"])),
+                    help="ADC bits to search, most first")
+    ap.add_argument("--noise", default=",".join(map(str, SEARCH["noise"])),
+                    help="programming noise levels to search, least first")
+    ap.add_argument("--drift", default=",".join(SEARCH["drift"]),
+                    help="times to search, shortest first")
     ap.add_argument("--lite0-exact", action="store_true",
                     help="check EfficientNet-Lite0 in the exact part even without cnn")
     args = ap.parse_args()
     args.parts = set(args.parts.split(","))
+    SEARCH.update(adc=tuple(int(v) for v in args.adc.split(",")),
+                  noise=tuple(float(v) for v in args.noise.split(",")),
+                  drift=tuple(args.drift.split(",")))
     t0 = time.perf_counter()
     for part in ("exact", "cnn", "llm", "decode"):
         if part in args.parts:
