@@ -61,6 +61,9 @@ class RunReport:
     trace_events: list[dict[str, Any]] = field(default_factory=list, repr=False)
     timing_reused: int = 0   # launches whose timing came from an earlier run of the program
     cim: dict[str, float] = field(default_factory=dict)   # a CIM part's crossbar counters, summed
+    #: names in the part's cim.digital_layers that no launched layer has (a typo keeps nothing
+    #: digital)
+    cim_unknown_layers: list[str] = field(default_factory=list)
 
     @property
     def latency_us(self) -> float:
@@ -155,6 +158,10 @@ class RunReport:
                 + (f"; {shared} launch(es) time-shared (their weights beyond the crossbars, "
                    f"read and reprogrammed as they stream in)" if shared
                    else ", none read at run time"))
+        if self.cim_unknown_layers:
+            lines.append(f"WARNING: cim.digital_layers names {', '.join(self.cim_unknown_layers)}"
+                         f", which no layer of this run has: nothing was kept digital for them "
+                         f"(names as the layer column above prints them)")
         if self.bound_cycles:
             lines.append(f"roofline: the DSA layers' bounds sum to {self.bound_cycles:,} cycles "
                          f"({self.total_cycles / self.bound_cycles:.2f}x; compulsory bytes as "
@@ -290,6 +297,11 @@ def build_report(launches: list, compile_report=None, trace: bool = True) -> Run
             c["launches"] += 1
             c["fits"] += launch.result.cim.fits
             rep.cim = c
+    wanted = launches[0].result.config.digital_layers if launches else ""
+    if wanted:
+        names = {ly["name"] for la in launches for ly in la.program.meta.get("layers", [])}
+        rep.cim_unknown_layers = [n.strip() for n in wanted.split(",")
+                                  if n.strip() and n.strip() not in names]
     rep.timing_reused = sum(bool(getattr(x.result, "timing_reused", False)) for x in launches)
     if rep.violations:
         warnings.warn(f"DSA run report: {len(rep.violations)} layer(s) are below their compute "

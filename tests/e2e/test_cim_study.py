@@ -262,3 +262,19 @@ def test_the_most_sensitive_layers_kept_digital(tmp_path):
                    mitigate=["digital=1"], calibration=2, limit=2, progress=None)
     plain, mitigated = st.points
     assert mitigated.metrics["cosine"] > plain.metrics["cosine"]
+
+
+def test_a_misspelt_digital_layer_is_reported():
+    from dsa_tvm.report import build_report
+
+    qdq = get_model("small_cnn", quantized=True)
+    mod = from_onnx(qdq, keep_params_in_input=False)
+    x = np.zeros([d.dim_value for d in qdq.graph.input[0].type.tensor_type.shape.dim],
+                 np.float32)
+    _, launches = _run(load_config("cim-pcm").replace(
+        digital_layers="dsa_region0.0:conv2d, dsa_region0.0:convv2d"), mod, x)
+    rep = build_report(launches, trace=False)
+    assert rep.cim_unknown_layers == ["dsa_region0.0:convv2d"]
+    assert "which no layer of this run has" in str(rep)
+    first = launches[0].program.meta["layers"][0]
+    assert not any(first["first"] <= i <= first["last"] for i in launches[0].result.cim.analog)
