@@ -183,22 +183,24 @@ _conditions: ContextVar["_Conditions | None"] = ContextVar("dsa_tvm_cim_conditio
 
 
 class _Conditions:
-    """Device conditions launches run under instead of their compiled description: its
-    simulator, and each program restamped for it (made once per program)."""
+    """Device conditions launches run under instead of their compiled description: each
+    program restamped for it, with a simulator of its own (made once per program)."""
 
     def __init__(self, cfg: HardwareConfig):
-        self.cfg, self.sim = cfg, Simulator(cfg)
-        self.programs: dict[bytes, Program] = {}
+        self.cfg = cfg
+        # one simulator per program, as the runtime keeps them: each holds its program's
+        # programmed crossbars and their calibration (a shared simulator keeps only a few)
+        self.programs: dict[bytes, tuple[Program, Simulator]] = {}
         self.lock = threading.Lock()
 
-    def program(self, key: bytes, prog: Program) -> Program:
+    def program(self, key: bytes, prog: Program) -> tuple[Program, Simulator]:
         from .lowering.program_cache import restamp
 
         with self.lock:
             hit = self.programs.get(key)
         if hit is None:
             _check_conditions(prog, self.cfg)
-            hit = restamp(prog, self.cfg)
+            hit = (restamp(prog, self.cfg), Simulator(self.cfg))
             with self.lock:
                 self.programs[key] = hit
         return hit
@@ -255,7 +257,7 @@ def launch(*args: Any) -> None:
     key, prog, sim = _programs.get(blob)
     cond = _conditions.get()
     if cond is not None:
-        prog, sim = cond.program(key, prog), cond.sim
+        prog, sim = cond.program(key, prog)
     names_in, names_out = prog.meta["inputs"], prog.meta["outputs"]
     if len(args) != 1 + len(names_in) + len(names_out):
         raise RuntimeError(f"dsa.launch of '{prog.name}' takes {len(names_in)} inputs and "

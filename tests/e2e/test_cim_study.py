@@ -278,3 +278,21 @@ def test_a_misspelt_digital_layer_is_reported():
     assert "which no layer of this run has" in str(rep)
     first = launches[0].program.meta["layers"][0]
     assert not any(first["first"] <= i <= first["last"] for i in launches[0].result.cim.analog)
+
+
+def test_calibration_survives_many_programs_under_conditions(monkeypatch):
+    """Every program keeps its own programmed crossbars under cim_conditions, so a model
+    of more programs than a simulator keeps arrays for stays calibrated (bias correction
+    changes the result) instead of silently running uncalibrated."""
+    import dsa_tvm.sim.simulator as simulator
+    from dsa_tvm.cim_study.llm import LlmBench
+
+    monkeypatch.setattr(simulator, "ARRAYS_CACHE_ENTRIES", 1)
+    bench = LlmBench("tiny", tokens=24, new_tokens=2)
+    noisy = load_config("cim-pcm").replace(adc_bits=24, adc_range=1.0, noise_model="gaussian",
+                                           prog_noise_scale=0.05, read_noise_scale=0.0,
+                                           t_inference_s=0.0)
+    plain = bench.measure(noisy, decode=False).metrics["perplexity"]
+    fixed = bench.measure(noisy.replace(bias_correction=True), calibrate=True,
+                          decode=False).metrics["perplexity"]
+    assert fixed != plain
