@@ -20,15 +20,7 @@ import numpy as np
 from tir_schedules.options import options
 
 from ..hw.config import HardwareConfig, load_config
-from .grid import (
-    CALIBRATED,
-    DIGITAL,
-    Point,
-    parse_duration,
-    parse_mitigations,
-    point_config,
-    points,
-)
+from .grid import DIGITAL, Point, measure_points, plan, point_config
 from .result import CimStudy, Measured
 
 #: the bundled real model and its data
@@ -166,18 +158,15 @@ def study_cnn(model: str | Path = LITE0, data: Any = None, hw: "str | Path | Har
               progress: Callable[[str], None] | None = print) -> CimStudy:
     """Accuracy, cycles and energy of ``model`` at every point (``grid.points``), and of the
     ``digital`` part."""
-    base = load_config(hw)
-    changes = parse_mitigations(list(mitigate))
-    drifts = [parse_duration(t) if isinstance(t, str) else float(t) for t in drift]
-    grid_points = points(list(adc), list(noise), drifts, grid, mitigated=bool(changes))
-    for p in grid_points:                       # every description is valid before any work
-        point_config(base, p, noise_model, changes)
+    grid_plan = plan(hw, adc, noise, drift, noise_model, mitigate, grid)
+    base, changes = grid_plan.base, grid_plan.changes
     say = progress or (lambda _msg: None)
     bench = ImageBench(model, data, calibration, limit, say)
     if DIGITAL in changes:   # rank the layers where the grid is noisiest, keep the worst digital
         from .sensitivity import sensitivity
 
-        worst = point_config(base, Point(max(adc), max(noise), min(drifts)), noise_model, {})
+        worst = point_config(base, Point(max(adc), max(noise), min(grid_plan.drifts)),
+                             noise_model, {})
         ranked = sensitivity(bench, worst, say=say)
         keep = [r.layer for r in ranked[:changes.pop(DIGITAL)]]
         say(f"kept digital: {', '.join(keep)}")
@@ -186,13 +175,6 @@ def study_cnn(model: str | Path = LITE0, data: Any = None, hw: "str | Path | Har
     say(f"digital baseline on '{dig.name}'")
     study = CimStudy(bench.name, base.name, noise_model, list(mitigate), len(bench.evals),
                      "inference", base.mhz, bench.measure(dig))
-    for k, p in enumerate(grid_points, 1):
-        cfg = point_config(base, p, noise_model, changes)
-        say(f"[{k}/{len(grid_points)}] {p.label}")
-        m = bench.measure(cfg, p.mitigated and any(cfg.values[f] for f in CALIBRATED))
-        m.point = p
-        study.points.append(m)
-    return study
-
+    return measure_points(study, bench.measure, grid_plan, noise_model, say)
 
 __all__ = ["study_cnn", "ImageBench", "Point", "LITE0"]

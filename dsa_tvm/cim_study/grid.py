@@ -14,7 +14,7 @@ import re
 from dataclasses import dataclass
 from typing import Any
 
-from ..hw.config import HardwareConfig
+from ..hw.config import HardwareConfig, load_config
 
 #: seconds per unit of a duration ("1s", "10m", "1h", "1d", "1w", "1y")
 DURATION_UNITS = {"s": 1.0, "m": 60.0, "h": 3600.0, "d": 86400.0, "w": 604800.0,
@@ -127,3 +127,39 @@ def point_config(base: HardwareConfig, point: Point, noise_model: str,
     if point.mitigated:
         changes.update({k: v for k, v in mitigations.items() if k != DIGITAL})
     return base.replace(**changes)
+
+
+@dataclass
+class Plan:
+    """A study's grid, checked before any work: the base description, the mitigations'
+    changes, the times since programming (seconds) and the points."""
+
+    base: HardwareConfig
+    changes: dict[str, Any]
+    drifts: list[float]
+    points: list[Point]
+
+
+def plan(hw: Any, adc: list[int], noise: list[float], drift: list, noise_model: str,
+         mitigate: list[str], grid: str) -> Plan:
+    """Parse and check a study's axes; every point's description is valid before any
+    model is loaded."""
+    base = load_config(hw)
+    changes = parse_mitigations(list(mitigate))
+    drifts = [parse_duration(t) if isinstance(t, str) else float(t) for t in drift]
+    pts = points(list(adc), list(noise), drifts, grid, mitigated=bool(changes))
+    for p in pts:
+        point_config(base, p, noise_model, changes)
+    return Plan(base, changes, drifts, pts)
+
+
+def measure_points(study: Any, measure: Any, grid: Plan, noise_model: str, say: Any) -> Any:
+    """``measure(cfg, calibrate)`` at every point of ``grid`` into ``study.points``
+    (calibrating first where a mitigation needs data)."""
+    for k, p in enumerate(grid.points, 1):
+        cfg = point_config(grid.base, p, noise_model, grid.changes)
+        say(f"[{k}/{len(grid.points)}] {p.label}")
+        m = measure(cfg, p.mitigated and any(cfg.values[f] for f in CALIBRATED))
+        m.point = p
+        study.points.append(m)
+    return study

@@ -19,14 +19,7 @@ from typing import Any
 import numpy as np
 
 from ..hw.config import HardwareConfig, load_config
-from .grid import (
-    CALIBRATED,
-    DIGITAL,
-    parse_duration,
-    parse_mitigations,
-    point_config,
-    points,
-)
+from .grid import DIGITAL, measure_points, plan
 from .result import CimStudy, Measured
 
 PROMPTS = ("The capital of France is", "Water is made of",
@@ -128,25 +121,14 @@ def study_llm(model: str = "smollm2", hw: "str | HardwareConfig" = "cim-pcm",
               progress: Callable[[str], None] | None = print, **load_options: Any) -> CimStudy:
     """Perplexity, token agreement, decode cycles and energy per token of ``model`` at
     every point, and on the ``digital`` part, against the FP32 model."""
-    base = load_config(hw)
-    changes = parse_mitigations(list(mitigate))
-    if DIGITAL in changes:
+    grid_plan = plan(hw, adc, noise, drift, noise_model, mitigate, grid)
+    if DIGITAL in grid_plan.changes:
         raise ValueError("digital=N ranks an image model's layers one run each; for an LLM "
                          "give the layers yourself: --set cim.digital_layers=NAME,...")
-    grid_points = points(list(adc), list(noise), [parse_duration(t) if isinstance(t, str)
-                                                  else float(t) for t in drift],
-                         grid, mitigated=bool(changes))
-    for p in grid_points:
-        point_config(base, p, noise_model, changes)
     say = progress or (lambda _msg: None)
     bench = LlmBench(model, digital, tokens, prompts, new_tokens, say, **load_options)
     say(f"digital W8A8 on '{bench.digital.cfg.name}'")
-    study = CimStudy(model, base.name, noise_model, list(mitigate), len(bench.ids), "token",
-                     base.mhz, bench.measure(), reference={"perplexity": bench.fp32_perplexity})
-    for k, p in enumerate(grid_points, 1):
-        cfg = point_config(base, p, noise_model, changes)
-        say(f"[{k}/{len(grid_points)}] {p.label}")
-        m = bench.measure(cfg, p.mitigated and any(cfg.values[f] for f in CALIBRATED))
-        m.point = p
-        study.points.append(m)
-    return study
+    study = CimStudy(model, grid_plan.base.name, noise_model, list(mitigate), len(bench.ids),
+                     "token", grid_plan.base.mhz, bench.measure(),
+                     reference={"perplexity": bench.fp32_perplexity})
+    return measure_points(study, bench.measure, grid_plan, noise_model, say)
