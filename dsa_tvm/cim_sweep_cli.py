@@ -13,20 +13,19 @@ from pathlib import Path
 from .cli_common import CliError, at_least_one, hw_spec
 
 
-def _floats(text: str) -> list[float]:
-    try:
-        return [float(v) for v in text.split(",") if v.strip()]
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"'{text}' is not a comma-separated list of "
-                                         f"numbers") from None
+def _listed(cast, what: str):
+    """argparse type of a comma-separated list of ``what``, each read by ``cast``."""
+    def parse(text: str) -> list:
+        try:
+            return [cast(v) for v in text.split(",") if v.strip()]
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"'{text}' is not a comma-separated list of "
+                                             f"{what}") from None
+    return parse
 
 
-def _ints(text: str) -> list[int]:
-    try:
-        return [int(v) for v in text.split(",") if v.strip()]
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"'{text}' is not a comma-separated list of whole "
-                                         f"numbers") from None
+_floats = _listed(float, "numbers")
+_ints = _listed(int, "whole numbers")
 
 
 def _words(text: str) -> list[str]:
