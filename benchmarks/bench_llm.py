@@ -1,19 +1,20 @@
-"""Decoder LLM on the DSA (issue 14): W8A8 against the FP32 model, side by side.
+"""Decoder LLM on the DSA (issue 14): W8A8 and W4A8 against the FP32 model, side by side.
 
-Per run: greedy tokens of the W8A8 model against the FP32 model's (the same step graphs
-in torch) over ``--prompts`` prompts x ``--tokens`` new tokens, position by position
-until the first disagreement and overall; perplexity of both on the first
-``--ppl-tokens`` tokens of ``pydoc_data.topics`` (English text that ships with Python);
+Per run and quantization (``--quants``): greedy tokens of the DSA model against the FP32
+model's (the same step graphs in torch) over ``--prompts`` prompts x ``--tokens`` new
+tokens, position by position until the first disagreement and overall; perplexity of
+each on the first ``--ppl-tokens`` tokens of ``pydoc_data.topics`` (English text that
+ships with Python);
 the prefill and decode steps' cycles, launches and DRAM bytes; compile and simulator
 wall times. Every number is measured in this run.
 
-Part ``speed``: decode on the DSA at each context bucket (cache filled with real text by
+Part ``speed``: decode on the DSA (each quantization) at each context bucket (cache filled with real text by
 the FP32 model on the host), tokens/s at the simulated clock against the DRAM roofline,
 each token's bytes split into weights / KV cache / activations, a PNG of both; the
 simulator's wall time per token beside transformers' FP32 tokens/s on this CPU.
 
     python benchmarks/bench_llm.py [--model smollm2|tiny] [--hw default]
-                                   [--parts accuracy,speed] [--prompts 8] [--tokens 32]
+                                   [--quants w8a8,w4a8] [--parts accuracy,speed] [--prompts 8] [--tokens 32]
                                    [--ppl-tokens 256] [--contexts 128,512,2048]
                                    [--plot bench_llm_decode.png]
 """
@@ -64,6 +65,8 @@ def main() -> None:
     ap.add_argument("--tokens", type=int, default=32)
     ap.add_argument("--ppl-tokens", type=int, default=256)
     ap.add_argument("--parts", default="accuracy,speed")
+    ap.add_argument("--quants", default="w8a8,w4a8",
+                    help="DSA quantizations, comma-separated (w8a8, w4a8)")
     ap.add_argument("--contexts", default="128,512,2048")
     ap.add_argument("--plot", default="bench_llm_decode.png")
     args = ap.parse_args()
@@ -73,16 +76,31 @@ def main() -> None:
     t0 = time.perf_counter()
     buckets = dict(BUCKETS, context_buckets=tuple(sorted(set(BUCKETS["context_buckets"])
                                                          | set(contexts))))
-    dsa = load(args.model, hw=args.hw, quant="w8a8", verbose=True, **buckets)
+    quants = [q.strip() for q in args.quants.split(",") if q.strip()]
+    models = {q: load(args.model, hw=args.hw, quant=q, verbose=True, **buckets) for q in quants}
     print(f"loaded in {time.perf_counter() - t0:.0f} s")
     if "accuracy" in parts:
-        accuracy(dsa, load(args.model, quant="fp32", **buckets), args)
+        ref = load(args.model, quant="fp32", **buckets)
+        ppl = {"fp32": None}
+        for q, dsa in models.items():
+            ppl[q] = accuracy(dsa, ref, args)
+        ids = ref.source.encode(pydoc_text())[:args.ppl_tokens]
+        base = ref.perplexity(ids)
+        print(f"\nperplexity over {len(ids)} tokens of pydoc_data.topics: FP32 {base:.3f}, "
+              + ", ".join(f"{q.upper()} {p:.3f} ({p / base - 1:+.1%})"
+                          for q, p in ppl.items() if p is not None)
+              + " (goal: W8A8 within +3%)")
     if "speed" in parts:
-        speed(dsa, contexts, args)
-    print(f"buckets compiled: {sorted(dsa._compiled)}; total {time.perf_counter() - t0:.0f} s")
+        for dsa in models.values():
+            speed(dsa, contexts, args)
+    for q, dsa in models.items():
+        print(f"{q}: buckets compiled {sorted(dsa._compiled)}")
+    print(f"total {time.perf_counter() - t0:.0f} s")
 
 
-def accuracy(dsa, ref, args) -> None:
+def accuracy(dsa, ref, args) -> float:
+    """Greedy agreement and step costs of ``dsa`` against ``ref``; its perplexity."""
+    name = dsa.quant.upper()
     rows, gens = [], []
     for prompt in PROMPTS[:args.prompts]:
         want = ref.generate(prompt, args.tokens)
@@ -90,20 +108,17 @@ def accuracy(dsa, ref, args) -> None:
         share, first = agreement(got.ids, want.ids)
         rows.append((share, first))
         gens.append(got)
-        print(f"{prompt!r:50.50} agree {share:5.1%} first miss at {first:2d}  "
+        print(f"{name} {prompt!r:50.50} agree {share:5.1%} first miss at {first:2d}  "
               f"{got.text[:40]!r}", flush=True)
     share = float(np.mean([r[0] for r in rows]))
-    print(f"\ngreedy agreement W8A8 vs FP32: {share:.1%} of {args.tokens} tokens over "
+    print(f"\ngreedy agreement {name} vs FP32: {share:.1%} of {args.tokens} tokens over "
           f"{len(rows)} prompts (goal >= 90%); first miss at token "
           f"{float(np.mean([r[1] for r in rows])):.1f} on average")
 
-    text = pydoc_text()
-    ids = dsa.source.encode(text)[:args.ppl_tokens]
+    ids = dsa.source.encode(pydoc_text())[:args.ppl_tokens]
     t1 = time.perf_counter()
-    p_ref = ref.perplexity(ids)
     p_dsa = dsa.perplexity(ids)
-    print(f"perplexity over {len(ids)} tokens of pydoc_data.topics: FP32 {p_ref:.3f}, "
-          f"W8A8 {p_dsa:.3f} ({p_dsa / p_ref - 1:+.1%}; goal within +3%) "
+    print(f"{name} perplexity over {len(ids)} tokens: {p_dsa:.3f} "
           f"[{time.perf_counter() - t1:.0f} s]")
 
     steps = [s for g in gens for s in g.steps]
@@ -116,6 +131,7 @@ def accuracy(dsa, ref, args) -> None:
               f"{np.mean([s.dram_read for s in ss]) / 1e6:.2f} MB DRAM read, "
               f"{sum(1 for s in ss if not s.launches)} without a DSA launch, "
               f"simulator {np.mean([s.wall_s for s in ss]):.2f} s/step")
+    return p_dsa
 
 
 def transformers_tokens_per_s(model, tokens: int = 32) -> float:
@@ -133,9 +149,10 @@ def transformers_tokens_per_s(model, tokens: int = 32) -> float:
 def speed(dsa, contexts: tuple[int, ...], args) -> None:
     from dsa_tvm.llm.context_sweep import decode_point, plot_decode
 
-    print(f"\ndecode on {args.hw} ({dsa.cfg.mhz:g} MHz, DRAM "
+    bits = dsa.dram_weight_bits
+    print(f"\n{dsa.quant.upper()} decode on {args.hw} ({dsa.cfg.mhz:g} MHz, DRAM "
           f"{dsa.cfg.bandwidth_bytes_per_cycle * dsa.cfg.mhz / 1e3:g} GB/s), "
-          f"{dsa.arch.weight_bytes() / 1e6:.1f} MB of int8 weights per token")
+          f"{dsa.arch.weight_bytes(bits) / 1e6:.1f} MB of int{bits} weights per token")
     print(f"{'context':>8} {'cycles/tok':>11} {'tok/s':>8} {'roofline':>9} {'frac':>5} "
           f"{'weights MB':>10} {'KV MB':>6} {'act MB':>6} {'bw use':>6} {'launch':>6} "
           f"{'host us':>7} {'sim s/tok':>9}")
@@ -153,7 +170,8 @@ def speed(dsa, contexts: tuple[int, ...], args) -> None:
     print(f"simulator {wall:.2f} s per decode token (goal <= 1 s); transformers FP32 on this "
           f"CPU {tps:.1f} tokens/s ({1 / tps:.3f} s/token): the simulator is "
           f"{wall * tps:.0f}x slower")
-    print(f"plot: {plot_decode(points, args.plot, f'{args.model} decode on {args.hw}')}")
+    plot = args.plot.replace(".png", f"_{dsa.quant}.png")
+    print(f"plot: {plot_decode(points, plot, f'{args.model} {dsa.quant} decode on {args.hw}')}")
 
 
 if __name__ == "__main__":

@@ -42,6 +42,9 @@ def add_parser(sub) -> None:
     q.add_argument("--keep-fp32", default="", help="comma-separated node names to keep in FP32")
     q.add_argument("--symmetric-activations", action="store_true")
     q.add_argument("--per-tensor-weights", action="store_true")
+    q.add_argument("--weight-bits", type=int, default=8, choices=[4, 8],
+                   help="4: W4A8, int4 weight codes (half the DRAM bytes on a part with "
+                        "dram.int4_weights); 8: int8 (default)")
     q.add_argument("--no-bias-correction", action="store_true")
     q.add_argument("--no-outlier-split", action="store_true")
     q.add_argument("--sensitivity", action="store_true", help="rank layers by what FP32 would buy")
@@ -49,7 +52,8 @@ def add_parser(sub) -> None:
                    help="automatic mixed precision: keep the worst layers in FP32 until reached")
     q.add_argument("--max-fp32", type=_positive_int, default=8,
                    help="at most this many layers for --target-cosine")
-    q.add_argument("-o", "--output", help="quantized model path (default: <model>_int8.onnx)")
+    q.add_argument("-o", "--output", help="quantized model path (default: <model>_int8.onnx, _w4a8.onnx with "
+                                           "--weight-bits 4)")
     q.add_argument("--report", help="JSON report path (default: <output>.report.json)")
     q.add_argument("--quiet", action="store_true", help="no progress bars")
     add_shape_arg(q)
@@ -116,12 +120,14 @@ def _quantize(args: argparse.Namespace) -> int:
                      what="evaluation data" if args.eval else "calibration data")
     qm = quantize_onnx(taken, _data(args.calib, model, "calibration data"), method=args.method,
                        keep_fp32=keep, per_channel=not args.per_tensor_weights,
+                       weight_bits=args.weight_bits,
                        symmetric_activations=args.symmetric_activations,
                        num_batches=args.num_batches, preprocess=args.preprocess,
                        percentile=args.percentile, bias_correction=not args.no_bias_correction,
                        split_outliers=not args.no_outlier_split, show_progress=not args.quiet)
     print(qm.summary())
-    out = Path(args.output) if args.output else src.with_name(src.stem + "_int8.onnx")
+    suffix = "_w4a8.onnx" if args.weight_bits == 4 else "_int8.onnx"
+    out = Path(args.output) if args.output else src.with_name(src.stem + suffix)
     notes = []
     if not args.eval:
         notes.append("evaluated on the calibration data (pass --eval for held-out data)")

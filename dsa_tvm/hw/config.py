@@ -89,11 +89,13 @@ class HardwareConfig:
         return self.acc_kib * 1024 // self.acc_row_bytes
 
     @cached_property
-    def _element_bytes(self) -> tuple[int, int, int, int]:
-        return (self.inp_row_bytes, self.wgt_tile_bytes, self.acc_row_bytes, self.block_out)
+    def _element_bytes(self) -> tuple[int, int, int, int, int]:
+        return (self.inp_row_bytes, self.wgt_tile_bytes, self.acc_row_bytes, self.block_out,
+                self.wgt_tile_bytes // 2)
 
     def element_bytes(self, buffer: int) -> int:
-        """Bytes of one addressing unit of a LOAD/STORE ``Buffer`` (INP, WGT, ACC, ACC8)."""
+        """Bytes of one addressing unit of a LOAD/STORE ``Buffer`` (INP, WGT, ACC, ACC8,
+        WGT4: a weight tile of int4 codes, two a byte)."""
         return self._element_bytes[buffer]
 
     @cached_property
@@ -163,6 +165,12 @@ class HardwareConfig:
     def is_cim(self) -> bool:
         """An analog in-memory-compute part: constant-weight GEMMs run on crossbars."""
         return self.crossbars > 0
+
+    @property
+    def packs_int4_weights(self) -> bool:
+        """The compiler stores int4-fitting constant weights two a byte (WGT4 loads): the
+        part unpacks them and is not a CIM part (whose weights live in its crossbars)."""
+        return bool(self.int4_weights) and not self.is_cim
 
     @property
     def energy_modelled(self) -> bool:

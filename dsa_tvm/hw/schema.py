@@ -116,6 +116,13 @@ FIELDS: tuple[FieldSpec, ...] = (
          "other transfers.", "0..100000", lambda v: 0 <= v <= 100000),
     _int("dram", "size_mib", "MiB", "Addressable device DRAM.", "1..65536",
          lambda v: 1 <= v <= 65536, 1024),
+    FieldSpec("dram", "int4_weights", bool, "",
+              "true: a LOAD can read weight tiles stored as int4 (two signed 4-bit codes a "
+              "byte, sign-extended to int8 on the way into the weight scratchpad: buffer "
+              "WGT4), so a constant weight whose codes all lie in [-8, 7] (a W4A8 model's) "
+              "takes half the DRAM bytes and half the bytes each load moves. false: weights "
+              "are int8 in DRAM. A CIM part (cim.crossbars > 0) programs its weights into the "
+              "crossbars once and does not use it.", "true or false", lambda v: isinstance(v, bool), False),
     # --- vector unit
     _int("vector", "lanes", "int32 lanes",
          "int32 lanes the vector ALU processes per cycle; one accumulator row takes "
@@ -407,7 +414,7 @@ FIELDS: tuple[FieldSpec, ...] = (
 #: programs compiled before they existed (and the bundled presets' program bytes) stay valid.
 FINGERPRINT_OMIT_AT_DEFAULT: frozenset[str] = frozenset(
     {f.key for f in FIELDS if f.section in ("norm", "table", "output", "area", "cim")}
-    | {"energy.table_lookup_pj", "array.dataflow", "array.weight_double_buffer",
+    | {"energy.table_lookup_pj", "dram.int4_weights", "array.dataflow", "array.weight_double_buffer",
        "array.wgt_port_bytes", "array.inp_port_bytes"})
 
 SECTIONS: tuple[str, ...] = tuple(dict.fromkeys(f.section for f in FIELDS))

@@ -31,7 +31,8 @@ from .instructions import (
     Store,
     Sync,
 )
-from .program import REGION_KINDS, Program, Region
+from .program import INT4, REGION_KINDS, Program, Region
+from .semantics import pack_int4
 
 if TYPE_CHECKING:
     from ..hw.config import HardwareConfig
@@ -61,12 +62,14 @@ class ProgramBuilder:
         align = self.cfg.dram_align
         offset = ceil_div(self._top, align) * align
         blob = None
+        packed = dtype == INT4  # int8 codes in [-8, 7], stored two a byte (WGT4 loads)
         if data is not None:
-            arr = np.ascontiguousarray(data, dtype=dtype)
+            arr = np.ascontiguousarray(data, dtype=np.int8 if packed else dtype)
             if arr.shape != tuple(shape):
                 raise ValueError(f"region '{name}': data shape {arr.shape} != {tuple(shape)}")
-            blob = arr.tobytes()
-        r = Region(name, kind, offset, np.dtype(dtype).name, tuple(int(s) for s in shape), blob)
+            blob = (pack_int4(arr) if packed else arr).tobytes()
+        r = Region(name, kind, offset, INT4 if packed else np.dtype(dtype).name,
+                   tuple(int(s) for s in shape), blob)
         self._top = offset + r.nbytes
         if self._top > self.cfg.dram_bytes:
             raise ValueError(f"DRAM region '{name}' ends at byte {self._top}, past the "

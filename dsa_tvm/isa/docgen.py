@@ -32,7 +32,10 @@ Semantics (see `dsa_tvm/isa/instructions.py` and `dsa_tvm/isa/semantics.py`):
   than `x_size` (overlapping rows) or 0: every row then reads the same source
   row, a broadcast (one bias row copied to many accumulator rows, one
   zero-point row filling many input rows). INP/WGT loads run on the load
-  engine; ACC/ACC8 loads on the compute engine.
+  engine; ACC/ACC8 loads on the compute engine. A WGT4 load reads weight tiles
+  stored as int4 codes, two a byte (the even-indexed element in the low nibble),
+  and writes them sign-extended as int8 tiles: half the DRAM bytes of WGT, the
+  same scratchpad contents; only on parts with `[dram] int4_weights = true`.
 - **STORE** copies `y_size * x_size` accumulator rows to DRAM; ACC8 keeps the
   low byte of each lane (values are clamped to int8 by REQUANT first).
 - **GEMM** runs a 4-level loop nest (level 0 outermost). At every point,

@@ -16,7 +16,8 @@ if TYPE_CHECKING:
     from ..hw.config import HardwareConfig
 
 SRAM = ("inp", "wgt", "acc")
-BUF_SRAM = {Buffer.INP: "inp", Buffer.WGT: "wgt", Buffer.ACC: "acc", Buffer.ACC8: "acc"}
+BUF_SRAM = {Buffer.INP: "inp", Buffer.WGT: "wgt", Buffer.ACC: "acc", Buffer.ACC8: "acc",
+           Buffer.WGT4: "wgt"}
 
 Range = tuple[str, int, int]  # (space, first, last) inclusive; space is a scratchpad or "dram"
 

@@ -95,8 +95,8 @@ HEADER: tuple[FieldDef, ...] = (
 
 _SRAM_RULE = "address bits of the largest scratchpad"
 _DMA_COMMON = (
-    FieldDef("buffer", _fixed(2), "INP=0 WGT=1 ACC=2 (int32 in DRAM) ACC8=3 (int8 in DRAM)",
-             width_rule="2"),
+    FieldDef("buffer", _fixed(3), "INP=0 WGT=1 ACC=2 (int32 in DRAM) ACC8=3 (int8 in DRAM) "
+             "WGT4=4 (weight tiles, int4 in DRAM)", width_rule="3"),
     FieldDef("sram_base", _any_sram, "first scratchpad row/tile", width_rule=_SRAM_RULE),
     FieldDef("dram_base", _dram, "first DRAM element (in elements of the buffer's type)",
              width_rule="32"),

@@ -43,6 +43,8 @@ class Buffer(enum.IntEnum):
     WGT = 1    # int8 tiles of block_out x block_in
     ACC = 2    # int32 rows of block_out (DRAM int32)
     ACC8 = 3   # int32 rows of block_out, DRAM int8 (sign-extended on load, low byte on store)
+    WGT4 = 4   # int8 tiles of block_out x block_in, DRAM int4 two a byte, low nibble first
+    #            (sign-extended on load; LOAD only, on parts with dram.int4_weights)
 
 
 class Engine(enum.IntEnum):
@@ -180,7 +182,10 @@ class Load:
     ``prefetch`` (ACC/ACC8 only) queues the load on the load engine, where it overlaps
     compute; the program must then order it against the compute engine with tokens
     like any INP/WGT load. Without it an ACC load runs on the compute engine, in order
-    with the instructions that read its rows (no tokens needed, no overlap)."""
+    with the instructions that read its rows (no tokens needed, no overlap).
+
+    ``WGT4`` reads weight tiles of int4 codes (two a byte, ``semantics.pack_int4``) and
+    writes them sign-extended as int8 tiles; only on parts with ``dram.int4_weights``."""
 
     buffer: Buffer
     sram_base: int

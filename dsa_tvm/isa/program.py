@@ -1,6 +1,6 @@
 """The program container: config fingerprint, instructions, DRAM regions, constant data.
 
-Byte layout (little-endian), format version 2::
+Byte layout (little-endian), format version 3::
 
     b"DSAPROG\\0"  magic
     u32           format version
@@ -38,7 +38,12 @@ if TYPE_CHECKING:
     from ..hw.config import HardwareConfig
 
 MAGIC = b"DSAPROG\0"
-VERSION = 2
+VERSION = 3
+#: why a container of an older format version cannot be read
+_OLDER = {1: "it predates the integrity checksum",
+          2: "its LOAD/STORE buffer field predates int4 weight loads (WGT4)"}
+#: the dtype of a constant region packed two codes a byte (weights a WGT4 load reads)
+INT4 = "int4"
 #: bytes before the JSON header: magic, version, fingerprint, header length, checksum
 PREFIX_BYTES = 36
 _CRC_AT = 32
@@ -65,6 +70,8 @@ class Region:
     @property
     def nbytes(self) -> int:
         # Python integers: a huge shape must not wrap around to a small size
+        if self.dtype == INT4:  # two codes a byte (isa.semantics.pack_int4)
+            return (math.prod(self.shape) + 1) // 2
         return math.prod(self.shape) * np.dtype(self.dtype).itemsize
 
     def header(self) -> dict[str, Any]:
@@ -201,7 +208,7 @@ class Program:
                        meta=dict(head.get("meta", {})))
             count = head["count"]
             regions = [Region(str(rh["name"]), str(rh["kind"]), int(rh["offset"]),
-                              np.dtype(rh["dtype"]).name, tuple(int(d) for d in rh["shape"]))
+                              _dtype_name(rh["dtype"]), tuple(int(d) for d in rh["shape"]))
                        for rh in head["regions"]]
             has_data = [bool(rh["has_data"]) for rh in head["regions"]]
             if not isinstance(count, int) or count < 0:
@@ -230,6 +237,11 @@ class Program:
         return prog
 
 
+def _dtype_name(dtype: str) -> str:
+    """A header's region dtype, normalized (``int4`` is packed codes, not numpy's int32 alias)."""
+    return INT4 if dtype == INT4 else np.dtype(dtype).name
+
+
 def container_checksum(data: bytes | bytearray | memoryview) -> int:
     """CRC32 of a container: every byte except the four that hold the checksum."""
     view = memoryview(data)
@@ -246,7 +258,7 @@ def read_header(data: bytes) -> dict[str, Any]:
         raise ProgramError("truncated DSA program header")
     (version,) = struct.unpack_from("<I", data, 8)
     if version != VERSION:
-        why = ("it predates the integrity checksum" if version < VERSION
+        why = (_OLDER.get(version, "it is older than this build") if version < VERSION
                else "it was written by a newer dsa-tvm")
         raise ProgramError(f"DSA program format version {version}; this build reads version "
                            f"{VERSION} only ({why}): rebuild the program (recompile the model, "

@@ -179,6 +179,32 @@ def table_lookup(a: np.ndarray, table: np.ndarray) -> np.ndarray:
     return t[:256].astype(np.int32, copy=False)[idx]
 
 
+INT4_MIN, INT4_MAX = -8, 7
+
+
+def pack_int4(codes: np.ndarray) -> np.ndarray:
+    """int8 codes in [-8, 7] -> bytes holding two each, the even-indexed code in the low
+    nibble (an odd count gets a zero high nibble): how a WGT4 load finds them in DRAM."""
+    c = np.asarray(codes).reshape(-1).astype(np.int16)
+    if c.size and (c.min() < INT4_MIN or c.max() > INT4_MAX):
+        raise ValueError(f"int4 codes lie in [{INT4_MIN}, {INT4_MAX}], got "
+                         f"[{int(c.min())}, {int(c.max())}]")
+    if c.size % 2:
+        c = np.append(c, 0)
+    nib = (c & 0xF).astype(np.uint8)
+    return nib[0::2] | (nib[1::2] << 4)
+
+
+def unpack_int4(raw: np.ndarray) -> np.ndarray:
+    """Bytes (any shape, last axis bytes) -> int8 codes, twice as many along the last axis,
+    each nibble sign-extended (the inverse of :func:`pack_int4`)."""
+    b = np.asarray(raw, dtype=np.uint8)
+    out = np.empty(b.shape[:-1] + (2 * b.shape[-1],), dtype=np.int8)
+    out[..., 0::2] = (b << 4).view(np.int8) >> 4
+    out[..., 1::2] = b.view(np.int8) >> 4
+    return out
+
+
 def _signed(v: int, bits: int) -> int:
     return v - (1 << bits) if v >> (bits - 1) else v
 

@@ -20,7 +20,9 @@ from .feeds import KVCache, step_feeds
 from .source import Source, load_source
 from .step import Arch, export_step, run_step_fp32
 
-QUANTS = ("w8a8", "fp32")
+QUANTS = ("w8a8", "w4a8", "fp32")
+#: weight bits of each quantization (fp32: nothing simulated)
+WEIGHT_BITS = {"w8a8": 8, "w4a8": 4}
 #: calibration: decode steps at these many positions of each calibration text
 CALIBRATION_TOKENS = 48
 CALIBRATION_CACHE = 64
@@ -176,6 +178,12 @@ class CompiledLLM:
             raise ValueError("no calibration text: give at least one non-empty string")
         return feeds
 
+    @property
+    def dram_weight_bits(self) -> int:
+        """Bits each weight takes in DRAM: 4 for W4A8 on a part that unpacks int4 weights
+        on LOAD (``dram.int4_weights``), else 8."""
+        return 4 if self.quant == "w4a8" and self.cfg.packs_int4_weights else 8
+
     def on_hardware(self, hw: Any) -> "CompiledLLM":
         """This model compiled for other hardware ``hw``: the int8 calibration and the
         quantized step graphs are shared (a study of many descriptions quantizes once);
@@ -208,7 +216,8 @@ class CompiledLLM:
             cal = export_step(self.hf, 1, CALIBRATION_CACHE)
             self._calibrated = quantize_onnx(cal, self.calibration_feeds(), show_progress=False,
                                              quantize_norms=self.cfg.norm_units >= 1,
-                                             split_outliers=False, bias_correction=False)
+                                             split_outliers=False, bias_correction=False,
+                                             weight_bits=WEIGHT_BITS.get(self.quant, 8))
             self._log(f"calibrated in {time.perf_counter() - t0:.1f} s")
         return quantize_with_ranges(fp32, self._calibrated)
 

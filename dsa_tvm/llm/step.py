@@ -55,12 +55,14 @@ class Arch:
         return cls(c.num_hidden_layers, c.hidden_size, c.num_attention_heads,
                    c.num_key_value_heads, hd, c.intermediate_size, c.vocab_size)
 
-    def weight_bytes(self) -> int:
-        """int8 bytes of every linear layer's weights, the logits' (vocab x hidden) too:
-        what one token must read from DRAM whatever the context."""
+    def weight_bytes(self, bits: int = 8) -> int:
+        """Bytes of every linear layer's weights at ``bits`` a weight (int8: 8, int4 packed
+        two a byte: 4), the logits' (vocab x hidden) too: what one token must read from
+        DRAM whatever the context."""
         attn = self.hidden * (self.heads + 2 * self.kv_heads) * self.head_dim \
             + self.heads * self.head_dim * self.hidden
-        return self.layers * (attn + 3 * self.hidden * self.ffn) + self.vocab * self.hidden
+        count = self.layers * (attn + 3 * self.hidden * self.ffn) + self.vocab * self.hidden
+        return count * bits // 8
 
     def kv_bytes(self, slots: int) -> int:
         """int8 bytes of the keys and values of ``slots`` cache slots, every layer."""

@@ -43,8 +43,10 @@ MAX_PROGRAMS = 24
 
 
 def lowering_view(cfg: HardwareConfig) -> tuple:
-    """The description as the code generator sees it: every field but the timing-only ones."""
-    return tuple(sorted((k, repr(v)) for k, v in cfg.values.items() if k not in TIMING_ONLY))
+    """The description as the code generator sees it: every field but the timing-only ones,
+    and whether weights are packed int4 (which a CIM part's crossbars turn off)."""
+    return tuple(sorted((k, repr(v)) for k, v in cfg.values.items() if k not in TIMING_ONLY)) \
+        + (("packs_int4_weights", cfg.packs_int4_weights),)
 
 
 def content_key(obj: Any) -> bytes:

@@ -26,7 +26,7 @@ from .insert import bias_scale_floors, insert_qdq
 from .observers import METHODS
 from .outliers import split_candidates, split_outliers
 from .plan import Plan, fp32_reasons, make_plan
-from .qparams import ActQuant, activation_qparams
+from .qparams import ActQuant, activation_qparams, weight_qmax
 
 
 @dataclass(frozen=True)
@@ -40,6 +40,7 @@ class QuantOptions:
     bias_correction: bool = True
     split_outliers: bool = True
     quantize_norms: bool = False
+    weight_bits: int = 8      # 4: int4 weight codes (W4A8), 8: int8
 
 
 @dataclass
@@ -90,7 +91,8 @@ class QuantizedModel:
         p = self.plan
         lines += [f"quantized {len(p.anchors)} weighted layers and {len(p.followers)} other ops "
                  f"({self.options.method}, {'per-channel' if self.options.per_channel else 'per-tensor'} "
-                 f"weights, {'symmetric' if self.options.symmetric_activations else 'asymmetric'} "
+                 f"int{self.options.weight_bits} weights, "
+                 f"{'symmetric' if self.options.symmetric_activations else 'asymmetric'} "
                  f"activations); {len(p.tensors)} activation tensors in "
                  f"{len(p.group_members())} scale groups"]
         if self.folded_bn:
@@ -147,7 +149,7 @@ def quantize_onnx(model: onnx.ModelProto | str | Path | Intake, calibration_data
                   quantize_adds: bool = True, percentile: float = 99.999, bias_correction: bool = True,
                   split_outliers: bool = True, show_progress: bool = True,
                   verbose: bool = False, shapes: Shapes | None = None,
-                  quantize_norms: bool = False) -> QuantizedModel:
+                  quantize_norms: bool = False, weight_bits: int = 8) -> QuantizedModel:
     """Post-training int8 quantization of an FP32 ONNX model into QDQ form.
 
     ``calibration_data``: feeds, arrays, an ``.npz`` or a folder of images (see
@@ -159,6 +161,8 @@ def quantize_onnx(model: onnx.ModelProto | str | Path | Intake, calibration_data
     ``split_outliers``: move outlier channels of dense layers to FP32 side paths (``outliers.py``).
     ``quantize_norms``: Softmax, LayerNormalization and RMSNorm chains int8 in and out, for a
     DSA with ``[norm]`` units (``dsa_tvm.layers.intnorm``); default off: FP32 on the CPU.
+    ``weight_bits``: 8, or 4 for W4A8 (per-channel symmetric codes in [-7, 7], kept as int8
+    in the QDQ model; a part with ``dram.int4_weights`` stores them two a byte).
     ``shapes``: fixed shapes for dynamic inputs, e.g. ``{"x": (1, 3, 48, 320)}``; the model goes
     through :func:`dsa_tvm.load_onnx` first (any opset it can upgrade; notes in ``summary()``).
     """
@@ -167,11 +171,12 @@ def quantize_onnx(model: onnx.ModelProto | str | Path | Intake, calibration_data
     check_num_batches(num_batches)
     check_preprocess(preprocess)
     check_percentile(percentile)
+    weight_qmax(weight_bits)  # refuses any other width, naming the choices
     taken = load_onnx(model, shapes)
     src = taken.model
     opts = QuantOptions(method, per_channel, symmetric_activations, frozenset(keep_fp32),
                         quantize_adds, percentile, bias_correction, split_outliers,
-                        quantize_norms)
+                        quantize_norms, weight_bits)
     if is_qdq(src):  # intake has rewritten a QOperator model into QDQ already
         if verbose:
             print("dsa-tvm quantize: model is already quantized (QDQ); passing it through",
@@ -265,7 +270,7 @@ def _build(fp32: onnx.ModelProto, opts: QuantOptions, ranges: dict[str, tuple[fl
     for name in side:
         plan.kept_fp32[name] = "FP32 side path of split outlier channels"
     means = means if opts.bias_correction else None
-    floors = bias_scale_floors(fp32, plan, opts.per_channel, means)
+    floors = bias_scale_floors(fp32, plan, opts.per_channel, means, opts.weight_bits)
     qparams: dict[str, ActQuant] = {}
     softmax_out = {n.output[0] for n in fp32.graph.node if n.op_type == "Softmax"}
     operands = attention_operands(fp32.graph)
@@ -277,7 +282,7 @@ def _build(fp32: onnx.ModelProto, opts: QuantOptions, ranges: dict[str, tuple[fl
         qparams[root] = activation_qparams(lo, hi, symmetric, floor)
         if opts.quantize_norms and softmax_out.intersection(members):
             qparams[root] = SOFTMAX_OUT
-    qmodel = insert_qdq(fp32, plan, qparams, opts.per_channel, means)
+    qmodel = insert_qdq(fp32, plan, qparams, opts.per_channel, means, opts.weight_bits)
     return QuantizedModel(qmodel, fp32, opts, plan, dict(ranges), qparams, list(folded),
                           input_means=means or {}, side_path=list(side))
 

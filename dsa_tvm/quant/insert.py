@@ -39,8 +39,8 @@ def _add_init(model: onnx.ModelProto, name: str, value: np.ndarray) -> str:
 
 
 def insert_qdq(model: onnx.ModelProto, plan: Plan, act_qparams: dict[str, ActQuant],
-               per_channel: bool = True, input_means: dict[str, np.ndarray] | None = None
-               ) -> onnx.ModelProto:
+               per_channel: bool = True, input_means: dict[str, np.ndarray] | None = None,
+               weight_bits: int = 8) -> onnx.ModelProto:
     """A new model: ``model`` with the plan's QDQ pairs. ``act_qparams`` maps group roots
     (see :meth:`Plan.root`) to their int8 qparams. ``input_means`` (anchor input tensor ->
     per-channel mean) turns on bias correction (``bias_correction.py``)."""
@@ -82,7 +82,8 @@ def insert_qdq(model: onnx.ModelProto, plan: Plan, act_qparams: dict[str, ActQua
     by_name = {n.name: n for n in nodes}  # the plan names nodes of ``model``; edit the copy's
     for a in plan.anchors.values():
         n = by_name[a.node.name]
-        ints = anchor_ints(g, a, per_channel, input_means, qp_of(n.input[0]).scale)
+        ints = anchor_ints(g, a, per_channel, input_means, qp_of(n.input[0]).scale,
+                           weight_bits)
         ws, axis, base = ints.w_scales, ints.axis, n.name
         wq_name = _add_init(q, f"{base}/W_int8", ints.w_int8)
         ws_name = _add_init(q, f"{base}/W_scale", ws if axis is not None else ws.reshape(()))
@@ -148,28 +149,29 @@ class AnchorInts:
 
 
 def anchor_ints(g: Graph, a: Anchor, per_channel: bool,
-                input_means: dict[str, np.ndarray] | None, x_scale: float | None = None) -> AnchorInts:
+                input_means: dict[str, np.ndarray] | None, x_scale: float | None = None,
+                weight_bits: int = 8) -> AnchorInts:
     """Weights quantized, and the bias moved by the rounding's mean shift
     (``bias_correction.py``; a Conv/Gemm without a bias gets one to carry it). Given the
     input scale, per-channel weight scales are raised where the int32 bias would not fit
     the accumulator's range (``qparams.bias_weight_scale_floor``)."""
     w = g.const(a.weight).astype(np.float32)
     axis = a.axis if per_channel else None
-    ws = weight_qparams(w, axis)
-    wq, bias = _weights_and_bias(g, a, w, ws, axis, input_means)
+    ws = weight_qparams(w, axis, weight_bits)
+    wq, bias = _weights_and_bias(g, a, w, ws, axis, input_means, weight_bits)
     if x_scale is not None and axis is not None and bias is not None:
         floor = bias_weight_scale_floor(bias, x_scale, w.size // w.shape[axis])
         if np.any(ws < floor):
             ws = np.maximum(ws, floor).astype(np.float32)
-            wq, bias = _weights_and_bias(g, a, w, ws, axis, input_means)
+            wq, bias = _weights_and_bias(g, a, w, ws, axis, input_means, weight_bits)
     return AnchorInts(ws, wq, axis, a.axis, bias)
 
 
 def _weights_and_bias(g: Graph, a: Anchor, w: np.ndarray, ws: np.ndarray, axis: int | None,
-                      input_means: dict[str, np.ndarray] | None
+                      input_means: dict[str, np.ndarray] | None, weight_bits: int = 8
                       ) -> tuple[np.ndarray, np.ndarray | None]:
     n = a.node
-    wq = quantize_weight(w, ws, axis)
+    wq = quantize_weight(w, ws, axis, weight_bits)
     shift = None
     if input_means is not None and n.input[0] in input_means:
         dw = w - quant_dequant(wq, ws, axis)
@@ -190,7 +192,8 @@ def _weights_and_bias(g: Graph, a: Anchor, w: np.ndarray, ws: np.ndarray, axis: 
 
 
 def bias_scale_floors(model: onnx.ModelProto, plan: Plan, per_channel: bool = True,
-                      input_means: dict[str, np.ndarray] | None = None) -> dict[str, float]:
+                      input_means: dict[str, np.ndarray] | None = None,
+                      weight_bits: int = 8) -> dict[str, float]:
     """Anchor input tensor -> the smallest scale that keeps every int32 bias reading it
     in the accumulator's range (``qparams.bias_input_scale_floor``). Only per-tensor
     weights need it: per-channel weight scales are raised instead (:func:`anchor_ints`)."""
@@ -199,7 +202,7 @@ def bias_scale_floors(model: onnx.ModelProto, plan: Plan, per_channel: bool = Tr
         return out
     g = Graph(model)
     for a in plan.anchors.values():
-        ints = anchor_ints(g, a, per_channel, input_means)
+        ints = anchor_ints(g, a, per_channel, input_means, weight_bits=weight_bits)
         if ints.bias is None:
             continue
         ws = np.broadcast_to(ints.w_scales, ints.bias.shape)

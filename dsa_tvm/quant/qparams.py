@@ -63,24 +63,39 @@ def widen(qp: ActQuant, min_scale: float, symmetric: bool) -> ActQuant:
     return activation_qparams(lo, hi, symmetric, min_scale)
 
 
-def weight_qparams(w: np.ndarray, axis: int | None) -> np.ndarray:
-    """Symmetric int8 weight scales: max|w| / 127 per slice along ``axis`` (or one for
-    the whole tensor when ``axis`` is None). float32."""
+#: weight widths the quantizer makes: int8, or int4 codes (stored as int8 in the QDQ
+#: model; a part with ``dram.int4_weights`` keeps them two a byte in DRAM)
+WEIGHT_BITS = (4, 8)
+
+
+def weight_qmax(bits: int = 8) -> int:
+    """The largest symmetric weight code: 127 for int8, 7 for int4."""
+    if bits not in WEIGHT_BITS:
+        raise ValueError(f"weight_bits must be one of {WEIGHT_BITS}, got {bits!r}")
+    return (1 << (bits - 1)) - 1
+
+
+def weight_qparams(w: np.ndarray, axis: int | None, bits: int = 8) -> np.ndarray:
+    """Symmetric weight scales: max|w| / qmax (127 for int8, 7 for int4) per slice along
+    ``axis`` (or one for the whole tensor when ``axis`` is None). float32."""
     a = np.abs(np.asarray(w, np.float64))
     if axis is None:
         m = np.array([a.max() if a.size else 0.0])
     else:
         m = np.moveaxis(a, axis, 0).reshape(a.shape[axis], -1).max(1)
-    return np.maximum(m / 127.0, MIN_SCALE).astype(np.float32)
+    return np.maximum(m / weight_qmax(bits), MIN_SCALE).astype(np.float32)
 
 
-def quantize_weight(w: np.ndarray, scales: np.ndarray, axis: int | None) -> np.ndarray:
-    """int8 weights for ``scales`` (per channel along ``axis``), clipped to [-127, 127]."""
+def quantize_weight(w: np.ndarray, scales: np.ndarray, axis: int | None,
+                    bits: int = 8) -> np.ndarray:
+    """Weight codes for ``scales`` (per channel along ``axis``), clipped to [-qmax, qmax],
+    as int8."""
     shape = [1] * w.ndim
     if axis is not None and scales.size > 1:
         shape[axis] = scales.size
     q = np.round(w.astype(np.float64) / scales.astype(np.float64).reshape(shape))
-    return np.clip(q, -127, 127).astype(np.int8)
+    qmax = weight_qmax(bits)
+    return np.clip(q, -qmax, qmax).astype(np.int8)
 
 
 def bias_qparams(x_scale: float, w_scales: np.ndarray, channels: int) -> np.ndarray:

@@ -59,7 +59,8 @@ def collect_counters(instrs: list[Instruction], sched: Schedule, footprints: lis
     rd = {b: 0 for b in ("inp", "wgt", "acc")}
     wr = {"acc32": 0, "acc8": 0}
     unit_of = {b: cfg.element_bytes(b) for b in Buffer}
-    rd_of = {Buffer.INP: "inp", Buffer.WGT: "wgt", Buffer.ACC: "acc", Buffer.ACC8: "acc"}
+    rd_of = {Buffer.INP: "inp", Buffer.WGT: "wgt", Buffer.ACC: "acc", Buffer.ACC8: "acc",
+             Buffer.WGT4: "wgt"}
     for i, ins in enumerate(instrs):
         kinds[ins.opcode] += 1
         if i in resident_loads or i in analog_gemms:
@@ -141,7 +142,9 @@ def _sram_bytes(instrs: list[Instruction], cfg: "HardwareConfig") -> int:
             rows = 2 + (0 if ins.use_imm else b) + (ins.op == AluOp.MAC)
             total += ins.steps * cfg.acc_row_bytes * rows
         elif isinstance(ins, Load):
-            total += ins.rows_written * cfg.element_bytes(ins.buffer)
+            # a WGT4 load writes whole int8 tiles (unpacked on the way in)
+            buf = Buffer.WGT if ins.buffer == Buffer.WGT4 else ins.buffer
+            total += ins.rows_written * cfg.element_bytes(buf)
         elif isinstance(ins, Store):
             total += ins.y_size * ins.x_size * cfg.acc_row_bytes
     return total

@@ -107,10 +107,14 @@ class Machine:
                     (cfg.block_in, 1))
         if buffer == Buffer.ACC:
             return (cfg.block_out,), np.dtype(np.int32), cfg.acc_row_bytes, (4,)
+        if buffer == Buffer.WGT4:  # the packed bytes; load() unpacks them
+            half = cfg.wgt_tile_bytes // 2
+            return (half,), np.dtype(np.uint8), half, (1,)
         return (cfg.block_out,), np.dtype(np.int8), cfg.block_out, (1,)
 
     def _sram(self, buffer: Buffer) -> np.ndarray:
-        return {Buffer.INP: self.inp, Buffer.WGT: self.wgt}.get(buffer, self.acc)
+        return {Buffer.INP: self.inp, Buffer.WGT: self.wgt, Buffer.WGT4: self.wgt}.get(
+            buffer, self.acc)
 
     def _dram_window(self, ins: Load | Store) -> np.ndarray:
         """(batch, y_size, x_size, *element) strided view of the DRAM the transfer touches
@@ -138,6 +142,8 @@ class Machine:
 
     def load(self, ins: Load) -> None:
         src = self._dram_window(ins)
+        if ins.buffer == Buffer.WGT4:  # int4 pairs sign-extended into int8 tiles
+            src = sem.unpack_int4(src).reshape(src.shape[:3] + self.wgt.shape[2:])
         sram = self._sram(ins.buffer)
         h = ins.pad_top + ins.y_size + ins.pad_bottom
         w = ins.pad_left + ins.x_size + ins.pad_right
@@ -147,9 +153,9 @@ class Machine:
             dst[...] = ins.pad_value
         dst[:, ins.pad_top:ins.pad_top + ins.y_size,
             ins.pad_left:ins.pad_left + ins.x_size] = src
-        if ins.buffer == Buffer.WGT:
+        if ins.buffer in (Buffer.WGT, Buffer.WGT4):
             lo, hi = ins.sram_base, ins.sram_base + h * w - 1
-            unit = self._elems[Buffer.WGT][2]
+            unit = self._elems[ins.buffer][2]
             first = ins.dram_base * unit
             last = first + ((ins.y_size - 1) * ins.x_stride + ins.x_size) * unit
             self.wgt_shared[lo:hi + 1] = self.batch == 1 or self._is_const(first, last)

@@ -125,6 +125,10 @@ def validate_program(program: "Program", cfg: "HardwareConfig") -> list[Footprin
             if isinstance(ins, Store) and ins.buffer not in (Buffer.ACC, Buffer.ACC8):
                 raise SimulationError(i, f"STORE reads the accumulator only (buffer ACC or ACC8), "
                                          f"got {ins.buffer.name}")
+            if ins.buffer == Buffer.WGT4 and not cfg.int4_weights:
+                raise SimulationError(i, f"LOAD WGT4 reads int4 weights, which hardware "
+                                         f"'{cfg.name}' cannot unpack ([dram] int4_weights = "
+                                         f"false); compile for this description")
             _check_dram(i, ins, cfg, bounds)
         if isinstance(ins, (Gemm, Alu)):
             for k, lp in enumerate(ins.loops):

@@ -148,10 +148,13 @@ class RefMachine:
         return {Buffer.INP: ((cfg.block_in,), np.int8),
                 Buffer.WGT: ((cfg.block_out, cfg.block_in), np.int8),
                 Buffer.ACC: ((cfg.block_out,), np.int32),
-                Buffer.ACC8: ((cfg.block_out,), np.int8)}[buffer]
+                Buffer.ACC8: ((cfg.block_out,), np.int8),
+                Buffer.WGT4: ((cfg.block_out, cfg.block_in), "int4")}[buffer]
 
     def _elem_bytes(self, buffer: Buffer) -> int:
         shape, dt = self._elem_shape_dtype(buffer)
+        if dt == "int4":
+            return int(np.prod(shape)) // 2
         return int(np.prod(shape)) * np.dtype(dt).itemsize
 
     def read_elem(self, buffer: Buffer, index: int) -> np.ndarray:
@@ -159,6 +162,10 @@ class RefMachine:
         n = self._elem_bytes(buffer)
         raw = bytes(self.dram[index * n:(index + 1) * n])
         assert len(raw) == n
+        if dt == "int4":  # two's-complement nibbles, the low one first
+            nibbles = [b >> s & 0xF for b in raw for s in (0, 4)]
+            return np.array([v - 16 if v >= 8 else v for v in nibbles],
+                            dtype=np.int64).reshape(shape)
         return np.frombuffer(raw, dtype=dt).reshape(shape).astype(np.int64)
 
     def write_elem(self, buffer: Buffer, index: int, row: np.ndarray) -> None:
@@ -171,7 +178,8 @@ class RefMachine:
         self.dram[index * n:(index + 1) * n] = raw
 
     def sram(self, buffer: Buffer) -> np.ndarray:
-        return {Buffer.INP: self.inp, Buffer.WGT: self.wgt}.get(buffer, self.acc)
+        return {Buffer.INP: self.inp, Buffer.WGT: self.wgt, Buffer.WGT4: self.wgt}.get(
+            buffer, self.acc)
 
     def run(self) -> "RefMachine":
         for ins in self.program.instructions:

@@ -88,11 +88,20 @@ def test_corruption_error_says_what_happened(matmul_blob):
 
 def test_version_1_container_is_refused_with_the_fix():
     data = sample_program(CFG).to_bytes(CFG)
-    assert struct.unpack_from("<I", data, 8)[0] == VERSION == 2
+    assert struct.unpack_from("<I", data, 8)[0] == VERSION == 3
     v1 = data[:8] + struct.pack("<I", 1) + data[12:32] + data[36:]   # the old layout
     with pytest.raises(ProgramError, match=r"version 1.*predates the integrity checksum.*"
                                            r"rebuild"):
         Program.from_bytes(v1, CFG)
+
+
+def test_version_2_container_is_refused_naming_the_buffer_field():
+    """Version 2 words had a 2-bit buffer field: decoding them with today's 3-bit field
+    would shift every field after it, so they are refused, not misread."""
+    data = sample_program(CFG).to_bytes(CFG)
+    v2 = data[:8] + struct.pack("<I", 2) + data[12:]
+    with pytest.raises(ProgramError, match=r"version 2.*buffer field.*int4.*rebuild"):
+        Program.from_bytes(v2, CFG)
 
 
 def test_runtime_launch_refuses_a_corrupt_program_constant(matmul_blob):

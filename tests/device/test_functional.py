@@ -16,6 +16,7 @@ from hypothesis import strategies as st
 from dsa_tvm.hw.config import load_config
 from dsa_tvm.isa.builder import ProgramBuilder
 from dsa_tvm.isa.instructions import Buffer, Gemm, Load
+from dsa_tvm.isa.program import INT4
 
 from .harness import rand_int8, rand_int32, run, run_and_check
 from .reference_machine import build_sequential, reference_outputs, wrap32
@@ -521,11 +522,16 @@ def test_property_load_store_windows_match_loop_reference(data, cfg_name, buffer
     sram0 = draw(st.integers(0, 8), label="sram_base")
     rng = np.random.default_rng(seed)
     shapes = {Buffer.INP: ((n_src, bi), "int8"), Buffer.WGT: ((n_src, bo, bi), "int8"),
-              Buffer.ACC: ((n_src, bo), "int32"), Buffer.ACC8: ((n_src, bo), "int8")}
+              Buffer.ACC: ((n_src, bo), "int32"), Buffer.ACC8: ((n_src, bo), "int8"),
+              Buffer.WGT4: ((n_src, bo, bi), INT4)}
     shape, dtype = shapes[buffer]
     src = (rand_int32(rng, shape) if dtype == "int32" else rand_int8(rng, shape))
     b = ProgramBuilder(cfg, "dma")
-    rs = b.region("src", "input", shape, dtype)
+    if buffer == Buffer.WGT4:   # int4 codes live in constant DRAM, packed two a byte
+        src = rng.integers(-8, 8, shape, dtype=np.int8)
+        rs = b.region("src", "const", shape, dtype, data=src)
+    else:
+        rs = b.region("src", "input", shape, dtype)
     reye = b.region("eye", "const", (bi, bi), data=np.eye(bi, dtype=np.int8))
     rid = b.region("id", "const", (1, bo, bi), data=identity_tile(cfg)[None])
     b.load(buffer, sram0, b.addr(rs, buffer) + first, ys, xs, stride, pad=pad, pad_value=pad_value)
@@ -533,7 +539,7 @@ def test_property_load_store_windows_match_loop_reference(data, cfg_name, buffer
         b.load(Buffer.WGT, 0, b.addr(rid, Buffer.WGT), 1, 1)
         b.gemm(0, sram0, 0, [(rows, 1, 1, 0)], reset=True)
         acc_base, acc_rows = 0, rows
-    elif buffer == Buffer.WGT:
+    elif buffer in (Buffer.WGT, Buffer.WGT4):
         b.load(Buffer.INP, 0, b.addr(reye, Buffer.INP), 1, bi)
         b.gemm(0, 0, sram0, [(rows, bi, 0, 1), (bi, 1, 1, 0)], reset=True)
         acc_base, acc_rows = 0, rows * bi
@@ -548,4 +554,4 @@ def test_property_load_store_windows_match_loop_reference(data, cfg_name, buffer
     out8 = b.region("out8", "output", (y2, x2 + gap, bo), "int8")
     b.store(Buffer.ACC8, acc_base, b.addr(out8, Buffer.ACC8), y2, x2, x2 + gap)
     prog = build_sequential(b)
-    run_and_check(cfg, prog, {"src": src})
+    run_and_check(cfg, prog, {} if buffer == Buffer.WGT4 else {"src": src})

@@ -76,11 +76,11 @@ def test_hand_encoded_words_default():
     assert encode_instruction(Finish(Deps(pop_next=True)), cfg) == 5 | 1 << 4
     # SYNC on COMPUTE pushing to the next engine: opcode 4, push_next bit 6, engine at bit 7
     assert encode_instruction(Sync(Engine.COMPUTE, Deps(push_next=True)), cfg) == 4 | 64 | 128
-    # LOAD: buffer @7 (2 bits), sram_base @9 (12), dram_base @21 (32), y @53, x @69,
-    # stride @85 (16 each), pads @101/109/117/125 (8 each), pad_value @133 (8, signed)
+    # LOAD: buffer @7 (3 bits), sram_base @10 (12), dram_base @22 (32), y @54, x @70,
+    # stride @86 (16 each), pads @102/110/118/126 (8 each), pad_value @134 (8, signed)
     ld = Load(Buffer.ACC8, 0xABC, 0xDEADBEEF, 3, 4, 5, 1, 2, 3, 4, -2, Deps(pop_prev=True))
-    want = (0 | 1 << 3 | 3 << 7 | 0xABC << 9 | 0xDEADBEEF << 21 | 3 << 53 | 4 << 69 | 5 << 85
-            | 1 << 101 | 2 << 109 | 3 << 117 | 4 << 125 | 0xFE << 133)
+    want = (0 | 1 << 3 | 3 << 7 | 0xABC << 10 | 0xDEADBEEF << 22 | 3 << 54 | 4 << 70 | 5 << 86
+            | 1 << 102 | 2 << 110 | 3 << 118 | 4 << 126 | 0xFE << 134)
     assert encode_instruction(ld, cfg) == want
     assert decode_instruction(want, cfg) == ld
 

@@ -60,25 +60,31 @@ def test_fp32_step_logits_match_the_full_forward():
     np.testing.assert_allclose(np.stack(rows), want[len(ids) - 4:], atol=2e-4, rtol=1e-4)
 
 
-def test_dsa_launches_are_bit_exact_and_buckets_compile_once(w8a8):
-    gen = w8a8.generate(PROMPT, max_new_tokens=3)
-    assert [s.kind for s in gen.steps] == ["sink", "prefill", "decode", "decode"]
-    assert all(s.launches >= 1 for s in gen.steps[1:])
+def assert_steps_bit_exact(model, next_ids: list[int]) -> None:
+    """The sink token on the host, then a prefill and a decode step whose every DSA launch
+    equals the integer reference of its region, bit for bit."""
     regions = {}   # region names repeat across the buckets' compiles: key by compile too
-    for crep in w8a8.reports.values():
+    for crep in model.reports.values():
         regions.update({(crep.compile_id, d.name): d.region for d in crep.regions
                         if d.target == "dsa"})
-    kv = w8a8.new_cache()
-    w8a8.run_step(w8a8.source.encode(PROMPT)[:1], kv)
-    assert not w8a8.last_launches   # the sink token runs on the host
-    for kind, ids in (("prefill", w8a8.source.encode(PROMPT)[1:]), ("decode", gen.ids[:1])):
-        w8a8.run_step(ids, kv, kind)
-        assert w8a8.last_launches
-        for launch in w8a8.last_launches:
+    kv = model.new_cache()
+    model.run_step(model.source.encode(PROMPT)[:1], kv)
+    assert not model.last_launches   # the sink token runs on the host
+    for kind, ids in (("prefill", model.source.encode(PROMPT)[1:]), ("decode", next_ids)):
+        model.run_step(ids, kv, kind)
+        assert model.last_launches
+        for launch in model.last_launches:
             region = regions[launch.compile_id, launch.program.name]
             want = run_region(region, launch.inputs)
             for name, got in launch.outputs.items():
                 np.testing.assert_array_equal(got, want[name])
+
+
+def test_dsa_launches_are_bit_exact_and_buckets_compile_once(w8a8):
+    gen = w8a8.generate(PROMPT, max_new_tokens=3)
+    assert [s.kind for s in gen.steps] == ["sink", "prefill", "decode", "decode"]
+    assert all(s.launches >= 1 for s in gen.steps[1:])
+    assert_steps_bit_exact(w8a8, gen.ids[:1])
     compiled = set(w8a8._compiled)
     w8a8.generate("Another prompt", max_new_tokens=2)
     assert set(w8a8._compiled) == compiled == {(16, 16), (1, 16)}
@@ -115,6 +121,21 @@ def test_decode_dram_reads_split_into_weights_kv_and_activations(w8a8):
     assert full.trace_events and not bare.trace_events
     assert (bare.total_cycles, bare.rows) == (full.total_cycles, full.rows) \
         and bare.total_cycles == step.cycles
+
+
+def test_w4a8_reads_half_the_weight_bytes_and_stays_bit_exact(w8a8):
+    """W4A8 on a part that unpacks int4 on LOAD: every linear layer's weights (the tied
+    lm_head too) are read two codes a byte, and every launch is still bit-exact."""
+    w4 = load("tiny", quant="w4a8", **BUCKETS)
+    assert w4.dram_weight_bits == 4 and w8a8.dram_weight_bits == 8
+    g4, g8 = (m.generate(PROMPT, max_new_tokens=2) for m in (w4, w8a8))
+    s4, s8 = g4.decode[-1], g8.decode[-1]
+    assert s4.bucket == s8.bucket and s4.read_kv == s8.read_kv
+    assert s4.read_weights >= w4.arch.weight_bytes(4)
+    assert s8.read_weights - s4.read_weights == w4.arch.weight_bytes(4)   # all of them halved
+    assert s4.cycles < s8.cycles
+    assert_steps_bit_exact(w4, g4.ids[:1])
+    assert np.isfinite(w4.perplexity(w4.source.encode("The quick brown fox jumps")))
 
 
 @pytest.mark.parametrize("call, match", [
