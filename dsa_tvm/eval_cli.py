@@ -26,6 +26,10 @@ def add_parser(sub) -> None:
                                                     "actors each compiling once ('auto', "
                                                     "host:port or 'local')")
     e.add_argument("--preprocess", default="imagenet", choices=list(PREPROCESS))
+    e.add_argument("--task", default="auto", choices=["auto", "classify", "embed", "other"],
+                   help="what to score: class scores (top-1/top-5), embeddings (nearest-"
+                        "neighbour agreement, pairwise cosine), the cosine only; auto: "
+                        "from the output")
     e.add_argument("--json", help="write the report as JSON here")
     e.add_argument("--quiet", action="store_true", help="no progress bar")
     e.add_argument("--hw", default="default", type=hw_spec, help="hardware preset or .toml")
@@ -39,7 +43,7 @@ def cmd_eval(args: argparse.Namespace) -> int:
         rep = evaluate(args.model, args.data, reference=args.reference, hw=args.hw,
                        labels=args.labels, limit=args.limit, workers=args.workers,
                        preprocess=args.preprocess, show_progress=not args.quiet,
-                       ray_address=args.ray)
+                       ray_address=args.ray, task=args.task)
     except (ValueError, KeyError) as e:
         raise CliError(str(e.args[0] if e.args else e)) from None
     print(rep)

@@ -7,7 +7,9 @@ The DSA side compiles once per worker process and runs every input through TVM's
 the data). The reference is the FP32 model when one is given, else the same QDQ graph in
 onnxruntime (graph optimizations off). Reported: output cosine per input (the worst
 inputs listed), top-1 / top-5 agreement with the reference and accuracy against labels
-when the output is a row of class scores, and the wall time per input.
+when the output is a row of class scores; for an embedder (a sentence encoder such as
+MiniLM) what retrieval sees instead: whether each input's nearest neighbour in the set is
+the reference's, and how far the pairwise similarities moved; the wall time per input.
 """
 
 from __future__ import annotations
@@ -41,6 +43,9 @@ class EvalReport:
     worst: list[dict[str, Any]] = field(default_factory=list)  # lowest cosine first
     seconds_per_input: float = 0.0             # wall time over the inputs, compiling included
     workers: int = 1
+    task: str = "classify"                      # classify | embed | other (what was scored)
+    neighbour_agreement: float | None = None    # embed: nearest other input, DSA vs reference
+    similarity_error: float | None = None       # embed: mean |cos_dsa - cos_ref| over pairs
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -56,6 +61,10 @@ class EvalReport:
         if self.top1_agreement is not None:
             lines.append(f"  top-1 agreement {self.top1_agreement:.2%}, top-5 agreement "
                          f"{self.top5_agreement:.2%}")
+        if self.neighbour_agreement is not None:
+            lines.append(f"  embeddings: nearest-neighbour agreement "
+                         f"{self.neighbour_agreement:.2%}, pairwise cosine moved by "
+                         f"{self.similarity_error:.5f} on average")
         if self.top1_accuracy is not None:
             lines.append(f"  top-1 accuracy against the labels: DSA {self.top1_accuracy:.2%}, "
                          f"reference {self.reference_top1_accuracy:.2%}")
@@ -68,13 +77,18 @@ def evaluate(model: str | Path, data: Any, reference: str | Path | None = None,
              hw: "str | Path | HardwareConfig | None" = None, labels: Any = None,
              limit: int | None = None, workers: int | None = None,
              preprocess: str = "imagenet", show_progress: bool = True,
-             worst: int = 5, ray_address: str | None = None) -> EvalReport:
+             worst: int = 5, ray_address: str | None = None, task: str = "auto"
+             ) -> EvalReport:
     """Run the QDQ ``model`` compiled for ``hw`` over ``data`` (an image folder, ``.npz``
     or ``.npy`` file, arrays or feeds, as :func:`dsa_tvm.quantize` takes) and compare it
     with ``reference`` (an FP32 ONNX model; default: the QDQ graph in onnxruntime).
     ``labels``: class indices, one per input (a sequence or a ``.npy``/``.txt`` file).
     ``workers`` processes share the inputs (default: one per core, at most one per input);
-    with ``ray_address`` they are that many Ray actors on the cluster (each compiles once)."""
+    with ``ray_address`` they are that many Ray actors on the cluster (each compiles once).
+    ``task``: ``classify`` (top-1/top-5 of class scores), ``embed`` (retrieval metrics of
+    one embedding per input), ``other`` (cosine only), or ``auto``: ``embed`` when the output
+    is named like an embedding or every reference row has unit length, ``classify`` when it
+    is one row of scores, else ``other``."""
     from .flow import load_model
     from .models.quantize import run_onnxruntime
     from .quant.api import input_dtypes, input_shapes
@@ -83,6 +97,8 @@ def evaluate(model: str | Path, data: Any, reference: str | Path | None = None,
     if limit is not None and (isinstance(limit, bool) or not isinstance(limit, int) or limit < 1):
         raise ValueError(f"limit must be a whole number >= 1 (or None for every input), got "
                          f"{limit!r}")
+    if task not in TASKS:
+        raise ValueError(f"task must be one of {', '.join(TASKS)}, got {task!r}")
     cfg = load_config(hw)
     qdq, name = load_model(model)
     if reference is not None:
@@ -97,8 +113,39 @@ def evaluate(model: str | Path, data: Any, reference: str | Path | None = None,
     got = _run_dsa(qdq, cfg, feeds, workers, show_progress, ray_address)
     secs = (time.perf_counter() - t0) / len(feeds)
     ref = [run_onnxruntime(ref_model, f, optimize=False)[0] for f in feeds]
+    task = _task(task, qdq.graph.output[0].name, ref)
     return _report(name, ref_name if reference is None else str(reference), cfg, got, ref,
-                   want, secs, workers, worst)
+                   want, secs, workers, worst, task)
+
+
+#: what ``evaluate`` scores: class scores, embeddings, or the output cosine alone
+TASKS = ("auto", "classify", "embed", "other")
+
+
+def _task(task: str, output: str, ref: Sequence[np.ndarray]) -> str:
+    """``task``, or the one the output looks like (``evaluate`` says how)."""
+    if task != "auto":
+        return task
+    rows = [np.asarray(r, np.float64).reshape(-1) for r in ref]
+    if all(_class_scores(r) is not None for r in ref) and (
+            "emb" in output.lower() or all(abs(np.linalg.norm(r) - 1) < 1e-3 for r in rows)):
+        return "embed"
+    return "classify" if all(_class_scores(r) is not None for r in ref) else "other"
+
+
+def _neighbours(got: Sequence[np.ndarray], ref: Sequence[np.ndarray]) -> tuple[float, float]:
+    """(share of inputs whose most similar other input is the same under both, mean
+    absolute change of the pairwise cosine similarities)."""
+    def sims(vs):
+        m = np.stack([np.asarray(v, np.float64).reshape(-1) for v in vs])
+        m = m / np.maximum(np.linalg.norm(m, axis=1, keepdims=True), 1e-30)
+        s = m @ m.T
+        np.fill_diagonal(s, -np.inf)
+        return s
+    sg, sr = sims(got), sims(ref)
+    agree = float((sg.argmax(1) == sr.argmax(1)).mean())
+    upper = np.triu_indices(len(got), 1)
+    return agree, float(np.abs(sg[upper] - sr[upper]).mean())
 
 
 def _labels(labels: Any, n: int) -> np.ndarray | None:
@@ -238,7 +285,7 @@ def _run_chunk(feeds: list[dict]) -> list[np.ndarray]:
 
 def _report(name: str, ref_name: str, cfg: HardwareConfig, got: Sequence[np.ndarray],
             ref: Sequence[np.ndarray], labels: np.ndarray | None, secs: float, workers: int,
-            worst: int) -> EvalReport:
+            worst: int, task: str = "classify") -> EvalReport:
     from .quant.metrics import cosine
 
     cos = np.array([cosine(g.astype(np.float64), r.astype(np.float64))
@@ -246,9 +293,16 @@ def _report(name: str, ref_name: str, cfg: HardwareConfig, got: Sequence[np.ndar
     order = np.argsort(cos, kind="stable")[:worst]
     rep = EvalReport(name, ref_name, cfg.name, len(got), float(cos.mean()), float(cos.min()),
                      worst=[{"index": int(i), "cosine": float(cos[i])} for i in order],
-                     seconds_per_input=secs, workers=workers)
+                     seconds_per_input=secs, workers=workers, task=task)
+    if task == "embed":
+        if labels is not None:
+            raise ValueError("labels were given but the model is scored as an embedder "
+                             "(task embed): give --task classify if its output is class scores")
+        if len(got) >= 2:
+            rep.neighbour_agreement, rep.similarity_error = _neighbours(got, ref)
+        return _finite(rep)
     scores = [_class_scores(g) for g in got]
-    if all(s is not None for s in scores):
+    if task == "classify" and all(s is not None for s in scores):
         ref_scores = [_class_scores(r) for r in ref]
         g1 = np.array([int(np.argmax(s)) for s in scores])
         r1 = np.array([int(np.argmax(r)) for r in ref_scores])
@@ -262,6 +316,10 @@ def _report(name: str, ref_name: str, cfg: HardwareConfig, got: Sequence[np.ndar
     elif labels is not None:
         raise ValueError("labels were given but the model's output is not one row of class "
                          "scores per input")
+    return _finite(rep)
+
+
+def _finite(rep: EvalReport) -> EvalReport:
     if not math.isfinite(rep.cosine_mean):
         raise ValueError("the outputs hold NaN or Inf: no cosine to report")
     return rep

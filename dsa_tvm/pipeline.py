@@ -288,6 +288,9 @@ def decide_regions(regions: list[RegionRead], cfg: HardwareConfig, report: Compi
                                      if d.dsa_us <= d.cpu_us else
                                      "all layers supported; the CPU is estimated faster, "
                                      "offloaded by options(offload='all')")
+        packed = sum(1 for ly in prog.meta.get("layers", []) if ly.get("int4_weights"))
+        if packed:
+            d.reason += f"; {packed} layer(s) read int4 weights (half the DRAM bytes)"
         if cfg.is_cim:
             d.reason += crossbars.place(prog, d)
         prog.meta["compile"] = report.compile_id

@@ -17,7 +17,10 @@ What happens:
    weights, KV cache and activations;
 3. every launch of one decode step is checked bit for bit against the integer reference;
 4. the W8A8 model's tokens and perplexity beside the FP32 model's;
-5. decode speed at each cache bucket against the DRAM roofline, as a table and a PNG.
+5. decode speed at each cache bucket against the DRAM roofline, as a table and a PNG;
+6. W4A8: int4 weight codes, which a part with ``[dram] int4_weights`` (every bundled digital
+   preset) keeps two a byte and unpacks on LOAD: what half the weight bytes buy in decode
+   speed, and cost in perplexity.
 """
 
 import argparse
@@ -93,3 +96,11 @@ for c in model.context_buckets:
     print(f"{p.bucket:>8} {p.cycles:>13,.0f} {p.tokens_per_s:>10,.1f} "
           f"{p.roofline_tokens_per_s:>9,.1f} {p.roofline_fraction:>8.0%} {p.read_kv / 1e6:>6.3f}")
 print(f"plot: {plot_decode(points, out / 'decode.png', f'{args.model} decode on {args.hw}')}")
+
+# 6. W4A8: the same model with int4 weight codes, read two a byte
+w4 = load(args.model, hw=args.hw, quant="w4a8", **BUCKETS)
+p4, p8 = decode_point(w4, model.context_buckets[0]), points[0]
+print(f"\nW4A8 at context {p4.bucket}: {p4.tokens_per_s:,.1f} tokens/s against W8A8's "
+      f"{p8.tokens_per_s:,.1f} ({p4.tokens_per_s / p8.tokens_per_s:.2f}x); weights read per "
+      f"token {p4.read_weights / 1e6:.3f} MB against {p8.read_weights / 1e6:.3f} MB; "
+      f"perplexity {w4.perplexity(text):.2f} (W8A8 {model.perplexity(text):.2f})")

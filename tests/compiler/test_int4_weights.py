@@ -81,6 +81,7 @@ def test_w4a8_on_the_int4_part_equals_the_int8_tiles_and_reads_half(w4):
     ex8, rep8 = _compile(w4, INT8_HW)
     (r4,), (r8,) = rep4.regions, rep8.regions
     assert r4.target == r8.target == "dsa"
+    assert "3 layer(s) read int4 weights" in str(rep4) and "int4" not in str(rep8)
     packed = [r for r in r4.program.regions if r.dtype == INT4]
     assert len(packed) == 3 and all(r.kind == "const" for r in packed)
     assert not [r for r in r8.program.regions if r.dtype == INT4]

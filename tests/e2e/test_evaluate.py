@@ -88,6 +88,61 @@ def test_ray_actors_give_the_same_report(files):
     assert on_ray.cosine_min == one.cosine_min and on_ray.worst == one.worst
 
 
+@pytest.fixture(scope="module")
+def embedder(tmp_path_factory):
+    """A tiny sentence-embedder-shaped model: token features -> dense -> tanh -> mean over
+    tokens -> L2 normalize, output named ``embedding`` (MiniLM's shape, in miniature)."""
+    from dsa_tvm.quant.api import quantize_onnx
+
+    from .. import qdq_models as Q
+
+    d = tmp_path_factory.mktemp("embed")
+    rng = np.random.default_rng(4)
+    inits = {"W": Q.rand(rng, 24, 32)}
+    nodes = [Q.node("MatMul", ["x", "W"], ["h"]), Q.node("Tanh", ["h"], ["t"]),
+             Q.node("ReduceMean", ["t"], ["m"], axes=[1], keepdims=0),   # opset 17
+             Q.node("ReduceL2", ["m"], ["n"], axes=[1], keepdims=1),
+             Q.node("Div", ["m", "n"], ["embedding"])]
+    fp32 = Q.make_model(nodes, inits, {"x": (1, 6, 24)}, {"embedding": None})
+    xs = rng.standard_normal((8, 1, 6, 24)).astype(np.float32)
+    q = quantize_onnx(fp32, list(xs[:4]), show_progress=False)
+    onnx.save(fp32, d / "fp32.onnx")
+    onnx.save(q.model, d / "int8.onnx")
+    np.savez(d / "data.npz", x=xs[:, 0])
+    return d, xs
+
+
+def test_an_embedder_is_scored_by_its_neighbours(embedder):
+    """Detected from its output (unit rows named ``embedding``): the nearest other input
+    and the pairwise cosines, against an independent computation, and no top-1."""
+    d, xs = embedder
+    rep = evaluate(d / "int8.onnx", d / "data.npz", reference=d / "fp32.onnx", workers=1,
+                   show_progress=False)
+    got = _dsa_outputs(d / "int8.onnx", xs[:, 0])
+    fp32 = onnx.load(d / "fp32.onnx")
+    ref = [run_onnxruntime(fp32, {"x": x}, optimize=False)[0] for x in xs]
+    g = np.concatenate(got).astype(np.float64)
+    r = np.concatenate(ref).astype(np.float64)
+    sg, sr = (v @ v.T / np.outer(*[np.linalg.norm(v, axis=1)] * 2) for v in (g, r))
+    iu = np.triu_indices(len(xs), 1)
+    near = [int(np.argmax(np.where(np.arange(len(xs)) == i, -2, row))) for i, row in
+            enumerate(sg)]
+    near_ref = [int(np.argmax(np.where(np.arange(len(xs)) == i, -2, row))) for i, row in
+                enumerate(sr)]
+    assert rep.task == "embed" and rep.top1_agreement is None
+    assert rep.neighbour_agreement == pytest.approx(np.mean(np.equal(near, near_ref)))
+    assert rep.similarity_error == pytest.approx(np.abs(sg[iu] - sr[iu]).mean(), abs=1e-9)
+    assert "nearest-neighbour agreement" in str(rep) and "top-1" not in str(rep)
+    with pytest.raises(ValueError, match="scored as an embedder.*--task classify"):
+        evaluate(d / "int8.onnx", d / "data.npz", labels=np.arange(8), workers=1,
+                 show_progress=False)
+    forced = evaluate(d / "int8.onnx", d / "data.npz", workers=1, show_progress=False,
+                      task="classify", limit=3)
+    assert forced.task == "classify" and forced.top1_agreement is not None
+    with pytest.raises(ValueError, match="task must be one of auto, classify, embed, other"):
+        evaluate(d / "int8.onnx", d / "data.npz", show_progress=False, task="rank")
+
+
 @pytest.mark.parametrize("kw, match", [
     (dict(labels=[1, 2]), "2 labels for 5 inputs"),
     (dict(labels=[0.5] * N), "one class index per input"),

@@ -230,12 +230,13 @@ def test_decode_sweep_stays_under_the_dram_roofline_and_plots(w8a8, tmp_path):
     """Per context bucket: real cache contents, the DSA's tokens/s never above the DRAM
     roofline (every weight and the bucket's K/V read once), the KV share growing with the
     context; the PNG is written."""
-    from dsa_tvm.llm.context_sweep import decode_point, plot_decode
+    from dsa_tvm.llm.context_sweep import STEPS, decode_point, plot_decode
 
     points = [decode_point(w8a8, c) for c in w8a8.context_buckets]
     for p in points:
-        assert p.bucket == p.context + 2 and 0 < p.roofline_fraction <= 1
+        assert p.bucket == p.context + STEPS and 0 < p.roofline_fraction <= 1
         assert p.tokens_per_s <= p.roofline_tokens_per_s
+        assert p.wall_s > 0 and p.wall_first_s > 0
     assert points[1].read_kv > points[0].read_kv
     assert plot_decode(points, tmp_path / "decode.png").stat().st_size > 10_000
     with pytest.raises(ValueError, match="not one of the model's cache buckets"):

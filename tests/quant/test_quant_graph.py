@@ -325,6 +325,24 @@ def test_cli_quantize_writes_model_and_report(tmp_path, net, capsys):
     assert rep["method"] == "percentile" and rep["layers"]
     assert main(["quantize", str(src), "--calib", str(tmp_path / "nope.npz")]) == 2
 
+
+def test_cli_quantize_w4a8_writes_int4_codes(tmp_path, net, capsys):
+    from dsa_tvm.cli import main
+
+    src = tmp_path / "net.onnx"
+    onnx.save(net, src)
+    np.savez(tmp_path / "cal.npz", x=np.stack([f["x"] for f in _feeds((1, 3, 8, 8), 4)]))
+    assert main(["quantize", str(src), "--calib", str(tmp_path / "cal.npz"), "--weight-bits",
+                 "4", "--quiet"]) == 0
+    assert "int4 weights" in capsys.readouterr().out
+    q = onnx.load(str(tmp_path / "net_w4a8.onnx"))   # the default name says what it is
+    codes = [onnx.numpy_helper.to_array(i) for i in q.graph.initializer
+             if i.name.endswith("/W_int8")]
+    assert codes and all(c.min() >= -7 and c.max() <= 7 for c in codes)
+    with pytest.raises(SystemExit):   # argparse names the choices
+        main(["quantize", str(src), "--calib", str(tmp_path / "cal.npz"), "--weight-bits", "3"])
+    assert "invalid choice: 3 (choose from 4, 8)" in capsys.readouterr().err
+
 # ----------------------------------------------------------------------------- on the DSA
 
 
