@@ -11,7 +11,13 @@ are run three ways:
 * ``batch N``: the region's program over all N images in one pass of the functional
   model (``Simulator.run_batch``), checked identical to the single runs, image by image.
 
+``--profile K``: cProfile over K single-image VM runs (after the first), the time split
+by component (the functional model's instruction semantics, the simulator's dispatch and
+validation, timing, program decode, host packing, numpy kernels, TVM), as issue 17 asks
+before any speed work.
+
     python benchmarks/bench_eval.py [resnet18 resnet50] [--batch 32] [--size 224]
+                                    [--profile 4]
 """
 
 from __future__ import annotations
@@ -72,11 +78,75 @@ def bench(name: str, n: int, size: int) -> dict:
             "batch": batch / n, "ort": ort_s, "same": same}
 
 
+#: (where a function lives, component) in order: the first match names the component
+COMPONENTS = (("dsa_tvm/sim/functional", "functional model (instruction semantics)"),
+              ("dsa_tvm/sim/plans", "functional model (instruction semantics)"),
+              ("dsa_tvm/isa/semantics", "functional model (instruction semantics)"),
+              ("dsa_tvm/isa/norm_unit", "functional model (instruction semantics)"),
+              ("dsa_tvm/sim/timing", "timing model"),
+              ("dsa_tvm/sim/attribution", "timing model"),
+              ("dsa_tvm/sim/counters", "counters"),
+              ("dsa_tvm/isa/", "program decode and checks"),
+              ("dsa_tvm/sim/", "simulator dispatch and validation"),
+              ("dsa_tvm/layers/", "host packing and unpacking"),
+              ("dsa_tvm/runtime", "host packing and unpacking"),
+              ("dsa_tvm/", "other dsa_tvm"),
+              ("tvm/", "TVM VM and runtime"),
+              ("numpy", "numpy kernels"),
+              ("{method", "numpy kernels"),
+              ("{built-in method numpy", "numpy kernels"))
+
+
+def profile_single(name: str, size: int, k: int) -> None:
+    """Where K steady-state single-image runs spend their time (cProfile, own time)."""
+    import cProfile
+    import pstats
+
+    import tvm
+    from tvm import relax
+    from tvm.relax.frontend.onnx import from_onnx
+
+    import dsa_tvm
+    from dsa_tvm.models.quantize import calibration_data
+    from dsa_tvm.models.zoo import get_model
+
+    fp32 = get_model(name, quantized=False, input_size=size)
+    images = [next(iter(f.values())) for f in calibration_data(fp32, n=k + 1, seed=11)]
+    qdq = get_model(name, quantized=True, input_size=size)
+    vm = relax.VirtualMachine(tvm.compile(from_onnx(qdq, keep_params_in_input=False),
+                                          target=dsa_tvm.target("default")), tvm.cpu())
+    vm["main"](tvm.runtime.tensor(images[0]))   # the first run: validated and timed
+    prof = cProfile.Profile()
+    t0 = time.perf_counter()
+    prof.enable()
+    for x in images[1:]:
+        vm["main"](tvm.runtime.tensor(x))
+    prof.disable()
+    wall = (time.perf_counter() - t0) / k
+    own: dict[str, float] = {}
+    funcs: list[tuple[float, str]] = []
+    for (path, _, func), (_, _, tottime, _, _) in pstats.Stats(prof).stats.items():
+        where = f"{path} {func}"
+        part = next((c for key, c in COMPONENTS if key in where), "other Python")
+        own[part] = own.get(part, 0.0) + tottime / k
+        funcs.append((tottime / k, f"{path.rsplit('/', 1)[-1]}:{func}"))
+    total = sum(own.values())
+    print(f"\nprofile of {k} single-image {name} runs: {wall * 1e3:.0f} ms wall each "
+          f"({total * 1e3:.0f} ms under the profiler)")
+    for part, t in sorted(own.items(), key=lambda kv: -kv[1]):
+        print(f"  {part:<44} {t * 1e3:8.1f} ms  {t / total:5.1%}")
+    print("  the functions with the most own time (numpy work called inline counts here):")
+    for t, where in sorted(funcs, reverse=True)[:6]:
+        print(f"    {where:<54} {t * 1e3:8.1f} ms")
+
+
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("nets", nargs="*", default=["resnet18"])
     ap.add_argument("--batch", type=int, default=32)
     ap.add_argument("--size", type=int, default=224)
+    ap.add_argument("--profile", type=int, default=0, metavar="K",
+                    help="also profile K single-image runs of the first network")
     a = ap.parse_args()
     if a.batch < 2:
         raise SystemExit("bench_eval: --batch must be at least 2")
@@ -92,6 +162,8 @@ def main() -> None:
     print("per image; x: against onnxruntime FP32 on the same images and machine (goal <= 3x "
           "at batch 32). The batch runs the region's program outside the VM (the VM path "
           "still runs one image per call).")
+    if a.profile > 0:
+        profile_single(a.nets[0], a.size, a.profile)
 
 
 if __name__ == "__main__":
