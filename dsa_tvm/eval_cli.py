@@ -1,7 +1,7 @@
 """``dsa-tvm eval``: a QDQ model on the DSA over a dataset, against a reference.
 
     dsa-tvm eval model_int8.onnx --data photos/ --reference model.onnx --labels labels.txt
-    dsa-tvm eval resnet18 --data eval.npz --limit 200 --workers 2 --json eval.json
+    dsa-tvm eval resnet18 --data eval.npz --limit 200 --workers 2 --batch 16 --json eval.json
 """
 
 from __future__ import annotations
@@ -22,6 +22,9 @@ def add_parser(sub) -> None:
     e.add_argument("--labels", help="class indices, one per input (.npy or a text file)")
     e.add_argument("--limit", type=at_least_one, help="only the first K inputs")
     e.add_argument("--workers", type=at_least_one, help="processes (default: one per core)")
+    e.add_argument("--batch", type=at_least_one, default=1,
+                   help="inputs each worker runs at once: their launches become one batched "
+                        "simulation per program (the same outputs; default 1)")
     e.add_argument("--ray", metavar="ADDRESS", help="run the inputs on a Ray cluster, --workers "
                                                     "actors each compiling once ('auto', "
                                                     "host:port or 'local')")
@@ -43,7 +46,7 @@ def cmd_eval(args: argparse.Namespace) -> int:
         rep = evaluate(args.model, args.data, reference=args.reference, hw=args.hw,
                        labels=args.labels, limit=args.limit, workers=args.workers,
                        preprocess=args.preprocess, show_progress=not args.quiet,
-                       ray_address=args.ray, task=args.task)
+                       ray_address=args.ray, task=args.task, batch=args.batch)
     except (ValueError, KeyError) as e:
         raise CliError(str(e.args[0] if e.args else e)) from None
     print(rep)

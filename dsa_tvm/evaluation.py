@@ -44,6 +44,7 @@ class EvalReport:
     seconds_per_input: float = 0.0             # wall time over the inputs, compiling included
     workers: int = 1
     task: str = "classify"                      # classify | embed | other (what was scored)
+    batch: int = 1                              # inputs per batched simulation, per worker
     neighbour_agreement: float | None = None    # embed: nearest other input, DSA vs reference
     similarity_error: float | None = None       # embed: mean |cos_dsa - cos_ref| over pairs
 
@@ -56,7 +57,8 @@ class EvalReport:
     def __str__(self) -> str:
         lines = [f"evaluation of {self.model} on '{self.hardware}' against {self.reference}: "
                  f"{self.inputs} input(s), {self.seconds_per_input * 1e3:,.0f} ms of wall time "
-                 f"each, compiling included ({self.workers} worker process(es))",
+                 f"each, compiling included ({self.workers} worker process(es), batch "
+                 f"{self.batch})",
                  f"  output cosine: mean {self.cosine_mean:.6f}, worst {self.cosine_min:.6f}"]
         if self.top1_agreement is not None:
             lines.append(f"  top-1 agreement {self.top1_agreement:.2%}, top-5 agreement "
@@ -77,14 +79,16 @@ def evaluate(model: str | Path, data: Any, reference: str | Path | None = None,
              hw: "str | Path | HardwareConfig | None" = None, labels: Any = None,
              limit: int | None = None, workers: int | None = None,
              preprocess: str = "imagenet", show_progress: bool = True,
-             worst: int = 5, ray_address: str | None = None, task: str = "auto"
-             ) -> EvalReport:
+             worst: int = 5, ray_address: str | None = None, task: str = "auto",
+             batch: int = 1) -> EvalReport:
     """Run the QDQ ``model`` compiled for ``hw`` over ``data`` (an image folder, ``.npz``
     or ``.npy`` file, arrays or feeds, as :func:`dsa_tvm.quantize` takes) and compare it
     with ``reference`` (an FP32 ONNX model; default: the QDQ graph in onnxruntime).
     ``labels``: class indices, one per input (a sequence or a ``.npy``/``.txt`` file).
     ``workers`` processes share the inputs (default: one per core, at most one per input);
     with ``ray_address`` they are that many Ray actors on the cluster (each compiles once).
+    ``batch``: inputs each worker runs at once, its launches joined into one batched
+    simulation per program (``dsa_tvm.launch_batch``; the same outputs bit for bit).
     ``task``: ``classify`` (top-1/top-5 of class scores), ``embed`` (retrieval metrics of
     one embedding per input), ``other`` (cosine only), or ``auto``: ``embed`` when the output
     is named like an embedding or every reference row has unit length, ``classify`` when it
@@ -109,13 +113,15 @@ def evaluate(model: str | Path, data: Any, reference: str | Path | None = None,
                      what="evaluation data", keep_order=True)
     want = _labels(labels, len(feeds))
     workers = _workers(workers, len(feeds))
+    if isinstance(batch, bool) or not isinstance(batch, int) or batch < 1:
+        raise ValueError(f"batch must be a whole number >= 1, got {batch!r}")
     t0 = time.perf_counter()
-    got = _run_dsa(qdq, cfg, feeds, workers, show_progress, ray_address)
+    got = _run_dsa(qdq, cfg, feeds, workers, show_progress, ray_address, batch)
     secs = (time.perf_counter() - t0) / len(feeds)
     ref = [run_onnxruntime(ref_model, f, optimize=False)[0] for f in feeds]
     task = _task(task, qdq.graph.output[0].name, ref)
     return _report(name, ref_name if reference is None else str(reference), cfg, got, ref,
-                   want, secs, workers, worst, task)
+                   want, secs, workers, worst, task, batch)
 
 
 #: what ``evaluate`` scores: class scores, embeddings, or the output cosine alone
@@ -174,40 +180,44 @@ def _workers(workers: int | None, n: int) -> int:
 
 
 def _run_dsa(qdq, cfg: HardwareConfig, feeds: list[dict], workers: int,
-             show_progress: bool, ray_address: str | None = None) -> list[np.ndarray]:
+             show_progress: bool, ray_address: str | None = None,
+             batch: int = 1) -> list[np.ndarray]:
     """The model's first output for every feed: in this process, or split over
     ``workers`` fresh processes (or Ray actors) that each compile the model once."""
     from tqdm import tqdm
 
     bar = tqdm(total=len(feeds), desc="DSA", unit="input", disable=not show_progress)
     if ray_address is not None:
-        out = _run_on_ray(ray_address, qdq, cfg, feeds, workers, bar.update)
+        out = _run_on_ray(ray_address, qdq, cfg, feeds, workers, bar.update, batch)
         bar.close()
         return out
     if workers == 1:
         run = _Runner(qdq.SerializeToString(), json.dumps(cfg.as_dict()))
-        out = []
-        for f in feeds:
-            out.append(run(f))
-            bar.update()
+        out = run.run_many(feeds, batch, bar.update)
         bar.close()
         return out
     from concurrent.futures import ProcessPoolExecutor, as_completed
     from multiprocessing import get_context
 
-    # small chunks: the bar moves as inputs finish; each worker compiles once (initializer)
-    size = max(1, min(8, len(feeds) // (4 * workers)))
-    chunks = [list(range(k, min(k + size, len(feeds)))) for k in range(0, len(feeds), size)]
     out: list[np.ndarray | None] = [None] * len(feeds)
+    chunks = _chunks(len(feeds), workers, batch)   # each worker compiles once (initializer)
     with ProcessPoolExecutor(workers, mp_context=get_context("spawn"), initializer=_start_worker,
                              initargs=(qdq.SerializeToString(), json.dumps(cfg.as_dict()))) as pool:
-        jobs = {pool.submit(_run_chunk, [feeds[i] for i in chunk]): chunk for chunk in chunks}
+        jobs = {pool.submit(_run_chunk, [feeds[i] for i in chunk], batch): chunk
+                for chunk in chunks}
         for job in as_completed(jobs):
             for i, y in zip(jobs[job], job.result()):
                 out[i] = y
             bar.update(len(jobs[job]))
     bar.close()
     return [y for y in out if y is not None]
+
+
+def _chunks(n: int, workers: int, batch: int) -> list[list[int]]:
+    """Input indices in chunks for the workers: small, so the bar moves as inputs finish,
+    but at least one batch each."""
+    size = max(batch, min(8, n // (4 * workers)))
+    return [list(range(k, min(k + size, n))) for k in range(0, n, size)]
 
 
 class _Runner:
@@ -224,26 +234,39 @@ class _Runner:
 
         cfg = config_from_dict(json.loads(hw_json))
         mod = from_onnx(onnx.load_from_string(model_bytes), keep_params_in_input=False)
-        self.vm = relax.VirtualMachine(tvm.compile(mod, target=target(cfg)), tvm.cpu())
-        self.tvm = tvm
+        self.ex = tvm.compile(mod, target=target(cfg))
+        self.vm = relax.VirtualMachine(self.ex, tvm.cpu())
+        self.tvm, self.relax = tvm, relax
 
-    def __call__(self, feed: dict) -> np.ndarray:
-        out = self.vm["main"](*[self.tvm.runtime.tensor(v) for v in feed.values()])
+    def __call__(self, feed: dict, vm=None) -> np.ndarray:
+        out = (vm or self.vm)["main"](*[self.tvm.runtime.tensor(v) for v in feed.values()])
         return (out.numpy() if hasattr(out, "numpy") else out[0].numpy()).copy()
 
-    def run_many(self, feeds: list[dict]) -> list[np.ndarray]:
-        """A chunk of feeds (a Ray actor's method: one call per chunk)."""
+    def run_many(self, feeds: list[dict], batch: int = 1, advance=None) -> list[np.ndarray]:
+        """A chunk of feeds (a Ray actor's method: one call per chunk), ``batch`` at a time:
+        that many threads, each with its own VM, their launches batched together."""
         from .sim.simulator import one_blas_thread
 
         with one_blas_thread():
-            return [self(f) for f in feeds]
+            if batch == 1 or len(feeds) == 1:
+                out = []
+                for f in feeds:
+                    out.append(self(f))
+                    if advance is not None:
+                        advance(1)
+                return out
+            from .launch_batch import run_joined
+
+            return run_joined(lambda: self.relax.VirtualMachine(self.ex, self.tvm.cpu()),
+                              lambda vm, f: self(f, vm), feeds, batch, advance)
+
 
 
 _WORKER: "_Runner | None" = None
 
 
 def _run_on_ray(address: str, qdq, cfg: HardwareConfig, feeds: list[dict], workers: int,
-                advance) -> list[np.ndarray]:
+                advance, batch: int = 1) -> list[np.ndarray]:
     """``workers`` Ray actors, each holding the compiled model, share the feeds in chunks."""
     from .sweep.ray_runner import ray_session
 
@@ -251,11 +274,9 @@ def _run_on_ray(address: str, qdq, cfg: HardwareConfig, feeds: list[dict], worke
         actor = ray.remote(_Runner)
         runners = [actor.remote(qdq.SerializeToString(), json.dumps(cfg.as_dict()))
                    for _ in range(workers)]
-        size = max(1, min(8, len(feeds) // (4 * workers)))
-        chunks = [list(range(k, min(k + size, len(feeds)))) for k in range(0, len(feeds), size)]
         out: list[np.ndarray | None] = [None] * len(feeds)
-        pending = {runners[n % workers].run_many.remote([feeds[i] for i in c]): c
-                   for n, c in enumerate(chunks)}
+        pending = {runners[n % workers].run_many.remote([feeds[i] for i in c], batch): c
+                   for n, c in enumerate(_chunks(len(feeds), workers, batch))}
         while pending:
             ready, _ = ray.wait(list(pending), num_returns=1)
             for ref in ready:
@@ -275,17 +296,14 @@ def _start_worker(model_bytes: bytes, hw_json: str) -> None:
     _WORKER = _Runner(model_bytes, hw_json)
 
 
-def _run_chunk(feeds: list[dict]) -> list[np.ndarray]:
-    from .sim.simulator import one_blas_thread
-
+def _run_chunk(feeds: list[dict], batch: int = 1) -> list[np.ndarray]:
     assert _WORKER is not None
-    with one_blas_thread():
-        return [_WORKER(f) for f in feeds]
+    return _WORKER.run_many(feeds, batch)
 
 
 def _report(name: str, ref_name: str, cfg: HardwareConfig, got: Sequence[np.ndarray],
             ref: Sequence[np.ndarray], labels: np.ndarray | None, secs: float, workers: int,
-            worst: int, task: str = "classify") -> EvalReport:
+            worst: int, task: str = "classify", batch: int = 1) -> EvalReport:
     from .quant.metrics import cosine
 
     cos = np.array([cosine(g.astype(np.float64), r.astype(np.float64))
@@ -293,7 +311,7 @@ def _report(name: str, ref_name: str, cfg: HardwareConfig, got: Sequence[np.ndar
     order = np.argsort(cos, kind="stable")[:worst]
     rep = EvalReport(name, ref_name, cfg.name, len(got), float(cos.mean()), float(cos.min()),
                      worst=[{"index": int(i), "cosine": float(cos[i])} for i in order],
-                     seconds_per_input=secs, workers=workers, task=task)
+                     seconds_per_input=secs, workers=workers, task=task, batch=batch)
     if task == "embed":
         if labels is not None:
             raise ValueError("labels were given but the model is scored as an embedder "

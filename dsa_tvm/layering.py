@@ -26,7 +26,7 @@ LAYERS: tuple[tuple[str, tuple[str, ...]], ...] = (
     ("relay_passes", ("relay_passes",)),
     # the dsa target, its Relax pipeline, the runtime and the reports
     ("compiler", ("dsa_tvm.target", "dsa_tvm.pipeline", "dsa_tvm.runtime", "dsa_tvm.report",
-                  "dsa_tvm.plots", "dsa_tvm.compile_ids")),
+                  "dsa_tvm.plots", "dsa_tvm.compile_ids", "dsa_tvm.launch_batch")),
     # what users run on top of the compiler: quantization, then tuning and the bundled models
     ("quant", ("dsa_tvm.quant",)),
     ("tuning/models", ("dsa_tvm.tuning", "dsa_tvm.models")),

@@ -38,6 +38,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from .isa.program import LAUNCH, Program, recorded_config
+from .launch_batch import batch_of_this_thread
 from .layers.host_pack import pack_region_input
 from .layers.layouts import unpack_activation
 from .sim.simulator import SimResult, Simulator
@@ -275,7 +276,11 @@ def launch(*args: Any) -> None:
         logical_in[name] = x
         feeds.update(pack_region_input(name, x, prog.meta["io"][name], block,
                                        sim.config.block_out))
-    res = sim.run(prog, feeds)
+    batch = batch_of_this_thread()
+    if batch is not None and not sim.config.is_cim:   # a CIM read's noise is per run
+        res = batch.run(key, prog, sim, feeds)
+    else:
+        res = sim.run(prog, feeds)
     for name, t in zip(names_out, args[1 + len(names_in):]):
         y = unpack_activation(res.outputs[name], tuple(prog.meta["io"][name]["shape"]))
         t.copyfrom(y.reshape(tuple(int(d) for d in t.shape)))
