@@ -10,9 +10,10 @@ are run three ways:
   the data; only the values are computed);
 * ``batch N``: the region's program over all N images in one pass of the functional
   model (``Simulator.run_batch``), checked identical to the single runs, image by image;
-* ``VM, batch N``: the same through TVM's VM, as ``dsa-tvm eval --batch N`` runs it: N
-  threads with a VM each, their launches joined into one batched simulation per program
-  (``dsa_tvm.launch_batch``), the outputs checked identical to the single runs.
+* ``VM, batch B``: the N images through TVM's VM, as ``dsa-tvm eval --batch B`` runs
+  them (``--vm-batch``, default 8): B threads with a VM each, their launches joined into
+  one batched simulation per program (``dsa_tvm.launch_batch``), the outputs checked
+  identical to the single runs.
 
 ``--profile K``: cProfile over K single-image VM runs (after the first), the time split
 by component (the functional model's instruction semantics, the simulator's dispatch and
@@ -20,7 +21,7 @@ validation, timing, program decode, host packing, numpy kernels, TVM), as issue 
 before any speed work.
 
     python benchmarks/bench_eval.py [resnet18 resnet50] [--batch 32] [--size 224]
-                                    [--profile 4]
+                                    [--vm-batch 8] [--profile 4]
 """
 
 from __future__ import annotations
@@ -29,7 +30,7 @@ import argparse
 import time
 
 
-def bench(name: str, n: int, size: int) -> dict:
+def bench(name: str, n: int, size: int, vm_batch: int = 8) -> dict:
     import numpy as np
     import onnxruntime as ort
     import tvm
@@ -59,7 +60,8 @@ def bench(name: str, n: int, size: int) -> dict:
         launches.append(launch)
     t0 = time.perf_counter()
     joined = run_joined(lambda: relax.VirtualMachine(ex, tvm.cpu()),
-                        lambda m, x: m["main"](tvm.runtime.tensor(x)).numpy(), images, n)
+                        lambda m, x: m["main"](tvm.runtime.tensor(x)).numpy(), images,
+                        vm_batch)
     vm_batch = time.perf_counter() - t0
     same_vm = all(np.array_equal(a, b) for a, b in zip(joined, outs))
     prog, cfg = launches[0].program, launches[0].result.config
@@ -155,6 +157,8 @@ def main() -> None:
     ap.add_argument("nets", nargs="*", default=["resnet18"])
     ap.add_argument("--batch", type=int, default=32)
     ap.add_argument("--size", type=int, default=224)
+    ap.add_argument("--vm-batch", type=int, default=8,
+                    help="threads of the 'VM, batch' column (dsa-tvm eval --batch)")
     ap.add_argument("--profile", type=int, default=0, metavar="K",
                     help="also profile K single-image runs of the first network")
     a = ap.parse_args()
@@ -163,7 +167,7 @@ def main() -> None:
     print(f"{'model':<10} {'images':>6} {'ORT FP32':>9} {'single, first':>14} {'single':>14} "
           f"{'batch':>14} {'VM, batch':>14}  batches == singles")
     for name in a.nets:
-        r = bench(name, a.batch, a.size)
+        r = bench(name, a.batch, a.size, a.vm_batch)
         ort = r["ort"]
         first, single, batch, vm_batch = (f"{r[k] * 1e3:6.0f} ms {r[k] / ort:4.0f}x"
                                           for k in ("first", "single", "batch", "vm_batch"))

@@ -14,6 +14,8 @@ from .quant.data import PREPROCESS
 
 
 def add_parser(sub) -> None:
+    from .evaluation import DEFAULT_BATCH
+
     e = sub.add_parser("eval", help="run a quantized model on the DSA over a dataset and compare "
                                     "it with the FP32 model (cosine, top-1/top-5, accuracy)")
     e.add_argument("model", help="QDQ ONNX model or bundled model name")
@@ -22,9 +24,9 @@ def add_parser(sub) -> None:
     e.add_argument("--labels", help="class indices, one per input (.npy or a text file)")
     e.add_argument("--limit", type=at_least_one, help="only the first K inputs")
     e.add_argument("--workers", type=at_least_one, help="processes (default: one per core)")
-    e.add_argument("--batch", type=at_least_one, default=1,
+    e.add_argument("--batch", type=at_least_one, default=DEFAULT_BATCH,
                    help="inputs each worker runs at once: their launches become one batched "
-                        "simulation per program (the same outputs; default 1)")
+                        f"simulation per program (the same outputs; default {DEFAULT_BATCH})")
     e.add_argument("--ray", metavar="ADDRESS", help="run the inputs on a Ray cluster, --workers "
                                                     "actors each compiling once ('auto', "
                                                     "host:port or 'local')")
