@@ -14,6 +14,7 @@ have joined go ahead without it.
 
 from __future__ import annotations
 
+import contextvars
 import threading
 import time
 from collections.abc import Callable, Sequence
@@ -177,7 +178,10 @@ def run_joined(make_vm: Callable[[], Any], run: Callable[[Any, Item], Out],
                     with lock:
                         advance(1)
 
-    pool = [threading.Thread(target=work, daemon=True) for _ in range(threads)]
+    # each thread runs in a copy of the caller's context: its compile options and device
+    # conditions (runtime.cim_conditions) hold there too
+    pool = [threading.Thread(target=contextvars.copy_context().run, args=(work,), daemon=True)
+            for _ in range(threads)]
     for t in pool:
         t.start()
     for t in pool:

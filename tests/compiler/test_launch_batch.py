@@ -163,3 +163,17 @@ def test_evaluate_in_batches_reports_what_single_runs_do(tmp_path):
     for bad in (0, 2.5, True):
         with pytest.raises(ValueError, match="batch must be a whole number >= 1"):
             evaluate(tmp_path / "int8.onnx", tmp_path / "data.npz", batch=bad, **kw)
+
+
+def test_member_threads_see_the_callers_context():
+    """Compile options and device conditions are context variables: the member threads
+    run in a copy of the caller's context, so they hold there too."""
+    import contextvars
+
+    var = contextvars.ContextVar("probe", default="unset")
+    token = var.set("caller's")
+    try:
+        seen = run_joined(lambda: None, lambda vm, i: var.get(), [0, 1, 2], 3)
+    finally:
+        var.reset(token)
+    assert seen == ["caller's"] * 3
