@@ -22,7 +22,7 @@ from .step import Arch, export_step, run_step_fp32
 
 QUANTS = ("w8a8", "w4a8", "fp32")
 #: weight bits of each quantization (fp32: nothing simulated)
-WEIGHT_BITS = {"w8a8": 8, "w4a8": 4}
+QUANT_WEIGHT_BITS = {"w8a8": 8, "w4a8": 4}
 #: calibration: decode steps at these many positions of each calibration text
 CALIBRATION_TOKENS = 48
 CALIBRATION_CACHE = 64
@@ -217,7 +217,7 @@ class CompiledLLM:
             self._calibrated = quantize_onnx(cal, self.calibration_feeds(), show_progress=False,
                                              quantize_norms=self.cfg.norm_units >= 1,
                                              split_outliers=False, bias_correction=False,
-                                             weight_bits=WEIGHT_BITS.get(self.quant, 8))
+                                             weight_bits=QUANT_WEIGHT_BITS.get(self.quant, 8))
             self._log(f"calibrated in {time.perf_counter() - t0:.1f} s")
         return quantize_with_ranges(fp32, self._calibrated)
 
