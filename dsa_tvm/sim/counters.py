@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from ..isa.footprint import Footprint
+from ..isa.footprint import BUF_SRAM, Footprint
 from ..isa.instructions import Alu, AluOp, Buffer, Gemm, Instruction, Load, Opcode, Store, b_rows
 from .timing import Schedule
 
@@ -59,8 +59,6 @@ def collect_counters(instrs: list[Instruction], sched: Schedule, footprints: lis
     rd = {b: 0 for b in ("inp", "wgt", "acc")}
     wr = {"acc32": 0, "acc8": 0}
     unit_of = {b: cfg.element_bytes(b) for b in Buffer}
-    rd_of = {Buffer.INP: "inp", Buffer.WGT: "wgt", Buffer.ACC: "acc", Buffer.ACC8: "acc",
-             Buffer.WGT4: "wgt"}
     for i, ins in enumerate(instrs):
         kinds[ins.opcode] += 1
         if i in resident_loads or i in analog_gemms:
@@ -72,7 +70,7 @@ def collect_counters(instrs: list[Instruction], sched: Schedule, footprints: lis
             if ins.op == AluOp.LUT:
                 lut_steps += ins.steps
         elif isinstance(ins, Load):
-            rd[rd_of[ins.buffer]] += ins.y_size * ins.x_size * unit_of[ins.buffer]
+            rd[BUF_SRAM[ins.buffer]] += ins.y_size * ins.x_size * unit_of[ins.buffer]
         elif isinstance(ins, Store):
             wr["acc8" if ins.buffer == Buffer.ACC8 else "acc32"] += (
                 ins.y_size * ins.x_size * unit_of[ins.buffer])
