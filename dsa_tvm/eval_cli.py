@@ -14,7 +14,7 @@ from .quant.data import PREPROCESS
 
 
 def add_parser(sub) -> None:
-    from .evaluation import DEFAULT_BATCH
+    from .evaluation import DEFAULT_BATCH, TASKS
 
     e = sub.add_parser("eval", help="run a quantized model on the DSA over a dataset and compare "
                                     "it with the FP32 model (cosine, top-1/top-5, accuracy)")
@@ -31,7 +31,7 @@ def add_parser(sub) -> None:
                                                     "actors each compiling once ('auto', "
                                                     "host:port or 'local')")
     e.add_argument("--preprocess", default="imagenet", choices=list(PREPROCESS))
-    e.add_argument("--task", default="auto", choices=["auto", "classify", "embed", "other"],
+    e.add_argument("--task", default="auto", choices=list(TASKS),
                    help="what to score: class scores (top-1/top-5), embeddings (nearest-"
                         "neighbour agreement, pairwise cosine), the cosine only; auto: "
                         "from the output")
