@@ -30,8 +30,9 @@ if TYPE_CHECKING:
 
 #: a launch waiting longer than this for the other members is a bug, said so
 WAIT_S = 3600.0
-_ACTIVE: list[LaunchBatch] = []
-_ACTIVE_LOCK = threading.Lock()
+#: the batch the running thread is a member of (a thread's context is its own)
+_CURRENT: contextvars.ContextVar[LaunchBatch | None] = contextvars.ContextVar(
+    "dsa_launch_batch", default=None)
 
 
 @dataclass
@@ -60,20 +61,14 @@ class LaunchBatch:
         ident = threading.get_ident()
         with self._cond:
             self._members.add(ident)
-        with _ACTIVE_LOCK:
-            if self not in _ACTIVE:
-                _ACTIVE.append(self)
+        token = _CURRENT.set(self)
         try:
             yield self
         finally:
+            _CURRENT.reset(token)
             with self._cond:
                 self._members.discard(ident)
                 self._cond.notify_all()   # groups waiting for this member go ahead
-                empty = not self._members
-            if empty:
-                with _ACTIVE_LOCK:
-                    if self in _ACTIVE:
-                        _ACTIVE.remove(self)
 
     def run(self, key: bytes, prog: "Program", sim: "Simulator",
             feeds: dict[str, np.ndarray]) -> "SimResult":
@@ -116,11 +111,7 @@ class LaunchBatch:
 
 def batch_of_this_thread() -> LaunchBatch | None:
     """The launch batch the calling thread is a member of, if any."""
-    if not _ACTIVE:
-        return None
-    ident = threading.get_ident()
-    with _ACTIVE_LOCK:
-        return next((b for b in _ACTIVE if ident in b._members), None)
+    return _CURRENT.get()
 
 
 def _one_tvm_thread() -> None:
