@@ -104,6 +104,11 @@ def _find_deps(instrs: list[Instruction], fps: list[Footprint]) -> list[dict[Eng
                 j = seen.last[other]
             else:
                 j = seen.newest_conflict(other, reads, writes)
+                if j > floor and me == _L and other == _S:
+                    # a relay SYNC drains the compute engine up to this load: wait for
+                    # every store so far at once, so that the loads after it (the next
+                    # tiles of one layer, reading what older stores wrote) need none
+                    j = seen.last[_S]
             if j > floor:
                 deps[other] = j
                 covered[(me, other)] = j
