@@ -7,9 +7,9 @@ load / compute / store engines, the cycles charged to it, its bound and the rati
 then the network's cycles against the sum of every DSA layer's bound. The bound is
 the one the program's layer table records: max(MACs / peak MACs per cycle,
 compulsory DRAM bytes / bandwidth); ``floor`` is the fewest cycles this ISA allows (one
-compute step per accumulator row and tap, plus the requant step: the engine's ceiling,
-whatever the mapping). Goals (issue 13): depthwise <= 2x, the
-network <= 1.2x. Never asserts::
+compute step per accumulator row and tap on the array, per ``mac8_ways`` taps on the
+vector unit, plus the requant step: the engine's ceiling, whatever the mapping).
+Goals (issue 13): depthwise <= 2x, the network <= 1.2x. Never asserts::
 
     python benchmarks/bench_depthwise.py [mobilenet_v2 ...] [--hw default] [--size 224]
         [--engine auto|vector|array] [--lanes 64] [--all]
@@ -31,13 +31,14 @@ def layer_bound(meta: dict, cfg) -> float:
 
 def engine_floor(layer, cfg) -> float:
     """Fewest compute-engine cycles of a depthwise layer on this ISA: every output row of
-    ``block_out`` channels takes one step per tap (a GEMM step on the array, an ALU step on
-    the vector unit, whichever is faster) and one requant step."""
+    ``block_out`` channels takes one step per tap on the array (a GEMM step) or one per
+    ``mac8_ways`` taps on the vector unit (a MAC8 step), whichever is faster, and one
+    requant step."""
     n, c, oh, ow = layer.output.shape
     kh, kw = layer.weight.shape[2:]
     rows = n * oh * ow * -(-c // cfg.block_out)
     alu = cfg.alu_cycles_per_row
-    return rows * (kh * kw * min(1.0, alu) + alu)
+    return rows * (min(kh * kw, -(-kh * kw // cfg.mac8_ways) * alu) + alu)
 
 
 def engine_of(meta: dict) -> str:

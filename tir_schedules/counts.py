@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import math
 
+from dsa_tvm.hw.config import HardwareConfig
 from dsa_tvm.isa.instructions import ALU_LEVELS
 
 from .nests import dma_shapes, first_step_split, merge_levels
@@ -32,6 +33,20 @@ def nest_count(levels: list[tuple], max_levels: int) -> int:
 def reduction_count(levels: list[tuple]) -> int:
     """Instructions of an ALU reduction whose first step writes the initial value."""
     return sum(nest_count(box, ALU_LEVELS) for _, box, _ in first_step_split(levels, (0, 0, 0)))
+
+
+def reduction_steps(cfg: HardwareConfig, levels: list[tuple], ways: int) -> int:
+    """ALU steps of that reduction: every point a step, except that a MAC8 on dot-product
+    lanes (``ways`` = ``[vector] mac8_ways``) takes the reduction levels inside each
+    instruction ``ways`` points a step (``HardwareConfig.mac8_steps``)."""
+    total = 0
+    for _, box, _ in first_step_split(levels, (0, 0, 0)):
+        nest = merge_levels(box)
+        inner = nest[-ALU_LEVELS:]
+        copies = math.prod(lv[0] for lv in nest[:-ALU_LEVELS]) if len(nest) > ALU_LEVELS else 1
+        pairs = [(lv[0], lv[1]) for lv in inner]
+        total += copies * (cfg.mac8_steps(pairs) if ways > 1 else math.prod(e for e, _ in pairs))
+    return total
 
 
 def copy_count(levels: list[tuple[int, int, int]]) -> int:

@@ -136,6 +136,7 @@ _ALU_EXPR = {
     "sub": lambda d, a, b: a - b,
     "mul": lambda d, a, b: a * b,
     "mac": lambda d, a, b: d + a * b,
+    "mac8": lambda d, a, b: d + a * b,   # int8 operands: their low bytes are themselves
     "min": lambda d, a, b: T.min(a, b),
     "max": lambda d, a, b: T.max(a, b),
 }
@@ -157,14 +158,14 @@ def alu_intrin(op: str, block_out: int, a_dtype: str = "int32", b_dtype: str = "
                imm: int | None = None) -> str:
     """One accumulator row of a vector op: ``d[o] = f(d[o], a[o], b[o] or imm)``.
 
-    ``op`` is one of add, sub, mul, mac, min, max; operands in the accumulator
+    ``op`` is one of add, sub, mul, mac, mac8 (int8 operands), min, max; operands in the accumulator
     scratchpad are int32 lanes (``a_dtype``/``b_dtype`` int8 when they were loaded
     from int8 DRAM, widened on load). ``imm`` selects the immediate form. Only mac
     reads ``d``: the description's read set says so, or a stage that never reads its
     output would not match the other ops."""
     bo = block_out
     expr = _ALU_EXPR[op]
-    reads_dst = op == "mac"
+    reads_dst = op in ("mac", "mac8")
     name = f"dsa.alu_{op}_{bo}_{a_dtype}_{b_dtype}_{'t' if imm is None else f'i{imm}'}"
 
     if imm is None:

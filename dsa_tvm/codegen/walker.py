@@ -44,7 +44,7 @@ from tir_schedules.nests import (
 
 from ..intmath import ceil_div
 from ..isa.builder import ProgramBuilder
-from ..isa.instructions import ALU_LEVELS, GEMM_LEVELS, AluOp, Buffer
+from ..isa.instructions import ACCUMULATING_OPS, ALU_LEVELS, GEMM_LEVELS, AluOp, Buffer
 from ..isa.program import Region
 from ..isa.semantics import INT32_MAX, INT32_MIN
 from .texpr import (
@@ -269,7 +269,8 @@ class TirWalker:
             self.b.alu(op, *bb, nest, imm=imm, use_imm=use_imm)
 
     #: accumulating op -> (op of its first step, initial value that step makes redundant)
-    _FIRST_STEP = {AluOp.MAC: (AluOp.MUL, 0), AluOp.ADD: (AluOp.MOV, 0),
+    _FIRST_STEP = {AluOp.MAC: (AluOp.MUL, 0), AluOp.MAC8: (AluOp.MUL, 0),
+                   AluOp.ADD: (AluOp.MOV, 0),
                    AluOp.MAX: (AluOp.MOV, INT32_MIN), AluOp.MIN: (AluOp.MOV, INT32_MAX)}
 
     def _absorb_init(self, op: AluOp, ops: dict, use_imm: bool, lp) -> AluOp | None:
@@ -278,7 +279,8 @@ class TirWalker:
         accumulates into its destination (MAC; ADD/MAX/MIN reading the destination as
         source A, tensor form), the init is that op's identity, and it covers exactly the
         rows this nest writes. The init is then taken off the pending list."""
-        if op not in self._FIRST_STEP or (op != AluOp.MAC and (use_imm or ops["a"] != ops["dst"])):
+        if op not in self._FIRST_STEP or (op not in ACCUMULATING_OPS
+                                          and (use_imm or ops["a"] != ops["dst"])):
             return None
         name, base, strides = ops["dst"]
         first, identity = self._FIRST_STEP[op]

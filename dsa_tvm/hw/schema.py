@@ -131,6 +131,14 @@ FIELDS: tuple[FieldSpec, ...] = (
          "instruction per cycle (what depthwise convs need to keep up with DRAM).",
          "power of two, 1..block_in * block_out",
          lambda v: _pow2(v)),
+    _int("vector", "mac8_ways", "products/lane/step",
+         "int8 products one lane adds per step of a MAC8 (the ALU's multiply-accumulate on "
+         "int8 codes, as a dot-product instruction does): a MAC8 over R reduction points "
+         "(levels of destination stride 0, e.g. a depthwise conv's taps) takes ceil(R / "
+         "mac8_ways) steps per destination row. Each way is an 8-bit multiplier and an adder "
+         "beside the lane (area.mac_um2 each); the taps come through a sliding window. "
+         "1: one product a step, as MAC.", "power of two, lanes * mac8_ways <= "
+         "block_in * block_out", lambda v: _pow2(v), 1),
     _int("vector", "alu_latency_cycles", "cycles",
          "Pipeline depth of the vector ALU, paid once per ALU instruction.", "0..1000",
          lambda v: 0 <= v <= 1000, 4),

@@ -82,6 +82,14 @@ class AluOp(enum.IntEnum):
     #              block_out, lane i % block_out; 256 / block_out rows, ACC8-loaded int8
     #              codes). Tensor form only; every b stride 0 (one table per instruction).
     #              Needs the table unit (`[table] table_unit`).
+    MAC8 = 11    # dst = dst + a8 * b8 with a8, b8 the low bytes of a and b, sign-extended
+    #              (int32 wrap-around): MAC on int8 codes. A dot-product lane adds
+    #              `[vector] mac8_ways` products of the reduction levels (destination stride
+    #              0) in one step, taps read through a sliding window (a depthwise conv).
+
+
+#: ALU ops that read their destination (accumulate into it)
+ACCUMULATING_OPS = frozenset({AluOp.MAC, AluOp.MAC8})
 
 
 class NormOp(enum.IntEnum):

@@ -147,6 +147,9 @@ def alu_apply(op: int, dst: np.ndarray, a: np.ndarray, b: np.ndarray,
             r = a * b
         elif op == AluOp.MAC:
             r = dst + a * b
+        elif op == AluOp.MAC8:  # the operands' low bytes (a C cast to int8 keeps them)
+            r = dst + (np.asarray(a).astype(np.int8).astype(np.int32)
+                       * np.asarray(b).astype(np.int8).astype(np.int32))
         elif op == AluOp.MIN:
             r = np.minimum(a, b)
         elif op == AluOp.MAX:

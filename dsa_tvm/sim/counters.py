@@ -5,7 +5,18 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 from ..isa.footprint import BUF_SRAM, Footprint
-from ..isa.instructions import Alu, AluOp, Buffer, Gemm, Instruction, Load, Opcode, Store, b_rows
+from ..isa.instructions import (
+    ACCUMULATING_OPS,
+    Alu,
+    AluOp,
+    Buffer,
+    Gemm,
+    Instruction,
+    Load,
+    Opcode,
+    Store,
+    b_rows,
+)
 from .timing import Schedule
 
 if TYPE_CHECKING:
@@ -128,7 +139,7 @@ def energy_split(c: dict[str, float], cfg: "HardwareConfig") -> dict[str, float]
 def _sram_bytes(instrs: list[Instruction], cfg: "HardwareConfig") -> int:
     """Scratchpad bytes read and written (GEMM reads one input row and one weight tile and
     updates one accumulator row per step; ALU reads row a, its b rows (none with the
-    immediate, two for CLIP, three for REQUANT) and, for MAC, the destination, and writes
+    immediate, two for CLIP, three for REQUANT) and, for MAC and MAC8, the destination, and writes
     one row)."""
     total = 0
     for ins in instrs:
@@ -137,7 +148,7 @@ def _sram_bytes(instrs: list[Instruction], cfg: "HardwareConfig") -> int:
         elif isinstance(ins, Alu):
             # a LUT step reads one table entry per lane: one row's worth
             b = 1 if ins.op == AluOp.LUT else b_rows(ins.op)
-            rows = 2 + (0 if ins.use_imm else b) + (ins.op == AluOp.MAC)
+            rows = 2 + (0 if ins.use_imm else b) + (ins.op in ACCUMULATING_OPS)
             total += ins.steps * cfg.acc_row_bytes * rows
         elif isinstance(ins, Load):
             # a WGT4 load writes whole int8 tiles (unpacked on the way in)

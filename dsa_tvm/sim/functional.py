@@ -26,6 +26,7 @@ import numpy as np
 from ..isa import norm_unit
 from ..isa import semantics as sem
 from ..isa.instructions import (
+    ACCUMULATING_OPS,
     Alu,
     AluOp,
     Buffer,
@@ -317,7 +318,7 @@ class Machine:
         acc = self.acc
         op = ins.op
         av = self._read(a)
-        dv = self._read(d) if op == AluOp.MAC else av
+        dv = self._read(d) if op in ACCUMULATING_OPS else av
         b2 = b3 = None
         if ins.use_imm:
             if op == AluOp.CLIP:
@@ -346,7 +347,7 @@ class Machine:
         if period:
             lanes = av.shape[-1]
             av = av.reshape(self.batch, -1, period, lanes)
-            dv = dv.reshape(self.batch, -1, period, lanes) if op == AluOp.MAC else av
+            dv = dv.reshape(self.batch, -1, period, lanes) if op in ACCUMULATING_OPS else av
             bv, b2, b3 = (None if v is None else v[:, None] for v in (bv, b2, b3))
         if op == AluOp.LUT:
             res = np.stack([sem.alu_apply(op, dv[k], av[k], bv[k], imm=ins.imm)

@@ -27,8 +27,9 @@ from tir_schedules.kinds.window import WindowKnobs
 from .test_lowering import check, conv, depthwise_engine, qt, region
 
 DEFAULT = load_config("default")
-#: default with a vector unit one accumulator row wide (what it had before issue 13)
-NARROW = DEFAULT.replace(lanes=DEFAULT.block_out)
+#: default with a vector unit one accumulator row wide, one product a lane and step (what
+#: it had before issue 13)
+NARROW = DEFAULT.replace(lanes=DEFAULT.block_out, mac8_ways=1)
 
 
 def _bound(meta: dict, cfg) -> float:
@@ -36,11 +37,12 @@ def _bound(meta: dict, cfg) -> float:
     return max(compute_bound(int(meta["macs"]), cfg.peak_macs_per_cycle), dram)
 
 
-def _ratio(cfg, c: int, hw: int, stride: int, engine: str = "auto", seed: int = 0) -> float:
-    """Simulated cycles / bound of one exact-checked depthwise 3x3 layer."""
+def _ratio(cfg, c: int, hw: int, stride: int, engine: str = "auto", seed: int = 0,
+           k: int = 3) -> float:
+    """Simulated cycles / bound of one exact-checked depthwise k x k layer."""
     rng = np.random.default_rng(seed)
     x = qt(rng, "x", (1, c, hw, hw))
-    reg = region([x], [conv(rng, x, 0, 3, stride, 1, depthwise=True)])
+    reg = region([x], [conv(rng, x, 0, k, stride, k // 2, depthwise=True)])
     with depthwise_engine(engine):
         res = check(reg, cfg, rng)
         meta = compile_region(reg, cfg).program.meta["layers"][0]
@@ -52,6 +54,59 @@ def test_default_is_within_2x_of_the_bound(c, hw, stride):
     """MobileNetV2-shaped layers on default (a 4-row vector unit)."""
     assert DEFAULT.lanes == 4 * DEFAULT.block_out
     assert _ratio(DEFAULT, c, hw, stride) <= 2.0
+
+
+#: default without dot-product lanes: one int8 product per lane and MAC8 step
+ONE_WAY = DEFAULT.replace(mac8_ways=1)
+
+
+@pytest.mark.parametrize("c, hw, stride, k", [(240, 14, 1, 5), (672, 7, 1, 5), (672, 14, 2, 5),
+                                              (384, 14, 1, 7), (96, 28, 1, 7)])
+def test_dot_lanes_bring_5x5_and_7x7_within_2x(c, hw, stride, k):
+    """EfficientNet- and ConvNeXt-shaped layers: 4 taps a MAC8 step keep 5x5 and 7x7 within
+    2x of the bound on default; one tap a step cannot (the taps alone take 25 / 4 or
+    49 / 4 cycles per 16-channel pixel against 2 to move it)."""
+    assert DEFAULT.mac8_ways == 4 and DEFAULT.lanes * DEFAULT.mac8_ways == DEFAULT.peak_macs_per_cycle
+    assert _ratio(DEFAULT, c, hw, stride, k=k) <= 2.0
+    if stride == 1:  # (stride 2 reads four input pixels per output: DRAM-bound either way)
+        assert _ratio(ONE_WAY, c, hw, stride, k=k) > 2.0
+
+
+@settings(max_examples=16, deadline=None, suppress_health_check=list(HealthCheck))
+@given(data=st.data())
+def test_taps_inside_exact_and_never_slower_than_one_way(data):
+    """A kernel row inside each MAC8 instruction (``taps_inside``): exact against the
+    integer reference over kernel sizes, strides, dilations, channel tiles and batches,
+    with the same DRAM traffic as one tap a step and no more cycles."""
+    draw = data.draw
+    rng = np.random.default_rng(draw(st.integers(0, 2**32 - 1)))
+    k, dil = draw(st.integers(2, 7)), draw(st.integers(1, 2))
+    side = draw(st.integers(dil * (k - 1) + 1, dil * (k - 1) + 5))
+    x = qt(rng, "x", (draw(st.integers(1, 2)), draw(st.integers(2, 3 * DEFAULT.block_out)),
+                      side, side))
+    ly = conv(rng, x, 0, k, draw(st.sampled_from([1, 2])), draw(st.integers(0, k // 2)),
+              depthwise=True, dilation=dil)
+    shape = window.depthwise_recipe(ly, DEFAULT, consts=False).shape
+    knobs = draw(st.sampled_from([kn for kn in window.candidate_window_knobs(DEFAULT, shape)
+                                  if kn.taps_inside]))
+    seed = draw(st.integers(0, 2**32 - 1))
+    with depthwise_engine("vector"):
+        fast = check(region([x], [ly]), DEFAULT, np.random.default_rng(seed),
+                     lambda c, s: knobs)
+        slow = check(region([x], [ly]), ONE_WAY, np.random.default_rng(seed),
+                     lambda c, s: knobs)
+    assert fast.counters["dram_read_bytes"] == slow.counters["dram_read_bytes"]
+    assert fast.cycles <= slow.cycles
+
+
+def test_pools_refuse_the_depthwise_loop_order():
+    """``taps_inside`` is a depthwise conv's order (its MAC8 reduction); a pool's
+    accumulating ADD/MAX keeps the taps outside: the fit check says so."""
+    s = window.WindowShape("max", 1, 8, 8, 1, 3, 3, (1, 1), (1, 1, 1, 1), (1, 1), 16, -128,
+                           0, (-128, 127))
+    why = window.window_fits(DEFAULT, s, WindowKnobs(8, 8, 1, False, True))
+    assert why and "taps_inside" in why
+    assert not any(kn.taps_inside for kn in window.candidate_window_knobs(DEFAULT, s))
 
 
 @pytest.mark.parametrize("engine", ["vector", "array"])

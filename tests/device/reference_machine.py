@@ -84,6 +84,12 @@ def clip_imm_halves(imm: int) -> tuple[int, int]:
 PARAM_ROWS = {AluOp.CLIP: 2, AluOp.REQUANT: 3}
 
 
+def low_byte_signed(x: int) -> int:
+    """The low 8 bits of ``x`` read as a two's-complement byte."""
+    v = x & 0xFF
+    return v - 256 if v >= 128 else v
+
+
 def alu_lane(op: AluOp, d: int, a: int, b: int, b2: int | None, b3: int | None,
              imm: int) -> int:
     """One int32 lane of one ALU step (documented semantics, Python integers): ``b``,
@@ -98,6 +104,8 @@ def alu_lane(op: AluOp, d: int, a: int, b: int, b2: int | None, b3: int | None,
         return wrap32(a * b)
     if op == AluOp.MAC:
         return wrap32(d + a * b)
+    if op == AluOp.MAC8:  # the low bytes of a and b, as signed 8-bit numbers
+        return wrap32(d + low_byte_signed(a) * low_byte_signed(b))
     if op == AluOp.MIN:
         return min(a, b)
     if op == AluOp.MAX:

@@ -280,6 +280,16 @@ def test_rule_violation(section, field, value, rule):
     assert rule in msg
 
 
+def test_dot_lanes_beyond_the_array_refused():
+    """lanes x mac8_ways int8 products a cycle may not beat the array either."""
+    d = _desc()
+    d["vector"]["lanes"], d["vector"]["mac8_ways"] = 64, 8
+    msg = _err(d)
+    assert "'vector.mac8_ways' = 8" in msg and "(512)" in msg and "(256)" in msg
+    d["vector"]["mac8_ways"] = 3
+    assert "'vector.mac8_ways' = 3" in _err(d) and "power of two" in _err(d)
+
+
 def test_lanes_beyond_the_array_refused():
     """A vector unit wider than the MAC array would beat the compute bound every layer's
     self-check assumes."""

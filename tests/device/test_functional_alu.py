@@ -61,6 +61,8 @@ def _expected_alu(op, a, bb, b2, b3, d, imm):
         return wrap32_np(a * bb)
     if op == AluOp.MAC:
         return wrap32_np(d + a * bb)
+    if op == AluOp.MAC8:
+        return wrap32_np(d + ((a + 128) % 256 - 128) * ((bb + 128) % 256 - 128))
     if op == AluOp.MIN:
         return np.minimum(a, bb).astype(np.int32)
     if op == AluOp.MAX:
@@ -101,7 +103,7 @@ def _alu_data(cfg, op, rng):
         b[2, :3] = [0, 31, 62]
         a = rand_int32(rng, (R, bo), -(1 << 16), 1 << 16)
         a[0, :2] = [(1 << 31) - 1, -(1 << 31)]
-    if op == AluOp.MUL or op == AluOp.MAC:
+    if op in (AluOp.MUL, AluOp.MAC, AluOp.MAC8):
         b[0, 0] = (1 << 31) - 1                                   # a * b wraps
     return a, d0, b
 

@@ -12,7 +12,14 @@ from hypothesis import strategies as st
 from dsa_tvm.isa import semantics as sem
 from dsa_tvm.isa.instructions import AluOp
 
-from .reference_machine import output_stage_py, requant_imm_fields, requant_py, rshift_round_py, wrap32
+from .reference_machine import (
+    low_byte_signed,
+    output_stage_py,
+    requant_imm_fields,
+    requant_py,
+    rshift_round_py,
+    wrap32,
+)
 
 INT32 = st.integers(-(1 << 31), (1 << 31) - 1)
 
@@ -299,8 +306,9 @@ def test_alu_apply_int32_operands_match_int64(op, rows):
                            b2.astype(np.int32))
     assert narrow.dtype == np.int32 and wide.dtype == np.int32
     assert narrow.tolist() == wide.tolist()
-    if op in (AluOp.ADD, AluOp.MUL, AluOp.MAC):
+    if op in (AluOp.ADD, AluOp.MUL, AluOp.MAC, AluOp.MAC8):
         want = {AluOp.ADD: lambda x, y, z: y + z, AluOp.MUL: lambda x, y, z: y * z,
-                AluOp.MAC: lambda x, y, z: x + y * z}[op]
+                AluOp.MAC: lambda x, y, z: x + y * z,
+                AluOp.MAC8: lambda x, y, z: x + low_byte_signed(y) * low_byte_signed(z)}[op]
         assert narrow.tolist() == [wrap32(want(int(x), int(y), int(z)))
                                    for x, y, z in zip(d, a, b)]

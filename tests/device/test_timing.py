@@ -117,6 +117,21 @@ def test_alu_cost_hand_numbers():
         assert run(cfg, b.build(), timing_only=True).schedule.end[0] == want
 
 
+@pytest.mark.parametrize("ways", [1, 2, 4])
+def test_mac8_takes_ways_reduction_points_a_step(ways):
+    """MAC8 over (8 rows, 5 taps of destination stride 0): ceil(5 / ways) steps a row; the
+    same nest as MAC, or with the taps in a level that writes new rows, 40 steps."""
+    cfg = load_config("default").replace(mac8_ways=ways)
+    for op, loops, steps in ((AluOp.MAC8, [(8, 1, 1, 0), (5, 0, 1, 1)], 8 * -(-5 // ways)),
+                             (AluOp.MAC, [(8, 1, 1, 0), (5, 0, 1, 1)], 40),
+                             (AluOp.MAC8, [(5, 8, 1, 1), (8, 1, 1, 0)], 40)):
+        b = ProgramBuilder(cfg)
+        b.alu(op, 0, 100, 200, loops)
+        b.finish()
+        want = cfg.alu_step_cycles(steps) + cfg.alu_latency_cycles
+        assert run(cfg, b.build(), timing_only=True).schedule.end[0] == want, (op, loops)
+
+
 def test_sync_and_finish_take_one_cycle():
     cfg = load_config("default")
     b = ProgramBuilder(cfg)

@@ -28,7 +28,7 @@ from dsa_tvm.layers.checks import window_input, with_weights
 from dsa_tvm.layers.ir import Conv2d, Pool2d
 from dsa_tvm.layers.reference import apply_requant, centered, pad, windows
 
-from ..counts import reduction_count, tile_copy
+from ..counts import reduction_count, reduction_steps, tile_copy
 from ..intrinsics import acc_intrin, alu_intrin
 from ..names import ANN_DOUBLE_BUFFER, SCOPE_ACC
 from ..output_stage import place_output, requant_stage
@@ -69,6 +69,8 @@ class WindowKnobs:
     tile_ow: int         # output columns per tile (divides OW)
     tile_cb: int         # channel blocks per tile (divides CB)
     double_buffer: bool
+    taps_inside: bool = False  # depthwise: one kernel row of taps inside each instruction
+    #                            (MAC8 on dot-product lanes takes mac8_ways taps a step)
 
 
 def window(s: WindowShape) -> tirx.PrimFunc:
@@ -129,6 +131,8 @@ def _resident_bufs(s: WindowShape, k: WindowKnobs) -> int:
 
 
 def window_fits(cfg: HardwareConfig, s: WindowShape, k: WindowKnobs) -> str | None:
+    if k.taps_inside and s.kind != "dw":
+        return f"taps_inside is a depthwise conv's loop order, not a {s.kind} pool's"
     return acc_fits(cfg, acc_rows(s, k))
 
 
@@ -145,16 +149,39 @@ def estimate_window_cycles(cfg: HardwareConfig, s: WindowShape, k: WindowKnobs) 
     exposed = 1 if _resident_bufs(s, k) == 2 else s.cb // k.tile_cb
     once = exposed * (resident / cfg.bandwidth_bytes_per_cycle + 2 * cfg.latency_cycles)
     # taps (the first one writes the init) and the requant pass
+    levels = tap_levels(s, k)
+    ways = cfg.mac8_ways if s.kind == "dw" else 1
     return stream_cycles(cfg, tiles, [(in_rows * in_cols * k.tile_cb * b, n_loads)],
-                         out * (s.kh * s.kw + 1), s.kh * s.kw + 2, out * b, k.double_buffer,
-                         once)
+                         reduction_steps(cfg, levels, ways) + out,
+                         reduction_count(levels) + 1, out * b, k.double_buffer, once)
+
+
+def tap_levels(s: WindowShape, k: WindowKnobs) -> list[tuple[int, int, int, int]]:
+    """(extent, dst, a, b strides) of one tile's taps, outermost first: kh, kw, oh_i,
+    ow_i, cb_i (taps outermost: the pixels and channels form each instruction), or with
+    ``taps_inside`` kh, cb_i, oh_i, ow_i, kw (a kernel row inside each instruction).
+    A depthwise conv's MAC reads the input tile (a) and the resident weights (b); a pool
+    accumulates in place (a is the destination, b the input tile)."""
+    th, tw, tc = k.tile_oh, k.tile_ow, k.tile_cb
+    (sh, sw), (dh, dw) = s.strides, s.dilation
+    _, in_cols = input_tile(s, k)
+    inp = [dh * in_cols * tc, dw * tc, sh * in_cols * tc, sw * tc, 1]
+    dst = [0, 0, tw * tc, tc, 1]
+    ext = [s.kh, s.kw, th, tw, tc]
+    if s.kind == "dw":
+        levels = list(zip(ext, dst, inp, [s.kw * tc, tc, 0, 0, 1]))
+    else:
+        levels = list(zip(ext, dst, dst, inp))
+    return [levels[i] for i in (0, 4, 2, 3, 1)] if k.taps_inside else levels
 
 
 def candidate_window_knobs(cfg: HardwareConfig, s: WindowShape) -> list[WindowKnobs]:
     """Every knob setting that fits (tile sizes divide their loops)."""
     oh, ow = s.out_hw
-    return [k for db in (True, False) for tc in divisors(s.cb)
-            for k in [WindowKnobs(th, tw, tc, db) for th in divisors(oh) for tw in divisors(ow)]
+    orders = (False, True) if s.kind == "dw" else (False,)
+    return [k for db in (True, False) for tc in divisors(s.cb) for inside in orders
+            for k in [WindowKnobs(th, tw, tc, db, inside) for th in divisors(oh)
+                      for tw in divisors(ow)]
             if window_fits(cfg, s, k) is None]
 
 
@@ -179,7 +206,10 @@ def schedule_window(func: tirx.PrimFunc, cfg: HardwareConfig, s: WindowShape,
     oh_o, oh_i = sch.split(oh, [None, k.tile_oh])
     ow_o, ow_i = sch.split(ow, [None, k.tile_ow])
     cb_o, cb_i = sch.split(cb, [None, k.tile_cb])
-    sch.reorder(n, cb_o, oh_o, ow_o, kh, kw, oh_i, ow_i, cb_i, c)
+    if k.taps_inside:  # a kernel row of taps inside each instruction: MAC8 ways
+        sch.reorder(n, cb_o, oh_o, ow_o, kh, cb_i, oh_i, ow_i, kw, c)
+    else:
+        sch.reorder(n, cb_o, oh_o, ow_o, kh, kw, oh_i, ow_i, cb_i, c)
     sch.set_scope(pad_, 0, SCOPE_ACC)
     sch.set_scope(acc, 0, SCOPE_ACC)
     if s.kind == "dw":
@@ -188,7 +218,7 @@ def schedule_window(func: tirx.PrimFunc, cfg: HardwareConfig, s: WindowShape,
     sch.compute_at(pad_, ow_o)
     sch.decompose_reduction(acc, kh)
     if s.kind == "dw":
-        intrin = alu_intrin("mac", s.block, "int8", "int8")
+        intrin = alu_intrin("mac8", s.block, "int8", "int8")
     else:
         intrin = acc_intrin("max" if s.kind == "max" else "add", s.block, "int8")
     sch.tensorize(c, intrin)
@@ -202,20 +232,10 @@ def schedule_window(func: tirx.PrimFunc, cfg: HardwareConfig, s: WindowShape,
 
 def window_instructions(cfg: HardwareConfig, s: WindowShape, k: WindowKnobs) -> int:
     oh, ow = s.out_hw
-    (sh, sw), (dh, dw) = s.strides, s.dilation
     th, tw, tc = k.tile_oh, k.tile_ow, k.tile_cb
     in_rows, in_cols = input_tile(s, k)
     loads = tile_copy(in_rows, in_cols, tc, s.w, s.cb)
-    # taps: (extent, dst, a, b strides) over kh, kw, oh_i, ow_i, cb_i
-    inp = [dh * in_cols * tc, dw * tc, sh * in_cols * tc, sw * tc, 1]
-    dst = [0, 0, tw * tc, tc, 1]
-    ext = [s.kh, s.kw, th, tw, tc]
-    if s.kind == "dw":  # MAC: a is the input tile, b the resident weights
-        wgt = [s.kw * tc, tc, 0, 0, 1]
-        levels = list(zip(ext, dst, inp, wgt))
-    else:               # accumulate in place: a is the destination, b the input tile
-        levels = list(zip(ext, dst, dst, inp))
-    taps = reduction_count(levels)
+    taps = reduction_count(tap_levels(s, k))
     stores = tile_copy(th, tw, tc, ow, s.cb)
     tiles = s.n * (oh // th) * (ow // tw) * (s.cb // tc)
     resident = 2 if s.kind == "dw" else 1
