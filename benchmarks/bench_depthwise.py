@@ -38,7 +38,7 @@ def engine_floor(layer, cfg) -> float:
     kh, kw = layer.weight.shape[2:]
     rows = n * oh * ow * -(-c // cfg.block_out)
     alu = cfg.alu_cycles_per_row
-    return rows * (min(kh * kw, -(-kh * kw // cfg.mac8_ways) * alu) + alu)
+    return rows * (min(kh * kw, -(-kh * kw // cfg.dot_ways) * alu) + alu)
 
 
 def engine_of(meta: dict) -> str:

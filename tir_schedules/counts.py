@@ -37,7 +37,7 @@ def reduction_count(levels: list[tuple]) -> int:
 
 def reduction_steps(cfg: HardwareConfig, levels: list[tuple], ways: int) -> int:
     """ALU steps of that reduction: every point a step, except that a MAC8 on dot-product
-    lanes (``ways`` = ``[vector] mac8_ways``) takes the reduction levels inside each
+    lanes (``ways`` = ``HardwareConfig.dot_ways``) takes the reduction levels inside each
     instruction ``ways`` points a step (``HardwareConfig.mac8_steps``)."""
     total = 0
     for _, box, _ in first_step_split(levels, (0, 0, 0)):

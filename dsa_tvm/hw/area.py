@@ -34,7 +34,7 @@ def area_breakdown(cfg: "HardwareConfig") -> dict[str, float]:
         "wgt_sram": cfg.wgt_kib * cfg.sram_kib_um2,
         "acc_sram": cfg.acc_kib * cfg.sram_kib_um2,
         # each MAC8 way beyond the first: an 8-bit multiplier and an adder per lane
-        "vector": cfg.lanes * (cfg.vector_lane_um2 + (cfg.mac8_ways - 1) * cfg.mac_um2),
+        "vector": cfg.lanes * (cfg.vector_lane_um2 + (cfg.dot_ways - 1) * cfg.mac_um2),
         "table": table_kib(cfg) * cfg.table_kib_um2,
         "norm": cfg.norm_units * (cfg.norm_elements_per_cycle * cfg.norm_lane_um2
                                   + cfg.norm_unit_um2),

@@ -131,9 +131,16 @@ class HardwareConfig:
             return math.ceil(steps * self.block_out / self.lanes)
         return steps * math.ceil(self.block_out / self.lanes)
 
+    @cached_property
+    def dot_ways(self) -> int:
+        """Products a MAC8 lane adds per step: ``mac8_ways``, capped so that the vector unit
+        never multiplies faster than the MAC array (the compute bound every layer is held to
+        stays a bound when a sweep narrows the array)."""
+        return max(1, min(self.mac8_ways, self.peak_macs_per_cycle // self.lanes))
+
     def mac8_steps(self, loops) -> int:
         """ALU steps of a MAC8 over ``loops`` ((extent, dst stride) pairs): each destination
-        row takes ceil(reduction points / mac8_ways) steps, the reduction points being the
+        row takes ceil(reduction points / dot_ways) steps, the reduction points being the
         levels of destination stride 0."""
         red = out = 1
         for extent, dst in loops:
@@ -141,7 +148,7 @@ class HardwareConfig:
                 red *= extent
             else:
                 out *= extent
-        return out * math.ceil(red / self.mac8_ways)
+        return out * math.ceil(red / self.dot_ways)
 
     @cached_property
     def table_present(self) -> bool:
@@ -327,11 +334,6 @@ def _check_cross_field_rules(cfg: HardwareConfig, source: str) -> None:
         raise ConfigError(f"{source}: field 'vector.lanes' = {cfg.lanes} breaks the rule: "
                           f"at most array.block_in * array.block_out "
                           f"({cfg.block_in * cfg.block_out})")
-    if cfg.lanes * cfg.mac8_ways > cfg.block_in * cfg.block_out:
-        raise ConfigError(f"{source}: field 'vector.mac8_ways' = {cfg.mac8_ways} breaks the "
-                          f"rule: vector.lanes * mac8_ways ({cfg.lanes * cfg.mac8_ways}) at most "
-                          f"array.block_in * array.block_out ({cfg.block_in * cfg.block_out}), "
-                          f"the compute bound every layer is held to; lower one of them")
     for fld, unit in (("inp_kib", cfg.inp_row_bytes), ("wgt_kib", cfg.wgt_tile_bytes),
                       ("acc_kib", cfg.acc_row_bytes)):
         if (cfg.values[fld] * 1024) % unit:

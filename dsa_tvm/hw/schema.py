@@ -137,8 +137,9 @@ FIELDS: tuple[FieldSpec, ...] = (
          "(levels of destination stride 0, e.g. a depthwise conv's taps) takes ceil(R / "
          "mac8_ways) steps per destination row. Each way is an 8-bit multiplier and an adder "
          "beside the lane (area.mac_um2 each); the taps come through a sliding window. "
-         "1: one product a step, as MAC.", "power of two, lanes * mac8_ways <= "
-         "block_in * block_out", lambda v: _pow2(v), 1),
+         "1: one product a step, as MAC. Capped at block_in * block_out / lanes: the vector "
+         "unit never multiplies faster than the array (the compute bound).", "power of two",
+         lambda v: _pow2(v), 1),
     _int("vector", "alu_latency_cycles", "cycles",
          "Pipeline depth of the vector ALU, paid once per ALU instruction.", "0..1000",
          lambda v: 0 <= v <= 1000, 4),

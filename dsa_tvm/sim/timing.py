@@ -31,7 +31,8 @@ Costs, all from the config:
 * ALU: loop points x ceil(block_out / lanes) + ALU pipeline latency (a unit wider than
   a row: ceil(loop points x block_out / lanes))
 * ALU MAC8: as ALU, with the reduction levels (destination stride 0) taking
-  ``ceil(points / [vector] mac8_ways)`` steps per destination row
+  ``ceil(points / dot_ways)`` steps per destination row (``[vector] mac8_ways``, capped
+  at the array's rate)
 * ALU LUT: loop points x ceil(block_out / table lookups per cycle) + ALU pipeline latency
 * NORM: ``dsa_tvm.isa.norm_unit.norm_cycles`` (rows over the units, passes per row at
   ``norm_elements_per_cycle``, plus ``norm_row_latency_cycles`` per row); it holds the
@@ -100,7 +101,7 @@ def compute_cycles(ins: Instruction, cfg: "HardwareConfig") -> int:
     if isinstance(ins, Alu):
         if ins.op == AluOp.LUT:  # the table unit's read ports set the rate
             return ins.steps * cfg.lut_cycles_per_row + cfg.alu_latency_cycles
-        if ins.op == AluOp.MAC8:  # a dot-product lane takes mac8_ways taps a step
+        if ins.op == AluOp.MAC8:  # a dot-product lane takes dot_ways taps a step
             steps = cfg.mac8_steps([(lp.extent, lp.dst) for lp in ins.loops])
             return cfg.alu_step_cycles(steps) + cfg.alu_latency_cycles
         return cfg.alu_step_cycles(ins.steps) + cfg.alu_latency_cycles

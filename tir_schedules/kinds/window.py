@@ -150,7 +150,7 @@ def estimate_window_cycles(cfg: HardwareConfig, s: WindowShape, k: WindowKnobs) 
     once = exposed * (resident / cfg.bandwidth_bytes_per_cycle + 2 * cfg.latency_cycles)
     # taps (the first one writes the init) and the requant pass
     levels = tap_levels(s, k)
-    ways = cfg.mac8_ways if s.kind == "dw" else 1
+    ways = cfg.dot_ways if s.kind == "dw" else 1
     return stream_cycles(cfg, tiles, [(in_rows * in_cols * k.tile_cb * b, n_loads)],
                          reduction_steps(cfg, levels, ways) + out,
                          reduction_count(levels) + 1, out * b, k.double_buffer, once)
