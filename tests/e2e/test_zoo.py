@@ -121,25 +121,29 @@ def test_bench_zoo_prints_each_goal_met_or_missed():
              launches=2, cycles=150, bound=100, ref_steps=1, ort_steps=3.0,
              dw_layers=2, dw_by_kernel={"5x5": 2.5})
     tf = R("gpt2", "transformer", onnx_macs=10, report_macs=10, dsa_macs=10, launches=1,
-           cycles=1, bound=1, ref_steps=0, ort_steps=2.0)   # integer norms: not judged so
+           block_launches=1, cycles=1, bound=1, ref_steps=0,
+           ort_steps=2.0)   # integer norms: not judged so
+    vit = R("vit_tiny", "transformer", onnx_macs=10, report_macs=10, dsa_macs=10, launches=2,
+            block_launches=2, cycles=1, bound=1, ref_steps=0)
     tf.dsa_ops["LayerNorm"] = 2
+    vit.dsa_ops["LayerNorm"] = 2
     broken = R("unet", "cnn", stage="export", error="no")
     assert bench.goal_status([good, tf]) == [
         "- >= 99% of MACs on the DSA: met", "- CNNs in 1 launch: met",
-        "- transformers, launches: gpt2 1",
+        "- transformers, the blocks (norms, attention) in 1 launch (gpt2 1 of 1 launches): met",
         "- every DSA launch bit-exact against the integer reference: met",
         "- within 1 output step of onnxruntime where every DSA op is standard QDQ "
         "(mobilenet_v2): met",
         "- depthwise within 2x of its bound (3 layers in 1 models, worst 1.40x in "
         "mobilenet_v2; 3x3 worst 1.40x (mobilenet_v2)): met",
         "- network cycles <= 1.2x the sum of bounds (mobilenet_v2 1.10x): met"]
-    lines = "\n".join(bench.goal_status([good, slow, tf, broken]))
+    lines = "\n".join(bench.goal_status([good, slow, tf, vit, broken]))
     for want in ("MACs on the DSA: missed: efficientnet_b0 98.0%",
                  "1 launch: missed: efficientnet_b0 2", "reference: missed: efficientnet_b0 1",
                  "standard QDQ (mobilenet_v2, efficientnet_b0): missed: efficientnet_b0 3",
                  "missed: efficientnet_b0 2.50x",
                  "(mobilenet_v2 1.10x, efficientnet_b0 1.50x): missed: efficientnet_b0 1.50x",
-                 "- failed: unet (export)"):
+                 "vit_tiny 2 of 2 launches): missed: vit_tiny 2", "- failed: unet (export)"):
         assert want in lines, lines
 
 
@@ -151,7 +155,7 @@ def test_llama_block_in_one_launch_with_rope_on_the_dsa():
     r = zoo_measure.measure("llama", tiny=True, cpu_gmacs=SLOW_HOST_GMACS,
                             overrides={"dim": 64})
     assert not r.failed, f"{r.stage}: {r.error}\n{r.trace}"
-    assert r.launches == 1, r.cpu_ops
+    assert r.launches == 1 and r.block_launches == 1, r.cpu_ops
     assert r.dsa_ops["Rope"] == 2 and r.dsa_ops["BatchMatmul"] == 2, r.dsa_ops
     assert not {"multiply", "strided_slice", "negative", "concat"} & set(r.cpu_ops), r.cpu_ops
     assert r.ref_steps == 0

@@ -45,12 +45,14 @@ class ZooEntry:
         return self.tiny_image if tiny else self.image
 
 
+#: the CNNs read 224x224 images, their ImageNet input (at 64x64 the last stages are 2x2
+#: maps whose per-layer costs, not the network, decide the cycles: bench_zoo --image 64)
 ZOO: dict[str, ZooEntry] = {e.name: e for e in [
-    ZooEntry("resnet18", "cnn", "ResNet18", "image", {"width": 64}, {"width": 16}, 64, 32),
+    ZooEntry("resnet18", "cnn", "ResNet18", "image", {"width": 64}, {"width": 16}, 224, 32),
     ZooEntry("mobilenet_v2", "cnn", "MobileNetV2", "image", {"width_mult": 1.0},
-             {"width_mult": 0.35}, 64, 32),
-    ZooEntry("mobilenet_v3_small", "cnn", "MobileNetV3Small", "image", {}, {}, 64, 32),
-    ZooEntry("efficientnet_b0", "cnn", "EfficientNetB0", "image", {}, {}, 64, 32),
+             {"width_mult": 0.35}, 224, 32),
+    ZooEntry("mobilenet_v3_small", "cnn", "MobileNetV3Small", "image", {}, {}, 224, 32),
+    ZooEntry("efficientnet_b0", "cnn", "EfficientNetB0", "image", {}, {}, 224, 32),
     ZooEntry("vit_tiny", "transformer", "ViT", "image", {"depth": 12, "image": 32},
              {"depth": 1, "image": 16, "dim": 64, "heads": 2, "mlp": 128}, 32, 16),
     ZooEntry("bert", "transformer", "Bert", "tokens", {"depth": 4, "seq": 32},
@@ -59,10 +61,10 @@ ZOO: dict[str, ZooEntry] = {e.name: e for e in [
              {"depth": 1, "seq": 8, "dim": 32, "heads": 2, "vocab": 64}, 32, 8),
     ZooEntry("llama", "transformer", "Llama", "tokens", {"depth": 2, "seq": 32},
              {"depth": 1, "seq": 8, "dim": 32, "heads": 2, "ffn": 64, "vocab": 64}, 32, 8),
-    ZooEntry("yolo", "cnn", "YoloStyle", "image", {"width": 16}, {"width": 8}, 64, 32),
-    ZooEntry("unet", "cnn", "UNet", "image", {"width": 16}, {"width": 8}, 64, 16),
+    ZooEntry("yolo", "cnn", "YoloStyle", "image", {"width": 16}, {"width": 8}, 224, 32),
+    ZooEntry("unet", "cnn", "UNet", "image", {"width": 16}, {"width": 8}, 224, 16),
     ZooEntry("convnext", "cnn", "ConvNeXt", "image", {},
-             {"dims": (16, 32), "depths": (1, 1)}, 64, 32),
+             {"dims": (16, 32), "depths": (1, 1)}, 224, 32),
     ZooEntry("audio_conv1d", "cnn", "AudioConv1d", "audio", {"width": 32}, {"width": 16},
              4000, 1600),
 ]}

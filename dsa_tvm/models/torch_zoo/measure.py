@@ -56,6 +56,9 @@ class ZooResult:
     dsa_ops: Counter = field(default_factory=Counter)   # layer kinds on the DSA
     cpu_ops: Counter = field(default_factory=Counter)   # Relax ops on the CPU (glue excluded)
     launches: int = 0
+    #: launches whose region holds a transformer block's layers (a norm or an attention
+    #: matmul): the issue's "everything between the embedding and the head in 1 launch"
+    block_launches: int = 0
     cycles: int = 0
     bound: int = 0                  # sum of the DSA layers' roofline bounds
     dw_layers: int = 0              # depthwise convs on the DSA
@@ -86,6 +89,8 @@ class ZooResult:
 
 
 MAC_NODES = ("Conv", "ConvTranspose", "Gemm", "MatMul")
+#: layer kinds only a transformer block has: its norms and its attention matmuls
+BLOCK_LAYERS = frozenset({"LayerNorm", "RMSNorm", "Softmax", "BatchMatmul"})
 
 
 def onnx_macs(model: onnx.ModelProto) -> int:
@@ -202,6 +207,9 @@ def measure(name: str, hw: str = "default", tiny: bool = False, cpu_gmacs: float
         res.dsa_ops = Counter(r.op for r in dsa_rows)
         res.cpu_ops.update(cpu_ops_left(crep))
         res.launches, res.cycles, res.bound = len(launches), rep.total_cycles, rep.bound_cycles
+        block_regions = {d.name for d in crep.regions if d.target == "dsa" and d.region is not None
+                         and any(type(ly).__name__ in BLOCK_LAYERS for ly in d.region.layers)}
+        res.block_launches = sum(ln.program.name in block_regions for ln in launches)
         kernel = {ly.name: "x".join(map(str, ly.weight.shape[2:]))
                   for d in crep.regions if d.target == "dsa" and d.region is not None
                   for ly in d.region.layers if getattr(ly, "depthwise", False)}
