@@ -138,8 +138,8 @@ FIELDS: tuple[FieldSpec, ...] = (
          "mac8_ways) steps per destination row. Each way is an 8-bit multiplier and an adder "
          "beside the lane (area.mac_um2 each); the taps come through a sliding window. "
          "1: one product a step, as MAC. Capped at block_in * block_out / lanes: the vector "
-         "unit never multiplies faster than the array (the compute bound).", "power of two",
-         lambda v: _pow2(v), 1),
+         "unit never multiplies faster than the array (the compute bound).",
+         "power of two, 1..256", lambda v: _pow2(v) and v <= 256, 1),
     _int("vector", "alu_latency_cycles", "cycles",
          "Pipeline depth of the vector ALU, paid once per ALU instruction.", "0..1000",
          lambda v: 0 <= v <= 1000, 4),

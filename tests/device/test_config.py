@@ -288,8 +288,9 @@ def test_dot_lanes_never_beat_the_array():
     assert cfg.replace(mac8_ways=8).dot_ways == 4
     assert cfg.replace(block_in=8, block_out=8, instruction_bits=512).dot_ways == 1
     d = _desc()
-    d["vector"]["mac8_ways"] = 3
-    assert "'vector.mac8_ways' = 3" in _err(d) and "power of two" in _err(d)
+    for bad in (0, 3, 1024):
+        d["vector"]["mac8_ways"] = bad
+        assert f"'vector.mac8_ways' = {bad}" in _err(d) and "power of two, 1..256" in _err(d)
 
 
 def test_lanes_beyond_the_array_refused():
