@@ -177,7 +177,7 @@ def test_rpc_address_and_missing_tracker_fail_fast(model, tmp_path, capsys):
 def test_rpc_tracker_without_servers_under_the_key(model, tmp_path, capsys):
     from tvm.rpc.tracker import Tracker
 
-    from ..tuning.test_tuning import _free_port_range
+    from ..tuning.test_rpc_cli import _free_port_range
 
     base = _free_port_range(10)
     tracker = Tracker("127.0.0.1", port=base, port_end=base + 10, silent=True)
