@@ -35,17 +35,17 @@ def reduction_count(levels: list[tuple]) -> int:
     return sum(nest_count(box, ALU_LEVELS) for _, box, _ in first_step_split(levels, (0, 0, 0)))
 
 
-def reduction_steps(cfg: HardwareConfig, levels: list[tuple], ways: int) -> int:
-    """ALU steps of that reduction: every point a step, except that a MAC8 on dot-product
-    lanes (``ways`` = ``HardwareConfig.dot_ways``) takes the reduction levels inside each
-    instruction ``ways`` points a step (``HardwareConfig.mac8_steps``)."""
+def reduction_steps(cfg: HardwareConfig, levels: list[tuple], mac8: bool) -> int:
+    """ALU steps of that reduction: every point a step, except that a MAC8 (``mac8``) on
+    dot-product lanes takes the reduction levels inside each instruction
+    ``HardwareConfig.dot_ways`` points a step (``HardwareConfig.mac8_steps``)."""
     total = 0
     for _, box, _ in first_step_split(levels, (0, 0, 0)):
         nest = merge_levels(box)
         inner = nest[-ALU_LEVELS:]
         copies = math.prod(lv[0] for lv in nest[:-ALU_LEVELS]) if len(nest) > ALU_LEVELS else 1
         pairs = [(lv[0], lv[1]) for lv in inner]
-        total += copies * (cfg.mac8_steps(pairs) if ways > 1 else math.prod(e for e, _ in pairs))
+        total += copies * (cfg.mac8_steps(pairs) if mac8 else math.prod(e for e, _ in pairs))
     return total
 
 

@@ -70,7 +70,7 @@ class WindowKnobs:
     tile_cb: int         # channel blocks per tile (divides CB)
     double_buffer: bool
     taps_inside: bool = False  # depthwise: one kernel row of taps inside each instruction
-    #                            (MAC8 on dot-product lanes takes mac8_ways taps a step)
+    #                            (MAC8 on dot-product lanes takes dot_ways taps a step)
 
 
 def window(s: WindowShape) -> tirx.PrimFunc:
@@ -150,9 +150,8 @@ def estimate_window_cycles(cfg: HardwareConfig, s: WindowShape, k: WindowKnobs) 
     once = exposed * (resident / cfg.bandwidth_bytes_per_cycle + 2 * cfg.latency_cycles)
     # taps (the first one writes the init) and the requant pass
     levels = tap_levels(s, k)
-    ways = cfg.dot_ways if s.kind == "dw" else 1
     return stream_cycles(cfg, tiles, [(in_rows * in_cols * k.tile_cb * b, n_loads)],
-                         reduction_steps(cfg, levels, ways) + out,
+                         reduction_steps(cfg, levels, s.kind == "dw") + out,
                          reduction_count(levels) + 1, out * b, k.double_buffer, once)
 
 
