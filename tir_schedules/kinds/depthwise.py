@@ -13,9 +13,12 @@ the requant step; measured, the default schedules come within 2-10% of that ceil
 takes ``(9 + 1) / 2`` = 5x its DRAM bound at 16 B/cycle, whichever engine. A vector unit
 wider than a row (``vector.lanes > block_out``) runs ``lanes / block_out`` rows per
 cycle and makes the layer DRAM-bound; parts with fewer lanes than the block take
-several cycles per vector row, where the array wins. The array fetches its input
-tiles on the load engine; the vector unit needs no weight scratchpad and no array
-fill/drain per instruction.
+several cycles per vector row, where the array wins. Dot-product lanes (``[vector]
+mac8_ways``: the ALU's MAC8 adds that many int8 products a step) take a kernel row's
+taps together when the window room's ``taps_inside`` knob puts the row inside each
+instruction: what 5x5 and 7x7 kernels need (``default``: 4 ways, 64 lanes, the array's
+256 MACs a cycle). The array fetches its input tiles on the load engine; the vector
+unit needs no weight scratchpad and no array fill/drain per instruction.
 """
 
 from __future__ import annotations

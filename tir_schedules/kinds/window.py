@@ -9,8 +9,11 @@ points never appear in the arithmetic; the REQUANT bias removes them, once per l
 * average pool: ``sum(x - zp) = sum(x) - count * zp``;
 * max pool: ``max(x - zp) = max(x) - zp`` (pads are -128 and never win).
 
-(A depthwise conv can also run on the array: ``conv2d.depthwise_recipe``; the
-depthwise room picks the engine.)
+A depthwise conv's taps are MAC8s (int8 codes): with ``taps_inside`` each instruction
+holds one kernel row (loops kh, cb_i | oh_i, ow_i, kw), which dot-product lanes take
+``dot_ways`` taps a step; without it the taps are outermost and each instruction one
+tap over the tile's pixels and channels. (A depthwise conv can also run on the array:
+``conv2d.depthwise_recipe``; the depthwise room picks the engine.)
 """
 
 from __future__ import annotations
