@@ -38,6 +38,7 @@ from ..isa.instructions import (
     b_rows,
     lut_rows,
 )
+from . import int8_gemm
 from .errors import SimulationError
 from .plans import alu_plan, gemm_plan
 
@@ -86,9 +87,12 @@ class Machine:
         self.acc = np.zeros((batch, cfg.acc_depth, bo), dtype=np.int32)
         # weight tiles loaded from constant DRAM: the same in every input
         self.wgt_shared = np.ones(cfg.wgt_depth, dtype=bool)
-        # prepared GEMM weight matrices: key -> (first tile, last tile, matrix); a WGT
-        # load drops the entries whose tiles it overwrites
+        # prepared GEMM weight matrices: key -> (first tile, last tile, matrix, column
+        # sums); a WGT load drops the entries whose tiles it overwrites
         self._wcache: dict = {}
+        # exact int8 products on the CPU's dot-product instructions when it proves exact
+        # (int8_gemm); float32 chunks whose sums stay exact otherwise
+        self._int8 = int8_gemm.available()
         self._elems = {buf: self._elem(buf) for buf in Buffer}
 
     def _is_const(self, lo: int, hi: int) -> bool:
@@ -160,7 +164,7 @@ class Machine:
             first = ins.dram_base * unit
             last = first + ((ins.y_size - 1) * ins.x_stride + ins.x_size) * unit
             self.wgt_shared[lo:hi + 1] = self.batch == 1 or self._is_const(first, last)
-            stale = [k for k, (w_lo, w_hi, _) in self._wcache.items() if w_lo <= hi and lo <= w_hi]
+            stale = [k for k, (w_lo, w_hi, *_) in self._wcache.items() if w_lo <= hi and lo <= w_hi]
             for k in stale:
                 del self._wcache[k]
 
@@ -200,10 +204,13 @@ class Machine:
             x = self.inp[:, ins.inp_base:ins.inp_base + plan.inp_run]
         else:  # np.take on the row axis: an order of magnitude faster than x[idx] here
             x = np.take(self.inp, ins.inp_base + plan.inp, axis=1)
-        x = x.reshape(nbat, nb, nc, nm, ch * bi).astype(np.float32)
-        prod = np.matmul(x, self._gemm_weights(ins, plan))    # (batch, nb, nc, nm, nn*bo)
-        # every chunk sum is an exact integer below 2**24; int32 adds wrap like the
-        # accumulator does
+        x = x.reshape(nbat, nb, nc, nm, ch * bi)
+        w, sums = self._gemm_weights(ins, plan)
+        if sums is not None:   # (batch, nb, nc, nm, nn*bo) int32, exact
+            prod = int8_gemm.matmul(x, w, sums)
+        else:                  # every chunk sum is an exact integer below 2**24
+            prod = np.matmul(x.astype(np.float32), w)
+        # int32 adds wrap like the accumulator does
         if nc == 1:
             prod = prod.astype(np.int32).reshape(nbat, -1, bo)
         else:
@@ -240,14 +247,15 @@ class Machine:
             for b in range(nbat):
                 np.add.at(acc[b], rows, prod[b])
 
-    def _gemm_weights(self, ins: Gemm, plan) -> np.ndarray:
-        """(nb, nchunk, chunk*block_in, nn*block_out) float32 weight matrix (zero rows
-        where the last chunk is padded), reused until a WGT load overwrites its tiles;
-        with a leading batch axis when some tile is not the same in every input."""
+    def _gemm_weights(self, ins: Gemm, plan) -> tuple[np.ndarray, np.ndarray | None]:
+        """(nb, nchunk, chunk*block_in, nn*block_out) weight matrix (zero rows where the
+        last chunk is padded), reused until a WGT load overwrites its tiles; with a
+        leading batch axis when some tile is not the same in every input. int8 with its
+        :func:`int8_gemm.column_sums` on the int8 path, else float32 and None."""
         key = (ins.wgt_base, ins.loops)
         hit = self._wcache.get(key)
         if hit is not None:
-            return hit[2]
+            return hit[2], hit[3]
         bi, bo = self.cfg.block_in, self.cfg.block_out
         nb, nn, nk = plan.nb, plan.nn, plan.nk
         tiles = ins.wgt_base + plan.wgt
@@ -257,13 +265,15 @@ class Machine:
         w = np.moveaxis(w, (-4, -3, -2, -1), (-2, -4, -1, -3)).reshape(
             lead + (nb, nk * bi, nn * bo))
         kpad = plan.nchunk * plan.chunk
-        mat = np.zeros(lead + (nb, kpad * bi, nn * bo), dtype=np.float32)
+        mat = np.zeros(lead + (nb, kpad * bi, nn * bo),
+                       dtype=np.int8 if self._int8 else np.float32)
         mat[..., :nk * bi, :] = w
         mat = mat.reshape(lead + (nb, plan.nchunk, plan.chunk * bi, nn * bo))
+        sums = int8_gemm.column_sums(mat) if self._int8 else None
         if len(self._wcache) >= WEIGHT_CACHE_SIZE:
             del self._wcache[next(iter(self._wcache))]
-        self._wcache[key] = (ins.wgt_base + plan.wgt_lo, ins.wgt_base + plan.wgt_hi, mat)
-        return mat
+        self._wcache[key] = (ins.wgt_base + plan.wgt_lo, ins.wgt_base + plan.wgt_hi, mat, sums)
+        return mat, sums
 
     def alu(self, i: int, ins: Alu) -> None:
         plan = alu_plan(ins.loops, ins.a_base - ins.dst_base,

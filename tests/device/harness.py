@@ -3,9 +3,12 @@ and a simulator run alone or checked bit for bit against the reference machine."
 
 from __future__ import annotations
 
+from contextlib import contextmanager
+
 import numpy as np
 
 from dsa_tvm.isa.program import Program
+from dsa_tvm.sim import int8_gemm
 from dsa_tvm.sim.simulator import Simulator
 from dsa_tvm.sim.timing import Schedule
 
@@ -54,3 +57,17 @@ def random_layers(instrs, n_layers: int, rnd) -> tuple[Schedule, list[tuple[int,
     cuts = sorted(rnd.sample(range(1, len(instrs)), min(n_layers, len(instrs)) - 1))
     bounds = [0, *cuts, len(instrs)]
     return sched, [(lo, hi - 1) for lo, hi in zip(bounds, bounds[1:])]
+
+
+@contextmanager
+def gemm_path(float32: bool):
+    """Simulate GEMMs on the float32 path (as on a CPU whose int8 products are not exact)
+    or on the int8 one where this CPU has it: tests run both."""
+    int8_gemm.available()
+    saved = dict(int8_gemm._STATE)
+    if float32:
+        int8_gemm._STATE["ok"] = False
+    try:
+        yield
+    finally:
+        int8_gemm._STATE.update(saved)

@@ -18,7 +18,7 @@ from dsa_tvm.isa.builder import ProgramBuilder
 from dsa_tvm.isa.instructions import Buffer, Gemm, Load
 from dsa_tvm.isa.program import INT4
 
-from .harness import rand_int8, rand_int32, run, run_and_check
+from .harness import gemm_path, rand_int8, rand_int32, run, run_and_check
 from .reference_machine import build_sequential, reference_outputs, wrap32
 
 I64 = np.int64
@@ -44,6 +44,14 @@ def _window(elems: np.ndarray, base: int, ys: int, xs: int, stride: int) -> np.n
     idx = base + np.arange(ys)[:, None] * stride + np.arange(xs)[None, :]
     return elems[idx]
 
+
+
+@pytest.fixture(scope="module", autouse=True, params=["int8", "float32"])
+def _both_gemm_paths(request):
+    """Every test here on the exact int8 GEMM path (where this CPU proves it exact) and
+    on the float32 path a CPU without it takes."""
+    with gemm_path(float32=request.param == "float32"):
+        yield request.param
 
 def test_load_inp_2d_stride_and_padding(any_cfg):
     cfg = any_cfg
