@@ -41,11 +41,9 @@ def reduction_steps(cfg: HardwareConfig, levels: list[tuple], mac8: bool) -> int
     ``HardwareConfig.dot_ways`` points a step (``HardwareConfig.mac8_steps``)."""
     total = 0
     for _, box, _ in first_step_split(levels, (0, 0, 0)):
-        nest = merge_levels(box)
-        inner = nest[-ALU_LEVELS:]
-        copies = math.prod(lv[0] for lv in nest[:-ALU_LEVELS]) if len(nest) > ALU_LEVELS else 1
-        pairs = [(lv[0], lv[1]) for lv in inner]
-        total += copies * (cfg.mac8_steps(pairs) if mac8 else math.prod(e for e, _ in pairs))
+        pairs = [(lv[0], lv[1]) for lv in merge_levels(box)[-ALU_LEVELS:]]
+        steps = cfg.mac8_steps(pairs) if mac8 else math.prod(e for e, _ in pairs)
+        total += nest_count(box, ALU_LEVELS) * steps
     return total
 
 

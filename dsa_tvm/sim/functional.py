@@ -210,11 +210,13 @@ class Machine:
             prod = int8_gemm.matmul(x, w, sums)
         else:                  # every chunk sum is an exact integer below 2**24
             prod = np.matmul(x.astype(np.float32), w)
-        # int32 adds wrap like the accumulator does
+        # int32 adds wrap like the accumulator does (the int8 path's products are int32
+        # already: no copy)
+        prod = prod.astype(np.int32, copy=False)
         if nc == 1:
-            prod = prod.astype(np.int32).reshape(nbat, -1, bo)
+            prod = prod.reshape(nbat, -1, bo)
         else:
-            prod = prod.astype(np.int32).sum(axis=2, dtype=np.int32).reshape(nbat, -1, bo)
+            prod = prod.sum(axis=2, dtype=np.int32).reshape(nbat, -1, bo)
         self._accumulate(ins, plan, prod)
 
     def analog_gemm(self, i: int, ins: Gemm) -> None:
