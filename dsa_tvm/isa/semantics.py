@@ -44,6 +44,23 @@ def rshift_round(x: np.ndarray, shift: np.ndarray | int) -> np.ndarray:
     return (x + half) >> s
 
 
+#: largest shift the folded requantize takes: the zero point x 2**shift plus the product
+#: (< 2**62) stays inside int64
+FOLD_SHIFT_MAX = 52
+
+
+def _requantize_folded(y: np.ndarray, s: np.ndarray, zero_point: int, lo: int,
+                       hi: int) -> np.ndarray:
+    """:func:`requantize` of the int64 products ``y`` (modified) in four passes: the rounding
+    half and the zero point added in one (``floor(v / 2**s) + zp == floor((v + zp * 2**s)
+    / 2**s)``), the shift, the clamp against scalars (numpy's fast case), the cast."""
+    one = np.left_shift(np.int64(1), s)
+    y += (one >> 1) + np.int64(zero_point) * one
+    y >>= s
+    np.clip(y, lo, hi, out=y)
+    return y.astype(np.int32)
+
+
 def requantize(acc: np.ndarray, mult: np.ndarray | int, shift: np.ndarray | int,
                zero_point: int = 0, lo: int = INT8_MIN, hi: int = INT8_MAX) -> np.ndarray:
     """int8 core of the output stage: ``clamp(rshift_round(acc * mult, shift) + zero_point,
@@ -59,6 +76,9 @@ def requantize(acc: np.ndarray, mult: np.ndarray | int, shift: np.ndarray | int,
     s = np.asarray(shift)
     if s.dtype not in (np.int32, np.int64):
         s = s.astype(np.int64)
+    if (s.size and y.ndim and np.broadcast_shapes(y.shape, s.shape) == y.shape
+            and s.min() >= 0 and s.max() <= FOLD_SHIFT_MAX):
+        return _requantize_folded(y, s.astype(np.int64, copy=False), zero_point, lo, hi)
     # one reduction: negative shifts are huge when viewed as unsigned
     if s.size and s.view(np.uint32 if s.dtype == np.int32 else np.uint64).max() > 62:
         y = rshift_round(y, s)

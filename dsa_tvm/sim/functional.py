@@ -46,6 +46,7 @@ if TYPE_CHECKING:
     from ..hw.config import HardwareConfig
     from ..isa.program import Program
     from .cim_arrays import ProgrammedArrays
+    from .replay import ReplayPlan
 
 #: prepared weight matrices kept per machine (oldest evicted first)
 WEIGHT_CACHE_SIZE = 64
@@ -74,13 +75,21 @@ class Machine:
         self.arrays = arrays  # a CIM part's crossbars: the GEMMs they hold read them
         size = max(program.dram_size, 1)
         image = np.zeros(size, dtype=np.uint8)
-        self._const: list[tuple[int, int]] = []  # DRAM byte ranges every input shares
-        for r in program.regions:
-            if r.data is not None:
-                image[r.offset:r.offset + r.nbytes] = np.frombuffer(r.data, dtype=np.uint8)
-                self._const.append((r.offset, r.offset + r.nbytes))
-        self._const.sort()
-        self.dram = np.broadcast_to(image, (batch, size)).copy()
+        regions = sorted((r.offset, r.offset + r.nbytes, r.data) for r in program.regions
+                         if r.data is not None)
+        for lo, hi, data in regions:
+            image[lo:hi] = np.frombuffer(data, dtype=np.uint8)
+        self._const = [(lo, hi) for lo, hi, _ in regions]   # byte ranges every input shares
+        # the constants once, read by every input (validation has checked that every
+        # transfer lies inside one region and that no store writes a constant one); the
+        # batch's own DRAM holds the rest, zeroed in one sweep (a zero page mapped at its
+        # first scattered store costs more than the sweep)
+        self.image = image
+        self.dram = np.empty((batch, size), dtype=np.uint8)
+        start = 0
+        for lo, hi in self._const + [(size, size)]:
+            self.dram[:, start:lo] = 0
+            start = hi
         bi, bo = cfg.block_in, cfg.block_out
         self.inp = np.zeros((batch, cfg.inp_depth, bi), dtype=np.int8)
         self.wgt = np.zeros((batch, cfg.wgt_depth, bo, bi), dtype=np.int8)
@@ -92,10 +101,13 @@ class Machine:
         self._wcache: dict = {}
         # exact int8 products on the CPU's dot-product instructions when it proves exact
         # (int8_gemm); float32 chunks whose sums stay exact otherwise
-        self._int8 = int8_gemm.available()
+        self.int8 = int8_gemm.available()
+        # on the int8 path the input scratchpad holds codes + 128 (their bytes with the top
+        # bit flipped), as the products take them: the loads flip the bits as they copy
+        self.inp_bias = np.int8(-128) if self.int8 and arrays is None else None
         self._elems = {buf: self._elem(buf) for buf in Buffer}
 
-    def _is_const(self, lo: int, hi: int) -> bool:
+    def is_const(self, lo: int, hi: int) -> bool:
         """Whether DRAM bytes lo..hi-1 lie in one constant region (regions do not overlap:
         the one starting last at or before ``lo`` is the only candidate)."""
         k = bisect.bisect_right(self._const, (lo, float("inf"))) - 1
@@ -123,13 +135,44 @@ class Machine:
 
     def _dram_window(self, ins: Load | Store) -> np.ndarray:
         """(batch, y_size, x_size, *element) strided view of the DRAM the transfer touches
-        (validation has checked that it lies inside the program's DRAM)."""
+        (validation has checked that it lies inside one region): a load from a constant
+        region reads the shared constants (batch stride 0)."""
         shape, dtype, unit, inner = self._elems[ins.buffer]
+        first = ins.dram_base * unit
+        buf, batch_stride = self.dram, self.dram.shape[1]
+        if isinstance(ins, Load) and self.is_const(first, first + 1):
+            buf, batch_stride = self.image, 0
         return np.ndarray((self.batch, ins.y_size, ins.x_size) + shape, dtype,
-                          buffer=self.dram, offset=ins.dram_base * unit,
-                          strides=(self.dram.shape[1], ins.x_stride * unit, unit) + inner)
+                          buffer=buf, offset=first,
+                          strides=(batch_stride, ins.x_stride * unit, unit) + inner)
 
     # --- instructions
+    def replay(self, instrs: "list[Instruction]", order: list[int], plan: "ReplayPlan") -> None:
+        """Run ``instrs`` in ``order`` as :meth:`execute` would, skipping the plan's
+        redundant loads and computing its shared-input GEMMs together."""
+        skip, shared = plan.skip, plan.gemms
+        pending: dict[int, np.ndarray] = {}
+        for i in order:
+            if i in skip:
+                continue
+            hit = shared.get(i)
+            if hit is None:
+                self.execute(i, instrs[i])
+                continue
+            group, pos = hit
+            ins = instrs[i]
+            plan_i = gemm_plan(ins.loops, self.cfg.block_in)
+            if pos == 0:
+                prod = self.product(ins, plan_i, group.weights, group.sums)
+                if len(group.members) == 1:
+                    self._accumulate(ins, plan_i, prod)
+                    continue
+                bo = self.cfg.block_out
+                cols = prod.reshape(self.batch, plan_i.nb * plan_i.nm, -1)
+                for j, sl in zip(group.members, group.cols):
+                    pending[j] = cols[:, :, sl].reshape(self.batch, -1, bo)
+            self._accumulate(ins, plan_i, pending.pop(i))
+
     def execute(self, i: int, ins: Instruction) -> None:
         if isinstance(ins, Gemm):
             if self.arrays is not None and i in self.arrays.analog:
@@ -147,23 +190,28 @@ class Machine:
 
     def load(self, ins: Load) -> None:
         src = self._dram_window(ins)
+        shared = src.strides[0] == 0   # the program's constants: the same in every input
         if ins.buffer == Buffer.WGT4:  # int4 pairs sign-extended into int8 tiles
-            src = sem.unpack_int4(src).reshape(src.shape[:3] + self.wgt.shape[2:])
+            src = sem.unpack_int4(src[:1] if shared else src).reshape(
+                (1 if shared else self.batch,) + src.shape[1:3] + self.wgt.shape[2:])
         sram = self._sram(ins.buffer)
         h = ins.pad_top + ins.y_size + ins.pad_bottom
         w = ins.pad_left + ins.x_size + ins.pad_right
         dst = sram[:, ins.sram_base:ins.sram_base + h * w].reshape(
             (self.batch, h, w) + sram.shape[2:])
+        inner = dst[:, ins.pad_top:ins.pad_top + ins.y_size,
+                    ins.pad_left:ins.pad_left + ins.x_size]
+        if ins.buffer == Buffer.INP and self.inp_bias is not None:
+            if h * w != ins.y_size * ins.x_size:
+                dst[...] = np.int8(ins.pad_value) ^ self.inp_bias
+            np.bitwise_xor(src, self.inp_bias, out=inner)
+            return
         if h * w != ins.y_size * ins.x_size:
             dst[...] = ins.pad_value
-        dst[:, ins.pad_top:ins.pad_top + ins.y_size,
-            ins.pad_left:ins.pad_left + ins.x_size] = src
+        inner[...] = src
         if ins.buffer in (Buffer.WGT, Buffer.WGT4):
             lo, hi = ins.sram_base, ins.sram_base + h * w - 1
-            unit = self._elems[ins.buffer][2]
-            first = ins.dram_base * unit
-            last = first + ((ins.y_size - 1) * ins.x_stride + ins.x_size) * unit
-            self.wgt_shared[lo:hi + 1] = self.batch == 1 or self._is_const(first, last)
+            self.wgt_shared[lo:hi + 1] = self.batch == 1 or shared
             stale = [k for k, (w_lo, w_hi, *_) in self._wcache.items() if w_lo <= hi and lo <= w_hi]
             for k in stale:
                 del self._wcache[k]
@@ -198,26 +246,38 @@ class Machine:
 
     def gemm(self, ins: Gemm) -> None:
         plan = gemm_plan(ins.loops, self.cfg.block_in)
-        bi, bo, nbat = self.cfg.block_in, self.cfg.block_out, self.batch
-        nb, nm, nc, ch = plan.nb, plan.nm, plan.nchunk, plan.chunk
-        if plan.inp_run is not None:
-            x = self.inp[:, ins.inp_base:ins.inp_base + plan.inp_run]
-        else:  # np.take on the row axis: an order of magnitude faster than x[idx] here
-            x = np.take(self.inp, ins.inp_base + plan.inp, axis=1)
-        x = x.reshape(nbat, nb, nc, nm, ch * bi)
         w, sums = self._gemm_weights(ins, plan)
-        if sums is not None:   # (batch, nb, nc, nm, nn*bo) int32, exact
-            prod = int8_gemm.matmul(x, w, sums)
-        else:                  # every chunk sum is an exact integer below 2**24
-            prod = np.matmul(x.astype(np.float32), w)
-        # int32 adds wrap like the accumulator does (the int8 path's products are int32
-        # already: no copy)
-        prod = prod.astype(np.int32, copy=False)
-        if nc == 1:
-            prod = prod.reshape(nbat, -1, bo)
+        self._accumulate(ins, plan, self.product(ins, plan, w, sums))
+
+    def product(self, ins: Gemm, plan, w: np.ndarray, sums: np.ndarray | None) -> np.ndarray:
+        """(batch, nb * nm * N / block_out, block_out) int32 products of a GEMM's input
+        rows with the weight matrix ``w`` (:meth:`weight_matrix`; N its columns, which
+        may be wider than the GEMM's own when several GEMMs share the input)."""
+        bi, nbat = self.cfg.block_in, self.batch
+        nb, nm, nc, ch = plan.nb, plan.nm, plan.nchunk, plan.chunk
+        base = ins.inp_base
+        if sums is not None:   # int8 path: one reduction over every chunk, exact in int32
+            biased = self.inp_bias is not None
+            if plan.inp_run is not None:
+                x = self.inp[:, base:base + plan.inp_run]
+            else:  # np.take on the row axis: an order of magnitude faster than x[idx] here
+                x = np.take(self.inp, base + plan.inp.transpose(0, 2, 1, 3), axis=1)
+            if nb == 1 and w.ndim == 3:   # one weight matrix: one 2-D product
+                prod = int8_gemm.matmul(x.reshape(nbat * nm, -1), w[0], sums[0], biased)
+            else:
+                prod = int8_gemm.matmul(x.reshape(nbat, nb, nm, -1), w, sums, biased)
+            return prod.reshape(nbat, -1, self.cfg.block_out)
+        if plan.inp_run is not None:
+            x = self.inp[:, base:base + plan.inp_run]
         else:
-            prod = prod.sum(axis=2, dtype=np.int32).reshape(nbat, -1, bo)
-        self._accumulate(ins, plan, prod)
+            x = np.take(self.inp, base + plan.inp, axis=1)
+        x = x.reshape(nbat, nb, nc, nm, ch * bi)
+        # every chunk sum is an exact integer below 2**24; int32 adds wrap like the
+        # accumulator does
+        prod = np.matmul(x.astype(np.float32), w).astype(np.int32)
+        if nc > 1:
+            prod = prod.sum(axis=2, dtype=np.int32)
+        return prod.reshape(nbat, -1, self.cfg.block_out)
 
     def analog_gemm(self, i: int, ins: Gemm) -> None:
         """GEMM ``i`` read on the crossbars its weights were programmed into
@@ -250,14 +310,23 @@ class Machine:
                 np.add.at(acc[b], rows, prod[b])
 
     def _gemm_weights(self, ins: Gemm, plan) -> tuple[np.ndarray, np.ndarray | None]:
-        """(nb, nchunk, chunk*block_in, nn*block_out) weight matrix (zero rows where the
-        last chunk is padded), reused until a WGT load overwrites its tiles; with a
-        leading batch axis when some tile is not the same in every input. int8 with its
-        :func:`int8_gemm.column_sums` on the int8 path, else float32 and None."""
+        """:meth:`weight_matrix`, reused until a WGT load overwrites its tiles."""
         key = (ins.wgt_base, ins.loops)
         hit = self._wcache.get(key)
         if hit is not None:
             return hit[2], hit[3]
+        mat, sums = self.weight_matrix(ins, plan)
+        if len(self._wcache) >= WEIGHT_CACHE_SIZE:
+            del self._wcache[next(iter(self._wcache))]
+        self._wcache[key] = (ins.wgt_base + plan.wgt_lo, ins.wgt_base + plan.wgt_hi, mat, sums)
+        return mat, sums
+
+    def weight_matrix(self, ins: Gemm, plan) -> tuple[np.ndarray, np.ndarray | None]:
+        """A GEMM's weight tiles as one matrix, with a leading batch axis when some tile is
+        not the same in every input. On the int8 path (nb, K, nn*block_out) int8 (K the
+        chunks' rows, zero where the last chunk is padded) with its
+        :func:`int8_gemm.column_sums`; else (nb, nchunk, chunk*block_in, nn*block_out)
+        float32 and None."""
         bi, bo = self.cfg.block_in, self.cfg.block_out
         nb, nn, nk = plan.nb, plan.nn, plan.nk
         tiles = ins.wgt_base + plan.wgt
@@ -268,14 +337,11 @@ class Machine:
             lead + (nb, nk * bi, nn * bo))
         kpad = plan.nchunk * plan.chunk
         mat = np.zeros(lead + (nb, kpad * bi, nn * bo),
-                       dtype=np.int8 if self._int8 else np.float32)
+                       dtype=np.int8 if self.int8 else np.float32)
         mat[..., :nk * bi, :] = w
-        mat = mat.reshape(lead + (nb, plan.nchunk, plan.chunk * bi, nn * bo))
-        sums = int8_gemm.column_sums(mat) if self._int8 else None
-        if len(self._wcache) >= WEIGHT_CACHE_SIZE:
-            del self._wcache[next(iter(self._wcache))]
-        self._wcache[key] = (ins.wgt_base + plan.wgt_lo, ins.wgt_base + plan.wgt_hi, mat, sums)
-        return mat, sums
+        if self.int8:
+            return mat, int8_gemm.column_sums(mat)
+        return mat.reshape(lead + (nb, plan.nchunk, plan.chunk * bi, nn * bo)), None
 
     def alu(self, i: int, ins: Alu) -> None:
         plan = alu_plan(ins.loops, ins.a_base - ins.dst_base,

@@ -79,11 +79,12 @@ def column_sums(w: np.ndarray) -> np.ndarray:
     return (128 * w.astype(np.int32).sum(axis=-2, keepdims=True)).astype(np.int32)
 
 
-def matmul(x: np.ndarray, w: np.ndarray, sums: np.ndarray) -> np.ndarray:
+def matmul(x: np.ndarray, w: np.ndarray, sums: np.ndarray, biased: bool = False) -> np.ndarray:
     """``x @ w`` exactly in int32 (numpy broadcasting over the leading axes), for int8
     ``x`` and ``w`` whose reduction is at most :data:`MAX_K`; ``sums`` is
-    :func:`column_sums` of ``w``. Call only when :func:`available`."""
-    a = x.view(np.uint8) ^ np.uint8(0x80)           # x + 128, as its bytes
+    :func:`column_sums` of ``w``. ``biased``: ``x`` holds the codes + 128 already (their
+    bytes with the top bit flipped). Call only when :func:`available`."""
+    a = x.view(np.uint8) if biased else x.view(np.uint8) ^ np.uint8(0x80)   # x + 128
     y = _STATE["sess"].run(None, {"A": a, "B": w})[0]
     y -= sums
     return y

@@ -34,6 +34,7 @@ from .counters import collect_counters, energy_split, format_counters
 from .errors import HazardError, SimulationError
 from .functional import Machine
 from .limits import check_functional
+from .replay import ReplayPlan, build_plan
 from .timing import Schedule, schedule
 from .trace import trace_events, write_trace
 from .validate import validate_program
@@ -114,6 +115,8 @@ class _Timing:
     order: list[int]          # instruction indices in the order they started
     hazards_checked: bool
     contents: int             # _contents(program) when timed: an edited program is re-timed
+    replay: dict[tuple, ReplayPlan] = field(default_factory=dict)  # per GEMM path, analog set
+    latest: ReplayPlan | None = None
 
 
 #: programs whose timing a simulator keeps (the least recently run go first)
@@ -130,6 +133,9 @@ class Simulator:
         self._timings: OrderedDict[int, _Timing] = OrderedDict()
         self._arrays: OrderedDict[int, tuple[Program, tuple, ProgrammedArrays]] = OrderedDict()
         self._lock = threading.Lock()
+        #: later runs of a program replay it with its :mod:`replay` plan (False: step by
+        #: step, as the first run does; the values are the same either way)
+        self.replay = True
 
     def load_program(self, data: bytes) -> Program:
         return Program.from_bytes(data, self.config)
@@ -170,8 +176,11 @@ class Simulator:
             res = self._timed(program, machine, check_hazards, footprints)
         else:
             instrs = program.instructions
-            for i in timing.order:
-                machine.execute(i, instrs[i])
+            if self.replay:
+                machine.replay(instrs, timing.order, self._replay_plan(program, timing, machine))
+            else:
+                for i in timing.order:
+                    machine.execute(i, instrs[i])
             res = SimResult(program, cfg, timing.schedule, dict(timing.counters),
                             timing_reused=True, cim=machine.arrays and machine.arrays.cmap)
         res.outputs = self._read_outputs(machine, program)
@@ -193,6 +202,24 @@ class Simulator:
             while len(self._arrays) > ARRAYS_CACHE_ENTRIES:
                 self._arrays.popitem(last=False)
         return arrays
+
+    def replay_plan(self, program: Program) -> ReplayPlan | None:
+        """The plan the latest replay of ``program`` used (None before its second run)."""
+        t = self._timings.get(id(program))
+        return t.latest if t is not None and t.program is program else None
+
+    def _replay_plan(self, program: Program, timing: _Timing, machine: Machine) -> ReplayPlan:
+        """The program's replay plan for this machine's GEMM path and crossbars (built on
+        the first replay, kept with the timing)."""
+        analog = frozenset(machine.arrays.analog) if machine.arrays is not None else frozenset()
+        key = (machine.int8, analog)
+        with self._lock:
+            plan = timing.replay.get(key)
+            if plan is None:
+                plan = build_plan(program, self.config, timing.order, analog, machine.int8)
+                timing.replay[key] = plan
+            timing.latest = plan
+        return plan
 
     def _cached(self, program: Program, check_hazards: bool) -> _Timing | None:
         with self._lock:  # launches of one program may run in several threads

@@ -23,14 +23,19 @@ def run(cfg, program: Program, inputs=None, **kw):
 
 
 def run_and_check(cfg, program: Program, inputs=None):
-    """Run on the simulator and the reference; assert every output is bit-identical."""
-    res = run(cfg, program, inputs)
+    """Run on the simulator and the reference; assert every output is bit-identical. The
+    simulator runs the program twice: step by step as it is timed, then replayed with its
+    plan (``sim.replay``: skipped loads, shared-input GEMMs); both must match."""
+    sim = Simulator(cfg)
+    res = sim.run(program, inputs or {})
+    again = sim.run(program, inputs or {})
+    assert again.timing_reused
     ref = reference_outputs(cfg, program, inputs)
-    assert set(res.outputs) == set(ref)
+    assert set(res.outputs) == set(ref) == set(again.outputs)
     for name, want in ref.items():
-        got = res.outputs[name]
-        assert got.dtype == want.dtype and got.shape == want.shape, name
-        np.testing.assert_array_equal(got, want, err_msg=f"output '{name}'")
+        for got, how in ((res.outputs[name], "stepped"), (again.outputs[name], "replayed")):
+            assert got.dtype == want.dtype and got.shape == want.shape, name
+            np.testing.assert_array_equal(got, want, err_msg=f"output '{name}' ({how})")
     return res, ref
 
 

@@ -117,6 +117,25 @@ def test_requantize_matches_python(acc, mult, shift, zp):
         acc, mult, shift, zp)
 
 
+@settings(max_examples=200, deadline=None)
+@given(st.integers(0, 2**32 - 1), st.integers(0, 62), st.integers(-128, 127),
+       st.integers(-128, 127), st.integers(-128, 127), st.booleans())
+def test_requantize_per_lane_arrays_match_python(seed, top_shift, zp, b1, b2, full_range):
+    """Tiles of accumulators with a multiplier and a shift per lane (the simulator's
+    shape), full-range or typical values, shifts on both sides of the folded path's
+    limit (``FOLD_SHIFT_MAX``), every clamp."""
+    rng = np.random.default_rng(seed)
+    lo, hi = min(b1, b2), max(b1, b2)
+    acc = (rng.integers(-(1 << 31), 1 << 31, (3, 5, 8)) if full_range
+           else rng.integers(-5000, 5000, (3, 5, 8))).astype(np.int32)
+    mult = rng.integers(-(1 << 31) if full_range else 1 << 30, 1 << 31, 8).astype(np.int32)
+    shift = rng.integers(0, top_shift + 1, 8).astype(np.int32)
+    got = sem.requantize(acc, mult, shift, zp, lo, hi)
+    want = [[[requant_py(int(a), int(m), int(s), zp, lo, hi)
+              for a, m, s in zip(row, mult, shift)] for row in tile] for tile in acc]
+    assert got.dtype == np.int32 and got.tolist() == want
+
+
 def test_requantize_clamp_bounds_hand_values():
     acc = np.array([3, -3, 5, -5, 1000, -1000, 0, 255])
     # ReLU at zero point 0: lo = 0

@@ -1,0 +1,171 @@
+"""What later runs of a program can skip or share, found once from its execution order.
+
+A program's instruction stream, its execution order and its constant DRAM do not depend
+on the inputs, so two facts about a run can be settled before any data is seen:
+
+* **redundant loads**: a LOAD whose destination rows still hold exactly what an earlier,
+  identical LOAD put there (no write to those rows since, no store to its DRAM source
+  since) changes nothing. Schedules that re-read an input tile for every output-channel
+  block (the DRAM traffic is real and the timing charges it) repeat many such loads.
+* **shared-input GEMMs**: GEMMs whose weight tiles all came from constant DRAM and that
+  read the same input rows holding the same data (same row versions) multiply one input
+  matrix by several weight matrices. Their products are computed together when the first
+  of them runs, one product as wide as all their output blocks, and each GEMM adds its
+  columns into its accumulator rows at its own turn. The weight matrices are built once
+  per program.
+
+Both leave every value bit for bit as a step-by-step replay computes it (integer
+products are exact; what a GEMM adds and when is unchanged). The timing is not touched:
+it is simulated once per program from the whole stream.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
+
+import numpy as np
+
+from ..isa.footprint import BUF_SRAM, dram_span, footprint
+from ..isa.instructions import Alu, Gemm, Load, Norm, Store
+from .plans import GemmPlan, gemm_plan
+
+if TYPE_CHECKING:
+    from ..hw.config import HardwareConfig
+    from ..isa.program import Program
+
+#: weight bytes a program's plan may hold as prepared matrices (beyond: GEMMs run as usual)
+WEIGHT_BUDGET = 256 << 20
+
+
+@dataclass
+class SharedGemm:
+    """GEMMs that multiply one input by their own constant weights: computed together."""
+
+    members: list[int]                 # instruction indices, in execution order
+    cols: list[slice] = field(default_factory=list)   # each member's product columns
+    mats: list[np.ndarray] = field(default_factory=list)
+    weights: np.ndarray | None = None  # (nb, nchunk, chunk*block_in, N) all members' columns
+    sums: np.ndarray | None = None     # int8 path: their column sums (int8_gemm)
+
+
+@dataclass
+class ReplayPlan:
+    """Loads to skip and GEMM groups of one program (for one execution order)."""
+
+    skip: frozenset[int]
+    gemms: dict[int, tuple[SharedGemm, int]]  # GEMM index -> (its group, its position)
+
+    @property
+    def shared_gemms(self) -> int:
+        return len(self.gemms)
+
+
+def _load_key(ins: Load) -> tuple:
+    return (ins.buffer, ins.sram_base, ins.dram_base, ins.y_size, ins.x_size, ins.x_stride,
+            ins.pad_top, ins.pad_bottom, ins.pad_left, ins.pad_right, ins.pad_value)
+
+
+def _input_key(ins: Gemm, plan: GemmPlan, versions: np.ndarray) -> tuple:
+    """Same key, same input matrix: the rows' offsets, shape and the versions they hold."""
+    digest = hashlib.blake2b(plan.inp.tobytes(), digest_size=16)
+    digest.update(versions.tobytes())
+    return (ins.inp_base, plan.nb, plan.nm, plan.nchunk, plan.chunk, plan.inp.shape,
+            digest.digest())
+
+
+class _Stores:
+    """DRAM byte ranges stored so far, to ask whether a range was written since a point."""
+
+    def __init__(self) -> None:
+        self.lo: list[int] = []
+        self.hi: list[int] = []
+
+    def __len__(self) -> int:
+        return len(self.lo)
+
+    def add(self, lo: int, hi: int) -> None:
+        self.lo.append(lo)
+        self.hi.append(hi)
+
+    def touched_since(self, n: int, lo: int, hi: int) -> bool:
+        if n == len(self.lo):
+            return False
+        los, his = np.asarray(self.lo[n:]), np.asarray(self.hi[n:])
+        return bool(np.any((los <= hi) & (his >= lo)))
+
+
+def build_plan(program: "Program", cfg: "HardwareConfig", order: list[int],
+               analog: frozenset[int] = frozenset(), int8: bool = False) -> ReplayPlan:
+    """The replay plan of ``program`` run in ``order`` (the schedule's start order).
+    ``analog``: GEMMs read on crossbars (never shared); ``int8``: prepare the weights for
+    the int8 product path (:mod:`int8_gemm`), else as float32."""
+    from .functional import Machine  # the weight tiles, loaded as a run loads them
+
+    instrs = program.instructions
+    depth = {"inp": cfg.inp_depth, "wgt": cfg.wgt_depth, "acc": cfg.acc_depth}
+    version = {k: np.zeros(d, np.int64) for k, d in depth.items()}  # what each row holds
+    const_wgt = np.zeros(cfg.wgt_depth, bool)     # rows loaded from constant DRAM
+    machine = Machine(cfg, program, 1)            # executes the weight loads only
+    machine.int8 = int8
+    stores = _Stores()
+    seen: dict[tuple, tuple[int, int]] = {}       # load key -> (version written, stores then)
+    skip: set[int] = set()
+    groups: dict[tuple, SharedGemm] = {}
+    budget = WEIGHT_BUDGET
+    fresh = 0
+    for i in order:
+        ins = instrs[i]
+        if isinstance(ins, Load):
+            space = BUF_SRAM[ins.buffer]
+            lo, hi = ins.sram_base, ins.sram_base + ins.rows_written - 1
+            first, last = dram_span(ins, cfg)
+            key = _load_key(ins)
+            prev = seen.get(key)
+            if (prev is not None and bool((version[space][lo:hi + 1] == prev[0]).all())
+                    and not stores.touched_since(prev[1], first, last)):
+                skip.add(i)
+                continue
+            fresh += 1
+            version[space][lo:hi + 1] = fresh
+            seen[key] = (fresh, len(stores))
+            if space == "wgt":
+                const_wgt[lo:hi + 1] = machine.is_const(first, last)
+                machine.load(ins)
+        elif isinstance(ins, Store):
+            stores.add(*dram_span(ins, cfg))
+        elif isinstance(ins, (Alu, Norm, Gemm)):
+            for _space, lo, hi in footprint(ins, cfg).writes:
+                fresh += 1
+                version["acc"][lo:hi + 1] = fresh
+            if not isinstance(ins, Gemm) or i in analog:
+                continue
+            plan = gemm_plan(ins.loops, cfg.block_in)
+            if not const_wgt[ins.wgt_base + plan.wgt_lo:ins.wgt_base + plan.wgt_hi + 1].all():
+                continue
+            (_s, ilo, ihi), _w = footprint(ins, cfg).reads
+            mat, _sums = machine.weight_matrix(ins, plan)
+            if mat.nbytes > budget:
+                continue
+            budget -= mat.nbytes
+            group = groups.setdefault(_input_key(ins, plan, version["inp"][ilo:ihi + 1]),
+                                      SharedGemm([]))
+            group.members.append(i)
+            group.mats.append(mat)
+    shared: dict[int, tuple[SharedGemm, int]] = {}
+    for group in groups.values():
+        col = 0
+        for m in group.mats:
+            group.cols.append(slice(col, col + m.shape[-1]))
+            col += m.shape[-1]
+        group.weights = (group.mats[0] if len(group.mats) == 1
+                         else np.concatenate(group.mats, axis=-1))
+        group.mats = []
+        if int8:
+            from .int8_gemm import column_sums
+            group.sums = column_sums(group.weights)
+        for pos, i in enumerate(group.members):
+            shared[i] = (group, pos)
+    return ReplayPlan(frozenset(skip), shared)
+
