@@ -74,17 +74,15 @@ class Machine:
         self.batch = batch
         self.arrays = arrays  # a CIM part's crossbars: the GEMMs they hold read them
         size = max(program.dram_size, 1)
-        image = np.zeros(size, dtype=np.uint8)
         regions = sorted((r.offset, r.offset + r.nbytes, r.data) for r in program.regions
                          if r.data is not None)
-        for lo, hi, data in regions:
-            image[lo:hi] = np.frombuffer(data, dtype=np.uint8)
         self._const = [(lo, hi) for lo, hi, _ in regions]   # byte ranges every input shares
-        # the constants once, read by every input (validation has checked that every
-        # transfer lies inside one region and that no store writes a constant one); the
-        # batch's own DRAM holds the rest, zeroed in one sweep (a zero page mapped at its
-        # first scattered store costs more than the sweep)
-        self.image = image
+        # a load from a constant region reads the program's own bytes, shared by every
+        # input and never copied (validation has checked that every transfer lies inside
+        # one region and that no store writes a constant one); the batch's own DRAM holds
+        # the rest, zeroed in one sweep (a zero page mapped at its first scattered store
+        # costs more than the sweep)
+        self._const_bytes = [np.frombuffer(data, dtype=np.uint8) for _, _, data in regions]
         self.dram = np.empty((batch, size), dtype=np.uint8)
         start = 0
         for lo, hi in self._const + [(size, size)]:
@@ -108,10 +106,14 @@ class Machine:
         self._elems = {buf: self._elem(buf) for buf in Buffer}
 
     def is_const(self, lo: int, hi: int) -> bool:
-        """Whether DRAM bytes lo..hi-1 lie in one constant region (regions do not overlap:
-        the one starting last at or before ``lo`` is the only candidate)."""
+        """Whether DRAM bytes lo..hi-1 lie in one constant region."""
+        return self.const_region(lo, hi) is not None
+
+    def const_region(self, lo: int, hi: int) -> int | None:
+        """The constant region holding DRAM bytes lo..hi-1, if one does (regions do not
+        overlap: the one starting last at or before ``lo`` is the only candidate)."""
         k = bisect.bisect_right(self._const, (lo, float("inf"))) - 1
-        return k >= 0 and hi <= self._const[k][1]
+        return k if k >= 0 and hi <= self._const[k][1] else None
 
     # --- DRAM element views
     def _elem(self, buffer: Buffer) -> tuple[tuple[int, ...], np.dtype, int, tuple[int, ...]]:
@@ -133,27 +135,35 @@ class Machine:
         return {Buffer.INP: self.inp, Buffer.WGT: self.wgt, Buffer.WGT4: self.wgt}.get(
             buffer, self.acc)
 
-    def _dram_window(self, ins: Load | Store) -> np.ndarray:
+    def _dram_window(self, ins: Load | Store, run: tuple[int, int] | None = None) -> np.ndarray:
         """(batch, y_size, x_size, *element) strided view of the DRAM the transfer touches
         (validation has checked that it lies inside one region): a load from a constant
-        region reads the shared constants (batch stride 0)."""
+        region reads the shared constants (batch stride 0). ``run = (n, step)``: the
+        windows of n such transfers ``step`` elements apart, (batch, n, y, x, *element)."""
         shape, dtype, unit, inner = self._elems[ins.buffer]
         first = ins.dram_base * unit
         buf, batch_stride = self.dram, self.dram.shape[1]
-        if isinstance(ins, Load) and self.is_const(first, first + 1):
-            buf, batch_stride = self.image, 0
-        return np.ndarray((self.batch, ins.y_size, ins.x_size) + shape, dtype,
+        k = self.const_region(first, first + 1) if isinstance(ins, Load) else None
+        if k is not None:
+            buf, batch_stride, first = self._const_bytes[k], 0, first - self._const[k][0]
+        outer = (run[0],) if run else ()
+        steps = (run[1] * unit,) if run else ()
+        return np.ndarray((self.batch,) + outer + (ins.y_size, ins.x_size) + shape, dtype,
                           buffer=buf, offset=first,
-                          strides=(batch_stride, ins.x_stride * unit, unit) + inner)
+                          strides=(batch_stride,) + steps + (ins.x_stride * unit, unit) + inner)
 
     # --- instructions
     def replay(self, instrs: "list[Instruction]", order: list[int], plan: "ReplayPlan") -> None:
         """Run ``instrs`` in ``order`` as :meth:`execute` would, skipping the plan's
         redundant loads and computing its shared-input GEMMs together."""
-        skip, shared = plan.skip, plan.gemms
+        skip, shared, runs = plan.skip, plan.gemms, plan.load_runs
         pending: dict[int, np.ndarray] = {}
         for i in order:
             if i in skip:
+                continue
+            run = runs.get(i)
+            if run is not None:
+                self.load_run(instrs[i], *run)
                 continue
             hit = shared.get(i)
             if hit is None:
@@ -199,22 +209,40 @@ class Machine:
         w = ins.pad_left + ins.x_size + ins.pad_right
         dst = sram[:, ins.sram_base:ins.sram_base + h * w].reshape(
             (self.batch, h, w) + sram.shape[2:])
-        inner = dst[:, ins.pad_top:ins.pad_top + ins.y_size,
-                    ins.pad_left:ins.pad_left + ins.x_size]
-        if ins.buffer == Buffer.INP and self.inp_bias is not None:
-            if h * w != ins.y_size * ins.x_size:
-                dst[...] = np.int8(ins.pad_value) ^ self.inp_bias
-            np.bitwise_xor(src, self.inp_bias, out=inner)
-            return
-        if h * w != ins.y_size * ins.x_size:
-            dst[...] = ins.pad_value
-        inner[...] = src
+        self._fill(ins, dst, src)
         if ins.buffer in (Buffer.WGT, Buffer.WGT4):
             lo, hi = ins.sram_base, ins.sram_base + h * w - 1
             self.wgt_shared[lo:hi + 1] = self.batch == 1 or shared
             stale = [k for k, (w_lo, w_hi, *_) in self._wcache.items() if w_lo <= hi and lo <= w_hi]
             for k in stale:
                 del self._wcache[k]
+
+    def load_run(self, ins: Load, n: int, sram_step: int, dram_step: int) -> None:
+        """``ins`` and the n - 1 loads like it that follow, each ``sram_step`` rows and
+        ``dram_step`` elements further (disjoint rows; INP, ACC or ACC8), in one copy."""
+        sram = self._sram(ins.buffer)
+        h = ins.pad_top + ins.y_size + ins.pad_bottom
+        w = ins.pad_left + ins.x_size + ins.pad_right
+        row = sram.strides[1]
+        dst = np.lib.stride_tricks.as_strided(
+            sram[:, ins.sram_base:], (self.batch, n, h, w) + sram.shape[2:],
+            (sram.strides[0], sram_step * row, w * row, row) + sram.strides[2:])
+        self._fill(ins, dst, self._dram_window(ins, (n, dram_step)))
+
+    def _fill(self, ins: Load, dst: np.ndarray, src: np.ndarray) -> None:
+        """Write a load's padding and data into its (..., h, w, *element) rows ``dst``."""
+        lead = (slice(None),) * (dst.ndim - self._sram(ins.buffer).ndim)
+        inner = dst[lead + (slice(ins.pad_top, ins.pad_top + ins.y_size),
+                            slice(ins.pad_left, ins.pad_left + ins.x_size))]
+        padded = (ins.pad_top or ins.pad_bottom or ins.pad_left or ins.pad_right)
+        if ins.buffer == Buffer.INP and self.inp_bias is not None:
+            if padded:
+                dst[...] = np.int8(ins.pad_value) ^ self.inp_bias
+            np.bitwise_xor(src, self.inp_bias, out=inner)
+            return
+        if padded:
+            dst[...] = ins.pad_value
+        inner[...] = src
 
     def store(self, ins: Store) -> None:
         n = ins.y_size * ins.x_size

@@ -28,7 +28,7 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 from ..isa.footprint import BUF_SRAM, dram_span, footprint
-from ..isa.instructions import Alu, Gemm, Load, Norm, Store
+from ..isa.instructions import Alu, Buffer, Gemm, Load, Norm, Store
 from .plans import GemmPlan, gemm_plan
 
 if TYPE_CHECKING:
@@ -56,10 +56,15 @@ class ReplayPlan:
 
     skip: frozenset[int]
     gemms: dict[int, tuple[SharedGemm, int]]  # GEMM index -> (its group, its position)
+    load_runs: dict[int, tuple[int, int, int]] = field(default_factory=dict)
 
     @property
     def shared_gemms(self) -> int:
         return len(self.gemms)
+
+
+#: loads that may run together (a WGT load also keeps the weight-tile bookkeeping)
+RUN_BUFFERS = (Buffer.INP, Buffer.ACC, Buffer.ACC8)
 
 
 def _load_key(ins: Load) -> tuple:
@@ -167,5 +172,52 @@ def build_plan(program: "Program", cfg: "HardwareConfig", order: list[int],
             group.sums = column_sums(group.weights)
         for pos, i in enumerate(group.members):
             shared[i] = (group, pos)
-    return ReplayPlan(frozenset(skip), shared)
+    runs, joined = load_runs([i for i in order if i not in skip], instrs, cfg,
+                             machine.const_region)
+    return ReplayPlan(frozenset(skip | joined), shared, runs)
 
+
+
+def load_runs(seq: list[int], instrs: list, cfg: "HardwareConfig",
+              const_region) -> tuple[dict[int, tuple[int, int, int]], set[int]]:
+    """Loads next to each other in ``seq`` (execution order, skipped loads left out)
+    with one geometry, each a fixed number of rows further into the scratchpad (past the
+    previous one's rows) and of elements further into the same constant region or into
+    the inputs' own DRAM (``const_region(lo, hi)``: a constant region's index or None):
+    one strided copy does them all. Returns {first: (n, row step, element step)} and the
+    indices the first one's copy covers."""
+    runs: dict[int, tuple[int, int, int]] = {}
+    joined: set[int] = set()
+    cur: list[int] = []
+
+    def close() -> None:
+        if len(cur) > 1:
+            a, b = instrs[cur[0]], instrs[cur[1]]
+            runs[cur[0]] = (len(cur), b.sram_base - a.sram_base, b.dram_base - a.dram_base)
+            joined.update(cur[1:])
+
+    def source(ins: Load) -> int | None:
+        unit = cfg.element_bytes(ins.buffer)
+        return const_region(ins.dram_base * unit, ins.dram_base * unit + 1)
+
+    for i in seq:
+        ins = instrs[i]
+        if not (isinstance(ins, Load) and ins.buffer in RUN_BUFFERS):
+            close()
+            cur = []
+            continue
+        if cur:
+            prev = instrs[cur[-1]]
+            rows, elems = ins.sram_base - prev.sram_base, ins.dram_base - prev.dram_base
+            if (_load_key(ins)[3:] == _load_key(prev)[3:] and ins.buffer == prev.buffer
+                    and rows >= ins.rows_written and elems >= 0
+                    and (len(cur) == 1 or (rows, elems) == (
+                        prev.sram_base - instrs[cur[-2]].sram_base,
+                        prev.dram_base - instrs[cur[-2]].dram_base))
+                    and source(ins) == source(prev)):
+                cur.append(i)
+                continue
+            close()
+        cur = [i]
+    close()
+    return runs, joined

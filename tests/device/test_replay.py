@@ -118,3 +118,26 @@ def test_weights_from_an_input_are_never_shared():
     for k in range(3):
         np.testing.assert_array_equal(many[k], singles[k])
 
+
+
+def test_loads_in_a_row_run_as_one_copy_padding_included():
+    """Loads that follow each other with one geometry and fixed steps (the tiles of a
+    convolution's input) are copied together; padding and the int8 bias come out as
+    when they are copied one by one."""
+    rng = np.random.default_rng(4)
+    b = ProgramBuilder(CFG, "load_run")
+    x = b.region("x", "input", (40, BI))
+    w = b.region("w", "const", (1, BO, BI), data=rand_int8(rng, (1, BO, BI)))
+    out = b.region("out", "output", (4 * 12, BO), "int32")
+    b.load(Buffer.WGT, 0, b.addr(w, Buffer.WGT), 1, 1)
+    for k in range(4):           # 2x2 windows padded to 3x4 = 12 rows, 12 rows apart
+        b.load(Buffer.INP, 12 * k, b.addr(x, Buffer.INP) + 5 * k, 2, 2, 7,
+               pad=(1, 0, 1, 1), pad_value=-3)
+    b.gemm(0, 0, 0, [(48, 1, 1, 0)], reset=True)
+    b.store(Buffer.ACC, 0, b.addr(out, Buffer.ACC), 1, 48)
+    prog = build_sequential(b)
+    for float32 in (False, True):
+        with gemm_path(float32=float32):
+            plan = _plan(prog, {"x": rand_int8(rng, (40, BI))})
+            first = _loads(prog, 0)[0]
+            assert plan.load_runs == {first: (4, 12, 5)}
