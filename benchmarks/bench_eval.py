@@ -1,27 +1,34 @@
 """Dataset-scale simulation speed (issue 17): per-image wall time of the DSA run against
 onnxruntime running the FP32 model on the same images, side by side in one run.
 
-For each network (one DSA region between the host's quantize and dequantize), N images
-are run three ways:
+For each network (one DSA region between the host's quantize and dequantize),
+``batch x procs`` images are run these ways, every output checked identical to the
+single runs, image by image:
 
 * ``single, first``: the model's first VM run (the region's program is validated and its
   timing simulated along with the values);
 * ``single``: later VM runs, one image each (the timing is reused: it does not depend on
-  the data; only the values are computed);
-* ``batch N``: the region's program over all N images in one pass of the functional
-  model (``Simulator.run_batch``), checked identical to the single runs, image by image;
-* ``VM, batch B``: the N images through TVM's VM, as ``dsa-tvm eval --batch B`` runs
-  them (``--vm-batch``, default 8): B threads with a VM each, their launches joined into
-  one batched simulation per program (``dsa_tvm.launch_batch``), the outputs checked
-  identical to the single runs.
+  the data; the program is replayed with its plan, ``dsa_tvm.sim.replay``);
+* ``batch``: the region's program over ``--batch`` images in one pass of the functional
+  model (``Simulator.run_batch``) in this process, steady state (timing and plan worked
+  out before, as a dataset run does once);
+* ``P x batch``: ``--procs`` processes (default: every core) each running one such
+  batch at once, timed from a barrier they pass together: the cores used through
+  processes, as ``dsa-tvm eval`` uses them;
+* ``VM, batch``: the images through TVM's VM, as ``dsa-tvm eval --batch B`` runs them
+  (``--vm-batch``, default 8): B threads with a VM each, their launches joined into one
+  batched simulation per program (``dsa_tvm.launch_batch``).
+
+onnxruntime runs with its default threads (every core: the ratios are against it) and
+with one thread (printed beside it).
 
 ``--profile K``: cProfile over K single-image VM runs (after the first), the time split
 by component (the functional model's instruction semantics, the simulator's dispatch and
 validation, timing, program decode, host packing, numpy kernels, TVM), as issue 17 asks
 before any speed work.
 
-    python benchmarks/bench_eval.py [resnet18 resnet50] [--batch 32] [--size 224]
-                                    [--vm-batch 8] [--profile 4]
+    python benchmarks/bench_eval.py [resnet18 resnet50] [--batch 32] [--procs CORES]
+                                    [--size 224] [--vm-batch 8] [--profile 4]
 """
 
 from __future__ import annotations
@@ -239,7 +246,7 @@ def main() -> None:
     print(f"per image; x: against onnxruntime FP32 (its default threads) on the same images "
           f"and machine (goal <= 3x at batch 32). 'batch': the region's program over {a.batch} "
           f"images in one process (steady state: its timing and replay plan worked out "
-          f"before); '{procs}': {a.procs} processes each running one such batch at once, "
+          f"before); '{procs}': {a.procs} process(es) each running one such batch at once, "
           f"as dsa-tvm eval uses the cores; 'VM, batch': the model through TVM's VM as "
           f"dsa-tvm eval --batch {a.vm_batch} runs it in one process (VM threads, launches "
           f"joined). Every output is checked identical to the single runs.")
