@@ -80,10 +80,19 @@ def column_sums(w: np.ndarray) -> np.ndarray:
 
 
 def matmul(x: np.ndarray, w: np.ndarray, sums: np.ndarray, biased: bool = False) -> np.ndarray:
-    """``x @ w`` exactly in int32 (numpy broadcasting over the leading axes), for int8
-    ``x`` and ``w`` whose reduction is at most :data:`MAX_K`; ``sums`` is
-    :func:`column_sums` of ``w``. ``biased``: ``x`` holds the codes + 128 already (their
-    bytes with the top bit flipped). Call only when :func:`available`."""
+    """``x @ w`` exactly in int32 (numpy broadcasting over the leading axes; int32
+    wrap-around beyond), for int8 ``x`` and ``w``; ``sums`` is :func:`column_sums` of
+    ``w``. Reductions longer than :data:`MAX_K` run in parts. ``biased``: ``x`` holds the
+    codes + 128 already (their bytes with the top bit flipped). Call only when
+    :func:`available`."""
+    k = x.shape[-1]
+    if k > MAX_K:   # longer reductions in parts whose sums fit; int32 adds wrap as the
+        out = None  # accumulator does
+        for lo in range(0, k, MAX_K):
+            part = w[..., lo:lo + MAX_K, :]
+            y = matmul(x[..., lo:lo + MAX_K], part, column_sums(part), biased)
+            out = y if out is None else out + y
+        return out
     a = x.view(np.uint8) if biased else x.view(np.uint8) ^ np.uint8(0x80)   # x + 128
     y = _STATE["sess"].run(None, {"A": a, "B": w})[0]
     y -= sums

@@ -45,6 +45,25 @@ def test_longest_reduction_fits_int32():
     assert got.tolist() == [[127 * 127 * k, -127 * 128 * k]]
 
 
+@needs_backend
+def test_longer_reductions_run_in_parts_and_wrap_like_the_accumulator():
+    """Past MAX_K the reduction runs in parts; the int32 sum wraps as the accumulator
+    does (here past 2**31 on purpose), and a biased input gives the same."""
+    k = 3 * int8_gemm.MAX_K + 5
+    x = np.full((2, k), 127, np.int8)
+    x[1, ::3] = -128
+    w = np.full((k, 3), 127, np.int8)
+    w[:, 1] = -128
+    w[::7, 2] = -5
+    want = np.matmul(x.astype(np.int64), w.astype(np.int64))
+    want = ((want + (1 << 31)) % (1 << 32) - (1 << 31)).astype(np.int32)
+    got = int8_gemm.matmul(x, w, int8_gemm.column_sums(w))
+    np.testing.assert_array_equal(got, want)
+    biased = (x.view(np.uint8) ^ np.uint8(0x80)).view(np.int8)
+    np.testing.assert_array_equal(int8_gemm.matmul(biased, w, int8_gemm.column_sums(w), True),
+                                  want)
+
+
 class _Saturating:
     """A backend whose pair sums saturate at 16 bits, as u8s8 kernels without VNNI do."""
 
