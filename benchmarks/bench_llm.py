@@ -168,8 +168,9 @@ def speed(dsa, contexts: tuple[int, ...], args) -> None:
     tps = transformers_tokens_per_s(dsa)
     wall = float(np.mean([p.wall_s for p in points]))
     first = float(np.mean([p.wall_first_s for p in points]))
-    print(f"simulator {wall:.2f} s per decode token once a bucket's programs are timed (goal "
-          f"<= 1 s; a bucket's first token {first:.2f} s: timing simulated once, then reused); "
+    print(f"simulator {wall:.2f} s per decode token once a bucket's programs are timed and "
+          f"their replay plans built (goal <= 1 s; a bucket's first token {first:.2f} s: "
+          f"timing simulated once, then reused); "
           f"transformers FP32 on this "
           f"CPU {tps:.1f} tokens/s ({1 / tps:.3f} s/token): the simulator is "
           f"{wall * tps:.0f}x slower")

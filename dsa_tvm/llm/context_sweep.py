@@ -17,7 +17,7 @@ from pathlib import Path
 import numpy as np
 
 #: tokens decoded per context (their mean is reported)
-STEPS = 3
+STEPS = 4
 
 
 @dataclass
@@ -34,8 +34,9 @@ class DecodePoint:
     roofline_tokens_per_s: float
     roofline_fraction: float  # roofline time / simulated time
     host_us: float            # modelled launch overheads and CPU ops per token
-    wall_s: float             # simulator wall time per token on this machine, once the
-    #                           bucket's programs are timed (every token after the first)
+    wall_s: float             # simulator wall time per token on this machine once the
+    #                           bucket's programs are timed and their replay plans built
+    #                           (every token after the second)
     wall_first_s: float = 0.0  # the bucket's first token: its programs' timing simulated
     #                            once (data independent, then reused) and their unpacking
 
@@ -78,7 +79,8 @@ def decode_point(model, bucket: int, steps: int = STEPS) -> DecodePoint:
     roof = must / cfg.bandwidth_bytes_per_cycle
     mean = {k: float(np.mean([getattr(r, k) for r in recs]))
             for k in ("read_weights", "read_kv", "read_activations", "host_us")}
-    steady = float(np.mean([r.wall_s for r in (recs[1:] or recs)]))
+    # the first token times the bucket's programs, the second builds their replay plans
+    steady = float(np.mean([r.wall_s for r in (recs[2:] or recs[1:] or recs)]))
     use = bandwidth_use(recs, cfg.bandwidth_bytes_per_cycle)
     return DecodePoint(fill, recs[0].bucket[1], cyc, cfg.mhz * 1e6 / cyc if cyc else 0.0,
                        recs[-1].launches, mean["read_weights"], mean["read_kv"],
