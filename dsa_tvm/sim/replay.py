@@ -12,7 +12,7 @@ on the inputs, so two facts about a run can be settled before any data is seen:
   matrix by several weight matrices. Their products are computed together when the first
   of them runs, one product as wide as all their output blocks, and each GEMM adds its
   columns into its accumulator rows at its own turn. The weight matrices are built once
-  per program.
+  per program, so a weight load that only such GEMMs read is not copied either.
 
 Both leave every value bit for bit as a step-by-step replay computes it (integer
 products are exact; what a GEMM adds and when is unchanged). The timing is not touched:
@@ -120,6 +120,10 @@ def build_plan(program: "Program", cfg: "HardwareConfig", order: list[int],
     groups: dict[tuple, SharedGemm] = {}
     budget = WEIGHT_BUDGET
     fresh = 0
+    # which WGT load wrote each weight row, and the loads a GEMM outside the plan reads
+    # (the others only feed planned GEMMs, whose matrices are built: they need no copy)
+    wgt_writer = np.full(cfg.wgt_depth, -1, np.int64)
+    wgt_read: set[int] = set()
     for i in order:
         ins = instrs[i]
         if isinstance(ins, Load):
@@ -137,6 +141,7 @@ def build_plan(program: "Program", cfg: "HardwareConfig", order: list[int],
             seen[key] = (fresh, len(stores))
             if space == "wgt":
                 const_wgt[lo:hi + 1] = machine.is_const(first, last)
+                wgt_writer[lo:hi + 1] = i
                 machine.load(ins)
         elif isinstance(ins, Store):
             stores.add(*dram_span(ins, cfg))
@@ -144,14 +149,17 @@ def build_plan(program: "Program", cfg: "HardwareConfig", order: list[int],
             for _space, lo, hi in footprint(ins, cfg).writes:
                 fresh += 1
                 version["acc"][lo:hi + 1] = fresh
-            if not isinstance(ins, Gemm) or i in analog:
+            if not isinstance(ins, Gemm):
                 continue
             plan = gemm_plan(ins.loops, cfg.block_in)
-            if not const_wgt[ins.wgt_base + plan.wgt_lo:ins.wgt_base + plan.wgt_hi + 1].all():
+            tiles = slice(ins.wgt_base + plan.wgt_lo, ins.wgt_base + plan.wgt_hi + 1)
+            if i in analog or not const_wgt[tiles].all():
+                wgt_read.update(wgt_writer[tiles].tolist())
                 continue
             (_s, ilo, ihi), _w = footprint(ins, cfg).reads
             mat, _sums = machine.weight_matrix(ins, plan)
             if mat.nbytes > budget:
+                wgt_read.update(wgt_writer[tiles].tolist())
                 continue
             budget -= mat.nbytes
             group = groups.setdefault(_input_key(ins, plan, version["inp"][ilo:ihi + 1]),
@@ -172,6 +180,8 @@ def build_plan(program: "Program", cfg: "HardwareConfig", order: list[int],
             group.sums = column_sums(group.weights)
         for pos, i in enumerate(group.members):
             shared[i] = (group, pos)
+    skip.update(i for i in order if isinstance(instrs[i], Load) and i not in wgt_read
+                and BUF_SRAM[instrs[i].buffer] == "wgt")
     runs, joined = load_runs([i for i in order if i not in skip], instrs, cfg,
                              machine.const_region)
     return ReplayPlan(frozenset(skip | joined), shared, runs)
