@@ -37,6 +37,9 @@ import argparse
 import os
 import time
 
+#: how long the parent waits for a worker's batch (a dead worker must not hang the bench)
+WORKER_TIMEOUT_S = 3600
+
 
 def _sim_worker(index: int, program: bytes, hw_json: str, feeds: dict, ready,
                 results) -> None:
@@ -45,17 +48,21 @@ def _sim_worker(index: int, program: bytes, hw_json: str, feeds: dict, ready,
     first, once per program, as a dataset run does once)."""
     import json
 
-    from dsa_tvm.hw.config import config_from_dict
-    from dsa_tvm.sim.simulator import Simulator
+    try:
+        from dsa_tvm.hw.config import config_from_dict
+        from dsa_tvm.sim.simulator import Simulator
 
-    sim = Simulator(config_from_dict(json.loads(hw_json)))
-    prog = sim.load_program(program)
-    sim.run(prog, {k: v[0] for k, v in feeds.items()})     # timing
-    sim.run_batch(prog, feeds)                              # replay plan, memory warm
-    ready.wait()
-    t0 = time.time()
-    out = sim.run_batch(prog, feeds).outputs
-    results.put((index, t0, time.time(), out))
+        sim = Simulator(config_from_dict(json.loads(hw_json)))
+        prog = sim.load_program(program)
+        sim.run(prog, {k: v[0] for k, v in feeds.items()})     # timing
+        sim.run_batch(prog, feeds)                              # replay plan, memory warm
+        ready.wait(WORKER_TIMEOUT_S)
+        t0 = time.time()
+        out = sim.run_batch(prog, feeds).outputs
+        results.put((index, t0, time.time(), out))
+    except BaseException as e:  # noqa: BLE001 - reported by the parent, which must not wait
+        ready.abort()
+        results.put((index, None, None, f"{type(e).__name__}: {e}"))
 
 
 def parallel_batches(program, cfg, feeds: dict, procs: int) -> tuple[float, dict]:
@@ -76,9 +83,22 @@ def parallel_batches(program, cfg, feeds: dict, procs: int) -> tuple[float, dict
         ready, results)) for w in range(procs)]
     for w in workers:
         w.start()
-    got = [results.get() for _ in workers]
-    for w in workers:
-        w.join()
+    import queue
+
+    try:
+        got = [results.get(timeout=WORKER_TIMEOUT_S) for _ in workers]
+    except queue.Empty:
+        raise RuntimeError(f"bench_eval: no batch back from the simulator workers within "
+                           f"{WORKER_TIMEOUT_S} s") from None
+    finally:
+        for w in workers:
+            w.join(timeout=10)
+            if w.is_alive():
+                w.terminate()
+    failed = [r for r in got if r[1] is None]
+    if failed:
+        raise RuntimeError(f"bench_eval: simulator worker {failed[0][0]} failed: "
+                           f"{failed[0][3]}")
     got.sort(key=lambda r: r[0])                  # the workers' slices, in order
     wall = max(r[2] for r in got) - min(r[1] for r in got)
     return wall, {k: np.concatenate([r[3][k] for r in got]) for k in got[0][3]}
