@@ -43,11 +43,10 @@ WEIGHT_BUDGET = 256 << 20
 class SharedGemm:
     """GEMMs that multiply one input by their own constant weights: computed together."""
 
-    members: list[int]                 # instruction indices, in execution order
-    cols: list[slice] = field(default_factory=list)   # each member's product columns
-    mats: list[np.ndarray] = field(default_factory=list)
-    weights: np.ndarray | None = None  # (nb, nchunk, chunk*block_in, N) all members' columns
-    sums: np.ndarray | None = None     # int8 path: their column sums (int8_gemm)
+    members: list[int]          # instruction indices, in execution order
+    cols: list[slice]           # each member's product columns
+    weights: np.ndarray         # every member's weight matrix side by side (N columns)
+    sums: np.ndarray | None     # int8 path: their column sums (int8_gemm)
 
 
 @dataclass
@@ -57,10 +56,6 @@ class ReplayPlan:
     skip: frozenset[int]
     gemms: dict[int, tuple[SharedGemm, int]]  # GEMM index -> (its group, its position)
     load_runs: dict[int, tuple[int, int, int]] = field(default_factory=dict)
-
-    @property
-    def shared_gemms(self) -> int:
-        return len(self.gemms)
 
 
 #: loads that may run together (a WGT load also keeps the weight-tile bookkeeping)
@@ -117,7 +112,7 @@ def build_plan(program: "Program", cfg: "HardwareConfig", order: list[int],
     stores = _Stores()
     seen: dict[tuple, tuple[int, int]] = {}       # load key -> (version written, stores then)
     skip: set[int] = set()
-    groups: dict[tuple, SharedGemm] = {}
+    groups: dict[tuple, list[tuple[int, np.ndarray, np.ndarray | None]]] = {}
     budget = WEIGHT_BUDGET
     fresh = 0
     # which WGT load wrote each weight row, and the loads a GEMM outside the plan reads
@@ -146,7 +141,8 @@ def build_plan(program: "Program", cfg: "HardwareConfig", order: list[int],
         elif isinstance(ins, Store):
             stores.add(*dram_span(ins, cfg))
         elif isinstance(ins, (Alu, Norm, Gemm)):
-            for _space, lo, hi in footprint(ins, cfg).writes:
+            fp = footprint(ins, cfg)
+            for _space, lo, hi in fp.writes:
                 fresh += 1
                 version["acc"][lo:hi + 1] = fresh
             if not isinstance(ins, Gemm):
@@ -156,28 +152,22 @@ def build_plan(program: "Program", cfg: "HardwareConfig", order: list[int],
             if i in analog or not const_wgt[tiles].all():
                 wgt_read.update(wgt_writer[tiles].tolist())
                 continue
-            (_s, ilo, ihi), _w = footprint(ins, cfg).reads
-            mat, _sums = machine.weight_matrix(ins, plan)
+            (_s, ilo, ihi), _w = fp.reads
+            mat, sums = machine.weight_matrix(ins, plan)
             if mat.nbytes > budget:
                 wgt_read.update(wgt_writer[tiles].tolist())
                 continue
             budget -= mat.nbytes
-            group = groups.setdefault(_input_key(ins, plan, version["inp"][ilo:ihi + 1]),
-                                      SharedGemm([]))
-            group.members.append(i)
-            group.mats.append(mat)
+            groups.setdefault(_input_key(ins, plan, version["inp"][ilo:ihi + 1]),
+                              []).append((i, mat, sums))
     shared: dict[int, tuple[SharedGemm, int]] = {}
-    for group in groups.values():
-        col = 0
-        for m in group.mats:
-            group.cols.append(slice(col, col + m.shape[-1]))
-            col += m.shape[-1]
-        group.weights = (group.mats[0] if len(group.mats) == 1
-                         else np.concatenate(group.mats, axis=-1))
-        group.mats = []
-        if int8:
-            from .int8_gemm import column_sums
-            group.sums = column_sums(group.weights)
+    for parts in groups.values():
+        members, mats, sums = zip(*parts)
+        ends = np.cumsum([m.shape[-1] for m in mats]).tolist()
+        group = SharedGemm(list(members),
+                           [slice(a, b) for a, b in zip([0] + ends[:-1], ends)],
+                           mats[0] if len(mats) == 1 else np.concatenate(mats, axis=-1),
+                           None if sums[0] is None else np.concatenate(sums, axis=-1))
         for pos, i in enumerate(group.members):
             shared[i] = (group, pos)
     skip.update(i for i in order if isinstance(instrs[i], Load) and i not in wgt_read
