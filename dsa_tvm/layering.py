@@ -27,8 +27,9 @@ LAYERS: tuple[tuple[str, tuple[str, ...]], ...] = (
     # the dsa target, its Relax pipeline, the runtime and the reports
     ("compiler", ("dsa_tvm.target", "dsa_tvm.pipeline", "dsa_tvm.runtime", "dsa_tvm.report",
                   "dsa_tvm.plots", "dsa_tvm.compile_ids", "dsa_tvm.launch_batch")),
-    # what users run on top of the compiler: quantization, then tuning and the bundled models
-    ("quant", ("dsa_tvm.quant",)),
+    # what users run on top of the compiler: quantization (post-training, and training in
+    # the loop against the DSA's integers), then tuning and the bundled models
+    ("quant", ("dsa_tvm.quant", "dsa_tvm.qat")),
     ("tuning/models", ("dsa_tvm.tuning", "dsa_tvm.models")),
     # the entry points: the package API, the CLI and its subcommands, the ONNX backend, and
     # the zoo's measurement, which drives a model through the public API end to end

@@ -82,7 +82,11 @@ def _ordered(m: Match) -> tuple[Operand, Operand]:
 
 
 def _add_params(m: Match) -> tuple[int, int, int]:
-    ra, rb = (float(f) for f in rescale_factors(m))
+    return add_multipliers(*(float(f) for f in rescale_factors(m)))
+
+
+def add_multipliers(ra: float, rb: float) -> tuple[int, int, int]:
+    """(a_mult, b_mult, n): the two real rescale factors as integers at a shared shift n."""
     n = ADD_MULT_BITS - 1 - math.floor(math.log2(max(ra, rb)))
     n = min(max(n, 0), sem.REQUANT_SHIFT_RANGE[1])
     return int(round(ra * 2 ** n)), int(round(rb * 2 ** n)), n

@@ -21,13 +21,12 @@ from .match import LoweringError, Match
 def requant(factors: np.ndarray, m: Match) -> Requant:
     """REQUANT parameters for real ``factors`` (one per channel or one), clipped by the fused
     activation."""
-    pairs = [sem.quantize_multiplier(float(f)) for f in np.asarray(factors, np.float64).reshape(-1)]
-    mult = np.array([p[0] for p in pairs], np.int32)
-    shift = np.array([p[1] for p in pairs], np.int32)
+    mult, shift = sem.quantize_multipliers(factors)
     return Requant(mult, shift, int(m.out.zero_point[0]), clip_bounds(m))
 
 
-def _q(v: float, scale: float, zp: int) -> int:
+def quantized_bound(v: float, scale: float, zp: int) -> int:
+    """The int8 code of a clamp bound ``v`` (+-inf: the int8 range's end)."""
     if math.isinf(v):
         return sem.INT8_MAX if v > 0 else sem.INT8_MIN
     return int(np.clip(np.round(np.float32(v) / np.float32(scale)) + zp, sem.INT8_MIN, sem.INT8_MAX))
@@ -41,7 +40,7 @@ def clip_bounds(m: Match) -> tuple[int, int]:
         return (sem.INT8_MIN, sem.INT8_MAX)
     _, lo, hi = m.act
     s, zp = float(m.out.scale[0]), int(m.out.zero_point[0])
-    return (_q(lo, s, zp), _q(hi, s, zp))
+    return (quantized_bound(lo, s, zp), quantized_bound(hi, s, zp))
 
 
 def accumulator_bias(m: Match, channels: int) -> np.ndarray:

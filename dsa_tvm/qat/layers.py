@@ -1,0 +1,275 @@
+"""The layers of a prepared module: each computes what the DSA computes.
+
+Every layer runs in one of four modes (set by :func:`dsa_tvm.qat.prepare.set_mode`):
+
+- ``float``: the FP32 model (batch norms already folded);
+- ``observe``: FP32, while each output grid's observer records its values (the PTQ
+  calibration, same observers and the same scale formulas);
+- ``quant``: the forward values are the DSA's integers, dequantized: int8 x int8 products
+  exact, then the output stage of :mod:`dsa_tvm.isa.semantics`; the gradients are
+  fake quantization's, straight through the rounding (:mod:`.fake_quant`);
+- ``export``: the same values, written as QDQ ONNX by the TorchScript exporter.
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from relay_passes.kinds.add import add_multipliers
+from relay_passes.kinds.scales import quantized_bound
+
+from ..quant.observers import make_observer
+from ..quant.qparams import (
+    activation_qparams,
+    bias_qparams,
+    bias_weight_scale_floor,
+    quantize_bias,
+    weight_qmax,
+    weight_qparams,
+)
+from . import exact
+from .fake_quant import codes, fake_quant, straight_through
+from .onnx_ops import dequantized_constant, quant_dequant
+
+MODES = ("float", "observe", "quant", "export")
+
+
+class Grid(nn.Module):
+    """One activation's int8 grid: an observer during calibration, then a scale (learnable
+    when ``learn_scale``) and a zero point. As a graph node it quantizes its input (the
+    model's inputs, and float values entering an integer layer)."""
+
+    def __init__(self, method: str = "minmax", symmetric: bool = False) -> None:
+        super().__init__()
+        self.mode = "float"
+        self.method = method
+        self.symmetric = symmetric
+        self.observer = make_observer(method)
+        self.scale = nn.Parameter(torch.tensor(1.0), requires_grad=False)
+        self.zero_point = 0
+        self.calibrated = False
+
+    @property
+    def s(self) -> float:
+        """The scale as a Python float (the float32 value the export writes)."""
+        return float(self.scale.detach())
+
+    def observe(self, x: torch.Tensor) -> None:
+        v = x.detach().numpy()
+        if not np.isfinite(v).all():
+            raise ValueError("a calibration batch produced NaN or infinite activations; check "
+                             "the calibration inputs (finite, preprocessed like training data)")
+        self.observer.update(v)
+
+    def calibrate(self) -> None:
+        """Scale and zero point from the observed range (``quant.qparams``, as PTQ)."""
+        qp = activation_qparams(*self.observer.range(), symmetric=self.symmetric)
+        self.scale.data = torch.tensor(qp.scale, dtype=torch.float32)
+        self.zero_point = qp.zero_point
+        self.calibrated = True
+
+    def quantize(self, y: torch.Tensor) -> torch.Tensor:
+        """``y`` on this grid, fake-quantized (quant mode) or as a Q/DQ pair (export)."""
+        if self.mode == "export":
+            return quant_dequant(y, self.s, self.zero_point)
+        return fake_quant(y, self.scale, self.zero_point)
+
+    def dequantize(self, q: np.ndarray) -> torch.Tensor:
+        """Float values of int8 codes ``q`` (DequantizeLinear: ``(q - zp) * scale``)."""
+        c = torch.from_numpy(np.asarray(q, np.int64) - self.zero_point).to(torch.float32)
+        return c * self.scale.detach()
+
+    def centred(self, x: torch.Tensor) -> np.ndarray:
+        """The centred codes ``q - zp`` of values on this grid."""
+        return codes(x, self.scale).numpy().astype(np.int64)
+
+    def bounds(self, act: tuple[float, float] | None) -> tuple[int, int]:
+        """A fused activation's clamp as int8 codes on this grid (the compiler's rule)."""
+        if act is None:
+            return (-128, 127)
+        s = self.s
+        return (quantized_bound(act[0], s, self.zero_point),
+                quantized_bound(act[1], s, self.zero_point))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if self.mode == "observe":
+            self.observe(x)
+        if self.mode in ("float", "observe"):
+            return x
+        return self.quantize(x)
+
+
+class SameGrid(nn.Module):
+    """After a movement op (flatten, reshape, zero padding): the values stay on their
+    producer's grid; in ONNX the grid is restated (Q/DQ with the same scale) so the
+    integer layer reading them sees a quantized input."""
+
+    def __init__(self, grid: Grid) -> None:
+        super().__init__()
+        object.__setattr__(self, "grid", grid)  # owned by its producer
+        self.mode = "float"
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.grid.quantize(x) if self.mode == "export" else x
+
+
+def _pair(v: int | tuple[int, ...] | list[int]) -> tuple[int, int]:
+    return (int(v), int(v)) if isinstance(v, int) else (int(v[0]), int(v[1]))
+
+
+def _activation(y: torch.Tensor, act: tuple[float, float] | None) -> torch.Tensor:
+    if act is None:
+        return y
+    lo, hi = act
+    return torch.clamp(y, min=lo, max=None if math.isinf(hi) else hi)
+
+
+class _Integer(nn.Module):
+    """A layer whose output is int8 on its own grid ``out``, reading ``inputs``' grids."""
+
+    def __init__(self, inputs: list[Grid], act: tuple[float, float] | None, method: str,
+                 symmetric: bool) -> None:
+        super().__init__()
+        object.__setattr__(self, "inputs", inputs)  # owned by their producers
+        self.act = act
+        self.out = Grid(method, symmetric)
+        self.mode = "float"
+
+    def finish(self, y: torch.Tensor) -> torch.Tensor:
+        """Float modes: the activation, observed when calibrating."""
+        y = _activation(y, self.act)
+        if self.mode == "observe":
+            self.out.observe(y)
+        return y
+
+
+class WeightedLayer(_Integer):
+    """Conv2d (groups 1 or depthwise) or a linear layer with int8/int4 per-output-channel
+    weights, an int32 bias and a fused ReLU/Clip (``relay_passes.kinds.conv2d``/``dense``)."""
+
+    def __init__(self, kind: str, weight: torch.Tensor, bias: torch.Tensor | None,
+                 x: Grid, act: tuple[float, float] | None, bits: int, method: str,
+                 symmetric: bool, conv: dict | None = None,
+                 pad: tuple[int, int, int, int] | None = None) -> None:
+        super().__init__([x], act, method, symmetric)
+        self.kind = kind  # "conv2d" | "linear"
+        self.weight = nn.Parameter(weight.detach().clone().float())
+        self.bias = None if bias is None else nn.Parameter(bias.detach().clone().float())
+        self.bits = bits
+        self.conv = dict(conv or {})
+        self.pad = None  # (left, right, top, bottom) zero padding the convolution cannot state
+        if pad is not None:
+            left, right, top, bottom = pad
+            ph, pw = _pair(self.conv.get("padding", 0))
+            if left == right and top == bottom:
+                self.conv["padding"] = (ph + top, pw + left)
+            else:
+                self.pad = pad
+
+    @property
+    def channel_axis(self) -> int:
+        return 1 if self.kind == "conv2d" else -1
+
+    def _op(self, x: torch.Tensor, w: torch.Tensor, b: torch.Tensor | None) -> torch.Tensor:
+        if self.kind == "conv2d":
+            if self.pad is not None:  # zeros: the zero point once centred, 0.0 in float
+                x = F.pad(x, self.pad)
+            return F.conv2d(x, w, b, **self.conv)
+        return F.linear(x, w, b)
+
+    def quant_params(self) -> tuple[np.ndarray, np.ndarray, np.ndarray | None, np.ndarray | None]:
+        """(weight scales, weight codes, bias scales, bias codes) for the current weights
+        and input scale, as PTQ makes them: max|w| / qmax per output channel, raised where
+        the int32 bias would not fit beside the worst-case sum."""
+        w = self.weight.detach().numpy()
+        s_x = self.inputs[0].s
+        s_w = weight_qparams(w, 0, self.bits)
+        b = None if self.bias is None else self.bias.detach().numpy()
+        if b is not None:
+            s_w = np.maximum(s_w, bias_weight_scale_floor(b, s_x, w[0].size))
+        shape = (-1,) + (1,) * (w.ndim - 1)
+        qmax = weight_qmax(self.bits)
+        wq = np.clip(np.round(w.astype(np.float64) / s_w.astype(np.float64).reshape(shape)),
+                     -qmax, qmax).astype(np.int8)
+        if b is None:
+            return s_w, wq, None, None
+        s_b = bias_qparams(s_x, s_w, w.shape[0])
+        return s_w, wq, s_b, quantize_bias(b, s_b)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if self.mode in ("float", "observe"):
+            return self.finish(self._op(x, self.weight, self.bias))
+        s_w, wq, s_b, bq = self.quant_params()
+        sw_t = torch.from_numpy(s_w)
+        wq_t = torch.from_numpy(wq)
+        if self.mode == "export":
+            w = dequantized_constant(wq_t, sw_t)
+            b = None if bq is None else dequantized_constant(torch.from_numpy(bq),
+                                                             torch.from_numpy(s_b))
+            return self.out.quantize(_activation(self._op(x, w, b), self.act))
+        qmax = weight_qmax(self.bits)
+        shape = (-1,) + (1,) * (self.weight.dim() - 1)
+        w_fq = fake_quant(self.weight, sw_t.reshape(shape), 0, -qmax, qmax)
+        b_fq = None
+        if bq is not None:
+            b_deq = torch.from_numpy(bq.astype(np.float64) * s_b.astype(np.float64)).float()
+            b_fq = straight_through(self.bias, b_deq)
+        approx = self.out.quantize(_activation(self._op(x, w_fq, b_fq), self.act))
+        return straight_through(approx, self._exact(x, wq_t, s_w, bq))
+
+    def _exact(self, x: torch.Tensor, wq: torch.Tensor, s_w: np.ndarray,
+               bq: np.ndarray | None) -> torch.Tensor:
+        g_in, g_out = self.inputs[0], self.out
+        xc = torch.from_numpy(g_in.centred(x).astype(np.float32))
+        acc = exact.int_product(lambda a, w: self._op(a, w, None), xc, wq.to(torch.float32),
+                                int(wq[0].numel()), weight_qmax(self.bits))
+        factors = g_in.s * s_w.astype(np.float64) / g_out.s
+        axis = acc.ndim - 1 if self.channel_axis < 0 else self.channel_axis
+        q = exact.output_stage(acc, 0 if bq is None else bq, factors, g_out.zero_point,
+                               g_out.bounds(self.act), axis)
+        return g_out.dequantize(q)
+
+
+class AddLayer(_Integer):
+    """A residual add of two int8 activations (+ ReLU/Clip), ``relay_passes.kinds.add``."""
+
+    def forward(self, a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+        if self.mode in ("float", "observe"):
+            return self.finish(a + b)
+        approx = self.out.quantize(_activation(a + b, self.act))
+        if self.mode == "export":
+            return approx
+        ga, gb = self.inputs
+        s_y = self.out.s
+        am, bm, n = add_multipliers(ga.s / s_y, gb.s / s_y)
+        q = exact.add_codes(ga.centred(a), gb.centred(b), am, bm, n, self.out.zero_point,
+                            self.out.bounds(self.act))
+        return straight_through(approx, self.out.dequantize(q))
+
+
+class MeanLayer(_Integer):
+    """Global average pooling over H, W of NCHW (``relay_passes.kinds.global_avg_pool``):
+    the int32 sum of centred codes, requantized by ``s_in / (s_out * H * W)``."""
+
+    def __init__(self, x: Grid, keepdim: bool, method: str, symmetric: bool) -> None:
+        super().__init__([x], None, method, symmetric)
+        self.keepdim = keepdim
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        y = x.mean(dim=(2, 3), keepdim=self.keepdim)
+        if self.mode in ("float", "observe"):
+            return self.finish(y)
+        approx = self.out.quantize(y)
+        if self.mode == "export":
+            return approx
+        g_in, g_out = self.inputs[0], self.out
+        h, w = x.shape[2:]
+        acc = g_in.centred(x).sum(axis=(2, 3), keepdims=self.keepdim)
+        factor = np.array([g_in.s / (g_out.s * h * w)])
+        q = exact.output_stage(acc, 0, factor, g_out.zero_point, (-128, 127), 1)
+        return straight_through(approx, g_out.dequantize(q))

@@ -1,0 +1,304 @@
+"""``prepare``: a PyTorch module -> the same network whose forward pass is the DSA's.
+
+The module is traced with ``torch.fx``; batch norms are folded into the convolutions
+before them (as PTQ folds them), and each convolution / linear layer with its fused
+ReLU or Clip, each residual add and each global average pool becomes a layer of
+:mod:`.layers`. Anything else stays FP32 and is named in the report with the reason.
+Calibration runs the FP32 network with PTQ's observers, so a prepared module starts
+where ``dsa_tvm.quantize`` would put the model.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+from torch import fx, nn
+from torch.fx.passes.shape_prop import ShapeProp
+
+from ..quant.observers import METHODS
+from ..quant.qparams import WEIGHT_BITS
+from . import graph as G
+from .layers import MODES, AddLayer, Grid, MeanLayer, SameGrid, WeightedLayer, _Integer
+
+
+class QatError(ValueError):
+    """A module or argument QAT cannot take; the message says why and what to do."""
+
+
+@dataclass
+class QatReport:
+    """What ``prepare`` made of each node."""
+
+    layers: list[tuple[str, str]] = field(default_factory=list)     # (layer, kind)
+    fp32: list[tuple[str, str, str]] = field(default_factory=list)  # (node, op, why)
+    folded: list[tuple[str, str]] = field(default_factory=list)     # (node, into)
+    removed: list[tuple[str, str]] = field(default_factory=list)    # (node, why)
+
+    def summary(self) -> str:
+        kinds: dict[str, int] = {}
+        for _, k in self.layers:
+            kinds[k] = kinds.get(k, 0) + 1
+        lines = [f"integer layers: {len(self.layers)} (" +
+                 ", ".join(f"{k} x{v}" for k, v in sorted(kinds.items())) + ")"]
+        if self.folded:
+            lines.append(f"folded into their convolution / linear layer: {len(self.folded)} "
+                         f"(batch norms, activations, zero padding)")
+        lines += [f"  removed: {n}: {why}" for n, why in self.removed]
+        lines += [f"  FP32: {n} ({op}): {why}" for n, op, why in self.fp32]
+        return "\n".join(lines)
+
+
+def _trace(module: nn.Module) -> fx.GraphModule:
+    if not isinstance(module, nn.Module):
+        raise QatError(f"prepare takes a torch.nn.Module, got {type(module).__name__}; for an "
+                       f"ONNX model use dsa_tvm.qat.from_onnx")
+    try:
+        return fx.symbolic_trace(module)
+    except Exception as e:  # noqa: BLE001 - fx raises many kinds; all mean "not traceable"
+        raise QatError(f"torch.fx cannot trace {type(module).__name__}: {str(e).splitlines()[0]}; "
+                       f"move data-dependent control flow out of forward(), or wrap the "
+                       f"untraceable part with torch.fx.wrap") from None
+
+
+def _as_args(example_inputs: Any) -> tuple[torch.Tensor, ...]:
+    args = example_inputs if isinstance(example_inputs, (tuple, list)) else (example_inputs,)
+    if not args or not all(isinstance(a, torch.Tensor) for a in args):
+        raise QatError("example_inputs must be a tensor or a tuple of tensors, one per forward() "
+                       "argument, e.g. torch.randn(1, 3, 224, 224)")
+    return tuple(args)
+
+
+def _fold_bn(w: torch.Tensor, b: torch.Tensor | None, bn: nn.BatchNorm2d
+             ) -> tuple[torch.Tensor, torch.Tensor]:
+    """Conv weights and bias with an inference-mode batch norm folded in (float64)."""
+    inv = bn.weight.detach().double() / torch.sqrt(bn.running_var.double() + bn.eps)
+    w2 = w.detach().double() * inv.reshape(-1, 1, 1, 1)
+    b0 = torch.zeros_like(bn.running_mean, dtype=torch.float64) if b is None else b.detach().double()
+    b2 = (b0 - bn.running_mean.double()) * inv + bn.bias.detach().double()
+    return w2.float(), b2.float()
+
+
+class _Rewriter:
+    """Builds the prepared graph node by node (old graph order is topological)."""
+
+    def __init__(self, gm: fx.GraphModule, bits: int, method: str, symmetric: bool) -> None:
+        self.gm, self.bits, self.method, self.symmetric = gm, bits, method, symmetric
+        self.modules = dict(gm.named_modules())
+        self.graph = fx.Graph()
+        self.env: dict[fx.Node, fx.Node] = {}
+        self.grid: dict[fx.Node, Grid] = {}        # new node -> the grid its values lie on
+        self.quantized: dict[fx.Node, fx.Node] = {}  # float new node -> its Grid node
+        self.skip: set[fx.Node] = set()
+        self.report = QatReport()
+        self.pads: dict[fx.Node, tuple[int, int, int, int]] = {}  # conv -> padding it absorbs
+        for n in gm.graph.nodes:
+            src = n.args[0] if n.args else None
+            if isinstance(src, fx.Node) and len(src.users) == 1 and \
+                    isinstance(G.conv_params(n, self.modules, self.attr), tuple):
+                pad = G.zero_pad(src, self.modules)
+                if pad is not None:
+                    self.pads[n] = pad
+                    self.skip.add(src)
+
+    def attr(self, n: Any) -> Any:
+        if isinstance(n, fx.Node) and n.op == "get_attr":
+            obj: Any = self.gm
+            for part in str(n.target).split("."):
+                obj = getattr(obj, part)
+            return obj
+        return n
+
+    def add(self, base: str, mod: nn.Module, args: tuple) -> fx.Node:
+        name = f"qat_{base}"
+        i = 0
+        while hasattr(self.gm, name):
+            i += 1
+            name = f"qat_{base}_{i}"
+        self.gm.add_submodule(name, mod)
+        self.modules[name] = mod
+        return self.graph.call_module(name, args)
+
+    def on_grid(self, old: fx.Node) -> tuple[fx.Node, Grid]:
+        """The new node of ``old`` on an int8 grid (a quantizing Grid added once if its
+        producer is FP32)."""
+        new = self.env[old]
+        if new in self.grid:
+            return new, self.grid[new]
+        if new not in self.quantized:
+            g = Grid(self.method, self.symmetric)
+            q = self.add(f"{old.name}_quant", g, (new,))
+            self.grid[q] = g
+            self.quantized[new] = q
+        q = self.quantized[new]
+        return q, self.grid[q]
+
+    def copy(self, n: fx.Node) -> fx.Node:
+        return self.graph.node_copy(n, lambda a: self.env[a])
+
+    def integer(self, n: fx.Node, chain: list[fx.Node], layer: _Integer, args: tuple,
+                kind: str) -> None:
+        new = self.add(n.name, layer, args)
+        for c in chain:
+            self.env[c] = new
+        self.skip.update(chain[1:])
+        self.grid[new] = layer.out
+        self.report.layers.append((n.name, kind))
+
+    def weighted(self, n: fx.Node) -> bool:
+        conv = G.conv_params(n, self.modules, self.attr)
+        lin = None if conv is not None else G.linear_params(n, self.modules, self.attr)
+        found = conv if conv is not None else lin
+        if found is None:
+            return False
+        if isinstance(found, str):
+            self.fp32(n, found)
+            return True
+        chain = [n]
+        if conv is not None:
+            w, b, kw = found
+            (u,) = n.users if len(n.users) == 1 else (None,)
+            bn = G.module(u, self.modules) if u is not None else None
+            if isinstance(bn, nn.BatchNorm2d) and bn.track_running_stats and \
+                    bn.running_mean is not None:
+                w, b = _fold_bn(w, b, bn)
+                chain.append(u)
+                self.report.folded.append((u.name, n.name))
+        else:
+            w, b = found
+            kw = None
+        fused = G.fusable_activation(chain[-1], self.modules)
+        act = None
+        if fused is not None:
+            chain.append(fused[0])
+            act = fused[1]
+            self.report.folded.append((fused[0].name, n.name))
+        src = n.args[0]
+        pad = self.pads.get(n)
+        if pad is not None:
+            src = src.args[0]
+            self.report.folded.append((n.args[0].name, n.name))
+        x, gx = self.on_grid(src)
+        kind = "conv2d" if conv is not None else "linear"
+        layer = WeightedLayer(kind, w, b, gx, act, self.bits, self.method, self.symmetric, kw,
+                              pad)
+        self.integer(n, chain, layer, (x,), kind)
+        return True
+
+    def fp32(self, n: fx.Node, why: str) -> None:
+        self.env[n] = self.copy(n)
+        self.report.fp32.append((n.name, G.describe(n, self.modules), why))
+
+    def visit(self, n: fx.Node) -> None:
+        if n in self.skip:
+            return
+        if n.op in ("placeholder", "get_attr", "output") or not G.is_tensor(n):
+            self.env[n] = self.copy(n)
+            return
+        if self.weighted(n):
+            return
+        if G.is_add(n):
+            fused = G.fusable_activation(n, self.modules)
+            (a, ga), (b, gb) = self.on_grid(n.args[0]), self.on_grid(n.args[1])
+            layer = AddLayer([ga, gb], fused and fused[1], self.method, self.symmetric)
+            chain = [n] + ([fused[0]] if fused else [])
+            self.integer(n, chain, layer, (a, b), "add")
+            return
+        keepdim = G.spatial_mean(n, self.modules)
+        if keepdim is not None:
+            x, gx = self.on_grid(n.args[0])
+            self.integer(n, [n], MeanLayer(gx, keepdim, self.method, self.symmetric), (x,),
+                         "global_avg_pool")
+            return
+        if G.is_dropout(n, self.modules):
+            self.env[n] = self.env[n.args[0]]
+            self.report.removed.append((n.name, "dropout: fine-tuning runs without it, as "
+                                                "the DSA runs"))
+            return
+        src = n.args[0] if n.args else None
+        if G.is_movement(n, self.modules) and isinstance(src, fx.Node) and \
+                self.env[src] in self.grid:
+            g = self.grid[self.env[src]]
+            moved = self.copy(n)
+            self.env[n] = self.add(f"{n.name}_grid", SameGrid(g), (moved,))
+            self.grid[self.env[n]] = g
+            return
+        if G.is_movement(n, self.modules):
+            self.env[n] = self.copy(n)
+            return
+        why = ("batch norm not after a convolution" if isinstance(G.module(n, self.modules),
+                                                                   nn.BatchNorm2d)
+               else "no integer layer mirrors it in dsa_tvm.qat; it runs in FP32")
+        self.fp32(n, why)
+
+
+def set_mode(module: nn.Module, mode: str) -> None:
+    """Switch every QAT layer of ``module`` to ``mode`` (one of :data:`layers.MODES`)."""
+    if mode not in MODES:
+        raise QatError(f"mode {mode!r} is not one of {MODES}")
+    for m in module.modules():
+        if isinstance(m, (Grid, SameGrid, _Integer)):
+            m.mode = mode
+
+
+def grids(module: nn.Module) -> list[Grid]:
+    return [m for m in module.modules() if isinstance(m, Grid)]
+
+
+def calibrate(module: fx.GraphModule, batches: Iterable[Sequence[torch.Tensor]]) -> int:
+    """Observe every grid over ``batches`` (FP32 forward), then set scales; returns the
+    number of batches."""
+    set_mode(module, "observe")
+    count = 0
+    with torch.no_grad():
+        for args in batches:
+            module(*args)
+            count += 1
+    if not count:
+        raise QatError("calibration data is empty; pass at least one batch")
+    for g in grids(module):
+        g.calibrate()
+    set_mode(module, "quant")
+    return count
+
+
+def prepare(module: nn.Module, example_inputs: Any, calibration_data: Iterable[Any] | None = None,
+            bits: int = 8, method: str = "minmax", learn_scales: bool = False,
+            symmetric_activations: bool = False) -> fx.GraphModule:
+    """``module`` rewritten so its forward pass is the DSA's integer computation, with
+    straight-through gradients for fine-tuning.
+
+    ``example_inputs``: one forward's arguments (the export's input shapes);
+    ``calibration_data``: batches (each a tensor or tuple of tensors) for PTQ's observers,
+    default the example; ``bits``: weight width (8, or 4 for W4A8); ``learn_scales``: train
+    activation scales (LSQ). The result carries ``.qat_report`` (what became which layer,
+    what stays FP32 and why) and is in ``quant`` mode.
+    """
+    if bits not in WEIGHT_BITS:
+        raise QatError(f"bits={bits!r}: weights are int8 or int4; pass 8 or 4")
+    if method not in METHODS:
+        raise QatError(f"calibration method {method!r} is not one of {METHODS}")
+    args = _as_args(example_inputs)
+    was_training = module.training
+    module.eval()
+    try:
+        gm = _trace(module)
+        ShapeProp(gm).propagate(*args)
+    finally:
+        module.train(was_training)
+    rw = _Rewriter(gm, bits, method, symmetric_activations)
+    for n in gm.graph.nodes:
+        rw.visit(n)
+    out = fx.GraphModule(gm, rw.graph, class_name=f"Qat{type(module).__name__}")
+    out.graph.eliminate_dead_code()
+    out.recompile()
+    out.qat_report = rw.report
+    out.qat_example = args
+    out.qat_bits = bits
+    batches = [args] if calibration_data is None else [_as_args(b) for b in calibration_data]
+    calibrate(out, batches)
+    for g in grids(out):
+        g.scale.requires_grad_(learn_scales)
+    return out

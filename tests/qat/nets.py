@@ -1,0 +1,54 @@
+"""Small PyTorch networks with every layer kind QAT mirrors, and a DSA run helper."""
+
+from __future__ import annotations
+
+import numpy as np
+import torch
+import tvm
+from torch import nn
+from tvm import relax
+
+import dsa_tvm
+
+
+class TinyNet(nn.Module):
+    """conv+BN+ReLU, asymmetric zero pad + strided conv, depthwise+BN+ReLU6, 1x1 conv,
+    residual add, global average pool, flatten, linear."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.c1 = nn.Conv2d(3, 16, 3, padding=1)
+        self.b1 = nn.BatchNorm2d(16)
+        self.pad = nn.ZeroPad2d((0, 1, 0, 1))
+        self.down = nn.Conv2d(16, 16, 3, stride=2, bias=False)
+        self.dw = nn.Conv2d(16, 16, 3, padding=1, groups=16)
+        self.b2 = nn.BatchNorm2d(16)
+        self.pw = nn.Conv2d(16, 16, 1)
+        self.pool = nn.AdaptiveAvgPool2d(1)
+        self.fc = nn.Linear(16, 10)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        y = torch.relu(self.b1(self.c1(x)))
+        y = self.down(self.pad(y))
+        z = nn.functional.relu6(self.b2(self.dw(y)))
+        y = y + self.pw(z)
+        return self.fc(torch.flatten(self.pool(y), 1))
+
+
+def tiny_net(seed: int = 0) -> TinyNet:
+    torch.manual_seed(seed)
+    net = TinyNet()
+    for b in (net.b1, net.b2):
+        b.running_mean.uniform_(-0.5, 0.5)
+        b.running_var.uniform_(0.5, 2.0)
+        b.weight.data.uniform_(0.5, 1.5)
+        b.bias.data.uniform_(-0.2, 0.2)
+    return net.eval()
+
+
+def run_on_dsa(model, x: np.ndarray, hw: str = "default") -> np.ndarray:
+    """The ONNX model compiled with every region on the DSA, run on the simulator."""
+    with dsa_tvm.options(offload="all"):
+        ex = dsa_tvm.compile(model, hw, verbose=False)
+    vm = relax.VirtualMachine(ex, tvm.cpu())
+    return vm["main"](tvm.runtime.tensor(np.ascontiguousarray(x, np.float32))).numpy()

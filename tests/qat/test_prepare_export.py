@@ -1,0 +1,76 @@
+"""A prepared module computes what the DSA compiled from its export computes, bit for bit."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+
+from dsa_tvm import qat
+
+from .nets import run_on_dsa, tiny_net
+
+
+def _finetune(p, teacher, steps: int, seed: int = 0) -> float:
+    """A few distillation steps with Adam (weights, biases, learned scales)."""
+    g = torch.Generator().manual_seed(seed)
+    opt = torch.optim.Adam([t for t in p.parameters() if t.requires_grad], 1e-3)
+    p.train()
+    loss = torch.tensor(0.0)
+    for _ in range(steps):
+        x = torch.randn(8, 3, 16, 16, generator=g)
+        with torch.no_grad():
+            ref = teacher(x)
+        loss = ((p(x) - ref) ** 2).mean()
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+    p.eval()
+    return float(loss.detach())
+
+
+@pytest.mark.parametrize("bits", [8, 4])
+def test_exported_model_on_the_dsa_equals_the_prepared_module(bits):
+    net = tiny_net()
+    g = torch.Generator().manual_seed(1)
+    cal = [(torch.randn(4, 3, 16, 16, generator=g),) for _ in range(3)]
+    x = torch.randn(1, 3, 16, 16, generator=g)
+    p = qat.prepare(net, (x,), cal, bits=bits, learn_scales=True)
+    kinds = sorted({k for _, k in p.qat_report.layers})
+    assert kinds == ["add", "conv2d", "global_avg_pool", "linear"]
+    assert not p.qat_report.fp32
+    before = {n: t.detach().clone() for n, t in p.named_parameters()}
+    _finetune(p, net, steps=6)
+    moved = [n for n, t in p.named_parameters() if not torch.equal(t, before[n])]
+    assert any(n.endswith(".scale") for n in moved) and any(n.endswith("weight") for n in moved)
+    model = qat.export(p)
+    for seed in range(2):
+        xs = torch.randn(1, 3, 16, 16, generator=torch.Generator().manual_seed(10 + seed)) * 2
+        with torch.no_grad():
+            want = p(xs).numpy()
+        got = run_on_dsa(model, xs.numpy())
+        np.testing.assert_array_equal(got, want)
+
+
+def test_int4_weights_hold_int4_codes():
+    net = tiny_net()
+    x = torch.randn(2, 3, 16, 16)
+    p = qat.prepare(net, (x[:1],), [(x,)], bits=4)
+    from dsa_tvm.qat.layers import WeightedLayer
+
+    for m in p.modules():
+        if isinstance(m, WeightedLayer):
+            _, wq, _, _ = m.quant_params()
+            assert np.abs(wq).max() <= 7
+    model = qat.export(p)
+    dq_weights = [i for i in model.graph.node if i.op_type == "DequantizeLinear"]
+    assert dq_weights
+
+
+def test_float_mode_is_the_original_network():
+    net = tiny_net()
+    x = torch.randn(2, 3, 16, 16)
+    p = qat.prepare(net, (x,))
+    qat.set_mode(p, "float")
+    with torch.no_grad():
+        np.testing.assert_allclose(p(x).numpy(), net(x).numpy(), rtol=1e-5, atol=1e-5)
