@@ -23,6 +23,7 @@ from .isa.disasm import disassemble
 from .isa.docgen import main as write_docs
 from .isa.encoding import IsaError
 from .isa.program import ProgramError
+from .qat_cli import add_parser as add_qat
 from .quantize_cli import add_parser as add_quantize
 from .sim.errors import SimulationError
 from .sim.simulator import Simulator
@@ -274,6 +275,7 @@ def build_parser() -> argparse.ArgumentParser:
     add_sweep(sub)
     add_cim_sweep(sub)
     add_generate(sub)
+    add_qat(sub)
     return p
 
 

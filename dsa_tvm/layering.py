@@ -35,7 +35,7 @@ LAYERS: tuple[tuple[str, tuple[str, ...]], ...] = (
     # the zoo's measurement, which drives a model through the public API end to end
     ("api/cli", ("dsa_tvm", "dsa_tvm.api", "dsa_tvm.cli", "dsa_tvm.cli_common",
                  "dsa_tvm.models.torch_zoo.measure",
-                 "dsa_tvm.quantize_cli", "dsa_tvm.tune_cli", "dsa_tvm.eval_cli",
+                 "dsa_tvm.quantize_cli", "dsa_tvm.qat_cli", "dsa_tvm.tune_cli", "dsa_tvm.eval_cli",
                  "dsa_tvm.evaluation", "dsa_tvm.flow", "dsa_tvm.flow_pytorch",
                  "dsa_tvm.flow_result", "dsa_tvm.demo",
                  "dsa_tvm.sweep", "dsa_tvm.sweep_cli",

@@ -173,3 +173,24 @@ def photo_batches(names: tuple[str, ...] = PHOTOS, size: int = 224, preprocess: 
             crop = img[int(top * h):int(top * h) + int(frac * h), int(left * w):int(left * w) + int(frac * w)]
             out.append(load_image(np.ascontiguousarray(crop), (size, size), preprocess))
     return out
+
+
+def random_crops(count: int, seed: int = 0, names: tuple[str, ...] = PHOTOS, size: int = 224,
+                 preprocess: str = "efficientnet", min_frac: float = 0.35) -> list[np.ndarray]:
+    """``count`` seeded random views of the photos as (1, 3, size, size) float32 batches: a
+    box of ``min_frac``..1 of each side at a random place, mirrored half of the time (an
+    unlabeled image set for distillation and agreement measurements)."""
+    rng = np.random.default_rng(seed)
+    imgs = [img for _, img in photos(names)]
+    out = []
+    for _ in range(count):
+        img = imgs[int(rng.integers(len(imgs)))]
+        h, w = img.shape[:2]
+        fh, fw = rng.uniform(min_frac, 1.0, 2)
+        ch, cw = max(8, int(fh * h)), max(8, int(fw * w))
+        top, left = int(rng.integers(0, h - ch + 1)), int(rng.integers(0, w - cw + 1))
+        crop = img[top:top + ch, left:left + cw]
+        if rng.random() < 0.5:
+            crop = crop[:, ::-1]
+        out.append(load_image(np.ascontiguousarray(crop), (size, size), preprocess))
+    return out

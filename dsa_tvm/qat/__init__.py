@@ -6,7 +6,12 @@ straight-through gradients; ``export(prepared)`` writes the QDQ ONNX model the
 compiler takes. torch is imported only when this package is.
 """
 
+from .errors import QatError
 from .export import export
-from .prepare import QatError, QatReport, calibrate, prepare, set_mode
+from .layers import set_mode
+from .precision import choose_bits, sensitivity, set_bits
+from .prepare import QatReport, calibrate, prepare
+from .train import TrainResult, distill
 
-__all__ = ["QatError", "QatReport", "calibrate", "export", "prepare", "set_mode"]
+__all__ = ["QatError", "QatReport", "TrainResult", "calibrate", "choose_bits", "distill", "export",
+           "prepare", "sensitivity", "set_bits", "set_mode"]

@@ -16,7 +16,8 @@ import onnx
 import torch
 from torch import fx
 
-from .prepare import QatError, set_mode
+from .errors import QatError
+from .layers import set_mode
 
 OPSET = 17
 

@@ -173,6 +173,17 @@ def is_add(n: fx.Node) -> bool:
             and all(is_tensor(a) for a in n.args) and not n.kwargs)
 
 
+def source_name(n: fx.Node) -> str:
+    """The name a user knows a node by: the module path (``blocks.0.conv``) for a module
+    call or a function reading a module's weight, else the traced node's name."""
+    if n.op == "call_module":
+        return str(n.target)
+    w = arg(n, 1, "weight")
+    if n.op == "call_function" and isinstance(w, fx.Node) and w.op == "get_attr":
+        return str(w.target).rsplit(".", 1)[0]
+    return n.name
+
+
 def describe(n: fx.Node, modules: Modules) -> str:
     """What a node is, for the report: the module's class or the function's name."""
     m = module(n, modules)

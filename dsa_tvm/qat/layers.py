@@ -33,6 +33,7 @@ from ..quant.qparams import (
     weight_qparams,
 )
 from . import exact
+from .errors import NonFiniteError, QatError
 from .fake_quant import codes, fake_quant, straight_through
 from .onnx_ops import dequantized_constant, quant_dequant
 
@@ -57,12 +58,16 @@ class Grid(nn.Module):
     @property
     def s(self) -> float:
         """The scale as a Python float (the float32 value the export writes)."""
-        return float(self.scale.detach())
+        v = float(self.scale.detach())
+        if not (math.isfinite(v) and v > 0):
+            raise NonFiniteError(f"an activation scale became {v} (learning rate too high for "
+                                 f"the scales? lower scale_lr)")
+        return v
 
     def observe(self, x: torch.Tensor) -> None:
         v = x.detach().numpy()
         if not np.isfinite(v).all():
-            raise ValueError("a calibration batch produced NaN or infinite activations; check "
+            raise QatError("a calibration batch produced NaN or infinite activations; check "
                              "the calibration inputs (finite, preprocessed like training data)")
         self.observer.update(v)
 
@@ -136,6 +141,7 @@ class _Integer(nn.Module):
                  symmetric: bool) -> None:
         super().__init__()
         object.__setattr__(self, "inputs", inputs)  # owned by their producers
+        self.name = ""  # the source module's path, set by prepare
         self.act = act
         self.out = Grid(method, symmetric)
         self.mode = "float"
@@ -187,6 +193,10 @@ class WeightedLayer(_Integer):
         and input scale, as PTQ makes them: max|w| / qmax per output channel, raised where
         the int32 bias would not fit beside the worst-case sum."""
         w = self.weight.detach().numpy()
+        if not np.isfinite(w).all() or (self.bias is not None
+                                        and not torch.isfinite(self.bias).all()):
+            raise NonFiniteError(f"layer {self.name}: weights became NaN or infinite (learning "
+                                 f"rate too high? lower lr)")
         s_x = self.inputs[0].s
         s_w = weight_qparams(w, 0, self.bits)
         b = None if self.bias is None else self.bias.detach().numpy()
@@ -273,3 +283,16 @@ class MeanLayer(_Integer):
         factor = np.array([g_in.s / (g_out.s * h * w)])
         q = exact.output_stage(acc, 0, factor, g_out.zero_point, (-128, 127), 1)
         return straight_through(approx, g_out.dequantize(q))
+
+
+def set_mode(module: nn.Module, mode: str) -> None:
+    """Switch every QAT layer of ``module`` to ``mode`` (one of :data:`layers.MODES`)."""
+    if mode not in MODES:
+        raise QatError(f"mode {mode!r} is not one of {MODES}")
+    for m in module.modules():
+        if isinstance(m, (Grid, SameGrid, _Integer)):
+            m.mode = mode
+
+
+def grids(module: nn.Module) -> list[Grid]:
+    return [m for m in module.modules() if isinstance(m, Grid)]

@@ -21,11 +21,9 @@ from torch.fx.passes.shape_prop import ShapeProp
 from ..quant.observers import METHODS
 from ..quant.qparams import WEIGHT_BITS
 from . import graph as G
-from .layers import MODES, AddLayer, Grid, MeanLayer, SameGrid, WeightedLayer, _Integer
-
-
-class QatError(ValueError):
-    """A module or argument QAT cannot take; the message says why and what to do."""
+from .errors import QatError
+from .layers import AddLayer, Grid, MeanLayer, SameGrid, WeightedLayer, _Integer, grids, set_mode
+from .precision import set_bits
 
 
 @dataclass
@@ -52,9 +50,6 @@ class QatReport:
 
 
 def _trace(module: nn.Module) -> fx.GraphModule:
-    if not isinstance(module, nn.Module):
-        raise QatError(f"prepare takes a torch.nn.Module, got {type(module).__name__}; for an "
-                       f"ONNX model use dsa_tvm.qat.from_onnx")
     try:
         return fx.symbolic_trace(module)
     except Exception as e:  # noqa: BLE001 - fx raises many kinds; all mean "not traceable"
@@ -93,6 +88,7 @@ class _Rewriter:
         self.quantized: dict[fx.Node, fx.Node] = {}  # float new node -> its Grid node
         self.skip: set[fx.Node] = set()
         self.report = QatReport()
+        self.names: set[str] = set()
         self.pads: dict[fx.Node, tuple[int, int, int, int]] = {}  # conv -> padding it absorbs
         for n in gm.graph.nodes:
             src = n.args[0] if n.args else None
@@ -112,7 +108,7 @@ class _Rewriter:
         return n
 
     def add(self, base: str, mod: nn.Module, args: tuple) -> fx.Node:
-        name = f"qat_{base}"
+        name = "qat_" + base.replace(".", "_")
         i = 0
         while hasattr(self.gm, name):
             i += 1
@@ -140,12 +136,17 @@ class _Rewriter:
 
     def integer(self, n: fx.Node, chain: list[fx.Node], layer: _Integer, args: tuple,
                 kind: str) -> None:
-        new = self.add(n.name, layer, args)
+        name = G.source_name(n)
+        if name in self.names:
+            name = n.name
+        self.names.add(name)
+        layer.name = name
+        new = self.add(name, layer, args)
         for c in chain:
             self.env[c] = new
         self.skip.update(chain[1:])
         self.grid[new] = layer.out
-        self.report.layers.append((n.name, kind))
+        self.report.layers.append((name, kind))
 
     def weighted(self, n: fx.Node) -> bool:
         conv = G.conv_params(n, self.modules, self.attr)
@@ -234,19 +235,6 @@ class _Rewriter:
         self.fp32(n, why)
 
 
-def set_mode(module: nn.Module, mode: str) -> None:
-    """Switch every QAT layer of ``module`` to ``mode`` (one of :data:`layers.MODES`)."""
-    if mode not in MODES:
-        raise QatError(f"mode {mode!r} is not one of {MODES}")
-    for m in module.modules():
-        if isinstance(m, (Grid, SameGrid, _Integer)):
-            m.mode = mode
-
-
-def grids(module: nn.Module) -> list[Grid]:
-    return [m for m in module.modules() if isinstance(m, Grid)]
-
-
 def calibrate(module: fx.GraphModule, batches: Iterable[Sequence[torch.Tensor]]) -> int:
     """Observe every grid over ``batches`` (FP32 forward), then set scales; returns the
     number of batches."""
@@ -266,13 +254,15 @@ def calibrate(module: fx.GraphModule, batches: Iterable[Sequence[torch.Tensor]])
 
 def prepare(module: nn.Module, example_inputs: Any, calibration_data: Iterable[Any] | None = None,
             bits: int = 8, method: str = "minmax", learn_scales: bool = False,
-            symmetric_activations: bool = False) -> fx.GraphModule:
+            symmetric_activations: bool = False,
+            layer_bits: dict[str, int] | None = None) -> fx.GraphModule:
     """``module`` rewritten so its forward pass is the DSA's integer computation, with
     straight-through gradients for fine-tuning.
 
     ``example_inputs``: one forward's arguments (the export's input shapes);
     ``calibration_data``: batches (each a tensor or tuple of tensors) for PTQ's observers,
-    default the example; ``bits``: weight width (8, or 4 for W4A8); ``learn_scales``: train
+    default the example; ``bits``: weight width (8, or 4 for W4A8), ``layer_bits`` per
+    layer by source module path (:mod:`.precision` picks them); ``learn_scales``: train
     activation scales (LSQ). The result carries ``.qat_report`` (what became which layer,
     what stays FP32 and why) and is in ``quant`` mode.
     """
@@ -280,6 +270,9 @@ def prepare(module: nn.Module, example_inputs: Any, calibration_data: Iterable[A
         raise QatError(f"bits={bits!r}: weights are int8 or int4; pass 8 or 4")
     if method not in METHODS:
         raise QatError(f"calibration method {method!r} is not one of {METHODS}")
+    if not isinstance(module, nn.Module):
+        raise QatError(f"prepare takes a torch.nn.Module, got {type(module).__name__}; export "
+                       f"an ONNX model's source module, or build one in PyTorch")
     args = _as_args(example_inputs)
     was_training = module.training
     module.eval()
@@ -301,4 +294,6 @@ def prepare(module: nn.Module, example_inputs: Any, calibration_data: Iterable[A
     calibrate(out, batches)
     for g in grids(out):
         g.scale.requires_grad_(learn_scales)
+    if layer_bits:
+        set_bits(out, layer_bits)
     return out

