@@ -23,7 +23,9 @@ from torch import nn
 from relay_passes.kinds.add import add_multipliers
 from relay_passes.kinds.scales import quantized_bound
 
-from ..quant.observers import make_observer
+from ..quant.bias_correction import conv_shift, dense_shift
+from ..quant.insert import quant_dequant as dequantized_weights
+from ..quant.observers import ChannelMeanObserver, make_observer
 from ..quant.qparams import (
     activation_qparams,
     bias_qparams,
@@ -51,9 +53,17 @@ class Grid(nn.Module):
         self.method = method
         self.symmetric = symmetric
         self.observer = make_observer(method)
-        self.scale = nn.Parameter(torch.tensor(1.0), requires_grad=False)
+        # scale = base * (1 + gain): the calibrated scale exactly while gain is 0, and an
+        # optimizer step moves it by a share of itself, whatever its magnitude (Adam's steps
+        # are about the learning rate: on the scale itself they would cross zero)
+        self.register_buffer("base", torch.tensor(1.0))
+        self.gain = nn.Parameter(torch.tensor(0.0), requires_grad=False)
         self.zero_point = 0
         self.calibrated = False
+
+    @property
+    def scale(self) -> torch.Tensor:
+        return self.base * (1 + self.gain)
 
     @property
     def s(self) -> float:
@@ -74,7 +84,8 @@ class Grid(nn.Module):
     def calibrate(self) -> None:
         """Scale and zero point from the observed range (``quant.qparams``, as PTQ)."""
         qp = activation_qparams(*self.observer.range(), symmetric=self.symmetric)
-        self.scale.data = torch.tensor(qp.scale, dtype=torch.float32)
+        self.base = torch.tensor(qp.scale, dtype=torch.float32)
+        self.gain.data.zero_()
         self.zero_point = qp.zero_point
         self.calibrated = True
 
@@ -168,6 +179,8 @@ class WeightedLayer(_Integer):
         self.bias = None if bias is None else nn.Parameter(bias.detach().clone().float())
         self.bits = bits
         self.conv = dict(conv or {})
+        self.input_means: ChannelMeanObserver | None = None  # for bias correction
+        self.register_buffer("bias_shift", None)  # the correction, quant and export modes only
         self.pad = None  # (left, right, top, bottom) zero padding the convolution cannot state
         if pad is not None:
             left, right, top, bottom = pad
@@ -199,7 +212,8 @@ class WeightedLayer(_Integer):
                                  f"rate too high? lower lr)")
         s_x = self.inputs[0].s
         s_w = weight_qparams(w, 0, self.bits)
-        b = None if self.bias is None else self.bias.detach().numpy()
+        qb = self.quant_bias()
+        b = None if qb is None else qb.detach().numpy()
         if b is not None:
             s_w = np.maximum(s_w, bias_weight_scale_floor(b, s_x, w[0].size))
         shape = (-1,) + (1,) * (w.ndim - 1)
@@ -211,7 +225,33 @@ class WeightedLayer(_Integer):
         s_b = bias_qparams(s_x, s_w, w.shape[0])
         return s_w, wq, s_b, quantize_bias(b, s_b)
 
+    def correct_bias(self) -> None:
+        """PTQ's bias correction (``quant.bias_correction``): fold the mean output shift that
+        rounding the weights causes, predicted from the calibration inputs' channel means,
+        into the bias (a layer without one gets one)."""
+        if self.input_means is None or self.input_means.count == 0:
+            return
+        s_w, wq, _, _ = self.quant_params()
+        w = self.weight.detach().numpy().astype(np.float64)
+        dw = w - dequantized_weights(wq, s_w, 0)
+        mean = self.input_means.mean()
+        shift = (conv_shift(dw, mean, int(self.conv.get("groups", 1))) if self.kind == "conv2d"
+                 else dense_shift(dw, mean, True))
+        if self.bias is None:  # trainable, zero in the FP32 network
+            self.bias = nn.Parameter(torch.zeros(w.shape[0]))
+        self.bias_shift = torch.from_numpy(shift.astype(np.float32))
+
+    def quant_bias(self) -> torch.Tensor | None:
+        """The bias the integer layer adds: the trained one plus the correction."""
+        if self.bias is None or self.bias_shift is None:
+            return self.bias
+        return self.bias + self.bias_shift
+
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if self.mode == "observe":
+            if self.input_means is None:
+                self.input_means = ChannelMeanObserver(1 if self.kind == "conv2d" else -1)
+            self.input_means.update(x.detach().numpy())
         if self.mode in ("float", "observe"):
             return self.finish(self._op(x, self.weight, self.bias))
         s_w, wq, s_b, bq = self.quant_params()
@@ -228,14 +268,14 @@ class WeightedLayer(_Integer):
         b_fq = None
         if bq is not None:
             b_deq = torch.from_numpy(bq.astype(np.float64) * s_b.astype(np.float64)).float()
-            b_fq = straight_through(self.bias, b_deq)
+            b_fq = straight_through(self.quant_bias(), b_deq)
         approx = self.out.quantize(_activation(self._op(x, w_fq, b_fq), self.act))
         return straight_through(approx, self._exact(x, wq_t, s_w, bq))
 
     def _exact(self, x: torch.Tensor, wq: torch.Tensor, s_w: np.ndarray,
                bq: np.ndarray | None) -> torch.Tensor:
         g_in, g_out = self.inputs[0], self.out
-        xc = torch.from_numpy(g_in.centred(x).astype(np.float32))
+        xc = codes(x, g_in.scale)  # integer-valued float32
         acc = exact.int_product(lambda a, w: self._op(a, w, None), xc, wq.to(torch.float32),
                                 int(wq[0].numel()), weight_qmax(self.bits))
         factors = g_in.s * s_w.astype(np.float64) / g_out.s

@@ -44,6 +44,13 @@ def bits_of(module: nn.Module) -> dict[str, int]:
     return {n: m.bits for n, m in weighted_layers(module).items()}
 
 
+def low_share(module: nn.Module, low: int = 4) -> float:
+    """The share of all weights stored at ``low`` bits."""
+    layers = weighted_layers(module).values()
+    total = sum(m.weight.numel() for m in layers)
+    return sum(m.weight.numel() for m in layers if m.bits == low) / max(total, 1)
+
+
 def output_cosine(module: nn.Module, batches: Sequence[Batch],
                   reference: Sequence[torch.Tensor]) -> float:
     """Mean per-example cosine of the quantized outputs against ``reference``."""
@@ -69,6 +76,11 @@ def fp32_outputs(module: nn.Module, batches: Sequence[Batch]) -> list[torch.Tens
 class Sensitivity:
     layer: str
     cosine: float   # output cosine with only this layer at the low width
+    weights: int    # its weight count (what the low width halves in DRAM)
+
+    @property
+    def loss_per_weight(self) -> float:
+        return (1.0 - self.cosine) / max(self.weights, 1)
 
 
 def sensitivity(module: nn.Module, batches: Sequence[Batch], low: int = 4, high: int = 8
@@ -81,7 +93,8 @@ def sensitivity(module: nn.Module, batches: Sequence[Batch], low: int = 4, high:
     try:
         for name in saved:
             set_bits(module, {n: high for n in saved} | {name: low})
-            out.append(Sensitivity(name, output_cosine(module, batches, ref)))
+            out.append(Sensitivity(name, output_cosine(module, batches, ref),
+                                   weighted_layers(module)[name].weight.numel()))
     finally:
         set_bits(module, saved)
     return sorted(out, key=lambda s: s.cosine)
@@ -90,10 +103,12 @@ def sensitivity(module: nn.Module, batches: Sequence[Batch], low: int = 4, high:
 def choose_bits(module: nn.Module, batches: Sequence[Batch], target_cosine: float,
                 low: int = 4, high: int = 8, ranking: Sequence[Sensitivity] | None = None
                 ) -> tuple[dict[str, int], float]:
-    """Every layer at ``low`` bits except the most sensitive ones, added back at ``high``
-    one by one until the output cosine reaches ``target_cosine``. Sets the widths on the
-    module and returns them with the cosine reached."""
+    """Every layer at ``low`` bits except the ones that lose the most accuracy per weight
+    (the bytes the low width saves), added back at ``high`` one by one until the output
+    cosine reaches ``target_cosine``. Sets the widths on the module and returns them with
+    the cosine reached."""
     ranking = list(ranking) if ranking is not None else sensitivity(module, batches, low, high)
+    ranking.sort(key=lambda s: -s.loss_per_weight)
     ref = fp32_outputs(module, batches)
     bits = {s.layer: low for s in ranking}
     set_bits(module, bits)

@@ -235,9 +235,10 @@ class _Rewriter:
         self.fp32(n, why)
 
 
-def calibrate(module: fx.GraphModule, batches: Iterable[Sequence[torch.Tensor]]) -> int:
-    """Observe every grid over ``batches`` (FP32 forward), then set scales; returns the
-    number of batches."""
+def calibrate(module: fx.GraphModule, batches: Iterable[Sequence[torch.Tensor]],
+              bias_correction: bool = True) -> int:
+    """Observe every grid over ``batches`` (FP32 forward), then set scales and (as PTQ)
+    correct the biases for the weights' rounding; returns the number of batches."""
     set_mode(module, "observe")
     count = 0
     with torch.no_grad():
@@ -249,13 +250,19 @@ def calibrate(module: fx.GraphModule, batches: Iterable[Sequence[torch.Tensor]])
     for g in grids(module):
         g.calibrate()
     set_mode(module, "quant")
+    for m in module.modules():
+        if isinstance(m, WeightedLayer):
+            if bias_correction:
+                m.correct_bias()
+            m.input_means = None
     return count
 
 
 def prepare(module: nn.Module, example_inputs: Any, calibration_data: Iterable[Any] | None = None,
             bits: int = 8, method: str = "minmax", learn_scales: bool = False,
             symmetric_activations: bool = False,
-            layer_bits: dict[str, int] | None = None) -> fx.GraphModule:
+            layer_bits: dict[str, int] | None = None,
+            bias_correction: bool = True) -> fx.GraphModule:
     """``module`` rewritten so its forward pass is the DSA's integer computation, with
     straight-through gradients for fine-tuning.
 
@@ -263,7 +270,7 @@ def prepare(module: nn.Module, example_inputs: Any, calibration_data: Iterable[A
     ``calibration_data``: batches (each a tensor or tuple of tensors) for PTQ's observers,
     default the example; ``bits``: weight width (8, or 4 for W4A8), ``layer_bits`` per
     layer by source module path (:mod:`.precision` picks them); ``learn_scales``: train
-    activation scales (LSQ). The result carries ``.qat_report`` (what became which layer,
+    activation scales (LSQ); ``bias_correction``: as PTQ's. The result carries ``.qat_report`` (what became which layer,
     what stays FP32 and why) and is in ``quant`` mode.
     """
     if bits not in WEIGHT_BITS:
@@ -291,9 +298,9 @@ def prepare(module: nn.Module, example_inputs: Any, calibration_data: Iterable[A
     out.qat_example = args
     out.qat_bits = bits
     batches = [args] if calibration_data is None else [_as_args(b) for b in calibration_data]
-    calibrate(out, batches)
-    for g in grids(out):
-        g.scale.requires_grad_(learn_scales)
     if layer_bits:
         set_bits(out, layer_bits)
+    calibrate(out, batches, bias_correction)
+    for g in grids(out):
+        g.gain.requires_grad_(learn_scales)
     return out

@@ -87,7 +87,8 @@ def distill(student: nn.Module, teacher: nn.Module, data: Sequence[Batch],
 
     ``data`` and ``heldout`` are lists of input batches (tuples of tensors, one per
     forward argument); without ``heldout`` the last fifth of ``data`` is held out.
-    Weights train at ``lr`` (Adam), learned scales at ``scale_lr``. Stops after ``steps``,
+    Weights train at ``lr`` (Adam), learned scales at ``scale_lr`` (a share of the scale
+    per step). Stops after ``steps``,
     or when ``patience`` held-out checks in a row bring no improvement, or at a
     non-finite loss; the weights of the best held-out check are restored in every case.
     """
@@ -111,8 +112,8 @@ def distill(student: nn.Module, teacher: nn.Module, data: Sequence[Batch],
     teacher.eval()
     with torch.no_grad():
         targets = [teacher(*b) for b in heldout]
-    weights = [p for n, p in student.named_parameters() if not n.endswith(".scale")]
-    scales = [p for n, p in student.named_parameters() if n.endswith(".scale") and p.requires_grad]
+    weights = [p for n, p in student.named_parameters() if not n.endswith(".gain")]
+    scales = [p for n, p in student.named_parameters() if n.endswith(".gain") and p.requires_grad]
     groups = [{"params": weights, "lr": lr}] + ([{"params": scales, "lr": scale_lr}]
                                                 if scales else [])
     opt = torch.optim.Adam(groups)

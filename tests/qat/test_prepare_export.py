@@ -42,7 +42,7 @@ def test_exported_model_on_the_dsa_equals_the_prepared_module(bits):
     before = {n: t.detach().clone() for n, t in p.named_parameters()}
     _finetune(p, net, steps=6)
     moved = [n for n, t in p.named_parameters() if not torch.equal(t, before[n])]
-    assert any(n.endswith(".scale") for n in moved) and any(n.endswith("weight") for n in moved)
+    assert any(n.endswith(".gain") for n in moved) and any(n.endswith("weight") for n in moved)
     model = qat.export(p)
     for seed in range(2):
         xs = torch.randn(1, 3, 16, 16, generator=torch.Generator().manual_seed(10 + seed)) * 2
@@ -74,3 +74,28 @@ def test_float_mode_is_the_original_network():
     qat.set_mode(p, "float")
     with torch.no_grad():
         np.testing.assert_allclose(p(x).numpy(), net(x).numpy(), rtol=1e-5, atol=1e-5)
+
+
+def test_an_untrained_prepared_module_is_dsa_tvms_ptq_bit_for_bit():
+    """Same observers, scales, bias correction and weight floors as ``quantize_onnx``: on
+    the DSA, the exported prepared module and the PTQ model give the same numbers."""
+    import io
+    import warnings
+
+    import onnx
+
+    from dsa_tvm.quant import quantize_onnx
+
+    net = tiny_net()
+    g = torch.Generator().manual_seed(1)
+    cal = torch.randn(8, 3, 16, 16, generator=g)
+    x = torch.randn(1, 3, 16, 16, generator=g)
+    buf = io.BytesIO()
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        torch.onnx.export(net, (x,), buf, input_names=["x"], opset_version=17, dynamo=False)
+    ptq = quantize_onnx(onnx.load_from_string(buf.getvalue()),
+                        [{"x": cal[i:i + 1].numpy()} for i in range(8)], show_progress=False)
+    p = qat.prepare(net, (x,), [(cal,)])
+    np.testing.assert_array_equal(run_on_dsa(qat.export(p), x.numpy()),
+                                  run_on_dsa(ptq.model, x.numpy()))

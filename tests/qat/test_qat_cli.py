@@ -31,7 +31,8 @@ def test_qat_cli_trains_exports_and_names_skipped_files(tmp_path, capsys):
     cap = capsys.readouterr()
     assert rc == 0, cap.err
     assert "skipped broken.jpg" in cap.err and "readme" not in cap.err
-    assert "integer layers: 7" in cap.out and "training: 4 steps" in cap.out
+    assert "integer layers: 7" in cap.out, cap.out
+    assert "training: 4 steps" in cap.out, cap.out
     model = onnx.load(str(out))
     assert sum(n.op_type == "QuantizeLinear" for n in model.graph.node) >= 5
 
