@@ -36,7 +36,6 @@ from dsa_tvm import qat
 from dsa_tvm.models.pretrained import PHOTOS, efficientnet_lite0_path, random_crops
 from dsa_tvm.quant import quantize_onnx
 
-
 #: every other photo on each side: objects and textures in both, no photo in both
 TRAIN_PHOTOS, TEST_PHOTOS = PHOTOS[0::2], PHOTOS[1::2]
 

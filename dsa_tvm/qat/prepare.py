@@ -270,8 +270,9 @@ def prepare(module: nn.Module, example_inputs: Any, calibration_data: Iterable[A
     ``calibration_data``: batches (each a tensor or tuple of tensors) for PTQ's observers,
     default the example; ``bits``: weight width (8, or 4 for W4A8), ``layer_bits`` per
     layer by source module path (:mod:`.precision` picks them); ``learn_scales``: train
-    activation scales (LSQ); ``bias_correction``: as PTQ's. The result carries ``.qat_report`` (what became which layer,
-    what stays FP32 and why) and is in ``quant`` mode.
+    activation scales (LSQ); ``bias_correction``: as PTQ's. The result carries
+    ``.qat_report`` (what became which layer, what stays FP32 and why) and is in ``quant``
+    mode.
     """
     if bits not in WEIGHT_BITS:
         raise QatError(f"bits={bits!r}: weights are int8 or int4; pass 8 or 4")
