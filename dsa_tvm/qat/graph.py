@@ -162,6 +162,15 @@ def zero_pad(n: fx.Node, modules: Modules) -> tuple[int, int, int, int] | None:
     return None
 
 
+def is_max_pool(n: fx.Node, modules: Modules) -> bool:
+    """A max pool: the largest of some values on a grid is on the grid."""
+    m = module(n, modules)
+    if isinstance(m, nn.MaxPool2d):
+        return not m.return_indices
+    return n.op == "call_function" and n.target is F.max_pool2d and \
+        not arg(n, 6, "return_indices", False)
+
+
 def is_dropout(n: fx.Node, modules: Modules) -> bool:
     m = module(n, modules)
     return isinstance(m, DROPOUT_MODULES) or (n.op == "call_function"

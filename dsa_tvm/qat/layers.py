@@ -121,17 +121,27 @@ class Grid(nn.Module):
 
 
 class SameGrid(nn.Module):
-    """After a movement op (flatten, reshape, zero padding): the values stay on their
-    producer's grid; in ONNX the grid is restated (Q/DQ with the same scale) so the
-    integer layer reading them sees a quantized input."""
+    """After an op that keeps its input's grid (flatten, reshape, zero padding, max pool,
+    or a ReLU/clamp of its own, ``act``): in ONNX the grid is restated (Q/DQ with the same
+    scale), so the DSA's kind for the op runs with a rescale of exactly 1 (or is a move)
+    and the integer layer reading the values sees a quantized input."""
 
-    def __init__(self, grid: Grid) -> None:
+    def __init__(self, grid: Grid, act: tuple[float, float] | None = None) -> None:
         super().__init__()
         object.__setattr__(self, "grid", grid)  # owned by its producer
+        self.act = act
         self.mode = "float"
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.grid.quantize(x) if self.mode == "export" else x
+        y = _activation(x, self.act)
+        if self.mode == "export":
+            return self.grid.quantize(y)
+        if self.mode != "quant" or self.act is None:
+            return y
+        g = self.grid
+        lo, hi = g.bounds(self.act)  # the REQUANT clip, in codes
+        q = np.clip(g.centred(x) + g.zero_point, lo, hi)
+        return straight_through(g.quantize(y), g.dequantize(q))
 
 
 def _pair(v: int | tuple[int, ...] | list[int]) -> tuple[int, int]:

@@ -219,12 +219,21 @@ class _Rewriter:
                                                 "the DSA runs"))
             return
         src = n.args[0] if n.args else None
-        if G.is_movement(n, self.modules) and isinstance(src, fx.Node) and \
-                self.env[src] in self.grid:
+        on_grid = isinstance(src, fx.Node) and self.env[src] in self.grid
+        act = G.activation(n, self.modules)
+        if on_grid and act is not None and act[0] <= 0.0 <= act[1]:  # a clamp in codes
+            g = self.grid[self.env[src]]
+            self.env[n] = self.add(n.name, SameGrid(g, act), (self.env[src],))
+            self.grid[self.env[n]] = g
+            self.report.layers.append((n.name, "clip"))
+            return
+        if on_grid and (G.is_movement(n, self.modules) or G.is_max_pool(n, self.modules)):
             g = self.grid[self.env[src]]
             moved = self.copy(n)
             self.env[n] = self.add(f"{n.name}_grid", SameGrid(g), (moved,))
             self.grid[self.env[n]] = g
+            if G.is_max_pool(n, self.modules):
+                self.report.layers.append((n.name, "max_pool"))
             return
         if G.is_movement(n, self.modules):
             self.env[n] = self.copy(n)

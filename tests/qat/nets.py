@@ -52,3 +52,23 @@ def run_on_dsa(model, x: np.ndarray, hw: str = "default") -> np.ndarray:
         ex = dsa_tvm.compile(model, hw, verbose=False)
     vm = relax.VirtualMachine(ex, tvm.cpu())
     return vm["main"](tvm.runtime.tensor(np.ascontiguousarray(x, np.float32))).numpy()
+
+
+class PoolNet(nn.Module):
+    """Max pool and a ReLU / ReLU6 / Hardtanh that no layer before can absorb (its input
+    has two readers)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.c1 = nn.Conv2d(3, 8, 3, padding=1)
+        self.pool = nn.MaxPool2d(3, stride=2, padding=1)
+        self.c2 = nn.Conv2d(8, 8, 3, padding=1)
+        self.c3 = nn.Conv2d(8, 8, 1)
+        self.act = nn.Hardtanh(-0.5, 0.75)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        y = self.pool(self.c1(x))
+        a = self.c2(y)  # three readers: no activation folds into c2
+        b = torch.relu(a)
+        c = self.act(nn.functional.relu6(a))
+        return self.c3(b) + c + a

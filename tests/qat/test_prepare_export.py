@@ -8,17 +8,21 @@ import torch
 
 from dsa_tvm import qat
 
-from .nets import run_on_dsa, tiny_net
+from .nets import PoolNet, run_on_dsa, tiny_net
 
 
 def _finetune(p, teacher, steps: int, seed: int = 0) -> float:
     """A few distillation steps with Adam (weights, biases, learned scales)."""
+    return _finetune_on(p, teacher, (3, 16, 16), steps, seed)
+
+
+def _finetune_on(p, teacher, shape: tuple[int, ...], steps: int = 6, seed: int = 0) -> float:
     g = torch.Generator().manual_seed(seed)
     opt = torch.optim.Adam([t for t in p.parameters() if t.requires_grad], 1e-3)
     p.train()
     loss = torch.tensor(0.0)
     for _ in range(steps):
-        x = torch.randn(8, 3, 16, 16, generator=g)
+        x = torch.randn(8, *shape, generator=g)
         with torch.no_grad():
             ref = teacher(x)
         loss = ((p(x) - ref) ** 2).mean()
@@ -99,3 +103,19 @@ def test_an_untrained_prepared_module_is_dsa_tvms_ptq_bit_for_bit():
     p = qat.prepare(net, (x,), [(cal,)])
     np.testing.assert_array_equal(run_on_dsa(qat.export(p), x.numpy()),
                                   run_on_dsa(ptq.model, x.numpy()))
+
+
+def test_max_pool_and_lone_activations_stay_on_their_grid_bit_for_bit():
+    torch.manual_seed(0)
+    net = PoolNet().eval()
+    g = torch.Generator().manual_seed(2)
+    cal = [(torch.randn(4, 3, 12, 12, generator=g),)]
+    x = torch.randn(1, 3, 12, 12, generator=g) * 1.5
+    p = qat.prepare(net, (x,), cal, learn_scales=True)
+    kinds = [k for _, k in p.qat_report.layers]
+    assert kinds.count("clip") == 3 and kinds.count("max_pool") == 1
+    assert not p.qat_report.fp32
+    _finetune_on(p, net, (3, 12, 12))
+    with torch.no_grad():
+        want = p(x).numpy()
+    np.testing.assert_array_equal(run_on_dsa(qat.export(p), x.numpy()), want)
