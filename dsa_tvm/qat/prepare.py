@@ -10,6 +10,7 @@ where ``dsa_tvm.quantize`` would put the model.
 
 from __future__ import annotations
 
+import copy
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -291,13 +292,11 @@ def prepare(module: nn.Module, example_inputs: Any, calibration_data: Iterable[A
         raise QatError(f"prepare takes a torch.nn.Module, got {type(module).__name__}; export "
                        f"an ONNX model's source module, or build one in PyTorch")
     args = _as_args(example_inputs)
-    was_training = module.training
-    module.eval()
-    try:
-        gm = _trace(module)
-        ShapeProp(gm).propagate(*args)
-    finally:
-        module.train(was_training)
+    # a copy: FP32 ops keep their parameters, which training must not move in the caller's
+    # module (it is the teacher)
+    module = copy.deepcopy(module).eval()
+    gm = _trace(module)
+    ShapeProp(gm).propagate(*args)
     rw = _Rewriter(gm, bits, method, symmetric_activations)
     for n in gm.graph.nodes:
         rw.visit(n)

@@ -72,10 +72,8 @@ def _batches(data: Sequence[Batch], size: int, gen: torch.Generator) -> Batch:
 
 def _heldout_loss(student: nn.Module, targets: list[torch.Tensor], data: Sequence[Batch],
                   kind: str) -> float:
-    student.eval()
     with torch.no_grad():
         losses = [float(distill_loss(student(*b), t, kind)) for b, t in zip(data, targets)]
-    student.train()
     return sum(losses) / len(losses)
 
 
@@ -121,7 +119,9 @@ def distill(student: nn.Module, teacher: nn.Module, data: Sequence[Batch],
     result = TrainResult(0, "steps", 0, best, heldout=[(0, best)])
     best_state = copy.deepcopy(student.state_dict())
     bad_checks = 0
-    student.train()
+    # eval mode throughout: an FP32 batch norm or dropout the prepared module kept must
+    # compute what the deployed model computes; the integer layers have no train mode
+    student.eval()
     bar = progress(range(1, steps + 1), steps, "qat", show_progress)
     for step in bar:
         x = _batches(data, batch_size, gen)

@@ -149,3 +149,28 @@ def test_an_untraceable_module_names_the_cause_and_the_fix():
 
     with pytest.raises(QatError, match="torch.fx cannot trace DataDependent.*control flow"):
         qat.prepare(DataDependent(), torch.zeros(1, 3, 4, 4))
+
+
+def test_training_never_moves_the_callers_module():
+    """FP32 ops keep parameters in the prepared module; the caller's module (the teacher)
+    must stay as it was."""
+
+    class WithNorm(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.c = nn.Conv2d(3, 8, 3, padding=1)
+            self.norm = nn.GroupNorm(2, 8)
+            self.fc = nn.Linear(8, 4)
+
+        def forward(self, x):
+            return self.fc(self.norm(self.c(x)).mean((2, 3)))
+
+    torch.manual_seed(0)
+    net = WithNorm().eval()
+    before = {k: v.clone() for k, v in net.state_dict().items()}
+    data = [(torch.randn(4, 3, 8, 8),) for _ in range(4)]
+    p = qat.prepare(net, data[0], data)
+    assert any(op == "GroupNorm" for _, op, _ in p.qat_report.fp32)
+    qat.distill(p, net, data, steps=5, lr=1e-2, show_progress=False)
+    assert p.norm.weight is not net.norm.weight
+    assert all(torch.equal(v, net.state_dict()[k]) for k, v in before.items())
