@@ -128,21 +128,18 @@ def plot(rows: list[dict], path: str) -> None:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    fig, (a, b) = plt.subplots(1, 2, figsize=(12, 4.5))
-    labels = [r["label"] for r in rows]
+    fig, axes = plt.subplots(1, 4, figsize=(15, 4.5), sharey=True)
     y = np.arange(len(rows))
-    a.barh(y, [100 * r["top1"] for r in rows], color="tab:blue")
-    a.set_yticks(y, labels)
-    a.invert_yaxis()
-    a.set_xlabel("top-1 agreement with FP32 (%)")
-    b.barh(y, [r["cycles"] / 1e6 for r in rows], color="tab:orange", label="M cycles")
-    b.barh(y, [-r["bytes"] / 1e6 for r in rows], color="tab:green", label="MB DRAM (left)")
-    b.set_yticks(y, [""] * len(rows))
-    b.invert_yaxis()
-    b.axvline(0, color="k", lw=0.5)
-    b.legend(loc="lower right")
-    b.set_xlabel("one image on the default DSA")
-    fig.suptitle("EfficientNet-Lite0: PTQ vs QAT against the DSA's integers")
+    panels = (("top1", 100, "top-1 agreement with FP32 (%)", "tab:blue"),
+              ("cos", 1, "logit cosine with FP32", "tab:purple"),
+              ("cycles", 1e-6, "M cycles, one image", "tab:orange"),
+              ("bytes", 1e-6, "MB DRAM, one image", "tab:green"))
+    for ax, (key, k, label, color) in zip(axes, panels):
+        ax.barh(y, [r[key] * k for r in rows], color=color)
+        ax.set_xlabel(label)
+    axes[0].set_yticks(y, [r["label"] for r in rows])
+    axes[0].invert_yaxis()
+    fig.suptitle("EfficientNet-Lite0 on the default DSA: PTQ vs QAT against the DSA's integers")
     fig.tight_layout()
     fig.savefig(path, dpi=110)
 
