@@ -132,7 +132,7 @@ def quantize_multiplier(scale: float) -> tuple[int, int]:
     return mult, shift
 
 
-def quantize_multipliers(factors) -> tuple[np.ndarray, np.ndarray]:
+def quantize_multipliers(factors: np.ndarray | float) -> tuple[np.ndarray, np.ndarray]:
     """:func:`quantize_multiplier` of each real factor: (mult, shift) as int32 arrays."""
     pairs = [quantize_multiplier(float(f)) for f in np.asarray(factors, np.float64).reshape(-1)]
     return (np.array([p[0] for p in pairs], np.int32), np.array([p[1] for p in pairs], np.int32))

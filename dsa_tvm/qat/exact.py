@@ -25,11 +25,12 @@ MAX_CENTRED = 255
 def int_product(op: Callable[[torch.Tensor, torch.Tensor], torch.Tensor], x: torch.Tensor,
                 w: torch.Tensor, reduction: int, w_max: int) -> np.ndarray:
     """``op(x, w)`` (a convolution or matmul of centred activation codes ``x`` and weight
-    codes ``w``, integer-valued float tensors) exactly, as int64. ``reduction``: terms per
-    output, ``w_max``: the largest |weight code|."""
+    codes ``w``, integer-valued float tensors) exactly: int32 when every sum fits float32
+    (so it fits int32 too), else int64. ``reduction``: terms per output, ``w_max``: the
+    largest |weight code|."""
     with torch.no_grad(), torch.backends.nnpack.flags(enabled=False):  # no Winograd
         if MAX_CENTRED * w_max * reduction < F32_EXACT:
-            return op(x, w).numpy().astype(np.int64)
+            return op(x, w).numpy().astype(np.int32)
         if MAX_CENTRED * 15 * reduction < F32_EXACT:
             lo = torch.remainder(w, 16)
             hi = (w - lo) / 16
@@ -40,18 +41,19 @@ def int_product(op: Callable[[torch.Tensor, torch.Tensor], torch.Tensor], x: tor
 
 def output_stage(acc: np.ndarray, bias: np.ndarray | int, factors: np.ndarray, zero_point: int,
                  clip: tuple[int, int], axis: int) -> np.ndarray:
-    """int8 codes of int64 accumulators: ``clamp(requantize(wrap32(acc + bias)))`` with one
-    REQUANT multiplier/shift per real factor along ``axis`` (or one for all)."""
+    """int8 codes of accumulators (int32 or int64): the simulator's
+    :func:`~dsa_tvm.isa.semantics.output_stage` (bias added with int32 wrap-around,
+    REQUANT, zero point, clamp to ``clip``) with one multiplier/shift per real factor along
+    ``axis`` (or one for all)."""
     mult, shift = sem.quantize_multipliers(factors)
     shape = [1] * acc.ndim
     if mult.size > 1:
         shape[axis] = mult.size
-    b = np.asarray(bias, np.int64)
+    b = np.asarray(bias, np.int32)
     if b.ndim:
         b = b.reshape(shape)
-    y = sem.requantize(sem.wrap_int32(acc + b), mult.astype(np.int64).reshape(shape),
-                       shift.astype(np.int64).reshape(shape), zero_point)
-    return np.clip(y, clip[0], clip[1])
+    return sem.output_stage(acc, b, mult.astype(np.int64).reshape(shape),
+                            shift.astype(np.int64).reshape(shape), zero_point, clip[0], clip[1])
 
 
 def add_codes(a: np.ndarray, b: np.ndarray, a_mult: int, b_mult: int, shift: int,
