@@ -31,6 +31,7 @@ from ..quant.qparams import (
     bias_qparams,
     bias_weight_scale_floor,
     quantize_bias,
+    quantize_weight,
     weight_qmax,
     weight_qparams,
 )
@@ -226,10 +227,7 @@ class WeightedLayer(_Integer):
         b = None if qb is None else qb.detach().numpy()
         if b is not None:
             s_w = np.maximum(s_w, bias_weight_scale_floor(b, s_x, w[0].size))
-        shape = (-1,) + (1,) * (w.ndim - 1)
-        qmax = weight_qmax(self.bits)
-        wq = np.clip(np.round(w.astype(np.float64) / s_w.astype(np.float64).reshape(shape)),
-                     -qmax, qmax).astype(np.int8)
+        wq = quantize_weight(w, s_w, 0, self.bits)
         if b is None:
             return s_w, wq, None, None
         s_b = bias_qparams(s_x, s_w, w.shape[0])
