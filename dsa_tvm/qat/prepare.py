@@ -70,10 +70,13 @@ def _as_args(example_inputs: Any) -> tuple[torch.Tensor, ...]:
 def _fold_bn(w: torch.Tensor, b: torch.Tensor | None, bn: nn.BatchNorm2d
              ) -> tuple[torch.Tensor, torch.Tensor]:
     """Conv weights and bias with an inference-mode batch norm folded in (float64)."""
-    inv = bn.weight.detach().double() / torch.sqrt(bn.running_var.double() + bn.eps)
+    mean, var = bn.running_mean.double(), bn.running_var.double()
+    gamma = torch.ones_like(mean) if bn.weight is None else bn.weight.detach().double()
+    beta = torch.zeros_like(mean) if bn.bias is None else bn.bias.detach().double()  # affine=False
+    inv = gamma / torch.sqrt(var + bn.eps)
     w2 = w.detach().double() * inv.reshape(-1, 1, 1, 1)
-    b0 = torch.zeros_like(bn.running_mean, dtype=torch.float64) if b is None else b.detach().double()
-    b2 = (b0 - bn.running_mean.double()) * inv + bn.bias.detach().double()
+    b0 = torch.zeros_like(mean) if b is None else b.detach().double()
+    b2 = (b0 - mean) * inv + beta
     return w2.float(), b2.float()
 
 

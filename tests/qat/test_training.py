@@ -174,3 +174,15 @@ def test_training_never_moves_the_callers_module():
     qat.distill(p, net, data, steps=5, lr=1e-2, show_progress=False)
     assert p.norm.weight is not net.norm.weight
     assert all(torch.equal(v, net.state_dict()[k]) for k, v in before.items())
+
+
+def test_a_batch_norm_without_affine_parameters_folds():
+    net = nn.Sequential(nn.Conv2d(3, 4, 3), nn.BatchNorm2d(4, affine=False), nn.ReLU()).eval()
+    net[1].running_mean.uniform_(-1, 1)
+    net[1].running_var.uniform_(0.5, 2)
+    x = torch.randn(2, 3, 8, 8)
+    p = qat.prepare(net, (x,))
+    assert p.qat_report.folded and not p.qat_report.fp32
+    qat.set_mode(p, "float")
+    with torch.no_grad():
+        np.testing.assert_allclose(p(x).numpy(), net(x).numpy(), rtol=1e-5, atol=1e-5)
