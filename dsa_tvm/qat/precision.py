@@ -83,18 +83,19 @@ class Sensitivity:
         return (1.0 - self.cosine) / max(self.weights, 1)
 
 
-def sensitivity(module: nn.Module, batches: Sequence[Batch], low: int = 4, high: int = 8
-                ) -> list[Sensitivity]:
+def sensitivity(module: nn.Module, batches: Sequence[Batch], low: int = 4, high: int = 8,
+                reference: Sequence[torch.Tensor] | None = None) -> list[Sensitivity]:
     """Each weighted layer alone at ``low`` bits (the others at ``high``), most sensitive
-    (lowest cosine) first."""
+    (lowest cosine) first. ``reference``: the FP32 outputs, when the caller has them."""
     saved = bits_of(module)
-    ref = fp32_outputs(module, batches)
+    layers = weighted_layers(module)
+    ref = reference if reference is not None else fp32_outputs(module, batches)
     out = []
     try:
         for name in saved:
             set_bits(module, {n: high for n in saved} | {name: low})
             out.append(Sensitivity(name, output_cosine(module, batches, ref),
-                                   weighted_layers(module)[name].weight.numel()))
+                                   layers[name].weight.numel()))
     finally:
         set_bits(module, saved)
     return sorted(out, key=lambda s: s.cosine)
@@ -107,9 +108,10 @@ def choose_bits(module: nn.Module, batches: Sequence[Batch], target_cosine: floa
     (the bytes the low width saves), added back at ``high`` one by one until the output
     cosine reaches ``target_cosine``. Sets the widths on the module and returns them with
     the cosine reached."""
-    ranking = list(ranking) if ranking is not None else sensitivity(module, batches, low, high)
-    ranking.sort(key=lambda s: -s.loss_per_weight)
     ref = fp32_outputs(module, batches)
+    ranking = list(ranking) if ranking is not None else \
+        sensitivity(module, batches, low, high, reference=ref)
+    ranking.sort(key=lambda s: -s.loss_per_weight)
     bits = {s.layer: low for s in ranking}
     set_bits(module, bits)
     cos = output_cosine(module, batches, ref)
