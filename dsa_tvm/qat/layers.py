@@ -82,6 +82,12 @@ class Grid(nn.Module):
                              "the calibration inputs (finite, preprocessed like training data)")
         self.observer.update(v)
 
+    def reset(self) -> None:
+        """Forget what the observer saw, so calibrating again (after pruning) measures the
+        network as it is now, not the union with what it was."""
+        self.observer = make_observer(self.method)
+        self.calibrated = False
+
     def calibrate(self) -> None:
         """Scale and zero point from the observed range (``quant.qparams``, as PTQ)."""
         qp = activation_qparams(*self.observer.range(), symmetric=self.symmetric)
@@ -192,6 +198,10 @@ class WeightedLayer(_Integer):
         self.conv = dict(conv or {})
         self.input_means: ChannelMeanObserver | None = None  # for bias correction
         self.register_buffer("bias_shift", None)  # the correction, quant and export modes only
+        # N:M sparsity (qat.sparsity.prune): True where a weight may be nonzero. Applied in
+        # every mode, so a pruned weight computes as zero, gets no gradient and exports as
+        # code 0 whatever an optimizer does to the parameter behind it
+        self.register_buffer("mask", None)
         self.pad = None  # (left, right, top, bottom) zero padding the convolution cannot state
         if pad is not None:
             left, right, top, bottom = pad
@@ -200,6 +210,11 @@ class WeightedLayer(_Integer):
                 self.conv["padding"] = (ph + top, pw + left)
             else:
                 self.pad = pad
+
+    def masked_weight(self) -> torch.Tensor:
+        """The weight every mode computes with: the parameter with pruned entries zeroed
+        (multiplying by the mask also zeroes their gradient)."""
+        return self.weight if self.mask is None else self.weight * self.mask
 
     @property
     def channel_axis(self) -> int:
@@ -216,7 +231,7 @@ class WeightedLayer(_Integer):
         """(weight scales, weight codes, bias scales, bias codes) for the current weights
         and input scale, as PTQ makes them: max|w| / qmax per output channel, raised where
         the int32 bias would not fit beside the worst-case sum."""
-        w = self.weight.detach().numpy()
+        w = self.masked_weight().detach().numpy()
         if not np.isfinite(w).all() or (self.bias is not None
                                         and not torch.isfinite(self.bias).all()):
             raise NonFiniteError(f"layer {self.name}: weights became NaN or infinite (learning "
@@ -240,7 +255,7 @@ class WeightedLayer(_Integer):
         if self.input_means is None or self.input_means.count == 0:
             return
         s_w, wq, _, _ = self.quant_params()
-        w = self.weight.detach().numpy().astype(np.float64)
+        w = self.masked_weight().detach().numpy().astype(np.float64)
         dw = w - dequantized_weights(wq, s_w, 0)
         mean = self.input_means.mean()
         shift = (conv_shift(dw, mean, int(self.conv.get("groups", 1))) if self.kind == "conv2d"
@@ -261,7 +276,7 @@ class WeightedLayer(_Integer):
                 self.input_means = ChannelMeanObserver(1 if self.kind == "conv2d" else -1)
             self.input_means.update(x.detach().numpy())
         if self.mode in ("float", "observe"):
-            return self.finish(self._op(x, self.weight, self.bias))
+            return self.finish(self._op(x, self.masked_weight(), self.bias))
         s_w, wq, s_b, bq = self.quant_params()
         sw_t = torch.from_numpy(s_w)
         wq_t = torch.from_numpy(wq)
@@ -272,7 +287,7 @@ class WeightedLayer(_Integer):
             return self.out.quantize(_activation(self._op(x, w, b), self.act))
         qmax = weight_qmax(self.bits)
         shape = (-1,) + (1,) * (self.weight.dim() - 1)
-        w_fq = fake_quant(self.weight, sw_t.reshape(shape), 0, -qmax, qmax)
+        w_fq = fake_quant(self.masked_weight(), sw_t.reshape(shape), 0, -qmax, qmax)
         b_fq = None
         if bq is not None:
             b_deq = torch.from_numpy(bq.astype(np.float64) * s_b.astype(np.float64)).float()

@@ -251,7 +251,18 @@ class _Rewriter:
 def calibrate(module: fx.GraphModule, batches: Iterable[Sequence[torch.Tensor]],
               bias_correction: bool = True) -> int:
     """Observe every grid over ``batches`` (FP32 forward), then set scales and (as PTQ)
-    correct the biases for the weights' rounding; returns the number of batches."""
+    correct the biases for the weights' rounding; returns the number of batches.
+
+    Calibrating again starts afresh (observers, input means and bias corrections reset;
+    learned scales back to the calibrated ones): pruning recalibrates this way, and the
+    result is what preparing the pruned network would give. Each weighted layer keeps
+    its input channel means, so its bias correction can be re-derived when its weights
+    change without new data (:func:`.sparsity.prune`)."""
+    for g in grids(module):
+        g.reset()
+    for m in module.modules():
+        if isinstance(m, WeightedLayer):
+            m.input_means, m.bias_shift = None, None
     set_mode(module, "observe")
     count = 0
     with torch.no_grad():
@@ -264,10 +275,8 @@ def calibrate(module: fx.GraphModule, batches: Iterable[Sequence[torch.Tensor]],
         g.calibrate()
     set_mode(module, "quant")
     for m in module.modules():
-        if isinstance(m, WeightedLayer):
-            if bias_correction:
-                m.correct_bias()
-            m.input_means = None
+        if isinstance(m, WeightedLayer) and bias_correction:
+            m.correct_bias()
     return count
 
 
@@ -309,6 +318,7 @@ def prepare(module: nn.Module, example_inputs: Any, calibration_data: Iterable[A
     out.qat_report = rw.report
     out.qat_example = args
     out.qat_bits = bits
+    out.qat_bias_correction = bias_correction  # a later calibration (after pruning) repeats it
     batches = [args] if calibration_data is None else [_as_args(b) for b in calibration_data]
     if layer_bits:
         set_bits(out, layer_bits)
