@@ -11,7 +11,8 @@ from .export import export
 from .layers import set_mode
 from .precision import choose_bits, sensitivity, set_bits
 from .prepare import QatReport, calibrate, prepare
+from .sparsity import SparsityReport, prune
 from .train import TrainResult, distill
 
-__all__ = ["QatError", "QatReport", "TrainResult", "calibrate", "choose_bits", "distill", "export",
-           "prepare", "sensitivity", "set_bits", "set_mode"]
+__all__ = ["QatError", "QatReport", "SparsityReport", "TrainResult", "calibrate", "choose_bits",
+           "distill", "export", "prepare", "prune", "sensitivity", "set_bits", "set_mode"]
