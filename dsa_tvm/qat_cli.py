@@ -2,6 +2,7 @@
 
     dsa-tvm qat efficientnet-lite0 --data photos/ --bits w4a8 --steps 200
     dsa-tvm qat my_model.pt --data photos/ --bits mixed --out my_model_qat.onnx
+    dsa-tvm qat my_model.pt --data photos/ --sparsity 2:4
 
 MODEL is a bundled pretrained name or a ``.pt`` file holding a whole module
 (``torch.save(model, path)``). The FP32 model teaches the prepared one (distillation:
@@ -30,6 +31,9 @@ def add_parser(sub) -> None:
     q.add_argument("--bits", default="w8a8", choices=BITS,
                    help="weights x activations; mixed: 4-bit weights except the layers the "
                         "sensitivity analysis keeps at 8 (see --target-drop)")
+    q.add_argument("--sparsity", metavar="N:M",
+                   help="prune to N nonzero weights of every aligned M input channels (e.g. "
+                        "2:4) before training; depthwise and few-channel layers stay dense")
     q.add_argument("--steps", type=int, default=200, help="training steps (0: PTQ only)")
     q.add_argument("--batch", type=at_least_one, default=8)
     q.add_argument("--lr", type=float, default=1e-5, help="weight learning rate (Adam)")
@@ -84,12 +88,13 @@ def cmd_qat(args: argparse.Namespace) -> int:
 
     from . import qat
     from .qat.data import image_folder, split
-    from .qat.precision import fp32_outputs, output_cosine
+    from .qat.precision import output_cosine
 
     if args.steps < 0:
         raise CliError(f"--steps {args.steps}: pass 0 or more")
     if not 0 < args.heldout < 1:
         raise CliError(f"--heldout {args.heldout}: pass a share between 0 and 1, e.g. 0.2")
+    pattern = _pattern(args.sparsity)
     net = _load(args.model)
     pre, side = PRETRAINED.get(args.model, ("imagenet", 224))
     side = args.size or side
@@ -108,7 +113,10 @@ def cmd_qat(args: argparse.Namespace) -> int:
     except qat.QatError as e:
         raise CliError(str(e)) from None
     print(p.qat_report.summary())
-    ref = fp32_outputs(p, heldout)
+    if pattern is not None:  # before the widths and the training: both see the pruned network
+        print(qat.prune(p, *pattern, calibration_data=cal).summary())
+    with torch.no_grad():  # the caller's FP32 model: a pruned module's float mode is pruned
+        ref = [net(*b) for b in heldout]
     if args.bits == "mixed":
         base = output_cosine(p, heldout, ref)
         widths, reached = qat.choose_bits(p, heldout, base - args.target_drop)
@@ -123,8 +131,22 @@ def cmd_qat(args: argparse.Namespace) -> int:
     print(f"training: {res.summary()}")
     print(f"held-out output cosine with FP32 ({len(held)} images): {before:.4f} before, "
           f"{after:.4f} after")
-    out = Path(args.out or f"{Path(args.model).stem}-qat-{args.bits}.onnx")
+    tag = "" if pattern is None else f"-{pattern[0]}of{pattern[1]}"
+    out = Path(args.out or f"{Path(args.model).stem}-qat-{args.bits}{tag}.onnx")
     qat.export(p, out)
     print(f"wrote {out} (QDQ; the DSA computes the trained module's integers): "
           f"dsa-tvm run {out}")
     return 0
+
+
+def _pattern(text: str | None) -> tuple[int, int] | None:
+    """``--sparsity N:M`` as (N, M), checked before any model or image is read."""
+    if text is None:
+        return None
+    from .qat import QatError
+    from .qat.sparsity import parse_pattern
+
+    try:
+        return parse_pattern(text)
+    except QatError as e:
+        raise CliError(f"--{e}") from None  # "--sparsity '2-4' is not N:M; pass ..."

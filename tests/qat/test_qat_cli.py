@@ -37,6 +37,25 @@ def test_qat_cli_trains_exports_and_names_skipped_files(tmp_path, capsys):
     assert sum(n.op_type == "QuantizeLinear" for n in model.graph.node) >= 5
 
 
+def test_qat_cli_prunes_before_training_and_exports_n_m_codes(tmp_path, capsys, monkeypatch):
+    from dsa_tvm.qat.sparsity import is_n_m
+
+    torch.save(tiny_net(), tmp_path / "tiny.pt")
+    monkeypatch.chdir(tmp_path)
+    rc = main(["qat", "tiny.pt", "--data", str(_folder(tmp_path)), "--size", "16", "--steps", "2",
+               "--sparsity", "2:4", "--quiet"])
+    cap = capsys.readouterr()
+    assert rc == 0, cap.err
+    assert "sparsity 2:4: 3 of 5 weighted layers pruned" in cap.out, cap.out
+    assert "dense: dw: depthwise" in cap.out
+    assert cap.out.index("sparsity 2:4") < cap.out.index("training: 2 steps")
+    model = onnx.load(str(tmp_path / "tiny-qat-w8a8-2of4.onnx"))
+    codes = [onnx.numpy_helper.to_array(n.attribute[0].t) for n in model.graph.node
+             if n.op_type == "Constant" and n.attribute[0].t.data_type == onnx.TensorProto.INT8]
+    sixteen_in = [c for c in codes if c.ndim in (2, 4) and c.shape[1] == 16]
+    assert len(sixteen_in) == 3 and all(is_n_m(c, 2, 4) for c in sixteen_in)
+
+
 def test_qat_cli_hostile_input(tmp_path, capsys):
     torch.save(tiny_net().state_dict(), tmp_path / "sd.pt")
     torch.save(tiny_net(), tmp_path / "tiny.pt")
@@ -54,6 +73,10 @@ def test_qat_cli_hostile_input(tmp_path, capsys):
         (["qat", str(tmp_path / "tiny.pt"), "--data", str(broken)], "none of the 1 images"),
         (["qat", str(tmp_path / "tiny.pt"), "--data", ".", "--steps", "-1"], "--steps -1"),
         (["qat", str(tmp_path / "tiny.pt"), "--data", ".", "--heldout", "1.5"], "--heldout"),
+        (["qat", str(tmp_path / "tiny.pt"), "--data", ".", "--sparsity", "2-4"],
+         "--sparsity '2-4' is not N:M; pass"),
+        (["qat", str(tmp_path / "tiny.pt"), "--data", ".", "--sparsity", "4:4"],
+         "--sparsity 4:4: N must be at least 1 and below M=4"),
     ]
     for argv, want in cases:
         assert main(argv) == 2, argv
