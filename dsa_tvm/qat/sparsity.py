@@ -211,13 +211,25 @@ def _plan(layers: dict[str, WeightedLayer], n: int, m: int, skip: Skip,
     return _Plan(n, m, tuple((name, why) for name, why in dense if why))
 
 
-def _apply_mask(layer: WeightedLayer, n: int, m: int) -> None:
-    """Set ``layer``'s N:M mask from its weights and zero the pruned parameters too (so the
-    state dict holds what the layer computes)."""
-    w = layer.masked_weight().detach().numpy()
-    if not np.isfinite(w).all():
-        raise QatError(f"layer {layer.name}: weights are NaN or infinite; prune finite weights")
-    mask = torch.from_numpy(n_m_mask(w, n, m))
+def _masks(layers: dict[str, WeightedLayer], plan: _Plan) -> dict[str, torch.Tensor]:
+    """The N:M mask of every layer the plan prunes, all computed before any is set (a
+    layer with NaN weights must not leave the module half pruned)."""
+    dense = dict(plan.dense)
+    masks = {}
+    for name, la in layers.items():
+        if name in dense:
+            continue
+        w = la.masked_weight().detach().numpy()
+        if not np.isfinite(w).all():
+            raise QatError(f"layer {name}: weights are NaN or infinite; prune finite weights "
+                           f"(prepare the FP32 model again)")
+        masks[name] = torch.from_numpy(n_m_mask(w, plan.n, plan.m))
+    return masks
+
+
+def _set_mask(layer: WeightedLayer, mask: torch.Tensor) -> None:
+    """Set ``layer``'s mask and zero the pruned parameters too (so the state dict holds
+    what the layer computes)."""
     layer.mask = mask
     with torch.no_grad():
         layer.weight.mul_(mask)
@@ -266,6 +278,10 @@ def prune(prepared: nn.Module, n: int = 2, m: int = 4, *, skip: Skip = None,
     if isinstance(min_in, bool) or not isinstance(min_in, int) or min_in < 1:
         raise QatError(f"min_in_channels={min_in!r}: pass a whole number >= 1 (layers with "
                        f"fewer input channels stay dense)")
+    batches = None if calibration_data is None else [_as_args(b) for b in calibration_data]
+    if batches == []:
+        raise QatError("calibration_data is empty; pass at least one batch, or None to keep "
+                       "the activation scales")
     layers = weighted_layers(prepared)
     plan = _plan(layers, n, m, skip, min_in)
     previous = getattr(prepared, "qat_sparsity", None)
@@ -274,15 +290,13 @@ def prune(prepared: nn.Module, n: int = 2, m: int = 4, *, skip: Skip = None,
                        f"{[name for name, _ in previous.dense]}); a mask is set once: prepare "
                        f"the FP32 model again to prune it {n}:{m} or with other layers")
     if previous is None:
-        dense = dict(plan.dense)
-        for name, la in layers.items():
-            if name not in dense:
-                _apply_mask(la, n, m)
+        masks = _masks(layers, plan)
+        for name, mask in masks.items():
+            _set_mask(layers[name], mask)
         prepared.qat_sparsity = plan
-        if calibration_data is None:
-            _correct_biases(la for name, la in layers.items() if name not in dense)
-    if calibration_data is not None:
-        batches = [_as_args(b) for b in calibration_data]
+        if batches is None:
+            _correct_biases(layers[name] for name in masks)
+    if batches is not None:
         calibrate(prepared, batches, getattr(prepared, "qat_bias_correction", True))
     return report(prepared)
 

@@ -230,6 +230,7 @@ def test_pruning_again_with_the_same_pattern_changes_nothing_and_another_is_refu
     (lambda p: qat.prune(p, 2, 4, skip=["fc", "nope"]), r"skip names \['nope'\]"),
     (lambda p: qat.prune(p, 2, 4, skip=[3]), "layer names"),
     (lambda p: qat.prune(p, 2, 4, min_in_channels=0), "min_in_channels=0"),
+    (lambda p: qat.prune(p, 2, 4, calibration_data=[]), "calibration_data is empty"),
     (lambda p: report(p), "not pruned"),
     (lambda p: parse_pattern("2-4"), "'2-4' is not N:M"),
     (lambda p: parse_pattern("4:2"), "below M=2"),
@@ -239,4 +240,15 @@ def test_hostile_input_gets_a_clear_error(bad, match):
     _, _, p = _prepared()
     with pytest.raises(QatError, match=match):
         bad(p)
+    assert all(la.mask is None for la in weighted_layers(p).values())  # nothing half done
     assert parse_pattern(" 2 : 4 ") == (2, 4)
+
+
+def test_a_nan_weight_is_refused_before_any_layer_is_pruned():
+    _, _, p = _prepared()
+    with torch.no_grad():
+        weighted_layers(p)["fc"].weight[0, 0] = float("nan")
+    with pytest.raises(QatError, match="layer fc: weights are NaN"):
+        qat.prune(p, 2, 4)
+    assert all(la.mask is None for la in weighted_layers(p).values())
+    assert not hasattr(p, "qat_sparsity")
