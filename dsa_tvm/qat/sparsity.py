@@ -188,7 +188,8 @@ def _dense_reason(layer: WeightedLayer, skipped: bool, min_in_channels: int) -> 
     """Why ``layer`` stays dense ("" when it is pruned)."""
     groups = int(layer.conv.get("groups", 1)) if layer.kind == "conv2d" else 1
     if groups != 1:
-        return ("depthwise: the DSA runs it as diagonal tiles, already mostly zeros"
+        return ("depthwise: one input channel per output channel, no group of M to prune "
+                "(on the array its tiles are diagonal, already mostly zeros)"
                 if layer.weight.shape[1] == 1 else f"grouped convolution (groups={groups})")
     if skipped:
         return "skipped by the caller"
@@ -258,10 +259,10 @@ def prune(prepared: nn.Module, n: int = 2, m: int = 4, *, skip: Skip = None,
 
     In every weighted layer, of every aligned group of ``m`` input channels (per output
     channel and kernel tap) the ``n`` largest-magnitude weights stay and the rest are held
-    at zero through training and export. Depthwise convolutions stay dense (the DSA already
-    runs them as diagonal tiles), as do layers named by ``skip`` (names, or a callable
-    ``name -> bool``) and layers with fewer than ``min_in_channels`` input channels
-    (default ``m``: an RGB stem). Prune after ``prepare`` and before ``distill``.
+    at zero through training and export. Depthwise convolutions stay dense (one input
+    channel per output channel: nothing to group), as do layers named by ``skip`` (names,
+    or a callable ``name -> bool``) and layers with fewer than ``min_in_channels`` input
+    channels (default ``m``: an RGB stem). Prune after ``prepare`` and before ``distill``.
 
     Weight scales need nothing: they are ``max|w| / qmax`` per output channel, recomputed
     at every forward pass from the masked weights, and the largest weight of a channel is
