@@ -291,6 +291,10 @@ def decide_regions(regions: list[RegionRead], cfg: HardwareConfig, report: Compi
         packed = sum(1 for ly in prog.meta.get("layers", []) if ly.get("int4_weights"))
         if packed:
             d.reason += f"; {packed} layer(s) read int4 weights (half the DRAM bytes)"
+        sparse = [ly["name"] for ly in prog.meta.get("layers", []) if ly.get("sparsity")]
+        if sparse:
+            d.reason += (f"; {len(sparse)} layer(s) run {cfg.sparsity} sparse on the array "
+                         f"({', '.join(sparse[:4])}{', ...' if len(sparse) > 4 else ''})")
         if cfg.is_cim:
             d.reason += crossbars.place(prog, d)
         prog.meta["compile"] = report.compile_id

@@ -216,6 +216,9 @@ def _layer_rows(launch, peak: int) -> tuple[list[LayerRow], list[tuple[int, int,
                 wr += dma_bytes(ins, res.config)
         lo_rd, lo_wr = ly.get("min_read_bytes"), ly.get("min_write_bytes")
         peak_l = peak
+        if ly.get("sparsity"):  # the kept N of each M MACs run, M / N tiles a cycle
+            n, m = (int(v) for v in ly["sparsity"].split(":"))
+            peak_l = peak * m // n
         if cim is not None and any(lo <= i < hi for i in cim.analog):
             # the crossbars do the MACs and hold the weights: neither bound counts them
             peak_l = max(peak, analog_peak_macs_per_cycle(res.config))

@@ -20,6 +20,7 @@ from typing import Any
 
 from . import area
 from .schema import FIELDS, FINGERPRINT_OMIT_AT_DEFAULT, SECTIONS, FieldSpec
+from .sparsity import n_m_tile_bytes, parse_n_m
 
 
 class ConfigError(ValueError):
@@ -89,14 +90,29 @@ class HardwareConfig:
         return self.acc_kib * 1024 // self.acc_row_bytes
 
     @cached_property
-    def _element_bytes(self) -> tuple[int, int, int, int, int]:
+    def _element_bytes(self) -> tuple[int, int, int, int, int, int]:
         return (self.inp_row_bytes, self.wgt_tile_bytes, self.acc_row_bytes, self.block_out,
-                self.wgt_tile_bytes // 2)
+                self.wgt_tile_bytes // 2, self.sparse_tile_bytes)
 
     def element_bytes(self, buffer: int) -> int:
         """Bytes of one addressing unit of a LOAD/STORE ``Buffer`` (INP, WGT, ACC, ACC8,
-        WGT4: a weight tile of int4 codes, two a byte)."""
+        WGT4: a weight tile of int4 codes, two a byte; WGTS: a compressed N:M tile)."""
         return self._element_bytes[buffer]
+
+    # --- structured sparsity
+    @cached_property
+    def sparse_n_m(self) -> tuple[int, int] | None:
+        """(N, M) of ``array.sparsity`` (None: a dense array)."""
+        return parse_n_m(self.values.get("sparsity", "dense"))
+
+    @cached_property
+    def sparse_tile_bytes(self) -> int:
+        """DRAM bytes of one compressed N:M weight tile (WGTS): the kept int8 values, then
+        log2(M) index bits per kept value, rounded up to whole bytes (0 on a dense array)."""
+        if self.sparse_n_m is None:
+            return 0
+        n, m = self.sparse_n_m
+        return n_m_tile_bytes(self.block_out, self.block_in, n, m)
 
     @cached_property
     def dram_align(self) -> int:
@@ -171,19 +187,34 @@ class HardwareConfig:
         return self.block_in + self.block_out
 
     @cached_property
+    def _sparse_ways(self) -> int:
+        """Loop points a sparse GEMM runs per cycle (M / N; 1 on a dense array)."""
+        return self.sparse_n_m[1] // self.sparse_n_m[0] if self.sparse_n_m else 1
+
+    @cached_property
     def wgt_port(self) -> int:
-        """Weight-scratchpad read bytes per cycle (0 in the description: one tile)."""
-        return self.wgt_port_bytes or self.wgt_tile_bytes
+        """Weight-scratchpad read bytes per cycle (0 in the description: one tile a cycle,
+        or the M / N compressed tiles a sparse array takes a cycle)."""
+        if self.wgt_port_bytes:
+            return self.wgt_port_bytes
+        return max(self.wgt_tile_bytes, self._sparse_ways * self.sparse_tile_bytes)
 
     @cached_property
     def inp_port(self) -> int:
-        """Input-scratchpad read bytes per cycle (0 in the description: one row)."""
-        return self.inp_port_bytes or self.inp_row_bytes
+        """Input-scratchpad read bytes per cycle (0 in the description: one row a cycle, or
+        the M / N rows a sparse array takes a cycle)."""
+        return self.inp_port_bytes or self._sparse_ways * self.inp_row_bytes
 
     @property
     def is_cim(self) -> bool:
         """An analog in-memory-compute part: constant-weight GEMMs run on crossbars."""
         return self.crossbars > 0
+
+    @property
+    def packs_sparse_weights(self) -> bool:
+        """The compiler stores N:M-sparse constant weights compressed (WGTS loads) and
+        runs their GEMMs sparse: the array declares ``array.sparsity``."""
+        return self.sparse_n_m is not None and not self.is_cim
 
     @property
     def packs_int4_weights(self) -> bool:
@@ -341,6 +372,8 @@ def _check_cross_field_rules(cfg: HardwareConfig, source: str) -> None:
                               f"must hold a whole number of {unit}-byte rows/tiles")
     if cfg.crossbars:
         _check_cim_rules(cfg, source)
+    if cfg.sparse_n_m is not None:
+        _check_sparsity_rules(cfg, source)
     for key, rule in _RULES_ABOVE:
         problem = rule(cfg)
         if problem:
@@ -365,6 +398,23 @@ def _check_cim_rules(cfg: HardwareConfig, source: str) -> None:
         if not ok:
             raise ConfigError(f"{source}: field 'cim.{name}' = {cfg.values[name]} breaks the "
                               f"rule: {why}")
+
+
+def _check_sparsity_rules(cfg: HardwareConfig, source: str) -> None:
+    """``array.sparsity`` against the fields it depends on."""
+    n, m = cfg.sparse_n_m
+    problem = None
+    if cfg.block_in % m:
+        problem = f"M = {m} must divide array.block_in ({cfg.block_in}): a group lies in one tile"
+    elif cfg.dataflow == "weight-stationary":
+        problem = ('a weight-stationary array streams points past a preloaded tile, which '
+                   'sparsity does not shorten; use dataflow "matrix-vector" or '
+                   '"output-stationary", or sparsity "dense"')
+    elif cfg.crossbars:
+        problem = "a CIM part keeps its weights in crossbars; use sparsity \"dense\""
+    if problem:
+        raise ConfigError(f"{source}: field 'array.sparsity' = {cfg.sparsity!r} breaks the "
+                          f"rule: {problem}")
 
 
 #: (field key, rule) added by the layers sized from a config, which this module must not

@@ -56,20 +56,34 @@ def _steps(loops: Iterable[Loop]) -> int:
     return n
 
 
-def gemm_cycles(cfg: "HardwareConfig", loops: Sequence[Loop]) -> int:
-    """Cycles the compute engine spends on one GEMM instruction with this loop nest."""
+def _sparse_points(loops: Sequence[Loop], steps: int, n: int, m: int) -> int:
+    """Array cycles of ``steps`` loop points whose weight tiles are N:M sparse: the R
+    reduction points of each accumulator row (the levels with accumulator stride 0) go
+    M / N to a cycle, ceil(R * N / M) per row (the int32 sums are order-free)."""
+    reduce = _steps(lp for lp in loops if lp[1] == 0)
+    return steps // reduce * math.ceil(reduce * n / m)
+
+
+def gemm_cycles(cfg: "HardwareConfig", loops: Sequence[Loop], sparse: bool = False) -> int:
+    """Cycles the compute engine spends on one GEMM instruction with this loop nest;
+    ``sparse``: its weight tiles are ``array.sparsity`` N:M (``Gemm.sparse``), read from
+    the scratchpad compressed (``sparse_tile_bytes`` a tile)."""
     loops = [tuple(int(x) for x in lp) for lp in loops]
     steps = _steps(loops)
     r, c = cfg.block_in, cfg.block_out
     inp_row = math.ceil(cfg.inp_row_bytes / cfg.inp_port)  # cycles per input row read
     flow = cfg.dataflow
+    n_m = cfg.sparse_n_m if sparse else None
     if flow == "matrix-vector":
         w_switches = steps // _run(loops, 3)
         i_reads = steps // _run(loops, 2)
-        port = max(math.ceil(w_switches * cfg.wgt_tile_bytes / cfg.wgt_port),
-                   i_reads * inp_row)
-        return max(steps, port) + cfg.gemm_fill_drain_cycles
-    if flow == "weight-stationary":
+        tile = cfg.sparse_tile_bytes if n_m else cfg.wgt_tile_bytes
+        rows_per_cycle = max(1, cfg.inp_port // cfg.inp_row_bytes)  # a wide port (sparse)
+        port = max(math.ceil(w_switches * tile / cfg.wgt_port),
+                   math.ceil(i_reads / rows_per_cycle) * inp_row)
+        points = _sparse_points(loops, steps, *n_m) if n_m else steps
+        return max(points, port) + cfg.gemm_fill_drain_cycles
+    if flow == "weight-stationary":  # (no sparsity: the config's rule refuses it)
         t = _run(loops, 3)
         folds = steps // t
         preload = max(r, math.ceil(cfg.wgt_tile_bytes / cfg.wgt_port))
@@ -84,6 +98,8 @@ def gemm_cycles(cfg: "HardwareConfig", loops: Sequence[Loop]) -> int:
         pixels = _steps(lp for lp in loops if lp[1] != 0 and lp[3] == 0)
         blocks = _steps(lp for lp in loops if lp[1] != 0 and lp[3] != 0)
         k = steps // (pixels * blocks) * r
+        if n_m:  # the kept N of each M reduction elements stream, the rest are skipped
+            k = math.ceil(k * n_m[0] / n_m[1])
         folds = math.ceil(pixels / r) * blocks
         # each cycle: one element per array row (R bytes in), one weight row (C bytes)
         beat = max(math.ceil(r / cfg.inp_port), math.ceil(c / cfg.wgt_port))

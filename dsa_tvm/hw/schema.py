@@ -11,10 +11,12 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from . import cost_sources as src
+from .sparsity import parse_n_m
 
 #: values of ``array.dataflow`` and ``output.stage``
 DATAFLOWS = ("matrix-vector", "weight-stationary", "output-stationary")
 OUTPUT_STAGES = ("shared", "pipelined")
+
 
 def _pow2(v: int) -> bool:
     return v > 0 and (v & (v - 1)) == 0
@@ -84,17 +86,34 @@ FIELDS: tuple[FieldSpec, ...] = (
               "preload (R cycles) hides behind the current fold's T streamed points when "
               "T >= R (only R - T cycles show otherwise; the first preload always shows).",
               "true or false", lambda v: isinstance(v, bool), False),
+    FieldSpec("array", "sparsity", str, "",
+              "Structured weight sparsity the array can skip. \"dense\": every weight is "
+              "multiplied. \"N:M\" (e.g. \"2:4\"): in a weight tile whose every row has at "
+              "most N nonzero codes in each aligned group of M consecutive reduction elements, "
+              "the array multiplies only the N kept ones, so M/N such tiles that feed the same "
+              "accumulator rows share one cycle (a GEMM's reduction points cost ceil(R * N / M) "
+              "cycles instead of R). The compiler finds such weights by their values, stores "
+              "them compressed in DRAM (N int8 values plus log2(M) index bits per kept value per "
+              "group: 160 bytes for a 16x16 2:4 tile instead of 256) and loads them with buffer "
+              "WGTS (a tile slot each in the weight scratchpad, which the array reads "
+              "compressed); other weights load and run dense, unchanged. Matrix-vector or "
+              "output-stationary dataflow only; not on a CIM part. The multiplexers' area is "
+              "not in the [area] estimate.",
+              '"dense" or "N:M" with 1 <= N < M, M a power of two dividing array.block_in and '
+              'N dividing M', lambda v: v == "dense" or parse_n_m(v) is not None, "dense"),
     _int("array", "wgt_port_bytes", "bytes/cycle",
          "Read port of the weight scratchpad into the array. Matrix-vector needs a whole "
          "block_out x block_in tile per cycle when the weight changes every loop point; "
          "weight-stationary preloads C bytes per cycle; output-stationary reads C per cycle. A "
          "schedule that needs more is charged the extra cycles. 0: one weight tile per cycle "
-         "(block_in x block_out bytes, what matrix-vector needs).", "0..1048576",
+         "(block_in x block_out bytes, what matrix-vector needs; on a sparse array (array.sparsity "
+         "N:M) M / N compressed tiles, what its sparse GEMMs take a cycle).", "0..1048576",
          lambda v: 0 <= v <= 1 << 20, 0),
     _int("array", "inp_port_bytes", "bytes/cycle",
          "Read port of the input scratchpad into the array: every dataflow reads one input "
          "row (block_in bytes) per streamed cycle; a narrower port is charged the extra cycles. "
-         "0: one input row per cycle (block_in bytes).", "0..1048576",
+         "0: one input row per cycle (block_in bytes; on a sparse array (array.sparsity N:M) "
+         "M / N rows, what its sparse GEMMs take a cycle).", "0..1048576",
          lambda v: 0 <= v <= 1 << 20, 0),
     # --- scratchpads
     _int("sram", "inp_kib", "KiB",
@@ -424,6 +443,6 @@ FIELDS: tuple[FieldSpec, ...] = (
 FINGERPRINT_OMIT_AT_DEFAULT: frozenset[str] = frozenset(
     {f.key for f in FIELDS if f.section in ("norm", "table", "output", "area", "cim")}
     | {"energy.table_lookup_pj", "dram.int4_weights", "array.dataflow", "array.weight_double_buffer",
-       "array.wgt_port_bytes", "array.inp_port_bytes"})
+       "array.wgt_port_bytes", "array.inp_port_bytes", "array.sparsity"})
 
 SECTIONS: tuple[str, ...] = tuple(dict.fromkeys(f.section for f in FIELDS))

@@ -12,6 +12,7 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
+from ..hw.sparsity import parse_n_m
 from ..intmath import ceil_div
 from .encoding import EncodeError, encode_program_words
 from .instructions import (
@@ -31,8 +32,9 @@ from .instructions import (
     Store,
     Sync,
 )
-from .program import INT4, REGION_KINDS, Program, Region
+from .program import INT4, REGION_KINDS, SPARSE, Program, Region, region_alignment
 from .semantics import pack_int4
+from .sparse_tiles import pack_n_m
 
 if TYPE_CHECKING:
     from ..hw.config import HardwareConfig
@@ -59,16 +61,18 @@ class ProgramBuilder:
             raise ValueError(f"region kind must be one of {REGION_KINDS}, got {kind!r}")
         if any(r.name == name for r in self.regions):
             raise ValueError(f"DRAM region '{name}' already exists")
-        align = self.cfg.dram_align
+        align = region_alignment(self.cfg, dtype)
         offset = ceil_div(self._top, align) * align
         blob = None
         packed = dtype == INT4  # int8 codes in [-8, 7], stored two a byte (WGT4 loads)
+        # int8 tiles stored as compressed N:M tiles (WGTS loads)
+        n_m = parse_n_m(dtype[len(SPARSE):]) if dtype.startswith(SPARSE) else None
         if data is not None:
-            arr = np.ascontiguousarray(data, dtype=np.int8 if packed else dtype)
+            arr = np.ascontiguousarray(data, dtype=np.int8 if packed or n_m else dtype)
             if arr.shape != tuple(shape):
                 raise ValueError(f"region '{name}': data shape {arr.shape} != {tuple(shape)}")
-            blob = (pack_int4(arr) if packed else arr).tobytes()
-        r = Region(name, kind, offset, INT4 if packed else np.dtype(dtype).name,
+            blob = (pack_int4(arr) if packed else pack_n_m(arr, *n_m) if n_m else arr).tobytes()
+        r = Region(name, kind, offset, dtype if packed or n_m else np.dtype(dtype).name,
                    tuple(int(s) for s in shape), blob)
         self._top = offset + r.nbytes
         if self._top > self.cfg.dram_bytes:
@@ -80,6 +84,9 @@ class ProgramBuilder:
     def addr(self, region: Region, buffer: Buffer, byte_offset: int = 0) -> int:
         """DRAM address of ``region`` + ``byte_offset`` in elements of ``buffer``."""
         unit = self.cfg.element_bytes(buffer)
+        if not unit:
+            raise ValueError(f"hardware '{self.cfg.name}' has no {buffer.name} elements "
+                             f"(WGTS needs array.sparsity N:M)")
         b = region.offset + byte_offset
         if b % unit:
             raise ValueError(f"byte {b} of region '{region.name}' is not aligned to the "
@@ -106,10 +113,12 @@ class ProgramBuilder:
                                x_size if x_stride is None else x_stride, deps(**dep)))
 
     def gemm(self, acc_base: int, inp_base: int, wgt_base: int,
-             loops: Sequence[tuple[int, int, int, int]], reset: bool = False, **dep) -> int:
-        """loops: (extent, acc_stride, inp_stride, wgt_stride), outermost first."""
+             loops: Sequence[tuple[int, int, int, int]], reset: bool = False,
+             sparse: bool = False, **dep) -> int:
+        """loops: (extent, acc_stride, inp_stride, wgt_stride), outermost first;
+        ``sparse``: its weight tiles come from WGTS loads (``array.sparsity``)."""
         return self.emit(Gemm(acc_base, inp_base, wgt_base,
-                              tuple(GemmLoop(*lp) for lp in loops), reset, deps(**dep)))
+                              tuple(GemmLoop(*lp) for lp in loops), reset, deps(**dep), sparse))
 
     def alu(self, op: AluOp, dst_base: int, a_base: int = 0, b_base: int = 0,
             loops: Sequence[tuple[int, int, int, int]] = (), imm: int = 0,

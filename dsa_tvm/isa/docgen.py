@@ -36,12 +36,21 @@ Semantics (see `dsa_tvm/isa/instructions.py` and `dsa_tvm/isa/semantics.py`):
   stored as int4 codes, two a byte (the even-indexed element in the low nibble),
   and writes them sign-extended as int8 tiles: half the DRAM bytes of WGT, the
   same scratchpad contents; only on parts with `[dram] int4_weights = true`.
+  A WGTS load reads compressed N:M weight tiles (`dsa_tvm/isa/sparse_tiles.py`:
+  the N kept int8 values of every aligned group of M columns per row, then one
+  log2(M)-bit column index per value, little-endian, padded to a byte; 160 bytes
+  for a 16x16 2:4 tile) and writes them expanded, zeros in the pruned places;
+  only on parts with `[array] sparsity = "N:M"`.
 - **STORE** copies `y_size * x_size` accumulator rows to DRAM; ACC8 keeps the
   low byte of each lane (values are clamped to int8 by REQUANT first).
 - **GEMM** runs a 4-level loop nest (level 0 outermost). At every point,
   `acc[a] += inp[i] @ wgt[w].T` with `a/i/w = base + sum(index_k * stride_k)`:
   one `block_in`-element input row times one `block_out x block_in` weight tile
   per cycle. `reset` zeroes the touched accumulator rows first. Sums wrap at 32 bits.
+  `sparse` (parts with `[array] sparsity = "N:M"`): every weight tile it reads was
+  written by a WGTS load, and the array multiplies only the kept N of each M, so
+  M / N reduction points (points with accumulator stride 0) share a cycle; the
+  values are those of the dense product.
 - **ALU** runs a 3-level loop nest over accumulator rows, in loop order:
   `dst = op(a, b)`, with `b` an accumulator row or the 32-bit immediate. CLIP's
   tensor form reads two parameter rows (b, b + 1), REQUANT's three (b, b + 1,

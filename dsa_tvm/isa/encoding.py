@@ -123,7 +123,7 @@ def from_fields(f: dict[str, int], index: int = 0) -> Instruction:
     if op == Opcode.GEMM:
         loops = tuple(GemmLoop(f[e], f[a], f[i], f[w]) for e, a, i, w in _GEMM_KEYS)
         return Gemm(acc_base=f["acc_base"], inp_base=f["inp_base"], wgt_base=f["wgt_base"],
-                    loops=loops, reset=bool(f["reset"]), deps=deps)
+                    loops=loops, reset=bool(f["reset"]), sparse=bool(f["sparse"]), deps=deps)
     if op == Opcode.ALU:
         loops = tuple(AluLoop(f[e], f[d], f[a], f[b]) for e, d, a, b in _ALU_KEYS)
         return Alu(op=_enum(index, AluOp, f["alu_op"], "alu_op"), dst_base=f["dst_base"],

@@ -96,7 +96,8 @@ HEADER: tuple[FieldDef, ...] = (
 _SRAM_RULE = "address bits of the largest scratchpad"
 _DMA_COMMON = (
     FieldDef("buffer", _fixed(3), "INP=0 WGT=1 ACC=2 (int32 in DRAM) ACC8=3 (int8 in DRAM) "
-             "WGT4=4 (weight tiles, int4 in DRAM)", width_rule="3"),
+             "WGT4=4 (weight tiles, int4 in DRAM) WGTS=5 (weight tiles, compressed N:M in DRAM)",
+             width_rule="3"),
     FieldDef("sram_base", _any_sram, "first scratchpad row/tile", width_rule=_SRAM_RULE),
     FieldDef("dram_base", _dram, "first DRAM element (in elements of the buffer's type)",
              width_rule="32"),
@@ -139,6 +140,9 @@ def _gemm_fields() -> tuple[FieldDef, ...]:
                         width_rule="inp address bits"),
                FieldDef(f"wgt_stride{k}", _wgt, f"weight stride of level {k}",
                         width_rule="wgt address bits")]
+    # last, so a dense GEMM's word is the one it was before the field existed
+    fs.append(FieldDef("sparse", _fixed(1), "weight tiles loaded by WGTS: the array skips "
+                       "the pruned N of each M (array.sparsity)", width_rule="1"))
     return tuple(fs)
 
 

@@ -45,6 +45,8 @@ class Buffer(enum.IntEnum):
     ACC8 = 3   # int32 rows of block_out, DRAM int8 (sign-extended on load, low byte on store)
     WGT4 = 4   # int8 tiles of block_out x block_in, DRAM int4 two a byte, low nibble first
     #            (sign-extended on load; LOAD only, on parts with dram.int4_weights)
+    WGTS = 5   # int8 tiles of block_out x block_in, DRAM compressed N:M (isa.sparse_tiles;
+    #            expanded on load; LOAD only, on parts with array.sparsity)
 
 
 class Engine(enum.IntEnum):
@@ -193,7 +195,10 @@ class Load:
     with the instructions that read its rows (no tokens needed, no overlap).
 
     ``WGT4`` reads weight tiles of int4 codes (two a byte, ``semantics.pack_int4``) and
-    writes them sign-extended as int8 tiles; only on parts with ``dram.int4_weights``."""
+    writes them sign-extended as int8 tiles; only on parts with ``dram.int4_weights``.
+    ``WGTS`` reads compressed N:M weight tiles (``isa.sparse_tiles``) and writes them
+    expanded, with their sparse mark for a ``Gemm(sparse=True)``; only on parts with
+    ``array.sparsity``."""
 
     buffer: Buffer
     sram_base: int
@@ -243,7 +248,10 @@ class Gemm:
     """acc[acc] (+)= inp[inp] @ wgt[wgt].T for every point of the loop nest (one per cycle).
 
     Row index of each operand = base + sum(level index * level stride). ``reset`` zeroes
-    every accumulator row the nest touches before accumulating."""
+    every accumulator row the nest touches before accumulating. ``sparse`` (parts with
+    ``array.sparsity`` N:M): every weight tile it reads was loaded by WGTS, so the array
+    multiplies only the kept N of each M and M / N reduction points share a cycle; the
+    values are those of the dense product."""
 
     acc_base: int
     inp_base: int
@@ -251,6 +259,7 @@ class Gemm:
     loops: tuple[GemmLoop, ...] = ()
     reset: bool = False
     deps: Deps = NO_DEPS
+    sparse: bool = False
     opcode = Opcode.GEMM
     engine = Engine.COMPUTE
 

@@ -31,6 +31,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
+from ..hw.sparsity import n_m_tile_bytes, parse_n_m
 from .encoding import decode_program_words, encode_program_words
 from .instructions import Instruction
 
@@ -38,12 +39,29 @@ if TYPE_CHECKING:
     from ..hw.config import HardwareConfig
 
 MAGIC = b"DSAPROG\0"
-VERSION = 3
+VERSION = 4
 #: why a container of an older format version cannot be read
 _OLDER = {1: "it predates the integrity checksum",
-          2: "its LOAD/STORE buffer field predates int4 weight loads (WGT4)"}
+          2: "its LOAD/STORE buffer field predates int4 weight loads (WGT4)",
+          3: "its GEMM format predates sparse weight tiles (WGTS)"}
 #: the dtype of a constant region packed two codes a byte (weights a WGT4 load reads)
 INT4 = "int4"
+#: the dtype prefix of a constant region of compressed N:M weight tiles (WGTS loads):
+#: ``"sparse2:4"``; its shape is the dense one, (..., block_out, block_in)
+SPARSE = "sparse"
+
+
+def sparse_dtype(n: int, m: int) -> str:
+    """The region dtype of compressed ``n``:``m`` tiles."""
+    return f"{SPARSE}{n}:{m}"
+
+
+def region_alignment(cfg: "HardwareConfig", dtype: str) -> int:
+    """Where a region of ``dtype`` may start: a multiple of every element size its
+    transfers use (compressed N:M tiles are not a power of two bytes)."""
+    if dtype.startswith(SPARSE) and cfg.sparse_tile_bytes:
+        return math.lcm(cfg.dram_align, cfg.sparse_tile_bytes)
+    return cfg.dram_align
 #: bytes before the JSON header: magic, version, fingerprint, header length, checksum
 PREFIX_BYTES = 36
 _CRC_AT = 32
@@ -72,6 +90,10 @@ class Region:
         # Python integers: a huge shape must not wrap around to a small size
         if self.dtype == INT4:  # two codes a byte (isa.semantics.pack_int4)
             return (math.prod(self.shape) + 1) // 2
+        n_m = parse_n_m(self.dtype[len(SPARSE):]) if self.dtype.startswith(SPARSE) else None
+        if n_m is not None:  # whole compressed tiles (isa.sparse_tiles)
+            *lead, rows, cols = self.shape
+            return math.prod(lead) * n_m_tile_bytes(rows, cols, *n_m)
         return math.prod(self.shape) * np.dtype(self.dtype).itemsize
 
     def header(self) -> dict[str, Any]:
@@ -239,7 +261,9 @@ class Program:
 
 def _dtype_name(dtype: str) -> str:
     """A header's region dtype, normalized (``int4`` is packed codes, not numpy's int32 alias)."""
-    return INT4 if dtype == INT4 else np.dtype(dtype).name
+    if dtype == INT4 or (dtype.startswith(SPARSE) and parse_n_m(dtype[len(SPARSE):])):
+        return dtype
+    return np.dtype(dtype).name
 
 
 def container_checksum(data: bytes | bytearray | memoryview) -> int:

@@ -40,6 +40,7 @@ from .fold_input import fold_region_inputs
 from .host_tiles import host_tiled_inputs, io_entry, without_movements
 from .int4_weights import pack_int4_weights
 from .program_cache import PROGRAMS, WALKS, cache_enabled, content_key, lowering_view, restamp
+from .sparse_weights import pack_sparse_weights
 
 __all__ = ["CompiledRegion", "LayerPlan", "UnsupportedLayer", "compile_region",
            "lowering_supports"]
@@ -224,6 +225,7 @@ def _compile_chosen(region: Region, io: dict, folded: dict, chosen: list,
         kind="region", layers=layers_meta, hardware=cfg.as_dict(),
         io=io,
         inputs=[t.name for t in region.inputs], outputs=[t.name for t in region.outputs])
+    pack_sparse_weights(prog, cfg)
     pack_int4_weights(prog, cfg)
     return CompiledRegion(prog, plans)
 

@@ -70,12 +70,14 @@ def collect_counters(instrs: list[Instruction], sched: Schedule, footprints: lis
     rd = {b: 0 for b in ("inp", "wgt", "acc")}
     wr = {"acc32": 0, "acc8": 0}
     unit_of = {b: cfg.element_bytes(b) for b in Buffer}
+    n_m = cfg.sparse_n_m
+    sparse_share = n_m[0] / n_m[1] if n_m else 1.0
     for i, ins in enumerate(instrs):
         kinds[ins.opcode] += 1
         if i in resident_loads or i in analog_gemms:
             continue
-        if isinstance(ins, Gemm):
-            gemm_steps += ins.steps
+        if isinstance(ins, Gemm):  # a sparse GEMM issues only the kept N of each M MACs
+            gemm_steps += ins.steps * sparse_share if ins.sparse else ins.steps
         elif isinstance(ins, Alu):
             alu_steps += ins.steps
             if ins.op == AluOp.LUT:
@@ -87,7 +89,7 @@ def collect_counters(instrs: list[Instruction], sched: Schedule, footprints: lis
                 ins.y_size * ins.x_size * unit_of[ins.buffer])
     for op in Opcode:
         c[f"instr.{op.name.lower()}"] = kinds[op]
-    macs = gemm_steps * cfg.peak_macs_per_cycle
+    macs = round(gemm_steps * cfg.peak_macs_per_cycle)
     c["macs"] = macs
     c["mac_utilization"] = macs / (cycles * cfg.peak_macs_per_cycle) if cycles else 0.0
     c["alu_lane_ops"] = alu_steps * cfg.block_out
@@ -143,15 +145,17 @@ def _sram_bytes(instrs: list[Instruction], cfg: "HardwareConfig") -> int:
     one row)."""
     total = 0
     for ins in instrs:
-        if isinstance(ins, Gemm):
-            total += ins.steps * (cfg.inp_row_bytes + cfg.wgt_tile_bytes + 2 * cfg.acc_row_bytes)
+        if isinstance(ins, Gemm):  # a sparse GEMM reads its tiles compressed
+            tile = cfg.sparse_tile_bytes if ins.sparse else cfg.wgt_tile_bytes
+            total += ins.steps * (cfg.inp_row_bytes + tile + 2 * cfg.acc_row_bytes)
         elif isinstance(ins, Alu):
             # a LUT step reads one table entry per lane: one row's worth
             b = 1 if ins.op == AluOp.LUT else b_rows(ins.op)
             rows = 2 + (0 if ins.use_imm else b) + (ins.op in ACCUMULATING_OPS)
             total += ins.steps * cfg.acc_row_bytes * rows
         elif isinstance(ins, Load):
-            # a WGT4 load writes whole int8 tiles (unpacked on the way in)
+            # a WGT4 load writes whole int8 tiles (unpacked on the way in), a WGTS load
+            # its compressed tiles
             buf = Buffer.WGT if ins.buffer == Buffer.WGT4 else ins.buffer
             total += ins.rows_written * cfg.element_bytes(buf)
         elif isinstance(ins, Store):

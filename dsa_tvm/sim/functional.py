@@ -38,6 +38,7 @@ from ..isa.instructions import (
     b_rows,
     lut_rows,
 )
+from ..isa.sparse_tiles import unpack_n_m
 from . import int8_gemm
 from .errors import SimulationError
 from .plans import alu_plan, gemm_plan
@@ -129,10 +130,14 @@ class Machine:
         if buffer == Buffer.WGT4:  # the packed bytes; load() unpacks them
             half = cfg.wgt_tile_bytes // 2
             return (half,), np.dtype(np.uint8), half, (1,)
+        if buffer == Buffer.WGTS:  # compressed N:M tiles; load() expands them
+            size = cfg.sparse_tile_bytes
+            return (size,), np.dtype(np.uint8), size, (1,)
         return (cfg.block_out,), np.dtype(np.int8), cfg.block_out, (1,)
 
     def _sram(self, buffer: Buffer) -> np.ndarray:
-        return {Buffer.INP: self.inp, Buffer.WGT: self.wgt, Buffer.WGT4: self.wgt}.get(
+        return {Buffer.INP: self.inp, Buffer.WGT: self.wgt, Buffer.WGT4: self.wgt,
+                Buffer.WGTS: self.wgt}.get(
             buffer, self.acc)
 
     def _dram_window(self, ins: Load | Store, run: tuple[int, int] | None = None) -> np.ndarray:
@@ -204,13 +209,16 @@ class Machine:
         if ins.buffer == Buffer.WGT4:  # int4 pairs sign-extended into int8 tiles
             src = sem.unpack_int4(src[:1] if shared else src).reshape(
                 (1 if shared else self.batch,) + src.shape[1:3] + self.wgt.shape[2:])
+        elif ins.buffer == Buffer.WGTS:  # compressed N:M tiles expanded
+            src = unpack_n_m(src[:1] if shared else src, *self.wgt.shape[2:],
+                             *self.cfg.sparse_n_m)
         sram = self._sram(ins.buffer)
         h = ins.pad_top + ins.y_size + ins.pad_bottom
         w = ins.pad_left + ins.x_size + ins.pad_right
         dst = sram[:, ins.sram_base:ins.sram_base + h * w].reshape(
             (self.batch, h, w) + sram.shape[2:])
         self._fill(ins, dst, src)
-        if ins.buffer in (Buffer.WGT, Buffer.WGT4):
+        if ins.buffer in (Buffer.WGT, Buffer.WGT4, Buffer.WGTS):
             lo, hi = ins.sram_base, ins.sram_base + h * w - 1
             self.wgt_shared[lo:hi + 1] = self.batch == 1 or shared
             stale = [k for k, (w_lo, w_hi, *_) in self._wcache.items() if w_lo <= hi and lo <= w_hi]

@@ -97,7 +97,8 @@ def dma_bytes(ins: Load | Store, cfg: "HardwareConfig") -> int:
 def compute_cycles(ins: Instruction, cfg: "HardwareConfig") -> int:
     """Cycles a non-DMA instruction keeps its engine busy."""
     if isinstance(ins, Gemm):
-        return gemm_cycles(cfg, [(lp.extent, lp.acc, lp.inp, lp.wgt) for lp in ins.loops])
+        return gemm_cycles(cfg, [(lp.extent, lp.acc, lp.inp, lp.wgt) for lp in ins.loops],
+                           ins.sparse)
     if isinstance(ins, Alu):
         if ins.op == AluOp.LUT:  # the table unit's read ports set the rate
             return ins.steps * cfg.lut_cycles_per_row + cfg.alu_latency_cycles

@@ -32,6 +32,7 @@ from ..isa.intnorm import MAX_ROW
 from ..isa.semantics import REQUANT_IMM_RESERVED
 from .errors import SimulationError
 from .limits import check_cycle_total, check_nest_points
+from .sparse_check import check_sparse
 
 if TYPE_CHECKING:
     from ..hw.config import HardwareConfig
@@ -101,6 +102,7 @@ def validate_program(program: "Program", cfg: "HardwareConfig") -> list[Footprin
         raise SimulationError(len(ins_list) - 1 if ins_list else None,
                               "program does not end with FINISH")
     check_cycle_total(program)
+    check_sparse(ins_list, cfg)
     check = not program.fields_checked(cfg)
     fps = []
     bounds = [(r.offset, r.offset + r.nbytes, r.kind, r.name) for r in program.regions]

@@ -39,6 +39,16 @@ def run_and_check(cfg, program: Program, inputs=None):
     return res, ref
 
 
+def prune_n_m(codes: np.ndarray, n: int, m: int) -> np.ndarray:
+    """``codes`` with all but the N largest magnitudes of every aligned group of M along
+    the last axis set to zero (ties to the lower index): N:M-sparse tiles for tests."""
+    c = np.array(codes, copy=True)
+    groups = c.reshape(c.shape[:-1] + (c.shape[-1] // m, m))
+    order = np.argsort(-np.abs(groups.astype(np.int64)), axis=-1, kind="stable")
+    np.put_along_axis(groups, order[..., n:], 0, axis=-1)
+    return groups.reshape(c.shape)
+
+
 def rand_int8(rng, shape):
     return rng.integers(-128, 128, shape, dtype=np.int8)
 

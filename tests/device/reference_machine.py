@@ -157,19 +157,42 @@ class RefMachine:
                 Buffer.WGT: ((cfg.block_out, cfg.block_in), np.int8),
                 Buffer.ACC: ((cfg.block_out,), np.int32),
                 Buffer.ACC8: ((cfg.block_out,), np.int8),
-                Buffer.WGT4: ((cfg.block_out, cfg.block_in), "int4")}[buffer]
+                Buffer.WGT4: ((cfg.block_out, cfg.block_in), "int4"),
+                Buffer.WGTS: ((cfg.block_out, cfg.block_in), "n:m")}[buffer]
 
     def _elem_bytes(self, buffer: Buffer) -> int:
         shape, dt = self._elem_shape_dtype(buffer)
         if dt == "int4":
             return int(np.prod(shape)) // 2
+        if dt == "n:m":  # kept values, then log2(M)-bit indices, whole bytes
+            n, m = self.cfg.sparse_n_m
+            kept = int(np.prod(shape)) * n // m
+            return kept + -(-kept * (m.bit_length() - 1) // 8)
         return int(np.prod(shape)) * np.dtype(dt).itemsize
+
+    def _read_n_m(self, raw: bytes, shape) -> np.ndarray:
+        """A compressed N:M tile, decoded with Python integers: every kept value, then its
+        column inside its group from the little-endian bit stream that follows."""
+        n, m = self.cfg.sparse_n_m
+        rows, cols = shape
+        kept = rows * cols * n // m
+        bits = m.bit_length() - 1
+        stream = int.from_bytes(raw[kept:], "little")
+        tile = np.zeros(shape, np.int64)
+        for j in range(kept):
+            value = raw[j] - 256 if raw[j] >= 128 else raw[j]
+            col = stream >> (j * bits) & ((1 << bits) - 1)
+            row, group = divmod(j // n, cols // m)
+            tile[row, group * m + col] = value
+        return tile
 
     def read_elem(self, buffer: Buffer, index: int) -> np.ndarray:
         shape, dt = self._elem_shape_dtype(buffer)
         n = self._elem_bytes(buffer)
         raw = bytes(self.dram[index * n:(index + 1) * n])
         assert len(raw) == n
+        if dt == "n:m":
+            return self._read_n_m(raw, shape)
         if dt == "int4":  # two's-complement nibbles, the low one first
             nibbles = [b >> s & 0xF for b in raw for s in (0, 4)]
             return np.array([v - 16 if v >= 8 else v for v in nibbles],
@@ -186,7 +209,8 @@ class RefMachine:
         self.dram[index * n:(index + 1) * n] = raw
 
     def sram(self, buffer: Buffer) -> np.ndarray:
-        return {Buffer.INP: self.inp, Buffer.WGT: self.wgt, Buffer.WGT4: self.wgt}.get(
+        return {Buffer.INP: self.inp, Buffer.WGT: self.wgt, Buffer.WGT4: self.wgt,
+                Buffer.WGTS: self.wgt}.get(
             buffer, self.acc)
 
     def run(self) -> "RefMachine":

@@ -88,7 +88,7 @@ def test_corruption_error_says_what_happened(matmul_blob):
 
 def test_version_1_container_is_refused_with_the_fix():
     data = sample_program(CFG).to_bytes(CFG)
-    assert struct.unpack_from("<I", data, 8)[0] == VERSION == 3
+    assert struct.unpack_from("<I", data, 8)[0] == VERSION == 4
     v1 = data[:8] + struct.pack("<I", 1) + data[12:32] + data[36:]   # the old layout
     with pytest.raises(ProgramError, match=r"version 1.*predates the integrity checksum.*"
                                            r"rebuild"):

@@ -13,12 +13,12 @@ import pytest
 from hypothesis import HealthCheck, assume, given, settings
 from hypothesis import strategies as st
 
-from dsa_tvm.hw.config import load_config
+from dsa_tvm.hw.config import load_config, with_overrides
 from dsa_tvm.isa.builder import ProgramBuilder
 from dsa_tvm.isa.instructions import Buffer, Gemm, Load
 from dsa_tvm.isa.program import INT4
 
-from .harness import gemm_path, rand_int8, rand_int32, run, run_and_check
+from .harness import gemm_path, prune_n_m, rand_int8, rand_int32, run, run_and_check
 from .reference_machine import build_sequential, reference_outputs, wrap32
 
 I64 = np.int64
@@ -531,12 +531,17 @@ def test_property_load_store_windows_match_loop_reference(data, cfg_name, buffer
     rng = np.random.default_rng(seed)
     shapes = {Buffer.INP: ((n_src, bi), "int8"), Buffer.WGT: ((n_src, bo, bi), "int8"),
               Buffer.ACC: ((n_src, bo), "int32"), Buffer.ACC8: ((n_src, bo), "int8"),
-              Buffer.WGT4: ((n_src, bo, bi), INT4)}
+              Buffer.WGT4: ((n_src, bo, bi), INT4), Buffer.WGTS: ((n_src, bo, bi), "sparse2:4")}
     shape, dtype = shapes[buffer]
     src = (rand_int32(rng, shape) if dtype == "int32" else rand_int8(rng, shape))
+    if buffer == Buffer.WGTS:  # a 2:4 array, the same description otherwise
+        cfg = with_overrides(cfg, ["array.sparsity=2:4"])
     b = ProgramBuilder(cfg, "dma")
     if buffer == Buffer.WGT4:   # int4 codes live in constant DRAM, packed two a byte
         src = rng.integers(-8, 8, shape, dtype=np.int8)
+        rs = b.region("src", "const", shape, dtype, data=src)
+    elif buffer == Buffer.WGTS:  # compressed 2:4 tiles live in constant DRAM
+        src = prune_n_m(src, 2, 4)
         rs = b.region("src", "const", shape, dtype, data=src)
     else:
         rs = b.region("src", "input", shape, dtype)
@@ -547,7 +552,7 @@ def test_property_load_store_windows_match_loop_reference(data, cfg_name, buffer
         b.load(Buffer.WGT, 0, b.addr(rid, Buffer.WGT), 1, 1)
         b.gemm(0, sram0, 0, [(rows, 1, 1, 0)], reset=True)
         acc_base, acc_rows = 0, rows
-    elif buffer in (Buffer.WGT, Buffer.WGT4):
+    elif buffer in (Buffer.WGT, Buffer.WGT4, Buffer.WGTS):
         b.load(Buffer.INP, 0, b.addr(reye, Buffer.INP), 1, bi)
         b.gemm(0, 0, sram0, [(rows, bi, 0, 1), (bi, 1, 1, 0)], reset=True)
         acc_base, acc_rows = 0, rows * bi
@@ -562,4 +567,4 @@ def test_property_load_store_windows_match_loop_reference(data, cfg_name, buffer
     out8 = b.region("out8", "output", (y2, x2 + gap, bo), "int8")
     b.store(Buffer.ACC8, acc_base, b.addr(out8, Buffer.ACC8), y2, x2, x2 + gap)
     prog = build_sequential(b)
-    run_and_check(cfg, prog, {} if buffer == Buffer.WGT4 else {"src": src})
+    run_and_check(cfg, prog, {} if buffer in (Buffer.WGT4, Buffer.WGTS) else {"src": src})
