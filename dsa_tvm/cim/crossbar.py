@@ -183,6 +183,20 @@ def effective_weights(codes: np.ndarray, geom: Geometry, model: DeviceModel,
     return read_digits(program_cells(codes, geom, model, rng), model, t_inference, rng)
 
 
+def drift_gain(now: np.ndarray, ref: np.ndarray, geom: Geometry) -> np.ndarray:
+    """(nb, crossbars) drift-compensation gains of a (cells, nb, K, N) weight block: each
+    crossbar's all-ones read right after programming (``ref``) over the same read now
+    (aihwkit's GlobalDriftCompensation, one gain per crossbar of the reduction)."""
+    scale = np.array([1 << (geom.bits * c) for c in range(geom.cells)],
+                     np.float64).reshape(-1, 1, 1, 1)
+    gains = []
+    for k0 in range(0, now.shape[2], geom.rows):
+        r0 = np.abs((ref[:, :, k0:k0 + geom.rows] * scale).sum(axis=(0, 2))).sum(axis=-1)
+        rt = np.abs((now[:, :, k0:k0 + geom.rows] * scale).sum(axis=(0, 2))).sum(axis=-1)
+        gains.append(np.where(rt > 0, r0 / np.where(rt > 0, rt, 1.0), 1.0))
+    return np.stack(gains, axis=-1)
+
+
 @dataclass
 class Periphery:
     """The digital periphery's calibration of one GEMM's crossbars (every field optional):

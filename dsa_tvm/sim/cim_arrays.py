@@ -28,6 +28,7 @@ from ..cim.crossbar import (
     Periphery,
     Recorder,
     analog_matmul,
+    drift_gain,
     program_cells,
     read_digits,
 )
@@ -136,25 +137,12 @@ class ProgrammedArrays:
                 self._cached_bytes -= old_now.nbytes + (0 if old_ref is None else old_ref.nbytes)
         return hit
 
-    def _drift_gain(self, now: np.ndarray, ref: np.ndarray) -> np.ndarray:
-        """(nb, crossbars) gains: each crossbar's all-ones read right after programming
-        over the same read now."""
-        scale = np.array([1 << (self.geom.bits * c) for c in range(self.geom.cells)],
-                         np.float64).reshape(-1, 1, 1, 1)
-        rows = self.geom.rows
-        gains = []
-        for k0 in range(0, now.shape[2], rows):
-            r0 = np.abs((ref[:, :, k0:k0 + rows] * scale).sum(axis=(0, 2))).sum(axis=-1)
-            rt = np.abs((now[:, :, k0:k0 + rows] * scale).sum(axis=(0, 2))).sum(axis=-1)
-            gains.append(np.where(rt > 0, r0 / np.where(rt > 0, rt, 1.0), 1.0))
-        return np.stack(gains, axis=-1)
-
     def _periphery_of(self, block: int, now: np.ndarray, ref: np.ndarray | None) -> Periphery:
         """The periphery of one weight block's crossbars (shared by every GEMM that reads
         them: a layer's pixel tiles see the same columns and ADCs)."""
         hit = self._periphery.get(block)
         if hit is None:
-            gain = self._drift_gain(now, ref) if ref is not None else None
+            gain = drift_gain(now, ref, self.geom) if ref is not None else None
             rec = self._recorders.get(block) if not _session.get() else None
             if rec is not None:
                 hit = rec.periphery(self.geom, gain, self.cfg.adc_calibration,
