@@ -25,6 +25,7 @@ import numpy as np
 import torch
 from torch import nn
 
+from ..hw.sparsity import parse_n_m
 from .errors import QatError
 from .layers import WeightedLayer
 from .precision import weighted_layers
@@ -77,6 +78,12 @@ class SparsityReport:
         return sum(la.pruned for la in self.layers) / max(total, 1)
 
     @property
+    def runs_sparse(self) -> bool:
+        """Whether an array can declare this pattern (``[array] sparsity``, whose rule is
+        ``hw.sparsity.parse_n_m``: N must divide M); otherwise every part runs it dense."""
+        return parse_n_m(f"{self.n}:{self.m}") is not None
+
+    @property
     def dense(self) -> list[tuple[str, str]]:
         """(layer, why) for every layer left dense."""
         return [(la.name, la.why) for la in self.layers if not la.is_pruned]
@@ -89,6 +96,9 @@ class SparsityReport:
                   f"{la.density:.2f}, at most {la.codes_n} nonzero codes per group of {self.m}"
                   for la in pruned]
         lines += [f"  dense: {name}: {why}" for name, why in self.dense]
+        if not self.runs_sparse:
+            lines.append(f"  note: no array runs {self.n}:{self.m} sparse (N must divide M, "
+                         f"e.g. 2:4, 1:4, 4:8); the pruned model runs dense, unchanged")
         return "\n".join(lines)
 
 

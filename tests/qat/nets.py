@@ -46,8 +46,9 @@ def tiny_net(seed: int = 0) -> TinyNet:
     return net.eval()
 
 
-def run_on_dsa(model, x: np.ndarray, hw: str = "default") -> np.ndarray:
-    """The ONNX model compiled with every region on the DSA, run on the simulator."""
+def run_on_dsa(model, x: np.ndarray, hw="default") -> np.ndarray:
+    """The ONNX model compiled with every region on the DSA (``hw``: a preset name or a
+    HardwareConfig), run on the simulator; ``dsa_tvm.last_compile_report()`` tells how."""
     with dsa_tvm.options(offload="all"):
         ex = dsa_tvm.compile(model, hw, verbose=False)
     vm = relax.VirtualMachine(ex, tvm.cpu())

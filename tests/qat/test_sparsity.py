@@ -107,6 +107,10 @@ def test_prune_reports_what_it_pruned_and_why_the_rest_stays_dense():
     assert "sparsity 2:4: 3 of 5" in text and "dense: c1: 3 input channels" in text
     assert "dense: dw: depthwise" in text
     assert weighted_layers(p)["c1"].mask is None and weighted_layers(p)["dw"].mask is None
+    assert rep.runs_sparse and "note" not in text
+    _, _, p = _prepared()
+    rep = qat.prune(p, 3, 4)   # trains, but no array skips 3 of 4
+    assert not rep.runs_sparse and "no array runs 3:4 sparse" in rep.summary()
 
 
 def test_skip_and_min_in_channels_choose_the_layers():
@@ -205,6 +209,30 @@ def test_the_dsa_runs_the_pruned_trained_model_bit_for_bit(bits):
         with torch.no_grad():
             want = p(x).numpy()
         np.testing.assert_array_equal(run_on_dsa(model, x.numpy()), want)
+
+
+def test_a_2_4_array_runs_the_pruned_layers_sparse_and_computes_the_same_integers():
+    """On a part with ``[array] sparsity = "2:4"`` the compiler finds the pattern in the
+    exported codes: the three pruned layers run sparse, the output is still the prepared
+    module's, bit for bit."""
+    import dsa_tvm
+    from dsa_tvm.hw.config import load_config, with_overrides
+
+    net, cal, p = _prepared(learn_scales=True)
+    qat.prune(p, 2, 4, calibration_data=cal)
+    qat.distill(p, net, _data(4, 2), _data(1, 3), steps=4, lr=1e-3, eval_every=4,
+                show_progress=False)
+    x = _data(1, 8)[0][0][:1]
+    with torch.no_grad():
+        want = p(x).numpy()
+    sparse_part = with_overrides(load_config("default"), ["array.sparsity=2:4"])
+    np.testing.assert_array_equal(run_on_dsa(qat.export(p), x.numpy(), sparse_part), want)
+    (region,) = dsa_tvm.last_compile_report().regions
+    kinds = [(ly["name"].split(":")[-1], ly.get("sparsity")) for ly in
+             region.program.meta["layers"] if ly["name"].endswith(("conv2d", "dense_flat"))]
+    # c1 (stem), down, dw (depthwise), pw, fc: the pruned three run sparse
+    assert kinds == [("conv2d", None), ("conv2d", "2:4"), ("conv2d", None), ("conv2d", "2:4"),
+                     ("dense_flat", "2:4")]
 
 
 def test_pruning_again_with_the_same_pattern_changes_nothing_and_another_is_refused():
