@@ -33,6 +33,7 @@ from tvm import relax
 
 import dsa_tvm
 from dsa_tvm import qat
+from dsa_tvm.hw.config import load_config, with_overrides
 from dsa_tvm.models.pretrained import PHOTOS, efficientnet_lite0_path, random_crops
 from dsa_tvm.quant import quantize_onnx
 
@@ -54,9 +55,13 @@ def scores(logits: torch.Tensor, ref: torch.Tensor) -> tuple[float, float]:
     return top1, cos
 
 
-def on_dsa(model: onnx.ModelProto) -> tuple[relax.VirtualMachine, object]:
+#: the default part with a 2:4 structured-sparse array (everything else the same)
+SPARSE_HW = with_overrides(load_config("default"), ["array.sparsity=2:4"])
+
+
+def on_dsa(model: onnx.ModelProto, hw="default") -> tuple[relax.VirtualMachine, object]:
     with dsa_tvm.options(offload="all"):
-        ex = dsa_tvm.compile(model, "default", verbose=False)
+        ex = dsa_tvm.compile(model, hw, verbose=False)
     return relax.VirtualMachine(ex, tvm.cpu()), ex
 
 
@@ -122,6 +127,36 @@ def qat_rows(label: str, net, bits: int, mixed_target: float | None, train, held
             dict(label=f"{label} QAT", top1=after[0], cos=after[1], note=took, **common)]
 
 
+def sparse_rows(net, train, heldout, cal, test, ref, steps: int, args) -> list[dict]:
+    """int8, every conv / linear with 16+ input channels pruned 2:4 (``qat.prune``), before
+    and after distillation; cycles and bytes on the 2:4 array and (note) on the dense one."""
+    t = time.perf_counter()
+    p = qat.prepare(net, (train[0][0][:1],), cal, bits=8, learn_scales=True)
+    rep = qat.prune(p, 2, 4, calibration_data=cal)
+    before = scores(batched(p, test), ref)
+    res = qat.distill(p, net, train, heldout, steps=steps, batch_size=args.batch, lr=args.lr,
+                      scale_lr=args.scale_lr, loss="kl", eval_every=args.eval_every,
+                      patience=args.patience, seed=0, show_progress=True)
+    after = scores(batched(p, test), ref)
+    model = qat.export(p)
+    x2 = test[:2]
+    vm, _ = on_dsa(model, SPARSE_HW)
+    n_sparse = sum(bool(ly.get("sparsity")) for r in dsa_tvm.last_compile_report().regions
+                   if r.program is not None for ly in r.program.meta["layers"])
+    exact = np.array_equal(np.concatenate([run(vm, x2[i:i + 1].numpy()) for i in range(2)]),
+                           batched(p, x2).numpy())
+    cycles, nbytes = cost(vm, x2[:1].numpy())
+    dense_cycles, dense_bytes = cost(on_dsa(model)[0], x2[:1].numpy())
+    note = (f"{rep.pruned_share:.0%} of weights pruned, {n_sparse} layers sparse on the DSA; "
+            f"dense array {dense_cycles / 1e6:.3f} M "
+            f"cycles, {dense_bytes / 1e6:.2f} MB ({dense_cycles / cycles:.2f}x)")
+    common = dict(cycles=cycles, bytes=nbytes, exact="bit-exact" if exact else "MISMATCH")
+    took = f"{time.perf_counter() - t:.0f} s, {res.summary()}"
+    return [dict(label="int8 2:4 sparse before training", top1=before[0], cos=before[1],
+                 note=note, **common),
+            dict(label="int8 2:4 sparse QAT", top1=after[0], cos=after[1], note=took, **common)]
+
+
 def plot(rows: list[dict], path: str) -> None:
     import matplotlib
 
@@ -156,6 +191,8 @@ def main() -> None:
     ap.add_argument("--target-drop", type=float, default=0.02,
                     help="mixed precision: output cosine allowed below all-8-bit before training "
                          "(default 0.02)")
+    ap.add_argument("--rows", default="ptq,int8,w4,mixed,sparse",
+                    help="row groups to run, comma-separated (default: all)")
     ap.add_argument("--png", default="bench_compress.png")
     args = ap.parse_args()
     n_train, n_test = (64, 48) if args.quick else (256, 96)
@@ -175,13 +212,21 @@ def main() -> None:
     print(f"EfficientNet-Lite0: {len(train)} training crops (+{cut} held out) from "
           f"{len(TRAIN_PHOTOS)} photos, {n_test} test crops from {len(TEST_PHOTOS)} others; "
           f"{steps} steps of batch {args.batch}")
-    rows = [ptq_row("PTQ int8", 8, crops[:16], test, ref),
-            ptq_row("PTQ W4A8", 4, crops[:16], test, ref)]
-    rows += qat_rows("int8", net, 8, None, train, heldout, cal, sens_batch, test, ref, steps, args)
-    rows += qat_rows("W4A8 all 4-bit", net, 4, None, train, heldout, cal, sens_batch, test, ref,
-                     steps, args)
-    rows += qat_rows("W4A8 mixed", net, 4, args.target_drop, train, heldout, cal, sens_batch, test,
-                     ref, steps, args)
+    groups = {
+        "ptq": lambda: [ptq_row("PTQ int8", 8, crops[:16], test, ref),
+                        ptq_row("PTQ W4A8", 4, crops[:16], test, ref)],
+        "int8": lambda: qat_rows("int8", net, 8, None, train, heldout, cal, sens_batch, test,
+                                 ref, steps, args),
+        "w4": lambda: qat_rows("W4A8 all 4-bit", net, 4, None, train, heldout, cal, sens_batch,
+                               test, ref, steps, args),
+        "mixed": lambda: qat_rows("W4A8 mixed", net, 4, args.target_drop, train, heldout, cal,
+                                  sens_batch, test, ref, steps, args),
+        "sparse": lambda: sparse_rows(net, train, heldout, cal, test, ref, steps, args)}
+    wanted = args.rows.split(",")
+    unknown = sorted(set(wanted) - set(groups))
+    if unknown:
+        raise SystemExit(f"--rows: unknown group(s) {unknown}; choose from {sorted(groups)}")
+    rows = [r for name in groups if name in wanted for r in groups[name]()]
     head = f"{'':<28} {'top-1':>7} {'cosine':>8} {'M cycles':>9} {'MB DRAM':>8}  {'DSA':<10} note"
     print(head)
     for r in rows:

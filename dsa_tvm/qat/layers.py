@@ -202,6 +202,9 @@ class WeightedLayer(_Integer):
         # every mode, so a pruned weight computes as zero, gets no gradient and exports as
         # code 0 whatever an optimizer does to the parameter behind it
         self.register_buffer("mask", None)
+        # qat.analog: reads the products as a CIM part's crossbars would (noise, ADC);
+        # None: the DSA's exact integer products
+        self.analog = None
         self.pad = None  # (left, right, top, bottom) zero padding the convolution cannot state
         if pad is not None:
             left, right, top, bottom = pad
@@ -281,9 +284,14 @@ class WeightedLayer(_Integer):
         sw_t = torch.from_numpy(s_w)
         wq_t = torch.from_numpy(wq)
         if self.mode == "export":
-            w = dequantized_constant(wq_t, sw_t)
             b = None if bq is None else dequantized_constant(torch.from_numpy(bq),
                                                              torch.from_numpy(s_b))
+            if self.kind == "linear" and x.dim() > 2:  # MatMul with a constant (K, N) B, as
+                # the compiler's dense kinds read it (F.linear writes a runtime Transpose)
+                w_kn = dequantized_constant(wq_t.t().contiguous(), sw_t, axis=1)
+                y = torch.matmul(x, w_kn) if b is None else torch.matmul(x, w_kn) + b
+                return self.out.quantize(_activation(y, self.act))
+            w = dequantized_constant(wq_t, sw_t)
             return self.out.quantize(_activation(self._op(x, w, b), self.act))
         qmax = weight_qmax(self.bits)
         shape = (-1,) + (1,) * (self.weight.dim() - 1)
@@ -299,8 +307,11 @@ class WeightedLayer(_Integer):
                bq: np.ndarray | None) -> torch.Tensor:
         g_in, g_out = self.inputs[0], self.out
         xc = codes(x, g_in.scale)  # integer-valued float32
-        acc = exact.int_product(lambda a, w: self._op(a, w, None), xc, wq.to(torch.float32),
-                                int(wq[0].numel()), weight_qmax(self.bits))
+        if self.analog is not None:
+            acc = self.analog(self, xc, wq)
+        else:
+            acc = exact.int_product(lambda a, w: self._op(a, w, None), xc, wq.to(torch.float32),
+                                    int(wq[0].numel()), weight_qmax(self.bits))
         factors = g_in.s * s_w.astype(np.float64) / g_out.s
         axis = acc.ndim - 1 if self.channel_axis < 0 else self.channel_axis
         q = exact.output_stage(acc, 0 if bq is None else bq, factors, g_out.zero_point,

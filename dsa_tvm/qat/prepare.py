@@ -204,7 +204,11 @@ class _Rewriter:
             return
         if self.weighted(n):
             return
-        if G.is_add(n):
+        if G.is_add(n) and all(isinstance(a, fx.Node) and self.env[a] in self.grid
+                               for a in n.args[:2]):
+            # an integer add joins two integer layers (a CNN's residual); an add with an FP32
+            # operand (a transformer's residual from a LayerNorm, an attention mask onto the
+            # scores) stays FP32, as PTQ keeps it, rather than forcing a grid on it
             fused = G.fusable_activation(n, self.modules)
             (a, ga), (b, gb) = self.on_grid(n.args[0]), self.on_grid(n.args[1])
             layer = AddLayer([ga, gb], fused and fused[1], self.method, self.symmetric)

@@ -1,0 +1,92 @@
+"""A transformer through QAT: all-MiniLM-L6-v2 as a traceable module, prepared, exported
+and run on the DSA.
+
+What is mirrored: every linear layer (Q/K/V, attention output, MLP), int8 or int4, on the
+DSA; the residual adds (one operand from a LayerNorm), the attention mask, the attention
+matmuls, softmax and LayerNorm stay FP32 on the host, as PTQ's default keeps them. GELU,
+between two integer layers, runs on the DSA as the table the compiler evaluates from the
+same float chain.
+The DSA's linear layers equal the prepared module's integers; what differs is float
+rounding of those host ops (TVM's LLVM build against PyTorch), stated as a tolerance.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+import tvm
+from tvm import relax
+
+import dsa_tvm
+from dsa_tvm import qat
+from dsa_tvm.models.minilm_torch import MiniLM
+
+#: host float ops (LayerNorm, softmax, GELU, the attention matmuls) in TVM's LLVM build
+#: against PyTorch: the normalized embedding's largest elementwise difference
+HOST_TOLERANCE = 1e-5
+
+
+def _on_dsa(model, ids: np.ndarray, mask: np.ndarray, hw="default") -> np.ndarray:
+    with dsa_tvm.options(offload="all"):
+        ex = dsa_tvm.compile(model, hw, verbose=False)
+    vm = relax.VirtualMachine(ex, tvm.cpu())
+    return vm["main"](tvm.runtime.tensor(ids), tvm.runtime.tensor(mask)).numpy()
+
+
+def _tokens(rng: np.random.Generator, batch: int, seq: int, vocab: int):
+    ids = torch.from_numpy(rng.integers(1, vocab, (batch, seq)))
+    mask = torch.ones(batch, seq, dtype=torch.int64)
+    mask[1::2, seq // 2:] = 0   # padded sentences: the mask reaches the softmax
+    return ids, mask
+
+
+@pytest.mark.parametrize("bits", [8, 4])
+def test_tiny_encoder_on_the_dsa_equals_the_prepared_module(bits):
+    torch.manual_seed(0)
+    net = MiniLM(vocab=50, hidden=32, layers=2, heads=4, inner=64, positions=16).eval()
+    ids, mask = _tokens(np.random.default_rng(0), 6, 8, 50)
+    p = qat.prepare(net, (ids[:1], mask[:1]), [(ids, mask)], bits=bits)
+    kinds = [k for _, k in p.qat_report.layers]
+    assert kinds == ["linear"] * 12                      # 6 per layer, every one mirrored
+    fp32 = {why for *_, why in p.qat_report.fp32}
+    assert fp32 and all("runs in FP32" in w for w in fp32)
+    qat.distill(p, net, [(ids, mask)], [(ids, mask)], steps=3, batch_size=6, lr=1e-4,
+                loss="cosine", eval_every=3, seed=0, show_progress=False)
+    model = qat.export(p)
+    for k in (0, 1):
+        with torch.no_grad():
+            want = p(ids[k:k + 1], mask[k:k + 1]).numpy()
+        got = _on_dsa(model, ids[k:k + 1].numpy(), mask[k:k + 1].numpy())
+        np.testing.assert_allclose(got, want, atol=HOST_TOLERANCE, rtol=0)
+    rep = dsa_tvm.last_compile_report()
+    on_dsa = [type(ly).__name__ for r in rep.regions if r.target == "dsa"
+              for ly in r.region.layers]
+    # every projection on the DSA; GELU, between two integer layers, becomes the table the
+    # compiler evaluates from the same float chain (it agrees with it but at float ties)
+    assert on_dsa.count("Dense") == 12 and len(on_dsa) == 14, on_dsa
+
+
+def test_minilm_module_equals_the_exported_onnx_and_runs_on_the_dsa():
+    import onnxruntime as ort
+
+    from dsa_tvm.models.minilm_torch import minilm
+    from dsa_tvm.models.pretrained import minilm_feeds, minilm_path
+
+    net = minilm()
+    feeds = minilm_feeds()
+    sess = ort.InferenceSession(str(minilm_path()))
+    ids = torch.from_numpy(np.concatenate([f["input_ids"] for f in feeds]))
+    mask = torch.from_numpy(np.concatenate([f["attention_mask"] for f in feeds]))
+    with torch.no_grad():
+        mine = net(ids[:2], mask[:2]).numpy()
+    ref = np.concatenate([sess.run(None, f)[0] for f in feeds[:2]])
+    np.testing.assert_allclose(mine, ref, atol=1e-6)
+    p = qat.prepare(net, (ids[:1], mask[:1]), [(ids[:8], mask[:8])], bits=8)
+    assert [k for _, k in p.qat_report.layers] == ["linear"] * 36
+    with torch.no_grad():
+        want = p(ids[8:9], mask[8:9]).numpy()
+    got = _on_dsa(qat.export(p), ids[8:9].numpy(), mask[8:9].numpy())
+    np.testing.assert_allclose(got, want, atol=HOST_TOLERANCE, rtol=0)
+    cos = float((got * net(ids[8:9], mask[8:9]).detach().numpy()).sum())
+    assert cos > 0.9
