@@ -1,7 +1,8 @@
 """Compression: int8 and W4A8, post-training vs trained against the DSA's own integers.
 
-    python benchmarks/bench_compress.py            # EfficientNet-Lite0, full
-    python benchmarks/bench_compress.py --quick    # fewer images and steps (a few minutes)
+    python benchmarks/bench_compress.py            # EfficientNet-Lite0 and MiniLM, full
+    python benchmarks/bench_compress.py --quick    # fewer images, sentences and steps
+    python benchmarks/bench_compress.py --rows ptq,sparse   # some row groups only
 
 EfficientNet-Lite0 with its ImageNet weights; unlabeled data: seeded random crops of
 scikit-image's photos, training crops from every other photo, test crops from the rest
@@ -17,7 +18,10 @@ same test crops (top-1 agreement, logit cosine) and compiled for the ``default``
   prepared module untrained. The exported model is run on the DSA and checked equal to
   the prepared module (bit for bit) on two test crops.
 
-Prints a table and writes ``bench_compress.png``.
+The transformer rows (all-MiniLM-L6-v2 on English sentences: embedding cosine and
+nearest-neighbour agreement) are ``compress_text.py``'s. Prints a table ("agree": top-1
+agreement for EfficientNet-Lite0, nearest-neighbour agreement for MiniLM) and writes
+``bench_compress.png``.
 """
 
 from __future__ import annotations
@@ -29,6 +33,7 @@ import numpy as np
 import onnx
 import torch
 import tvm
+from compress_text import minilm_rows  # a sibling script: benchmarks/ is on sys.path
 from tvm import relax
 
 import dsa_tvm
@@ -165,7 +170,7 @@ def plot(rows: list[dict], path: str) -> None:
 
     fig, axes = plt.subplots(1, 4, figsize=(15, 4.5), sharey=True)
     y = np.arange(len(rows))
-    panels = (("top1", 100, "top-1 agreement with FP32 (%)", "tab:blue"),
+    panels = (("top1", 100, "agreement with FP32 (%): top-1 / nearest neighbour", "tab:blue"),
               ("cos", 1, "logit cosine with FP32", "tab:purple"),
               ("cycles", 1e-6, "M cycles, one image", "tab:orange"),
               ("bytes", 1e-6, "MB DRAM, one image", "tab:green"))
@@ -186,12 +191,14 @@ def main() -> None:
     ap.add_argument("--batch", type=int, default=8)
     ap.add_argument("--lr", type=float, default=1e-5)
     ap.add_argument("--scale-lr", type=float, default=1e-3)
+    ap.add_argument("--text-lr", type=float, default=2e-5,
+                    help="MiniLM's learning rate (cosine loss on embeddings)")
     ap.add_argument("--eval-every", type=int, default=20)
     ap.add_argument("--patience", type=int, default=4)
     ap.add_argument("--target-drop", type=float, default=0.02,
                     help="mixed precision: output cosine allowed below all-8-bit before training "
                          "(default 0.02)")
-    ap.add_argument("--rows", default="ptq,int8,w4,mixed,sparse",
+    ap.add_argument("--rows", default="ptq,int8,w4,mixed,sparse,minilm",
                     help="row groups to run, comma-separated (default: all)")
     ap.add_argument("--png", default="bench_compress.png")
     args = ap.parse_args()
@@ -221,13 +228,14 @@ def main() -> None:
                                test, ref, steps, args),
         "mixed": lambda: qat_rows("W4A8 mixed", net, 4, args.target_drop, train, heldout, cal,
                                   sens_batch, test, ref, steps, args),
-        "sparse": lambda: sparse_rows(net, train, heldout, cal, test, ref, steps, args)}
+        "sparse": lambda: sparse_rows(net, train, heldout, cal, test, ref, steps, args),
+        "minilm": lambda: minilm_rows(args, steps, SPARSE_HW)}
     wanted = args.rows.split(",")
     unknown = sorted(set(wanted) - set(groups))
     if unknown:
         raise SystemExit(f"--rows: unknown group(s) {unknown}; choose from {sorted(groups)}")
     rows = [r for name in groups if name in wanted for r in groups[name]()]
-    head = f"{'':<28} {'top-1':>7} {'cosine':>8} {'M cycles':>9} {'MB DRAM':>8}  {'DSA':<10} note"
+    head = f"{'':<28} {'agree':>7} {'cosine':>8} {'M cycles':>9} {'MB DRAM':>8}  {'DSA':<10} note"
     print(head)
     for r in rows:
         print(f"{r['label']:<28} {100 * r['top1']:6.1f}% {r['cos']:8.4f} {r['cycles'] / 1e6:9.3f} "

@@ -170,6 +170,12 @@ class Program:
                 raise ProgramError(f"program '{self.name}': region '{r.name}' has a negative "
                                    f"offset or dimension (offset {r.offset}, shape "
                                    f"{list(r.shape)})")
+            n_m = parse_n_m(r.dtype[len(SPARSE):]) if r.dtype.startswith(SPARSE) else None
+            if n_m and (len(r.shape) < 2 or r.shape[-1] % n_m[1]):
+                raise ProgramError(f"program '{self.name}': region '{r.name}' of compressed "
+                                   f"{n_m[0]}:{n_m[1]} tiles has shape {list(r.shape)}; it "
+                                   f"needs (..., rows, columns) with columns a multiple of "
+                                   f"{n_m[1]}")
             end = r.offset + r.nbytes
             if end > cfg.dram_bytes:
                 raise ProgramError(

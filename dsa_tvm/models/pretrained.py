@@ -194,3 +194,20 @@ def random_crops(count: int, seed: int = 0, names: tuple[str, ...] = PHOTOS, siz
             crop = crop[:, ::-1]
         out.append(load_image(np.ascontiguousarray(crop), (size, size), preprocess))
     return out
+
+
+def text_sentences(count: int | None = None, seed: int = 0, min_words: int = 6,
+                   max_words: int = 25) -> list[str]:
+    """English sentences from the Python docs that ship with every Python
+    (``pydoc_data.topics``; ~1,400 of ``min_words``..``max_words`` words, markup-free):
+    unlabeled text for distillation and agreement measurements. ``count`` of them in a
+    seeded order (all when None)."""
+    import re
+    from pydoc_data.topics import topics
+
+    text = re.sub(r"\s+", " ", " ".join(topics[k] for k in sorted(topics)))
+    out = [s for s in re.split(r"(?<=[.!?])\s+", text)
+           if min_words <= len(s.split()) <= max_words and s[:1].isupper()
+           and not set(s) & set("*=`|{}[]<>")]
+    order = np.random.default_rng(seed).permutation(len(out))
+    return [out[i] for i in order[:count]]

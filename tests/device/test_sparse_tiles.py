@@ -180,3 +180,12 @@ def test_sparse_array_widens_only_the_default_ports():
     assert SPARSE.inp_port == 2 * DENSE.inp_port and SPARSE.wgt_port == 2 * 160
     explicit = with_overrides(DENSE, ["array.sparsity=2:4", "array.inp_port_bytes=16"])
     assert explicit.inp_port == 16
+
+
+@pytest.mark.parametrize("shape", [(16,), (2, 16, 6)])
+def test_a_container_with_a_malformed_sparse_region_is_refused(shape):
+    """A hostile header: compressed tiles whose shape has no whole groups."""
+    prog = _gemm(SPARSE, np.zeros((1, 16), np.int8), np.zeros((1, 16, 16), np.int8), True)
+    prog.region("w").shape = shape
+    with pytest.raises(ProgramError, match="compressed 2:4 tiles has shape"):
+        prog.to_bytes(SPARSE)

@@ -1,0 +1,150 @@
+"""The transformer half of ``bench_compress.py``: all-MiniLM-L6-v2 (a sentence embedder),
+post-training vs trained against the DSA's integers, on sentences of English text.
+
+Unlabeled data: sentences of the Python docs (``pretrained.text_sentences``); calibration
+and training sentences on one side, test sentences (other docs sentences and the bundled
+everyday ones) on the other, the same for PTQ and QAT. Every row against the FP32 model
+on the test sentences: embedding cosine (mean) and nearest-neighbour agreement (does each
+sentence's closest other sentence stay the same); cycles and DRAM bytes of one sentence on
+the ``default`` DSA.
+
+- PTQ: ``quantize_onnx`` of the exported FP32 model (outlier channels of the projections
+  split into FP32 side paths; attention matmuls int8, softmax and LayerNorm FP32).
+- QAT: ``dsa_tvm.models.minilm_torch`` prepared by ``qat.prepare`` (every projection
+  integer; attention, softmax, LayerNorm FP32; GELU a DSA table) and distilled (cosine
+  loss to the FP32 embedding). The exported model on the DSA is checked against the
+  prepared module: its projections are its integers, the host's float ops differ by float
+  rounding only (largest difference printed).
+"""
+
+from __future__ import annotations
+
+import time
+
+import numpy as np
+import onnx
+import torch
+import tvm
+from tvm import relax
+
+import dsa_tvm
+from dsa_tvm import qat
+from dsa_tvm.models.minilm_torch import minilm
+from dsa_tvm.models.pretrained import SENTENCES, minilm_feeds, minilm_path, text_sentences
+from dsa_tvm.quant import quantize_onnx
+
+#: the largest embedding difference the host's float ops explain (tests/qat)
+HOST_TOLERANCE = 1e-5
+
+
+def tokens(sentences: list[str]) -> tuple[torch.Tensor, torch.Tensor]:
+    feeds = minilm_feeds(sentences)
+    return (torch.from_numpy(np.concatenate([f["input_ids"] for f in feeds])),
+            torch.from_numpy(np.concatenate([f["attention_mask"] for f in feeds])))
+
+
+def agreement(emb: np.ndarray, ref: np.ndarray) -> tuple[float, float]:
+    """(nearest-neighbour agreement, mean cosine) of embeddings against the FP32 ones."""
+    def nearest(e: np.ndarray) -> np.ndarray:
+        sim = e @ e.T
+        np.fill_diagonal(sim, -np.inf)
+        return sim.argmax(1)
+
+    cos = (emb * ref).sum(1) / np.linalg.norm(emb, axis=1) / np.linalg.norm(ref, axis=1)
+    return float((nearest(emb) == nearest(ref)).mean()), float(cos.mean())
+
+
+class OnDsa:
+    """A model compiled for a DSA (every region offloaded), run sentence by sentence."""
+
+    def __init__(self, model: onnx.ModelProto, hw="default") -> None:
+        with dsa_tvm.options(offload="all"):
+            ex = dsa_tvm.compile(model, hw, verbose=False)
+        self.report = dsa_tvm.last_compile_report()
+        self.vm = relax.VirtualMachine(ex, tvm.cpu())
+
+    def __call__(self, ids: torch.Tensor, mask: torch.Tensor) -> np.ndarray:
+        return np.concatenate([self.vm["main"](tvm.runtime.tensor(ids[i:i + 1].numpy()),
+                                               tvm.runtime.tensor(mask[i:i + 1].numpy())).numpy()
+                               for i in range(len(ids))])
+
+    def cost(self, ids: torch.Tensor, mask: torch.Tensor) -> tuple[int, int]:
+        """(cycles, DRAM bytes read + written) of one sentence."""
+        self(ids[:1], mask[:1])
+        rep = dsa_tvm.run_report(self.vm)
+        return rep.total_cycles, sum(r.dram_read + r.dram_written for r in rep.rows)
+
+
+def ptq_row(label: str, bits: int, cal: list[str], test, ref: np.ndarray) -> dict:
+    t = time.perf_counter()
+    qm = quantize_onnx(onnx.load(str(minilm_path())), minilm_feeds(cal), weight_bits=bits,
+                       show_progress=False)
+    dsa = OnDsa(qm.model)
+    nn_agree, cos = agreement(dsa(*test), ref)
+    cycles, nbytes = dsa.cost(*test)
+    return dict(label=label, top1=nn_agree, cos=cos, cycles=cycles, bytes=nbytes,
+                exact="(DSA run)", note=f"{time.perf_counter() - t:.0f} s")
+
+
+def _checked(p, test, hw="default") -> tuple[OnDsa, float]:
+    """The exported module on the DSA, and its largest difference from the prepared one
+    on two test sentences."""
+    dsa = OnDsa(qat.export(p), hw)
+    with torch.no_grad():
+        want = p(test[0][:2], test[1][:2]).numpy()
+    return dsa, float(np.abs(dsa(test[0][:2], test[1][:2]) - want).max())
+
+
+def qat_rows(label: str, net, bits: int, sparse: bool, data: dict, test, ref: np.ndarray,
+             steps: int, args, sparse_hw=None) -> list[dict]:
+    t = time.perf_counter()
+    p = qat.prepare(net, (data["cal"][0][:1], data["cal"][1][:1]), [data["cal"]], bits=bits,
+                    learn_scales=True)
+    note = ""
+    if sparse:
+        rep = qat.prune(p, 2, 4, calibration_data=[data["cal"]])
+        note = f"{rep.pruned_share:.0%} of weights pruned; "
+    with torch.no_grad():
+        before = agreement(p(*test).numpy(), ref)
+    res = qat.distill(p, net, data["train"], data["heldout"], steps=steps,
+                      batch_size=args.batch, lr=args.text_lr, scale_lr=args.scale_lr,
+                      loss="cosine", eval_every=args.eval_every, patience=args.patience, seed=0,
+                      show_progress=True)
+    with torch.no_grad():
+        after = agreement(p(*test).numpy(), ref)
+    dsa, diff = _checked(p, test, sparse_hw or "default")
+    cycles, nbytes = dsa.cost(*test)
+    if sparse:
+        dense_cycles, _ = OnDsa(qat.export(p)).cost(*test)
+        note += f"dense array {dense_cycles / 1e6:.3f} M cycles ({dense_cycles / cycles:.2f}x)"
+    exact = f"host {diff:.0e}" if diff <= HOST_TOLERANCE else f"DIFF {diff:.1e}"
+    common = dict(cycles=cycles, bytes=nbytes, exact=exact)
+    took = f"{time.perf_counter() - t:.0f} s, {res.summary()}"
+    return [dict(label=f"{label} before training", top1=before[0], cos=before[1], note=note,
+                 **common),
+            dict(label=f"{label} QAT", top1=after[0], cos=after[1], note=took, **common)]
+
+
+def minilm_rows(args, steps: int, sparse_hw) -> list[dict]:
+    """Every MiniLM row: PTQ int8 / W4A8, QAT int8 / W4A8 / 2:4 sparse int8."""
+    n_train, n_test = (96, 24) if args.quick else (384, 48)
+    docs = text_sentences(seed=0)
+    train_s, test_s = docs[:n_train], docs[n_train:n_train + n_test] + list(SENTENCES)
+    net = minilm()
+    test = tokens(test_s)
+    with torch.no_grad():
+        ref = net(*test).numpy()
+    ids, mask = tokens(train_s)
+    cut = n_train // 8
+    data = dict(cal=(ids[:32], mask[:32]),
+                train=[(ids[i:i + 1], mask[i:i + 1]) for i in range(n_train - cut)],
+                heldout=[(ids[-cut:], mask[-cut:])])
+    print(f"all-MiniLM-L6-v2: {n_train - cut} training sentences (+{cut} held out) of the "
+          f"Python docs, {len(test_s)} test sentences (docs and everyday); {steps} steps")
+    rows = [ptq_row("MiniLM PTQ int8", 8, train_s[:32], test, ref),
+            ptq_row("MiniLM PTQ W4A8", 4, train_s[:32], test, ref)]
+    rows += qat_rows("MiniLM int8", net, 8, False, data, test, ref, steps, args)
+    rows += qat_rows("MiniLM W4A8", net, 4, False, data, test, ref, steps, args)
+    rows += qat_rows("MiniLM int8 2:4 sparse", net, 8, True, data, test, ref, steps, args,
+                     sparse_hw)
+    return rows
