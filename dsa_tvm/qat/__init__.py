@@ -11,8 +11,10 @@ from .export import export
 from .layers import set_mode
 from .precision import choose_bits, sensitivity, set_bits
 from .prepare import QatReport, calibrate, prepare
+from .sparse_choice import choose_sparse_layers, sparse_sensitivity
 from .sparsity import SparsityReport, prune
 from .train import TrainResult, distill
 
 __all__ = ["QatError", "QatReport", "SparsityReport", "TrainResult", "calibrate", "choose_bits",
            "distill", "export", "prepare", "prune", "sensitivity", "set_bits", "set_mode"]
+__all__ += ["choose_sparse_layers", "sparse_sensitivity"]
