@@ -2,7 +2,7 @@
 
     dsa-tvm qat efficientnet-lite0 --data photos/ --bits w4a8 --steps 200
     dsa-tvm qat my_model.pt --data photos/ --bits mixed --out my_model_qat.onnx
-    dsa-tvm qat my_model.pt --data photos/ --sparsity 2:4
+    dsa-tvm qat my_model.pt --data photos/ --sparsity 2:4 --sparse-target 0.98
 
 MODEL is a bundled pretrained name or a ``.pt`` file holding a whole module
 (``torch.save(model, path)``). The FP32 model teaches the prepared one (distillation:
@@ -34,6 +34,10 @@ def add_parser(sub) -> None:
     q.add_argument("--sparsity", metavar="N:M",
                    help="prune to N nonzero weights of every aligned M input channels (e.g. "
                         "2:4) before training; depthwise and few-channel layers stay dense")
+    q.add_argument("--sparse-target", type=float, metavar="C",
+                   help="with --sparsity: prune only the layers that keep the held-out output "
+                        "cosine with FP32 >= C before training, least cosine lost per MAC "
+                        "saved first (default: every eligible layer)")
     q.add_argument("--steps", type=int, default=200, help="training steps (0: PTQ only)")
     q.add_argument("--batch", type=at_least_one, default=8)
     q.add_argument("--lr", type=float, default=1e-5, help="weight learning rate (Adam)")
@@ -94,7 +98,7 @@ def cmd_qat(args: argparse.Namespace) -> int:
         raise CliError(f"--steps {args.steps}: pass 0 or more")
     if not 0 < args.heldout < 1:
         raise CliError(f"--heldout {args.heldout}: pass a share between 0 and 1, e.g. 0.2")
-    pattern = _pattern(args.sparsity)
+    pattern = _pattern(args.sparsity, args.sparse_target)
     net = _load(args.model)
     pre, side = PRETRAINED.get(args.model, ("imagenet", 224))
     side = args.size or side
@@ -114,7 +118,7 @@ def cmd_qat(args: argparse.Namespace) -> int:
         raise CliError(str(e)) from None
     print(p.qat_report.summary())
     if pattern is not None:  # before the widths and the training: both see the pruned network
-        print(qat.prune(p, *pattern, calibration_data=cal).summary())
+        print(_prune(p, pattern, args.sparse_target, heldout, cal).summary())
     with torch.no_grad():  # the caller's FP32 model: a pruned module's float mode is pruned
         ref = [net(*b) for b in heldout]
     if args.bits == "mixed":
@@ -139,8 +143,29 @@ def cmd_qat(args: argparse.Namespace) -> int:
     return 0
 
 
-def _pattern(text: str | None) -> tuple[int, int] | None:
-    """``--sparsity N:M`` as (N, M), checked before any model or image is read."""
+def _prune(p, pattern: tuple[int, int], target: float | None, heldout, cal):
+    """Prune every eligible layer, or with ``--sparse-target`` the ones
+    ``qat.choose_sparse_layers`` picks on the held-out images (measured as pruned here,
+    with the same calibration)."""
+    from . import qat
+    from .qat.sparse_choice import eligible_layers
+
+    if target is None:
+        return qat.prune(p, *pattern, calibration_data=cal)
+    chosen, reached = qat.choose_sparse_layers(p, heldout, target, *pattern,
+                                               calibration_data=cal)
+    print(f"sparse target {target}: {len(chosen)} layers pruned (held-out cosine "
+          f"{reached:.4f}): {', '.join(chosen) or 'none'}")
+    others = [name for name in eligible_layers(p, *pattern) if name not in chosen]
+    return qat.prune(p, *pattern, skip=others, calibration_data=cal)
+
+
+def _pattern(text: str | None, target: float | None = None) -> tuple[int, int] | None:
+    """``--sparsity N:M`` as (N, M), and ``--sparse-target`` with it, checked before any
+    model or image is read."""
+    if target is not None and (text is None or not 0.0 <= target <= 1.0):
+        raise CliError(f"--sparse-target {target}: pass an output cosine between 0 and 1 "
+                       f"with --sparsity N:M, e.g. --sparsity 2:4 --sparse-target 0.98")
     if text is None:
         return None
     from .qat import QatError

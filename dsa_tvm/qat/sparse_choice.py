@@ -6,7 +6,10 @@ EfficientNet-Lite0 pruned 2:4 in all 33 eligible layers falls from an output cos
 As :func:`~.precision.choose_bits` does for weight widths, :func:`sparse_sensitivity`
 measures each eligible layer pruned alone, and :func:`choose_sparse_layers` prunes the
 cheapest layers first, as many as keep the output cosine at a target. The caller then
-prunes those: ``prune(p, n, m, skip=lambda name: name not in chosen, ...)``.
+prunes those, skipping the other eligible ones:
+``prune(p, n, m, skip=[k for k in eligible_layers(p, n, m) if k not in chosen], ...)``
+(``skip=lambda k: k not in chosen`` prunes the same layers, but the report then gives
+"skipped" as the reason a stem stays dense too).
 
 "Cheapest" is cosine lost per MAC saved by default (``per="mac"``): a sparse array runs
 a pruned layer's tiles M / N to a cycle, so the multiplications a layer drops are the
@@ -198,7 +201,7 @@ def choose_sparse_layers(prepared: nn.Module, batches: Iterable[Any], min_cosine
     ``calibration_data`` the caller's ``prune`` will get, so each set is measured as that
     call prunes it. Target 0 prunes every eligible layer the cosine allows (all, unless it
     goes negative); a target above the dense module's cosine prunes none. The module is
-    not changed: prune it with ``skip=lambda name: name not in chosen``.
+    not changed: prune it with the other :func:`eligible_layers` as ``skip``.
     """
     target = _check_target(min_cosine)
     _check_prepared(prepared)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import numpy as np
 import onnx
+import pytest
 import torch
 from PIL import Image
 
@@ -56,6 +57,19 @@ def test_qat_cli_prunes_before_training_and_exports_n_m_codes(tmp_path, capsys, 
     assert len(sixteen_in) == 3 and all(is_n_m(c, 2, 4) for c in sixteen_in)
 
 
+@pytest.mark.parametrize("target, pruned", [("0", 3), ("1", 0)])
+def test_qat_cli_sparse_target_prunes_the_layers_that_keep_it(tmp_path, capsys, target, pruned):
+    torch.save(tiny_net(), tmp_path / "tiny.pt")
+    rc = main(["qat", str(tmp_path / "tiny.pt"), "--data", str(_folder(tmp_path)), "--size",
+               "16", "--steps", "1", "--sparsity", "2:4", "--sparse-target", target, "--quiet",
+               "--out", str(tmp_path / "q.onnx")])
+    cap = capsys.readouterr()
+    assert rc == 0, cap.err
+    assert f"sparse target {float(target)}: {pruned} layers pruned" in cap.out, cap.out
+    assert f"sparsity 2:4: {pruned} of 5 weighted layers pruned" in cap.out, cap.out
+    assert cap.out.count("skipped by the caller") == 3 - pruned
+
+
 def test_qat_cli_hostile_input(tmp_path, capsys):
     torch.save(tiny_net().state_dict(), tmp_path / "sd.pt")
     torch.save(tiny_net(), tmp_path / "tiny.pt")
@@ -77,6 +91,10 @@ def test_qat_cli_hostile_input(tmp_path, capsys):
          "--sparsity '2-4' is not N:M; pass"),
         (["qat", str(tmp_path / "tiny.pt"), "--data", ".", "--sparsity", "4:4"],
          "--sparsity 4:4: N must be at least 1 and below M=4"),
+        (["qat", str(tmp_path / "tiny.pt"), "--data", ".", "--sparsity", "2:4",
+          "--sparse-target", "1.5"], "--sparse-target 1.5: pass an output cosine between 0"),
+        (["qat", str(tmp_path / "tiny.pt"), "--data", ".", "--sparse-target", "0.9"],
+         "--sparse-target 0.9: pass an output cosine between 0 and 1 with --sparsity N:M"),
     ]
     for argv, want in cases:
         assert main(argv) == 2, argv
