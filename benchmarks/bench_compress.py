@@ -184,6 +184,28 @@ def plot(rows: list[dict], path: str) -> None:
     fig.savefig(path, dpi=110)
 
 
+def lite0_setup(args, steps: int) -> dict:
+    """EfficientNet-Lite0, its training / held-out / calibration / test crops and the FP32
+    test logits, in the argument orders the row functions take."""
+    n_train, n_test = (64, 48) if args.quick else (256, 96)
+    net = lite0()
+    crops = random_crops(n_train, seed=1, names=TRAIN_PHOTOS)
+    test = torch.cat([torch.from_numpy(c) for c in random_crops(n_test, seed=2, names=TEST_PHOTOS)])
+    batches = [(torch.from_numpy(c),) for c in crops]
+    cut = n_train // 8
+    train, heldout = batches[:-cut], [(torch.cat([b[0] for b in batches[-cut:]]),)]
+    cal = [(torch.cat([b[0] for b in batches[:16]]),)]
+    sens_batch = [(torch.cat([b[0] for b in batches[16:24]]),)]
+    with torch.no_grad():
+        ref = batched(net, test)
+    print(f"EfficientNet-Lite0: {len(train)} training crops (+{cut} held out) from "
+          f"{len(TRAIN_PHOTOS)} photos, {n_test} test crops from {len(TEST_PHOTOS)} others; "
+          f"{steps} steps of batch {args.batch}")
+    return dict(net=net, crops=crops, test=test, ref=ref,
+                qat=(train, heldout, cal, sens_batch, test, ref),
+                sparse=(train, heldout, cal, test, ref))
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--quick", action="store_true", help="fewer images and steps")
@@ -202,33 +224,24 @@ def main() -> None:
                     help="row groups to run, comma-separated (default: all)")
     ap.add_argument("--png", default="bench_compress.png")
     args = ap.parse_args()
-    n_train, n_test = (64, 48) if args.quick else (256, 96)
     steps = args.steps if args.steps is not None else (40 if args.quick else 200)
     torch.manual_seed(0)
     t0 = time.perf_counter()
-    net = lite0()
-    crops = random_crops(n_train, seed=1, names=TRAIN_PHOTOS)
-    test = torch.cat([torch.from_numpy(c) for c in random_crops(n_test, seed=2, names=TEST_PHOTOS)])
-    batches = [(torch.from_numpy(c),) for c in crops]
-    cut = n_train // 8
-    train, heldout = batches[:-cut], [(torch.cat([b[0] for b in batches[-cut:]]),)]
-    cal = [(torch.cat([b[0] for b in batches[:16]]),)]
-    sens_batch = [(torch.cat([b[0] for b in batches[16:24]]),)]
-    with torch.no_grad():
-        ref = batched(net, test)
-    print(f"EfficientNet-Lite0: {len(train)} training crops (+{cut} held out) from "
-          f"{len(TRAIN_PHOTOS)} photos, {n_test} test crops from {len(TEST_PHOTOS)} others; "
-          f"{steps} steps of batch {args.batch}")
+    lite: dict = {}
+
+    def d() -> dict:  # EfficientNet-Lite0 and its data, once, for the groups that use them
+        if not lite:
+            lite.update(lite0_setup(args, steps))
+        return lite
+
     groups = {
-        "ptq": lambda: [ptq_row("PTQ int8", 8, crops[:16], test, ref),
-                        ptq_row("PTQ W4A8", 4, crops[:16], test, ref)],
-        "int8": lambda: qat_rows("int8", net, 8, None, train, heldout, cal, sens_batch, test,
-                                 ref, steps, args),
-        "w4": lambda: qat_rows("W4A8 all 4-bit", net, 4, None, train, heldout, cal, sens_batch,
-                               test, ref, steps, args),
-        "mixed": lambda: qat_rows("W4A8 mixed", net, 4, args.target_drop, train, heldout, cal,
-                                  sens_batch, test, ref, steps, args),
-        "sparse": lambda: sparse_rows(net, train, heldout, cal, test, ref, steps, args),
+        "ptq": lambda: [ptq_row("PTQ int8", 8, d()["crops"][:16], d()["test"], d()["ref"]),
+                        ptq_row("PTQ W4A8", 4, d()["crops"][:16], d()["test"], d()["ref"])],
+        "int8": lambda: qat_rows("int8", d()["net"], 8, None, *d()["qat"], steps, args),
+        "w4": lambda: qat_rows("W4A8 all 4-bit", d()["net"], 4, None, *d()["qat"], steps, args),
+        "mixed": lambda: qat_rows("W4A8 mixed", d()["net"], 4, args.target_drop, *d()["qat"],
+                                  steps, args),
+        "sparse": lambda: sparse_rows(d()["net"], *d()["sparse"], steps, args),
         "minilm": lambda: minilm_rows(args, steps, SPARSE_HW)}
     wanted = args.rows.split(",")
     unknown = sorted(set(wanted) - set(groups))

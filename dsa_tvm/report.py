@@ -49,6 +49,7 @@ class LayerRow:
     compute: int = 0         # ``cycles`` by what claimed them (sim.attribution; they sum to it):
     dram_wait: int = 0       # the compute engine ran it / only its DRAM transfers were in flight /
     token_wait: int = 0      # no engine worked (a dependency token or the pipeline held it up)
+    sparsity: str = ""       # "N:M" when its GEMMs ran sparse on the array (array.sparsity)
 
 
 @dataclass
@@ -182,7 +183,8 @@ def _bound_by(macs: int, min_read: int | None, min_write: int | None, cfg,
 CSV_COLUMNS = ("name", "op", "target", "region", "macs", "cycles", "cycles_pct", "compute",
                "dram_wait", "token_wait", "utilization", "span", "load_busy", "compute_busy",
                "store_busy", "dram_read_bytes", "dram_written_bytes", "min_read_bytes",
-               "min_written_bytes", "bound_cycles", "bound_ratio", "bound_by", "why", "check")
+               "min_written_bytes", "bound_cycles", "bound_ratio", "bound_by", "why", "check",
+               "sparsity")
 
 
 def _csv_row(r: LayerRow, total: int) -> list[Any]:
@@ -195,7 +197,7 @@ def _csv_row(r: LayerRow, total: int) -> list[Any]:
                     r.compute_cycles, r.store_cycles, r.dram_read, r.dram_written, r.min_read,
                     r.min_written, r.bound, f"{r.cycles / r.bound:.3f}" if r.bound else "",
                     r.bound_by]
-    return [r.name, r.op, r.target, r.region, r.macs, *measured, r.why, r.check]
+    return [r.name, r.op, r.target, r.region, r.macs, *measured, r.why, r.check, r.sparsity]
 
 
 def _layer_rows(launch, peak: int) -> tuple[list[LayerRow], list[tuple[int, int, int]]]:
@@ -232,7 +234,7 @@ def _layer_rows(launch, peak: int) -> tuple[list[LayerRow], list[tuple[int, int,
                              t.cycles, util, t.span, t.load, t.compute, t.store, rd, wr,
                              prog.name, "; ".join(bad), int(lo_rd or 0), int(lo_wr or 0), bound,
                              _bound_by(int(ly["macs"]), lo_rd, lo_wr, res.config, peak_l),
-                             t.on_compute, t.dram_wait, t.token_wait))
+                             t.on_compute, t.dram_wait, t.token_wait, ly.get("sparsity", "")))
     return rows, times.runs
 
 

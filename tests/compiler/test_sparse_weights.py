@@ -132,6 +132,9 @@ def test_physics_bounds_hold_for_sparse_layers(pruned):
     for r in rows:
         assert r.check == "", (r.name, r.check)
         assert r.dram_read >= r.min_read and r.cycles >= r.bound, r.name
+    # the per-layer CSV names the sparse layers
+    assert sorted(r.name for r in rows if r.sparsity == "2:4") == [
+        "dsa_region0.0:conv2d", "dsa_region0.4:dense_flat"]
 
 
 def test_dense_model_on_the_sparse_part_runs_the_dense_program():
