@@ -182,6 +182,19 @@ class _Integer(nn.Module):
         return y
 
 
+def side_path(layer: "WeightedLayer", x: torch.Tensor) -> torch.Tensor:
+    """The FP32 side path of a linear layer's outlier output channels: ``x @ W[O].T``
+    scattered into the output's channels (a one-hot matmul: plain MatMuls in ONNX, which
+    stay on the host). Its bias stays in the integer layer."""
+    rows = layer.side_rows
+    w = layer.pruned_weight()[rows]
+    if layer.mode == "export":
+        w = w.detach().clone()
+    onehot = torch.zeros(len(rows), layer.weight.shape[0])
+    onehot[torch.arange(len(rows)), rows] = 1.0
+    return torch.matmul(torch.matmul(x, w.t()), onehot)
+
+
 class WeightedLayer(_Integer):
     """Conv2d (groups 1 or depthwise) or a linear layer with int8/int4 per-output-channel
     weights, an int32 bias and a fused ReLU/Clip (``relay_passes.kinds.conv2d``/``dense``)."""
@@ -202,6 +215,9 @@ class WeightedLayer(_Integer):
         # every mode, so a pruned weight computes as zero, gets no gradient and exports as
         # code 0 whatever an optimizer does to the parameter behind it
         self.register_buffer("mask", None)
+        # qat.outliers: output channels computed in FP32 on the host beside the integer
+        # layer (PTQ's outlier split); the integer layer's weights are zero there
+        self.register_buffer("side_rows", None)
         # qat.analog: reads the products as a CIM part's crossbars would (noise, ADC);
         # None: the DSA's exact integer products
         self.analog = None
@@ -214,10 +230,16 @@ class WeightedLayer(_Integer):
             else:
                 self.pad = pad
 
-    def masked_weight(self) -> torch.Tensor:
-        """The weight every mode computes with: the parameter with pruned entries zeroed
-        (multiplying by the mask also zeroes their gradient)."""
+    def pruned_weight(self) -> torch.Tensor:
+        """The parameter with pruned entries zeroed (multiplying by the mask also zeroes
+        their gradient)."""
         return self.weight if self.mask is None else self.weight * self.mask
+
+    def masked_weight(self) -> torch.Tensor:
+        """The weight the integer layer computes with: pruned entries and the output
+        channels of an FP32 side path (:mod:`.outliers`) zeroed."""
+        w = self.pruned_weight()
+        return w if self.side_rows is None else w.index_fill(0, self.side_rows, 0.0)
 
     @property
     def channel_axis(self) -> int:
@@ -274,6 +296,10 @@ class WeightedLayer(_Integer):
         return self.bias + self.bias_shift
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        y = self._integer_forward(x)
+        return y if self.side_rows is None else y + side_path(self, x)
+
+    def _integer_forward(self, x: torch.Tensor) -> torch.Tensor:
         if self.mode == "observe":
             if self.input_means is None:
                 self.input_means = ChannelMeanObserver(1 if self.kind == "conv2d" else -1)

@@ -24,7 +24,9 @@ from ..quant.qparams import WEIGHT_BITS
 from . import graph as G
 from .errors import QatError
 from .layers import AddLayer, Grid, MeanLayer, SameGrid, WeightedLayer, _Integer, grids, set_mode
+from .outliers import split_outliers as _split_outliers
 from .precision import set_bits
+from .smooth import Smooth, check_alpha, migrate
 
 
 @dataclass
@@ -35,6 +37,7 @@ class QatReport:
     fp32: list[tuple[str, str, str]] = field(default_factory=list)  # (node, op, why)
     folded: list[tuple[str, str]] = field(default_factory=list)     # (node, into)
     removed: list[tuple[str, str]] = field(default_factory=list)    # (node, why)
+    side_paths: dict[str, list[int]] = field(default_factory=dict)  # layer -> FP32 channels
 
     def summary(self) -> str:
         kinds: dict[str, int] = {}
@@ -47,6 +50,8 @@ class QatReport:
                          f"(batch norms, activations, zero padding)")
         lines += [f"  removed: {n}: {why}" for n, why in self.removed]
         lines += [f"  FP32: {n} ({op}): {why}" for n, op, why in self.fp32]
+        lines += [f"  FP32 side path: {n}: output channels {rows} (outliers, as PTQ splits "
+                  f"them)" for n, rows in self.side_paths.items()]
         return "\n".join(lines)
 
 
@@ -83,8 +88,11 @@ def _fold_bn(w: torch.Tensor, b: torch.Tensor | None, bn: nn.BatchNorm2d
 class _Rewriter:
     """Builds the prepared graph node by node (old graph order is topological)."""
 
-    def __init__(self, gm: fx.GraphModule, bits: int, method: str, symmetric: bool) -> None:
+    def __init__(self, gm: fx.GraphModule, bits: int, method: str, symmetric: bool,
+                 smooth: float | None = None) -> None:
         self.gm, self.bits, self.method, self.symmetric = gm, bits, method, symmetric
+        self.smooth = smooth
+        self.smoothed: dict[fx.Node, tuple[Smooth, fx.Node]] = {}  # FP32 node -> its grid
         self.modules = dict(gm.named_modules())
         self.graph = fx.Graph()
         self.env: dict[fx.Node, fx.Node] = {}
@@ -134,6 +142,20 @@ class _Rewriter:
             self.quantized[new] = q
         q = self.quantized[new]
         return q, self.grid[q]
+
+    def on_smoothed_grid(self, old: fx.Node) -> tuple[fx.Node, Grid, Smooth]:
+        """``old`` (an FP32 value a linear layer reads) divided by SmoothQuant's scales,
+        then on an int8 grid; one per value, shared by every linear layer reading it."""
+        new = self.env[old]
+        if new not in self.smoothed:
+            sm = Smooth(int(old.meta["tensor_meta"].shape[-1]))
+            scaled = self.add(f"{old.name}_smooth", sm, (new,))
+            g = Grid(self.method, self.symmetric)
+            q = self.add(f"{old.name}_quant", g, (scaled,))
+            self.grid[q] = g
+            self.smoothed[new] = (sm, q)
+        sm, q = self.smoothed[new]
+        return q, self.grid[q], sm
 
     def copy(self, n: fx.Node) -> fx.Node:
         return self.graph.node_copy(n, lambda a: self.env[a])
@@ -185,10 +207,16 @@ class _Rewriter:
         if pad is not None:
             src = src.args[0]
             self.report.folded.append((n.args[0].name, n.name))
-        x, gx = self.on_grid(src)
         kind = "conv2d" if conv is not None else "linear"
+        sm = None
+        if self.smooth is not None and kind == "linear" and self.env[src] not in self.grid:
+            x, gx, sm = self.on_smoothed_grid(src)
+        else:
+            x, gx = self.on_grid(src)
         layer = WeightedLayer(kind, w, b, gx, act, self.bits, self.method, self.symmetric, kw,
                               pad)
+        if sm is not None:
+            sm.consumers.append(layer)
         self.integer(n, chain, layer, (x,), kind)
         return True
 
@@ -262,6 +290,14 @@ def calibrate(module: fx.GraphModule, batches: Iterable[Sequence[torch.Tensor]],
     result is what preparing the pruned network would give. Each weighted layer keeps
     its input channel means, so its bias correction can be re-derived when its weights
     change without new data (:func:`.sparsity.prune`)."""
+    batches = list(batches)
+    alpha = getattr(module, "qat_smooth", None)
+    if alpha is not None:   # SmoothQuant's scales first, measured in FP32, set once
+        set_mode(module, "float")
+        migrate(module, batches, alpha)
+    if getattr(module, "qat_outliers", False):  # PTQ's outlier split, chosen once
+        set_mode(module, "float")
+        module.qat_report.side_paths.update(_split_outliers(module, batches))
     for g in grids(module):
         g.reset()
     for m in module.modules():
@@ -288,7 +324,8 @@ def prepare(module: nn.Module, example_inputs: Any, calibration_data: Iterable[A
             bits: int = 8, method: str = "minmax", learn_scales: bool = False,
             symmetric_activations: bool = False,
             layer_bits: dict[str, int] | None = None,
-            bias_correction: bool = True) -> fx.GraphModule:
+            bias_correction: bool = True, smooth: float | None = None,
+            split_outliers: bool = False) -> fx.GraphModule:
     """``module`` rewritten so its forward pass is the DSA's integer computation, with
     straight-through gradients for fine-tuning.
 
@@ -298,7 +335,10 @@ def prepare(module: nn.Module, example_inputs: Any, calibration_data: Iterable[A
     layer by source module path (:mod:`.precision` picks them); ``learn_scales``: train
     activation scales (LSQ); ``bias_correction``: as PTQ's. The result carries
     ``.qat_report`` (what became which layer, what stays FP32 and why) and is in ``quant``
-    mode.
+    mode. ``smooth``: SmoothQuant's alpha for linear layers that read an FP32 value (a
+    transformer's LayerNorm outputs; :mod:`.smooth`), None to leave them as they are;
+    ``split_outliers``: PTQ's outlier split, a linear layer's outlier output channels in
+    an FP32 side path on the host (:mod:`.outliers`; for transformers).
     """
     if bits not in WEIGHT_BITS:
         raise QatError(f"bits={bits!r}: weights are int8 or int4; pass 8 or 4")
@@ -313,7 +353,8 @@ def prepare(module: nn.Module, example_inputs: Any, calibration_data: Iterable[A
     module = copy.deepcopy(module).eval()
     gm = _trace(module)
     ShapeProp(gm).propagate(*args)
-    rw = _Rewriter(gm, bits, method, symmetric_activations)
+    check_alpha(smooth)
+    rw = _Rewriter(gm, bits, method, symmetric_activations, smooth)
     for n in gm.graph.nodes:
         rw.visit(n)
     out = fx.GraphModule(gm, rw.graph, class_name=f"Qat{type(module).__name__}")
@@ -323,6 +364,8 @@ def prepare(module: nn.Module, example_inputs: Any, calibration_data: Iterable[A
     out.qat_example = args
     out.qat_bits = bits
     out.qat_bias_correction = bias_correction  # a later calibration (after pruning) repeats it
+    out.qat_smooth = smooth
+    out.qat_outliers = split_outliers
     batches = [args] if calibration_data is None else [_as_args(b) for b in calibration_data]
     if layer_bits:
         set_bits(out, layer_bits)

@@ -41,12 +41,28 @@ def _tokens(rng: np.random.Generator, batch: int, seq: int, vocab: int):
     return ids, mask
 
 
-@pytest.mark.parametrize("bits", [8, 4])
-def test_tiny_encoder_on_the_dsa_equals_the_prepared_module(bits):
+def _tiny_with_outliers() -> MiniLM:
+    """A tiny encoder whose FFN output has one channel ~100x the rest (as BERT's do)."""
     torch.manual_seed(0)
     net = MiniLM(vocab=50, hidden=32, layers=2, heads=4, inner=64, positions=16).eval()
+    with torch.no_grad():
+        for layer in net.layers:
+            layer.out.weight[5] *= 100.0
+    return net
+
+
+@pytest.mark.parametrize("bits, smooth", [(8, None), (4, None), (8, 0.5)])
+def test_tiny_encoder_on_the_dsa_equals_the_prepared_module(bits, smooth):
+    net = _tiny_with_outliers()
     ids, mask = _tokens(np.random.default_rng(0), 6, 8, 50)
-    p = qat.prepare(net, (ids[:1], mask[:1]), [(ids, mask)], bits=bits)
+    p = qat.prepare(net, (ids[:1], mask[:1]), [(ids, mask)], bits=bits, smooth=smooth,
+                    split_outliers=True)
+    # the outlier channel is computed in FP32 beside each FFN output layer, as PTQ splits it
+    assert p.qat_report.side_paths == {"layers.0.out": [5], "layers.1.out": [5]}
+    qat.set_mode(p, "float")
+    with torch.no_grad():   # the split and the scale migration leave the FP32 function
+        np.testing.assert_allclose(p(ids, mask).numpy(), net(ids, mask).numpy(), atol=2e-6)
+    qat.set_mode(p, "quant")
     kinds = [k for _, k in p.qat_report.layers]
     assert kinds == ["linear"] * 12                      # 6 per layer, every one mirrored
     fp32 = {why for *_, why in p.qat_report.fp32}
@@ -63,8 +79,31 @@ def test_tiny_encoder_on_the_dsa_equals_the_prepared_module(bits):
     on_dsa = [type(ly).__name__ for r in rep.regions if r.target == "dsa"
               for ly in r.region.layers]
     # every projection on the DSA; GELU, between two integer layers, becomes the table the
-    # compiler evaluates from the same float chain (it agrees with it but at float ties)
-    assert on_dsa.count("Dense") == 12 and len(on_dsa) == 14, on_dsa
+    # compiler evaluates from the same float chain (it agrees with it but at float ties);
+    # with smoothing, the scale multiply after it keeps it on the host
+    assert on_dsa.count("Dense") == 12, on_dsa
+    assert len(on_dsa) == (12 if smooth else 14), on_dsa
+
+
+def test_outlier_split_restores_the_ordinary_channels():
+    """Without the split one per-tensor grid over the outlier channel leaves the others a
+    few codes; with it the prepared module is several times closer to FP32."""
+    net = _tiny_with_outliers()
+    ids, mask = _tokens(np.random.default_rng(1), 8, 8, 50)
+    with torch.no_grad():
+        ref = net(ids, mask)
+        cos = {split: torch.nn.functional.cosine_similarity(
+            qat.prepare(net, (ids[:1], mask[:1]), [(ids, mask)],
+                        split_outliers=split)(ids, mask), ref).mean().item()
+            for split in (False, True)}
+    assert 1 - cos[True] < 0.25 * (1 - cos[False]), cos   # 4x closer (0.9997 vs 0.9960)
+
+
+def test_bad_smoothing_strength_is_refused():
+    net = MiniLM(vocab=20, hidden=8, layers=1, heads=2, inner=16, positions=8)
+    ids, mask = _tokens(np.random.default_rng(0), 2, 4, 20)
+    with pytest.raises(qat.QatError, match=r"alpha lies in \[0, 1\]"):
+        qat.prepare(net, (ids, mask), smooth=1.5)
 
 
 def test_minilm_module_equals_the_exported_onnx_and_runs_on_the_dsa():
