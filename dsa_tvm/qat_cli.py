@@ -3,6 +3,7 @@
     dsa-tvm qat efficientnet-lite0 --data photos/ --bits w4a8 --steps 200
     dsa-tvm qat my_model.pt --data photos/ --bits mixed --out my_model_qat.onnx
     dsa-tvm qat my_model.pt --data photos/ --sparsity 2:4 --sparse-target 0.98
+    dsa-tvm qat my_model.pt --data photos/ --analog cim-pcm     # noise-aware, for crossbars
 
 MODEL is a bundled pretrained name or a ``.pt`` file holding a whole module
 (``torch.save(model, path)``). The FP32 model teaches the prepared one (distillation:
@@ -50,6 +51,13 @@ def add_parser(sub) -> None:
     q.add_argument("--size", type=int, help="input side in pixels (default: the model's, or 224)")
     q.add_argument("--preprocess", choices=list(PREPROCESS),
                    help="image preprocessing (default: the model's, or imagenet)")
+    q.add_argument("--analog", metavar="HW",
+                   help="noise-aware training for an analog CIM part (e.g. cim-pcm, or a "
+                        ".toml with [cim]): every training pass reads the weights through a "
+                        "new simulated chip (device noise, drift, DACs, ADCs)")
+    q.add_argument("--noise-scale", type=float, default=1.0,
+                   help="with --analog: the device noise while training, as a multiple of "
+                        "the description's")
     q.add_argument("--seed", type=int, default=0)
     q.add_argument("--out", help="QDQ ONNX to write (default: MODEL-qat-BITS.onnx here)")
     q.add_argument("--quiet", action="store_true", help="no progress bar")
@@ -99,6 +107,7 @@ def cmd_qat(args: argparse.Namespace) -> int:
     if not 0 < args.heldout < 1:
         raise CliError(f"--heldout {args.heldout}: pass a share between 0 and 1, e.g. 0.2")
     pattern = _pattern(args.sparsity, args.sparse_target)
+    _check_analog(args.analog, args.noise_scale)
     net = _load(args.model)
     pre, side = PRETRAINED.get(args.model, ("imagenet", 224))
     side = args.size or side
@@ -128,9 +137,14 @@ def cmd_qat(args: argparse.Namespace) -> int:
         print(f"mixed: {len(wide)} of {len(widths)} layers keep 8-bit weights (held-out cosine "
               f"{reached:.4f}, all-8-bit {base:.4f}): {', '.join(wide)}")
     before = output_cosine(p, heldout, ref)
+    if args.analog:   # the chips' seeds follow --seed; the cosines are the exact integers'
+        print(qat.enable_analog(p, args.analog, seed=args.seed,
+                                noise_scale=args.noise_scale).summary())
     res = qat.distill(p, net, [(t,) for t in train], heldout, steps=args.steps,
                       batch_size=args.batch, lr=args.lr, scale_lr=args.scale_lr, loss=args.loss,
                       seed=args.seed, show_progress=not args.quiet)
+    if args.analog:
+        qat.disable_analog(p)
     after = output_cosine(p, heldout, ref)
     print(f"training: {res.summary()}")
     print(f"held-out output cosine with FP32 ({len(held)} images): {before:.4f} before, "
@@ -158,6 +172,23 @@ def _prune(p, pattern: tuple[int, int], target: float | None, heldout, cal):
           f"{reached:.4f}): {', '.join(chosen) or 'none'}")
     others = [name for name in eligible_layers(p, *pattern) if name not in chosen]
     return qat.prune(p, *pattern, skip=others, calibration_data=cal)
+
+
+def _check_analog(hw: str | None, noise_scale: float) -> None:
+    """``--analog HW`` (a CIM description training can model) and ``--noise-scale``,
+    checked before any model or image is read."""
+    if hw is None:
+        if noise_scale != 1.0:
+            raise CliError("--noise-scale applies to --analog HW; pass both, e.g. --analog "
+                           "cim-pcm --noise-scale 2")
+        return
+    from .qat import QatError
+    from .qat.analog import cim_description
+
+    try:
+        cim_description(hw, noise_scale)
+    except QatError as e:
+        raise CliError(f"--analog {hw}: {e}") from None
 
 
 def _pattern(text: str | None, target: float | None = None) -> tuple[int, int] | None:
