@@ -52,6 +52,15 @@ class LayerRow:
     sparsity: str = ""       # "N:M" when its GEMMs ran sparse on the array (array.sparsity)
 
 
+def issued_macs(row: LayerRow) -> float:
+    """The MACs the array performed for a row: a sparse layer's kept N of every M (its
+    ``macs`` count the dense layer's, which is what its result is worth)."""
+    if not row.sparsity:
+        return row.macs
+    n, m = (int(v) for v in row.sparsity.split(":"))
+    return row.macs * n / m
+
+
 @dataclass
 class RunReport:
     hardware: str

@@ -19,7 +19,7 @@ from typing import Any
 from ..hw.area import area_mm2
 from ..hw.config import HardwareConfig
 from ..pipeline import compile_for_dsa, cpu_estimate_us, region_ops
-from ..report import build_report
+from ..report import build_report, issued_macs
 from ..sim.simulator import Simulator
 
 
@@ -37,7 +37,7 @@ class PointResult:
     host_us: float = 0.0           # the compiler's CPU estimate of what the DSA does not take
     energy_uj: float = 0.0         # DSA energy (description's [energy] table; 0: not modelled)
     area_mm2: float = 0.0          # description's [area] model
-    mac_utilization: float = 0.0   # DSA MACs / (cycles x peak MACs per cycle)
+    mac_utilization: float = 0.0   # MACs the array did / (cycles x peak MACs per cycle)
     dram_bytes: int = 0            # read + written by the DSA
     dsa_mac_share: float = 0.0     # of the model's MACs, the share the DSA runs
     launches: int = 0              # DSA regions offloaded
@@ -79,7 +79,7 @@ def evaluate_point(mod, model: str, cfg: HardwareConfig, point: str = "",
     res.cpu_reasons = "; ".join(sorted({d.reason for d in report.regions if d.target == "cpu"}))
     res.energy_uj = sum(t.result.counters.get("energy_uj", 0.0) for t in launches)
     res.dram_bytes = sum(r.dram_read + r.dram_written for r in dsa)
-    macs = sum(r.macs for r in dsa)
+    macs = sum(issued_macs(r) for r in dsa)   # a sparse layer's kept MACs: at most 100%
     res.mac_utilization = macs / (res.cycles * cfg.peak_macs_per_cycle) if res.cycles else 0.0
     res.dsa_mac_share = run.dsa_mac_share
     res.compute_bound_layers = sum(r.bound_by == "compute" and r.macs > 0 for r in dsa)

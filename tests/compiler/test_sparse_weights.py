@@ -19,7 +19,7 @@ import dsa_tvm
 from dsa_tvm.hw.config import load_config, with_overrides
 from dsa_tvm.isa.instructions import Buffer, Gemm, Load
 from dsa_tvm.quant.api import quantize_onnx
-from dsa_tvm.report import build_report
+from dsa_tvm.report import build_report, issued_macs
 from dsa_tvm.runtime import take_launches
 from dsa_tvm.target import target
 from tir_schedules.kinds import run_region
@@ -132,6 +132,9 @@ def test_physics_bounds_hold_for_sparse_layers(pruned):
     for r in rows:
         assert r.check == "", (r.name, r.check)
         assert r.dram_read >= r.min_read and r.cycles >= r.bound, r.name
+    # the array's utilization counts the MACs it did: at most 100% (the sweep's column)
+    total = build_report(launches, rep).total_cycles
+    assert sum(issued_macs(r) for r in rows) <= total * SPARSE.peak_macs_per_cycle
     # the per-layer CSV names the sparse layers
     assert sorted(r.name for r in rows if r.sparsity == "2:4") == [
         "dsa_region0.0:conv2d", "dsa_region0.4:dense_flat"]
