@@ -296,10 +296,11 @@ class WeightedLayer(_Integer):
         return self.bias + self.bias_shift
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        y = self._integer_forward(x)
+        y = self.integer_forward(x)
         return y if self.side_rows is None else y + side_path(self, x)
 
-    def _integer_forward(self, x: torch.Tensor) -> torch.Tensor:
+    def integer_forward(self, x: torch.Tensor) -> torch.Tensor:
+        """The layer without its FP32 side path: what the DSA computes."""
         if self.mode == "observe":
             if self.input_means is None:
                 self.input_means = ChannelMeanObserver(1 if self.kind == "conv2d" else -1)
