@@ -6,7 +6,7 @@ straight-through gradients; ``export(prepared)`` writes the QDQ ONNX model the
 compiler takes. torch is imported only when this package is.
 """
 
-from .analog import AnalogReport, analog_noise, clip_weights, disable_analog, enable_analog
+from .analog import AnalogReport, analog_noise, disable_analog, enable_analog
 from .errors import QatError
 from .export import export
 from .layers import set_mode
@@ -17,7 +17,7 @@ from .sparsity import SparsityReport, prune
 from .train import TrainResult, distill
 
 __all__ = ["AnalogReport", "QatError", "QatReport", "SparsityReport", "TrainResult",
-           "analog_noise", "calibrate", "choose_bits", "clip_weights", "disable_analog",
+           "analog_noise", "calibrate", "choose_bits", "disable_analog",
            "distill", "enable_analog", "export", "prepare", "prune", "sensitivity", "set_bits",
            "set_mode"]
 __all__ += ["choose_sparse_layers", "sparse_sensitivity"]

@@ -341,25 +341,6 @@ def disable_analog(prepared: fx.GraphModule) -> None:
     prepared.qat_analog = None
 
 
-def clip_weights(prepared: fx.GraphModule, sigmas: float) -> None:
-    """Clip the weights of every layer that reads crossbars to ``sigmas`` standard
-    deviations of its output channel (aihwkit's hardware-aware training clips after every
-    step): the per-channel scale is the largest weight, so the outliers it drops put the
-    other weights higher in the conductance range, above the programming-noise floor.
-    Pass it to :func:`~dsa_tvm.qat.distill` as ``after_step``."""
-    _check_prepared(prepared)
-    if not (math.isfinite(sigmas) and sigmas > 0):
-        raise QatError(f"sigmas={sigmas!r}; give a finite number of standard deviations > 0")
-    layers = [m for m in prepared.modules() if isinstance(m, WeightedLayer) and m.analog]
-    if not layers:
-        raise QatError("no layer reads crossbars; call enable_analog first")
-    with torch.no_grad():
-        for m in layers:
-            w = m.weight
-            bound = sigmas * w.flatten(1).std(dim=1).reshape((-1,) + (1,) * (w.dim() - 1))
-            w.copy_(torch.maximum(torch.minimum(w, bound), -bound))
-
-
 @contextmanager
 def analog_noise(prepared: fx.GraphModule, hw: "str | HardwareConfig" = "cim-pcm",
                  **options: Any) -> Iterator[AnalogReport]:

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import copy
 import math
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 import torch
@@ -80,8 +80,7 @@ def _heldout_loss(student: nn.Module, targets: list[torch.Tensor], data: Sequenc
 def distill(student: nn.Module, teacher: nn.Module, data: Sequence[Batch],
             heldout: Sequence[Batch] | None = None, *, steps: int = 200, batch_size: int = 8,
             lr: float = 1e-5, scale_lr: float = 1e-3, loss: str = "mse", eval_every: int = 20,
-            patience: int = 3, seed: int = 0, show_progress: bool = True,
-            after_step: Callable[[int], None] | None = None) -> TrainResult:
+            patience: int = 3, seed: int = 0, show_progress: bool = True) -> TrainResult:
     """Fine-tune ``student`` (from :func:`prepare`) to match ``teacher`` on ``data``.
 
     ``data`` and ``heldout`` are lists of input batches (tuples of tensors, one per
@@ -90,7 +89,6 @@ def distill(student: nn.Module, teacher: nn.Module, data: Sequence[Batch],
     per step). Stops after ``steps``,
     or when ``patience`` held-out checks in a row bring no improvement, or at a
     non-finite loss; the weights of the best held-out check are restored in every case.
-    ``after_step(step)`` runs after every optimizer step (e.g. ``qat.clip_weights``).
     """
     if loss not in LOSSES:
         raise QatError(f"loss {loss!r} is not one of {LOSSES}")
@@ -140,8 +138,6 @@ def distill(student: nn.Module, teacher: nn.Module, data: Sequence[Batch],
         opt.zero_grad()
         value.backward()
         opt.step()
-        if after_step is not None:
-            after_step(step)
         result.steps = step
         result.train.append((step, float(value.detach())))
         if step % eval_every and step != steps:

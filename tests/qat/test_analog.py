@@ -179,8 +179,8 @@ def test_gradients_reach_the_clean_weights(tiny):
 
 
 def test_training_with_noise_exports_the_exact_model(tiny):
-    """distill with analog reads and weight clipping; once they are off the module is exact
-    again and the DSA compiled from its export equals it bit for bit."""
+    """distill with analog reads; once they are off the module is exact again and the DSA
+    compiled from its export equals it bit for bit."""
     from .nets import run_on_dsa
 
     _, x = tiny
@@ -189,13 +189,8 @@ def test_training_with_noise_exports_the_exact_model(tiny):
     p = qat.prepare(net, (x[:1],), [(x,)], learn_scales=True)
     qat.enable_analog(p, CIM, seed=0, noise_scale=2.0)
     data = [(torch.randn(4, 3, 12, 12),) for _ in range(4)]
-    res = qat.distill(p, net, data, steps=4, eval_every=2, show_progress=False,
-                      after_step=lambda _s: qat.clip_weights(p, 3.0))
-    assert res.steps == 4
-    for m in p.modules():
-        if isinstance(m, qat.layers.WeightedLayer) and m.analog is not None:
-            w = m.weight.detach().flatten(1)
-            assert (w.abs() <= 3.0 * w.std(dim=1, keepdim=True) + 1e-6).all()
+    res = qat.distill(p, net, data, steps=4, eval_every=2, lr=1e-3, show_progress=False)
+    assert res.steps == 4 and res.best_step > 0
     qat.disable_analog(p)
     with torch.no_grad():
         want = p(x[:1]).numpy()
@@ -216,8 +211,6 @@ def test_hostile_inputs_name_the_cause_and_the_fix(tiny):
         qat.enable_analog(p, CIM, noise_scale=-1.0)
     with pytest.raises(qat.QatError, match="prepare"):
         qat.enable_analog(nn.Linear(4, 4), CIM)
-    with pytest.raises(qat.QatError, match="enable_analog first"):
-        qat.clip_weights(p, 2.5)
     rep = qat.enable_analog(p, CIM, skip=["c1", "fc"])
     assert sorted(n for n, _ in rep.digital) == ["c1", "dw", "fc"]
     qat.disable_analog(p)
