@@ -57,10 +57,13 @@ def _top1(y: np.ndarray) -> int | None:
 
 class ImageBench:
     """An image model made ready once (quantized on the calibration inputs, the FP32
-    model's outputs on the evaluation inputs), measured on any description."""
+    model's outputs on the evaluation inputs), measured on any description.
+    ``quantized``: a QDQ model of the same network to measure instead of quantizing it
+    here (a fine-tuned one, ``qat.export``'s)."""
 
     def __init__(self, model: str | Path = LITE0, data: Any = None, calibration: int = 8,
-                 limit: int = 16, say: Callable[[str], None] = lambda _m: None):
+                 limit: int = 16, say: Callable[[str], None] = lambda _m: None,
+                 quantized: Any = None):
         from tvm.relax.frontend.onnx import from_onnx
 
         from ..models.quantize import run_onnxruntime
@@ -76,8 +79,15 @@ class ImageBench:
             raise ValueError(f"the data holds {len(feeds)} inputs, none left after "
                              f"calibration; give more than --calibration ({calibration})")
         self.calib, self.evals = feeds[:calibration], feeds[calibration:]
-        say(f"quantizing {self.name} on {len(self.calib)} calibration inputs")
-        qdq = quantize_onnx(fp32, self.calib, preprocess=preprocess, show_progress=False).model
+        if quantized is None:
+            say(f"quantizing {self.name} on {len(self.calib)} calibration inputs")
+            qdq = quantize_onnx(fp32, self.calib, preprocess=preprocess,
+                                show_progress=False).model
+        else:   # e.g. qat.export's; through intake, as dsa_tvm.compile takes it (a Pad
+            # before a Conv folds into it, shapes are fixed)
+            from ..frontend.intake import load_onnx
+
+            qdq = load_onnx(quantized).model
         self.refs = [run_onnxruntime(fp32, f, optimize=False)[0] for f in self.evals]
         self.calib_refs = [run_onnxruntime(fp32, f, optimize=False)[0] for f in self.calib]
         self.mod = from_onnx(qdq, keep_params_in_input=False)
