@@ -9,7 +9,7 @@ reads every weight once, is bound by.
 The pass runs on a finished region program. It picks the constant int8 regions that only
 WGT loads read and whose codes all lie in [-8, 7] (the values decide, not a flag: an int8
 model whose weights happen to fit gains too, and nothing changes numerically) and packs
-them (``weight_layout.repack`` moves everything else). The layer table follows: a packed
+them (``weight_layout.pack_weights`` moves everything else). The layer table follows: a packed
 layer's weight bytes and its compulsory DRAM reads halve.
 """
 
@@ -23,7 +23,7 @@ from ..intmath import ceil_div
 from ..isa.instructions import Buffer
 from ..isa.program import INT4, Program, Region
 from ..isa.semantics import INT4_MAX, INT4_MIN, pack_int4
-from .weight_layout import Packing, repack, shrink_layer_weights, transfers, weight_only
+from .weight_layout import Packing, pack_weights, shrink_layer_weights
 
 if TYPE_CHECKING:
     from ..hw.config import HardwareConfig
@@ -47,14 +47,7 @@ def pack_int4_weights(prog: Program, cfg: "HardwareConfig") -> Program:
     """``prog`` with its int4-fitting weight regions packed (in place; returned)."""
     if not cfg.packs_int4_weights:
         return prog
-    # empty regions sort first at a shared offset: a transfer belongs to the one after
-    regions = sorted(prog.regions, key=lambda r: (r.offset, r.nbytes))
-    moves = transfers(prog, regions, cfg)
-    if moves is None:
-        return prog
-    packed = {k for k in weight_only(regions, moves, cfg) if _fits_int4(regions[k])}
-    if not packed:
-        return prog
-    readers = repack(prog, cfg, regions, moves, packed, INT4_PACKING)
-    shrink_layer_weights(prog, readers, lambda wb: ceil_div(wb, 2), {"int4_weights": True})
+    readers = pack_weights(prog, cfg, _fits_int4, INT4_PACKING)
+    if readers:
+        shrink_layer_weights(prog, readers, lambda wb: ceil_div(wb, 2), {"int4_weights": True})
     return prog

@@ -24,14 +24,7 @@ from ..isa.instructions import Buffer, Gemm, Load
 from ..isa.program import Program, Region, sparse_dtype
 from ..isa.sparse_tiles import is_n_m, pack_n_m
 from ..sim.sparse_check import weight_tiles
-from .weight_layout import (
-    Packing,
-    layers_holding,
-    repack,
-    shrink_layer_weights,
-    transfers,
-    weight_only,
-)
+from .weight_layout import Packing, layers_holding, pack_weights, shrink_layer_weights
 
 if TYPE_CHECKING:
     from ..hw.config import HardwareConfig
@@ -76,20 +69,17 @@ def pack_sparse_weights(prog: Program, cfg: "HardwareConfig") -> Program:
     returned). Runs before the int4 packer, which then leaves these regions alone."""
     if not cfg.packs_sparse_weights:
         return prog
-    regions = sorted(prog.regions, key=lambda r: (r.offset, r.nbytes))
-    moves = transfers(prog, regions, cfg)
-    if moves is None:
-        return prog
     n, m = cfg.sparse_n_m
-    packed = set()
-    for k in weight_only(regions, moves, cfg):
-        tiles = _tiles(regions[k], cfg)
-        if tiles is not None and is_n_m(tiles, n, m):
-            packed.add(k)
-    if not packed:
+    gemms: list[int] = []
+
+    def fits(r: Region) -> bool:
+        tiles = _tiles(r, cfg)
+        return tiles is not None and is_n_m(tiles, n, m)
+
+    readers = pack_weights(prog, cfg, fits, _packing(cfg),
+                           then=lambda p: gemms.extend(mark_sparse_gemms(p, cfg)))
+    if not readers:
         return prog
-    readers = repack(prog, cfg, regions, moves, packed, _packing(cfg))
-    gemms = mark_sparse_gemms(prog, cfg)
     tile, small = cfg.wgt_tile_bytes, cfg.sparse_tile_bytes
     shrink_layer_weights(prog, readers, lambda wb: ceil_div(wb * small, tile), {})
     for ly in layers_holding(prog, gemms):  # its MACs run at M / N times the array's rate

@@ -68,8 +68,8 @@ def weight_only(regions: list[Region], moves: list[Move], cfg: "HardwareConfig")
     return read - other
 
 
-def repack(prog: Program, cfg: "HardwareConfig", regions: list[Region], moves: list[Move],
-           packed: set[int], how: Packing) -> list[int]:
+def _relocate(prog: Program, cfg: "HardwareConfig", regions: list[Region], moves: list[Move],
+              packed: set[int], how: Packing) -> list[int]:
     """Pack ``packed`` (indices into ``regions``, sorted by offset) as ``how`` says and
     relocate everything; returns the indices of the loads that now read packed bytes."""
     for k in packed:
@@ -93,8 +93,28 @@ def repack(prog: Program, cfg: "HardwareConfig", regions: list[Region], moves: l
     for k, r in enumerate(regions):
         r.offset = new_offset[k]
     prog.instructions = instructions
+    return readers
+
+
+def pack_weights(prog: Program, cfg: "HardwareConfig", fits: Callable[[Region], bool],
+                 how: Packing, then: Callable[[Program], None] | None = None) -> list[int]:
+    """Pack, as ``how`` says, every constant region that only tile-aligned WGT loads read
+    and that ``fits``; relocate the rest; run ``then`` on the result (instruction changes
+    that follow from the packing), then encode the words once. Returns the loads that now
+    read packed bytes (none: the program is unchanged)."""
+    # empty regions sort first at a shared offset: a transfer belongs to the one after
+    regions = sorted(prog.regions, key=lambda r: (r.offset, r.nbytes))
+    moves = transfers(prog, regions, cfg)
+    if moves is None:
+        return []
+    packed = {k for k in weight_only(regions, moves, cfg) if fits(regions[k])}
+    if not packed:
+        return []
+    readers = _relocate(prog, cfg, regions, moves, packed, how)
+    if then is not None:
+        then(prog)
     try:  # the words change with the addresses: encode (and range-check) them again
-        prog.mark_fields_checked(cfg, encode_program_words(instructions, cfg))
+        prog.mark_fields_checked(cfg, encode_program_words(prog.instructions, cfg))
     except EncodeError:
         pass  # left unmarked: running it reports the field, as for any program
     return readers
