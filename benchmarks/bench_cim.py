@@ -13,8 +13,9 @@ Parts (``--parts``, default all):
   point of the digital int8 part's, and the longest time since programming (aihwkit's PCM
   drift), the last two with an ADC that resolves every sum (the devices alone), each plain
   and with the mitigations (per-column ADC ranges and device-bias correction from the
-  calibration crops, global drift compensation); goal: the mitigations buy >= 2 ADC bits
-  or >= 2x noise.
+  calibration crops, global drift compensation, and the ``--digital`` N layers that are
+  most sensitive to programming noise kept on the digital array); goal: the mitigations
+  buy >= 2 ADC bits or >= 2x noise.
 * ``llm``: the same limits for SmolLM2, perplexity within +5% of the digital W8A8 part's
   over ``--tokens`` tokens of pydoc_data.topics.
 * ``decode``: SmolLM2 decode on the CIM part (noiseless, so the tokens match) against the
@@ -33,8 +34,8 @@ import time
 import numpy as np
 
 #: the values each search walks (easiest first; --adc, --noise, --drift change them)
-SEARCH = {"adc": (16, 12, 8, 6),
-          "noise": (0.005, 0.01, 0.02, 0.04),
+SEARCH = {"adc": (16, 12, 10, 8, 6),
+          "noise": (0.00125, 0.0025, 0.005, 0.01, 0.02),
           "drift": ("1d", "1y")}
 #: global ADC full scales a designer picks from (fractions of the worst-case column sum)
 RANGES = (1.0, 0.25, 0.0625, 0.015625)
@@ -163,6 +164,25 @@ def print_limits(name: str, runs: dict, criteria: dict) -> None:
               f"{'met' if met else 'missed'}  (None: no value of the search passes)")
 
 
+def keep_digital(bench, base, n: int) -> list[str]:
+    """The ``n`` analog layers whose staying digital alone buys the most output cosine at
+    the noisiest programming noise of the search (``cim_study.sensitivity``, 4 crops), and
+    what they take back from the crossbars."""
+    from dsa_tvm.cim_study.sensitivity import analog_share, sensitivity
+
+    worst = base.replace(**FINE_ADC, noise_model="gaussian", prog_noise_scale=max(SEARCH["noise"]),
+                         read_noise_scale=0.0, t_inference_s=0.0)
+    ranked = sensitivity(bench, worst, limit=4)
+    keep = [r.layer for r in ranked[:n]]
+    bench.measure(worst, limit=1)                     # every layer analog: the shares' base
+    macs, weights = analog_share(bench.last_launches, keep)
+    print(f"  kept digital (most sensitive of {len(ranked)} analog layers at noise "
+          f"{max(SEARCH['noise'])}): " + ", ".join(f"{r.layer} +{r.gain:.3f}" for r in ranked[:n])
+          + f"; {macs:.1%} of the analog MACs, {weights:.1%} of the crossbar weights",
+          flush=True)
+    return keep
+
+
 def cnn(args) -> None:
     from dsa_tvm.cim_study.cnn import LITE0, ImageBench
     from dsa_tvm.cim_study.grid import MITIGATIONS
@@ -175,11 +195,15 @@ def cnn(args) -> None:
     print(f"== EfficientNet-Lite0 over {len(bench.evals)} crops: digital int8 {_fmt(digital)}; "
           f"criterion top-1 agreement >= {floor:.4f}", flush=True)
 
+    mitigations = {MITIGATIONS[m]: True for m in MITIGATE}
+    if args.digital:
+        mitigations["digital_layers"] = ",".join(keep_digital(bench, base, args.digital))
+
     def measure_at(adc_bits, adc_range, noise, t, mitigated, pcm_drift=False):
         cfg = base.replace(adc_bits=adc_bits, adc_range=adc_range,
                            noise_model="pcm" if pcm_drift else "gaussian",
                            prog_noise_scale=noise, read_noise_scale=0.0, t_inference_s=t,
-                           **({MITIGATIONS[m]: True for m in MITIGATE} if mitigated else {}))
+                           **(mitigations if mitigated else {}))
         return bench.measure(cfg, calibrate=mitigated)
 
     def pick_range(bits):
@@ -282,6 +306,9 @@ def main() -> None:
                     help="programming noise levels to search, least first")
     ap.add_argument("--drift", default=",".join(SEARCH["drift"]),
                     help="times to search, shortest first")
+    ap.add_argument("--digital", type=int, default=8,
+                    help="mitigation: the N most sensitive EfficientNet-Lite0 layers kept on "
+                         "the digital array (0: none)")
     ap.add_argument("--lite0-exact", action="store_true",
                     help="check EfficientNet-Lite0 in the exact part even without cnn")
     args = ap.parse_args()

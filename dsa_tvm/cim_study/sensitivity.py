@@ -50,3 +50,18 @@ def sensitivity(bench, cfg: HardwareConfig, limit: int | None = 2,
         rows.append(LayerGain(name, c, c - base.metrics["cosine"]))
     rows.sort(key=lambda r: -r.gain)
     return rows
+
+
+
+def analog_share(launches: list, names: list[str]) -> tuple[float, float]:
+    """(share of MACs, share of weight bytes) of a run's analog layers that ``names`` holds:
+    what keeping them digital takes back from the crossbars."""
+    analog, chosen = set(analog_layers(launches)), set(names)
+    layers = [ly for la in launches for ly in la.program.meta.get("layers", [])
+              if ly["name"] in analog]
+    kept = [ly for ly in layers if ly["name"] in chosen]
+
+    def share(key: str) -> float:
+        return sum(ly[key] for ly in kept) / max(sum(ly[key] for ly in layers), 1)
+
+    return share("macs"), share("weight_bytes")

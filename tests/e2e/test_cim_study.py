@@ -236,7 +236,7 @@ def test_the_most_sensitive_layers_kept_digital(tmp_path):
     """digital=N ranks the analog layers (each kept digital alone) and keeps the worst N on
     the digital array: their GEMMs leave the crossbars, the outputs get closer to FP32."""
     from dsa_tvm.cim_study.cnn import ImageBench
-    from dsa_tvm.cim_study.sensitivity import sensitivity
+    from dsa_tvm.cim_study.sensitivity import analog_layers, analog_share, sensitivity
 
     path = tmp_path / "small_cnn.onnx"
     fp32 = get_model("small_cnn", quantized=False)
@@ -258,6 +258,14 @@ def test_the_most_sensitive_layers_kept_digital(tmp_path):
     analog = [ly["name"] for la in bench.last_launches for ly in la.program.meta["layers"]
               if any(ly["first"] <= i <= ly["last"] for i in la.result.cim.analog)]
     assert top not in analog
+    bench.measure(noisy, limit=1)                       # every layer analog again
+    macs, weights = analog_share(bench.last_launches, [top])
+    layers = {ly["name"]: ly for la in bench.last_launches for ly in la.program.meta["layers"]}
+    on_xbars = [layers[n] for n in set(analog_layers(bench.last_launches))]
+    assert macs == pytest.approx(layers[top]["macs"] / sum(ly["macs"] for ly in on_xbars))
+    assert weights == pytest.approx(
+        layers[top]["weight_bytes"] / sum(ly["weight_bytes"] for ly in on_xbars))
+    assert 0 < macs < 1 and analog_share(bench.last_launches, []) == (0.0, 0.0)
     st = study_cnn(path, data, hw=noisy, adc=[8], noise=[0.1], drift=["0s"],
                    mitigate=["digital=1"], calibration=2, limit=2, progress=None)
     plain, mitigated = st.points
