@@ -30,6 +30,18 @@ def module(n: fx.Node, modules: Modules) -> nn.Module | None:
     return modules.get(n.target) if n.op == "call_module" else None
 
 
+def onnx_op(n: fx.Node, modules: Modules) -> nn.Module | None:
+    """The module of a node onnx2torch built with one of its own classes (``OnnxClip``,
+    ``OnnxReshape``, ...: matched by class name, so this table needs no onnx2torch)."""
+    m = module(n, modules)
+    return m if m is not None and type(m).__module__.startswith("onnx2torch.") else None
+
+
+def onnx_kind(n: fx.Node, modules: Modules) -> str:
+    m = onnx_op(n, modules)
+    return "" if m is None else type(m).__name__
+
+
 def is_tensor(n: Any) -> bool:
     """A node whose value (recorded by shape propagation) is one tensor."""
     return isinstance(n, fx.Node) and "tensor_meta" in n.meta and \
@@ -51,6 +63,10 @@ def activation(n: fx.Node, modules: Modules) -> tuple[float, float] | None:
         return (0.0, float("inf"))
     if isinstance(m, nn.Hardtanh):
         return (float(m.min_val), float(m.max_val))
+    if onnx_kind(n, modules) == "OnnxClip":  # ONNX Clip other than ReLU / ReLU6
+        lo, hi = m.min_val, m.max_val
+        return (float("-inf") if lo is None else float(lo), float("inf") if hi is None
+                else float(hi))
     if n.op == "call_function":
         if n.target in (F.relu, torch.relu):
             return (0.0, float("inf"))
@@ -106,6 +122,11 @@ def linear_params(n: fx.Node, modules: Modules, attr: Callable[[fx.Node], Any]
     m = module(n, modules)
     if isinstance(m, nn.Linear):
         return m.weight, m.bias
+    if onnx_kind(n, modules) == "OnnxMatMul" and len(n.args) == 2:  # x @ W, W a constant
+        w = attr(n.args[1])
+        if isinstance(w, torch.Tensor) and w.dim() == 2:
+            return w.t().contiguous(), None
+        return None
     if n.op == "call_function" and n.target in LINEAR_FUNCTIONS:
         w, b = attr(arg(n, 1, "weight")), attr(arg(n, 2, "bias"))
         if not isinstance(w, torch.Tensor):
@@ -121,6 +142,9 @@ def spatial_mean(n: fx.Node, modules: Modules) -> bool | None:
     if isinstance(m, nn.AdaptiveAvgPool2d):
         size = m.output_size
         return True if size in (1, (1, 1), [1, 1]) else None
+    if onnx_kind(n, modules).startswith("OnnxGlobalAveragePool"):  # mean over H, W, keepdim
+        rank = len(n.args[0].meta["tensor_meta"].shape) if is_tensor(n.args[0]) else 0
+        return True if rank == 4 else None
     if n.op == "call_function" and n.target is F.adaptive_avg_pool2d:
         return True if arg(n, 1, "output_size") in (1, (1, 1), [1, 1]) else None
     if (n.op == "call_method" and n.target == "mean") or \
@@ -142,6 +166,11 @@ def is_movement(n: fx.Node, modules: Modules) -> bool:
         return True
     if isinstance(m, nn.ConstantPad2d):
         return float(m.value) == 0.0
+    kind = onnx_kind(n, modules)
+    if kind in ("OnnxReshape", "OnnxFlatten"):
+        return True
+    if kind == "OnnxPadStatic":  # a constant Pad (qat.onnx_fold makes the exporters' so)
+        return m.mode == "constant" and float(m.constant_value) == 0.0
     if n.op == "call_function":
         if n.target in MOVEMENT_FUNCTIONS:
             return True
@@ -158,6 +187,10 @@ def zero_pad(n: fx.Node, modules: Modules) -> tuple[int, int, int, int] | None:
     if n.op == "call_function" and n.target is F.pad and is_movement(n, modules):
         pad = [int(p) for p in arg(n, 1, "pad")]
         if len(pad) in (2, 4):
+            return tuple(pad + [0, 0])[:4]
+    if onnx_kind(n, modules) == "OnnxPadStatic" and is_movement(n, modules):
+        pad = [int(p) for p in m.pads]  # torch order: W, H, then C, N; only W, H folds
+        if len(pad) in (2, 4, 6, 8) and not any(pad[4:]):
             return tuple(pad + [0, 0])[:4]
     return None
 
@@ -177,9 +210,15 @@ def is_dropout(n: fx.Node, modules: Modules) -> bool:
                                               and n.target in DROPOUT_FUNCTIONS)
 
 
-def is_add(n: fx.Node) -> bool:
-    return (n.op == "call_function" and n.target in ADD_FUNCTIONS and len(n.args) == 2
-            and all(is_tensor(a) for a in n.args) and not n.kwargs)
+def is_add(n: fx.Node, modules: Modules | None = None) -> bool:
+    """``a + b`` of two tensors (no scalar), as a function or ONNX's Add."""
+    if len(n.args) != 2 or n.kwargs or not all(is_tensor(a) for a in n.args):
+        return False
+    if n.op == "call_function":
+        return n.target in ADD_FUNCTIONS
+    m = onnx_op(n, modules or {})
+    return type(m).__name__ == "OnnxBinaryMathOperation" and m.math_op_function is torch.add \
+        and m.broadcast != 1
 
 
 def source_name(n: fx.Node) -> str:

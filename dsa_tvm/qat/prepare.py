@@ -13,6 +13,7 @@ from __future__ import annotations
 import copy
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 import torch
@@ -232,7 +233,7 @@ class _Rewriter:
             return
         if self.weighted(n):
             return
-        if G.is_add(n) and all(isinstance(a, fx.Node) and self.env[a] in self.grid
+        if G.is_add(n, self.modules) and all(isinstance(a, fx.Node) and self.env[a] in self.grid
                                for a in n.args[:2]):
             # an integer add joins two integer layers (a CNN's residual); an add with an FP32
             # operand (a transformer's residual from a LayerNorm, an attention mask onto the
@@ -320,7 +321,20 @@ def calibrate(module: fx.GraphModule, batches: Iterable[Sequence[torch.Tensor]],
     return count
 
 
-def prepare(module: nn.Module, example_inputs: Any, calibration_data: Iterable[Any] | None = None,
+def _module(module: Any) -> tuple[nn.Module, bool]:
+    """(the FP32 module, whether onnx2torch built it): an ``onnx.ModelProto`` or a path
+    is converted (:mod:`.from_onnx`)."""
+    from .from_onnx import convert, is_converted
+
+    if isinstance(module, nn.Module):
+        return module, is_converted(module)
+    if isinstance(module, (str, Path)) or type(module).__name__ == "ModelProto":
+        return convert(module), True
+    raise QatError(f"prepare takes a torch.nn.Module, an onnx.ModelProto or an .onnx path, "
+                   f"got {type(module).__name__}")
+
+
+def prepare(module: nn.Module | Any, example_inputs: Any, calibration_data: Iterable[Any] | None = None,
             bits: int = 8, method: str = "minmax", learn_scales: bool = False,
             symmetric_activations: bool = False,
             layer_bits: dict[str, int] | None = None,
@@ -329,6 +343,9 @@ def prepare(module: nn.Module, example_inputs: Any, calibration_data: Iterable[A
     """``module`` rewritten so its forward pass is the DSA's integer computation, with
     straight-through gradients for fine-tuning.
 
+    ``module``: a torch module, or an ONNX model (``onnx.ModelProto`` or an ``.onnx``
+    path) converted with onnx2torch (:mod:`.from_onnx`; convert it yourself with
+    ``from_onnx.convert`` to keep the FP32 teacher);
     ``example_inputs``: one forward's arguments (the export's input shapes);
     ``calibration_data``: batches (each a tensor or tuple of tensors) for PTQ's observers,
     default the example; ``bits``: weight width (8, or 4 for W4A8), ``layer_bits`` per
@@ -344,14 +361,13 @@ def prepare(module: nn.Module, example_inputs: Any, calibration_data: Iterable[A
         raise QatError(f"bits={bits!r}: weights are int8 or int4; pass 8 or 4")
     if method not in METHODS:
         raise QatError(f"calibration method {method!r} is not one of {METHODS}")
-    if not isinstance(module, nn.Module):
-        raise QatError(f"prepare takes a torch.nn.Module, got {type(module).__name__}; export "
-                       f"an ONNX model's source module, or build one in PyTorch")
+    module, converted = _module(module)
     args = _as_args(example_inputs)
     # a copy: FP32 ops keep their parameters, which training must not move in the caller's
     # module (it is the teacher)
     module = copy.deepcopy(module).eval()
-    gm = _trace(module)
+    # onnx2torch's graph is taken as built: tracing it again would enter its modules
+    gm = module if converted else _trace(module)
     ShapeProp(gm).propagate(*args)
     check_alpha(smooth)
     rw = _Rewriter(gm, bits, method, symmetric_activations, smooth)
