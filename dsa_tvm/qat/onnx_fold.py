@@ -8,6 +8,12 @@ buffer read by ``get_attr``; a ``Pad`` whose pads are then constant becomes onnx
 ``OnnxPadStatic`` (pads as attributes, the form ``graph.zero_pad`` reads and the
 export writes as a constant ``Pad``). Values are computed by the modules themselves, so
 the folded graph computes what the converted one computed, bit for bit.
+
+Two rewrites put exporters' forms into the ones ``prepare`` mirrors: ``MatMul`` + a
+constant bias becomes ``nn.Linear`` (:func:`matmul_bias`), and a ``Reshape`` to a
+constant ``[N, -1]`` at the exported batch N becomes ``nn.Flatten(1)``
+(:func:`batch_flatten`; a model exported at batch 1 then calibrates and trains on
+batches).
 """
 
 from __future__ import annotations

@@ -78,8 +78,9 @@ def test_qat_cli_hostile_input(tmp_path, capsys):
     broken = tmp_path / "broken"
     broken.mkdir()
     (broken / "a.png").write_bytes(b"xx")
+    (tmp_path / "m.onnx").write_bytes(b"not onnx")
     cases = [
-        (["qat", "m.onnx", "--data", "."], "is ONNX"),
+        (["qat", str(tmp_path / "m.onnx"), "--data", "."], "is not an ONNX model"),
         (["qat", str(tmp_path / "sd.pt"), "--data", "."], "not a module (a state dict?)"),
         (["qat", "nope", "--data", "."], "neither a bundled name"),
         (["qat", str(tmp_path / "tiny.pt"), "--data", str(tmp_path / "x")], "not a folder"),
