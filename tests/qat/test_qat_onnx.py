@@ -4,6 +4,7 @@ computes the prepared module's integers bit for bit."""
 
 from __future__ import annotations
 
+import importlib.util
 import io
 import sys
 import warnings
@@ -23,6 +24,10 @@ from .nets import run_on_dsa, tiny_net
 from .test_prepare_export import _finetune_on
 from .test_qat_cli import _folder
 
+# as the README's test command installs it (pip install --no-deps onnx2torch==1.5.15); like
+# the other --no-deps packages, a machine without it skips what needs it
+needs_onnx2torch = pytest.mark.skipif(importlib.util.find_spec("onnx2torch") is None,
+                                      reason="onnx2torch is not installed")
 
 def _exported(net: torch.nn.Module, shape=(1, 3, 16, 16)) -> onnx.ModelProto:
     """``net`` as torch.onnx.export writes it (batch norms folded, static batch 1)."""
@@ -72,6 +77,7 @@ def _ort(model: onnx.ModelProto, x: np.ndarray) -> np.ndarray:
     return s.run(None, {s.get_inputs()[0].name: x})[0]
 
 
+@needs_onnx2torch
 @pytest.mark.parametrize("which", ["exported", "helper"])
 def test_the_converted_fp32_module_equals_onnxruntime(which):
     model = _exported(tiny_net()) if which == "exported" else _helper_net()
@@ -85,6 +91,7 @@ def test_the_converted_fp32_module_equals_onnxruntime(which):
         np.testing.assert_allclose(got, _ort(model, x.numpy()), rtol=1e-5, atol=1e-5)
 
 
+@needs_onnx2torch
 @pytest.mark.parametrize("bits", [8, 4])
 def test_an_exported_onnx_model_on_the_dsa_equals_the_prepared_module(bits):
     net = tiny_net()
@@ -105,6 +112,7 @@ def test_an_exported_onnx_model_on_the_dsa_equals_the_prepared_module(bits):
     np.testing.assert_array_equal(run_on_dsa(exported, xs.numpy()), want)
 
 
+@needs_onnx2torch
 def test_onnx2torch_modules_are_mirrored_bit_for_bit(tmp_path):
     """BatchNormalization folded, OnnxClip fused, the ONNX Add an integer add,
     GlobalAveragePool, Reshape moved, MatMul + bias a linear layer; from a path."""
@@ -134,10 +142,14 @@ def _with_op(op: str, inputs: int = 1, **attrs) -> onnx.ModelProto:
     return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
 
 
+@needs_onnx2torch
+def test_an_op_onnx2torch_cannot_convert_is_named():
+    with pytest.raises(qat.QatError, match="no converter for Hardmax .*replace Hardmax"):
+        qat.prepare(_with_op("Hardmax"), (torch.zeros(1, 4),))
+
+
 def test_hostile_onnx_input(tmp_path, monkeypatch):
     x = torch.zeros(1, 4)
-    with pytest.raises(qat.QatError, match="no converter for Hardmax .*replace Hardmax"):
-        qat.prepare(_with_op("Hardmax"), (x,))
     (tmp_path / "notes.onnx").write_text("not a model")
     with pytest.raises(qat.QatError, match="is not an ONNX model"):
         qat.prepare(tmp_path / "notes.onnx", (x,))
@@ -155,10 +167,9 @@ def test_hostile_onnx_input(tmp_path, monkeypatch):
     assert INSTALL in str(e.value) and "--no-deps" in INSTALL
 
 
+@needs_onnx2torch
 def test_torchvision_ops_are_named_when_torchvision_does_not_load():
     """The shim: NonMaxSuppression has no converter without torchvision, and says so."""
-    import importlib.util
-
     if importlib.util.find_spec("torchvision") is not None:
         pytest.skip("torchvision is installed; the shim is not used")
     model = _with_op("NonMaxSuppression", 1)
@@ -168,6 +179,7 @@ def test_torchvision_ops_are_named_when_torchvision_does_not_load():
     assert not hasattr(sys.modules["onnx2torch.node_converters.nms"], "torchvision")
 
 
+@needs_onnx2torch
 def test_qat_cli_takes_an_onnx_model(tmp_path, capsys):
     onnx.save(_exported(tiny_net()), str(tmp_path / "tiny.onnx"))
     out = tmp_path / "q.onnx"
@@ -182,6 +194,7 @@ def test_qat_cli_takes_an_onnx_model(tmp_path, capsys):
     assert "is not an ONNX model" in capsys.readouterr().err
 
 
+@needs_onnx2torch
 def test_efficientnet_lite0_onnx_prepares_as_the_torch_module_and_runs_bit_exact():
     """The exported ONNX model gets the torch path's 60 integer layers, its FP32 module
     equals onnxruntime, and the DSA computes the prepared module's integers."""

@@ -120,7 +120,8 @@ def test_an_op_without_an_integer_mirror_stays_fp32_and_is_named():
 
 
 @pytest.mark.parametrize("bad, match", [
-    (lambda: qat.prepare("model.onnx", torch.zeros(1)), "torch.nn.Module"),
+    (lambda: qat.prepare("model.onnx", torch.zeros(1)), "is not a file"),
+    (lambda: qat.prepare(3, torch.zeros(1)), "torch.nn.Module, an onnx.ModelProto"),
     (lambda: qat.prepare(tiny_net(), torch.zeros(1, 3, 16, 16), bits=3), "bits=3"),
     (lambda: qat.prepare(tiny_net(), [], None), "example_inputs"),
     (lambda: qat.prepare(tiny_net(), torch.zeros(1, 3, 16, 16), method="magic"), "method"),
