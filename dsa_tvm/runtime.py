@@ -41,6 +41,7 @@ from .isa.program import LAUNCH, Program, recorded_config
 from .launch_batch import batch_of_this_thread
 from .layers.host_pack import pack_region_input
 from .layers.layouts import unpack_activation
+from .layers.rope_tables import IO_KEY as ROPE_TABLE
 from .sim.simulator import SimResult, Simulator
 
 if TYPE_CHECKING:
@@ -270,9 +271,11 @@ def launch(*args: Any) -> None:
         want = tuple(prog.meta["io"][name]["shape"])
         if x.shape != want and x.size == int(np.prod(want)):
             x = x.reshape(want)  # a batch matmul operand with its leading dimensions flattened
-        if x.shape != want or x.dtype != np.int8:
+        dtype = np.float32 if ROPE_TABLE in prog.meta["io"][name] else np.int8
+        if x.shape != want or x.dtype != dtype:
             raise RuntimeError(f"dsa.launch of '{prog.name}': input '{name}' must be "
-                               f"int8{list(want)}, got {x.dtype}{list(x.shape)}")
+                               f"{np.dtype(dtype).name}{list(want)}, got "
+                               f"{x.dtype}{list(x.shape)}")
         logical_in[name] = x
         feeds.update(pack_region_input(name, x, prog.meta["io"][name], block,
                                        sim.config.block_out))

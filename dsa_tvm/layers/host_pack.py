@@ -10,6 +10,8 @@ table so the runtime repeats it exactly:
   (``<name>#params``);
 * ``matmul_a``: the first operand as activation rows plus one correction row per
   input row (``<name>#rowsum``): ``-zp_b * sum_k a``;
+* ``rope_table``: a float rotary table (an LLM step's ``cos``/``sin``) as the ``rope``
+  room's int32 fixed-point rows, its bound checked (``layers.rope_tables``);
 * ``weight_tiles``: an on-device matmul's second operand as its weight tiles, with the
   column sums ``column_sums * sum_k b`` (``<name>#colsum``) when the first operand has a
   zero point (what the region's movement would have made, ``lowering.host_tiles``).
@@ -23,6 +25,8 @@ import numpy as np
 
 from ..isa import semantics as sem
 from .layouts import im2col, pack_activation, pack_conv_weights, pack_output_stage
+from .rope_tables import IO_KEY as ROPE_TABLE
+from .rope_tables import pack_table
 
 PARAMS = "#params"
 ROWSUM = "#rowsum"
@@ -75,6 +79,8 @@ def column_sum_rows(b: np.ndarray, factor: int, block_out: int) -> np.ndarray:
 def pack_region_input(name: str, x: np.ndarray, io: dict, block_in: int,
                       block_out: int) -> dict[str, np.ndarray]:
     """The DRAM regions one region input fills, by region name."""
+    if ROPE_TABLE in io:
+        return {name: pack_table(name, x, io[ROPE_TABLE], block_out)}
     if "weight_tiles" in io:
         spec = io["weight_tiles"]
         b = x.reshape(spec["shape"])

@@ -487,14 +487,29 @@ class Rope:
     and ``swap`` exchanging a row's two halves, ``acc = xc * cos[p] + swap(xc) * sin[p]``
     (int32, wrapping like the ALU's MUL and MAC), then requantized. The tables are the float
     ones in fixed point, ``sin`` signed per half (``-sin`` on the first: that is
-    ``rotate_half(x) * sin``); :attr:`requant` takes out their scale."""
+    ``rotate_half(x) * sin``); :attr:`requant` takes out their scale.
+
+    Runtime tables (an LLM step's positions): ``tables`` holds the float ``cos`` and
+    ``sin`` region inputs (P x d elements) and ``cos``/``sin`` are None; the host converts
+    them in ``2**frac`` fixed point, refusing entries beyond ``bound``
+    (:mod:`dsa_tvm.layers.rope_tables`)."""
 
     name: str
     input: QTensor           # (..., P, d)
     output: QTensor          # same shape
-    cos: np.ndarray          # int32 [P, d]
-    sin: np.ndarray          # int32 [P, d], signed per half
+    cos: np.ndarray | None   # int32 [P, d]
+    sin: np.ndarray | None   # int32 [P, d], signed per half
     requant: Requant
+    tables: tuple[QTensor, ...] = ()   # (cos, sin) float region inputs, or none
+    frac: int = 0                      # fixed-point bits of runtime tables
+    bound: float = 1.0                 # the largest |entry| runtime tables may hold
+
+    @property
+    def table_shape(self) -> tuple[int, int]:
+        """(P, d): positions x row length."""
+        if self.cos is not None:
+            return tuple(int(n) for n in self.cos.shape)
+        return tuple(int(n) for n in self.input.shape[-2:])
 
     @property
     def macs(self) -> int:

@@ -36,6 +36,8 @@ from ..layers.checks import weight_bytes
 from ..layers.host_pack import COLSUM, PARAMS, ROWSUM, batch_dims
 from ..layers.ir import BatchMatmul, Layer, QTensor, Region, layer_inputs
 from ..layers.layouts import blocked_shape, same_bytes
+from ..layers.rope_tables import IO_KEY as ROPE_TABLE
+from ..layers.rope_tables import io_entries as rope_table_entries
 from .fold_input import fold_region_inputs
 from .host_tiles import host_tiled_inputs, io_entry, without_movements
 from .int4_weights import pack_int4_weights
@@ -95,6 +97,8 @@ def compile_region(region: Region, cfg: HardwareConfig,
     io = {t.name: {"shape": list(t.shape), "scale": t.scale, "zero_point": t.zero_point}
           for t in region.inputs + region.outputs}   # as the runtime sees them, before folding
     region, folded = fold_region_inputs(region, cfg)
+    for name, note in rope_table_entries(region.layers).items():  # float, packed by the host
+        io[name][ROPE_TABLE] = note
     tiled = host_tiled_inputs(region)
     if tiled:   # the host lays these inputs out as weight tiles: no movement in the region
         region = without_movements(region, tiled)
@@ -165,6 +169,10 @@ def _compile_chosen(region: Region, io: dict, folded: dict, chosen: list,
             if spec["column_sums"]:
                 tensors[spec["tiles"] + COLSUM] = b.region(t.name + COLSUM, "input",
                                                            (bt * nb, bo), "int32")
+        elif ROPE_TABLE in io[t.name]:  # a float rotary table, as the room's int32 rows
+            note = io[t.name][ROPE_TABLE]
+            rows = note["positions"] * ceil_div(note["width"], bo)
+            tensors[t.name] = b.region(t.name, "input", (rows, bo), "int32")
         elif "matmul_b" in io[t.name]:  # the host packs weight tiles and their table
             bt, k, n = batch_dims(t.shape)
             nb, kb = ceil_div(n, bo), ceil_div(k, bi)

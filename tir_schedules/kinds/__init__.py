@@ -17,6 +17,8 @@ import pkgutil
 
 import numpy as np
 
+from dsa_tvm.layers.rope_tables import io_entries as rope_table_entries
+
 from .base import Kind, Recipe, UnsupportedLayer, checked, describe_layer
 
 __all__ = ["Kind", "Recipe", "UnsupportedLayer", "describe", "kind_of", "kinds",
@@ -96,12 +98,15 @@ def run_layer(layer, env: dict[str, np.ndarray]) -> np.ndarray:
 def run_region(region, inputs: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
     """Run every layer of ``region`` in order on the CPU; its outputs (int8) by name."""
     env: dict[str, np.ndarray] = {}
+    tables = rope_table_entries(region.layers)
     for t in region.inputs:
         if t.name not in inputs:
             raise KeyError(f"region '{region.name}': missing input '{t.name}'")
         arr = np.asarray(inputs[t.name])
-        if arr.dtype != np.int8:
-            raise TypeError(f"region '{region.name}': input '{t.name}' must be int8, got {arr.dtype}")
+        want = np.float32 if t.name in tables else np.int8   # runtime rotary tables: float
+        if arr.dtype != want:
+            raise TypeError(f"region '{region.name}': input '{t.name}' must be "
+                            f"{np.dtype(want).name}, got {arr.dtype}")
         env[t.name] = arr.reshape(t.shape)
     for ly in region.layers:
         env[ly.output.name] = run_layer(ly, env)

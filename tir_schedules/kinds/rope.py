@@ -32,6 +32,7 @@ from dsa_tvm.layers.checks import elements, with_weights
 from dsa_tvm.layers.ir import Rope
 from dsa_tvm.layers.layouts import pack_output_stage
 from dsa_tvm.layers.reference import apply_requant, centered
+from dsa_tvm.layers.rope_tables import layer_tables
 
 from ..tiling import chunks, lowest_estimate
 from ..vector_unit import emitted_cycles, tile_sizes
@@ -146,11 +147,15 @@ def _blocked_table(t: np.ndarray, block: int) -> np.ndarray:
 
 def rope_recipe(layer: Rope, cfg: HardwareConfig, consts: bool) -> Recipe:
     shape = tuple(layer.input.shape)
-    p, d = layer.cos.shape
+    p, d = layer.table_shape
     block = cfg.block_out
-    if layer.sin.shape != (p, d) or len(shape) < 2 or shape[-2:] != (p, d):
-        raise UnsupportedLayer(f"{layer.name}: tables {layer.cos.shape} / {layer.sin.shape} "
-                               f"do not match the rows {shape} (positions x row length)")
+    shapes = [tuple(t.shape) for t in (layer.cos, layer.sin) if t is not None]
+    if any(s != (p, d) for s in shapes) or len(shape) < 2 or shape[-2:] != (p, d):
+        raise UnsupportedLayer(f"{layer.name}: tables {shapes} do not match the rows "
+                               f"{shape} (positions x row length)")
+    if layer.tables and any(int(np.prod(t.shape)) != p * d for t in layer.tables):
+        raise UnsupportedLayer(f"{layer.name}: runtime tables {[t.shape for t in layer.tables]}"
+                               f" are not {p} positions x {d} codes")
     if tuple(layer.output.shape) != shape:
         raise UnsupportedLayer(f"{layer.name}: output {layer.output.shape} is not {shape}")
     if len(shape) == 4:
@@ -164,36 +169,41 @@ def rope_recipe(layer: Rope, cfg: HardwareConfig, consts: bool) -> Recipe:
         raise UnsupportedLayer(f"{layer.name}: input zero point {layer.input.zero_point}")
     s = RopeShape(elements(shape[:-2]), p, d // block, block, int(layer.input.zero_point),
                   int(layer.requant.zero_point), tuple(layer.requant.clip))
-    r = Recipe(KIND, s, {"x": layer.input})
+    # runtime tables are region inputs the host packs as these same rows (rope_tables)
+    ins = {"x": layer.input} | (dict(zip(("cos", "sin"), layer.tables)) if layer.tables else {})
+    r = Recipe(KIND, s, ins)
     if consts:
         mult, shift = layer.requant.per_channel(d)
         r.consts["params"] = pack_output_stage(np.zeros(d, np.int64), mult, shift,
                                                block).reshape(-1, block)
-        r.consts["cos"] = _blocked_table(layer.cos, block)
-        r.consts["sin"] = _blocked_table(layer.sin, block)
+        if not layer.tables:
+            r.consts["cos"] = _blocked_table(layer.cos, block)
+            r.consts["sin"] = _blocked_table(layer.sin, block)
     return r
 
 
 def run_rope(layer: Rope, env: dict[str, np.ndarray]) -> np.ndarray:
     """The integer reference of :class:`~dsa_tvm.layers.ir.Rope` (int32 wrap per ALU op)."""
     xc = centered(np.asarray(env[layer.input.name]).reshape(layer.input.shape), layer.input)
-    p, d = layer.cos.shape
+    cos, sin = layer_tables(layer, env)
+    p, d = cos.shape
     xc = xc.reshape(-1, p, d)
     half = d // 2
     swapped = np.concatenate([xc[..., half:], xc[..., :half]], axis=-1)
-    acc = sem.wrap_int32(xc * layer.cos.astype(np.int64)[None])
-    acc = sem.wrap_int32(acc + sem.wrap_int32(swapped * layer.sin.astype(np.int64)[None]))
+    acc = sem.wrap_int32(xc * cos.astype(np.int64)[None])
+    acc = sem.wrap_int32(acc + sem.wrap_int32(swapped * sin.astype(np.int64)[None]))
     return apply_requant(acc, layer.requant, axis=-1).reshape(layer.output.shape)
 
 
 def rope_bounds(ly: Rope) -> tuple[int, int]:
-    """Every code read and written once (the tables are not counted)."""
+    """Every code read and written once (the tables are not counted, constant or not)."""
     return with_weights(ly, elements(ly.input.shape))
 
 
 def describe_rope(ly: Rope) -> str:
-    return (f"Rope {ly.name}: {tuple(ly.input.shape)} over {ly.cos.shape[0]} positions "
-            f"-> {tuple(ly.output.shape)}")
+    tables = " (runtime tables)" if ly.tables else ""
+    return (f"Rope {ly.name}: {tuple(ly.input.shape)} over {ly.table_shape[0]} positions"
+            f"{tables} -> {tuple(ly.output.shape)}")
 
 
 KIND = Kind(
