@@ -84,6 +84,34 @@ def load(model: onnx.ModelProto | str | Path) -> onnx.ModelProto:
     return loaded
 
 
+def constants_to_initializers(model: onnx.ModelProto) -> onnx.ModelProto:
+    """``Constant`` nodes holding a tensor -> initializers (a copy of the model when any is
+    moved). onnx2torch reads a convolution's or a Gemm's weight from the initializers only;
+    exporters that write weights as ``Constant`` nodes would otherwise fail to convert."""
+    outputs = {o.name for o in model.graph.output}
+
+    def held(n: onnx.NodeProto) -> bool:
+        return n.op_type == "Constant" and len(n.attribute) == 1 and \
+            n.attribute[0].name == "value" and n.output[0] not in outputs
+
+    if not any(held(n) for n in model.graph.node):
+        return model
+    out = onnx.ModelProto()
+    out.CopyFrom(model)
+    keep = []
+    for n in out.graph.node:
+        if not held(n):
+            keep.append(n)
+            continue
+        t = onnx.TensorProto()
+        t.CopyFrom(n.attribute[0].t)
+        t.name = n.output[0]
+        out.graph.initializer.append(t)
+    del out.graph.node[:]
+    out.graph.node.extend(keep)
+    return out
+
+
 def _placeholder_names(model: onnx.ModelProto) -> bool:
     """Whether the graph inputs can name fx placeholders (then the export keeps them)."""
     inits = {i.name for i in model.graph.initializer}
@@ -108,9 +136,9 @@ def convert(model: onnx.ModelProto | str | Path) -> fx.GraphModule:
     """The FP32 PyTorch module of an ONNX model (an ``onnx.ModelProto`` or an ``.onnx``
     path), constants folded. It is the teacher of distillation: its outputs are the ONNX
     model's (onnxruntime) to float rounding."""
-    from .onnx_fold import batch_flatten, fold_constants, matmul_bias
+    from .onnx_fold import batch_flatten, fold_constants, inline_sequential, matmul_bias
 
-    proto = load(model)
+    proto = constants_to_initializers(load(model))
     o2t = onnx2torch()
     try:
         gm = o2t.convert(proto, save_input_names=_placeholder_names(proto))
@@ -122,6 +150,7 @@ def convert(model: onnx.ModelProto | str | Path) -> fx.GraphModule:
                        f"{str(e).splitlines()[0] if str(e) else ''}); check it with "
                        f"onnx.checker.check_model") from None
     gm.eval()   # before any run: a batch norm in training mode would move its statistics
+    inline_sequential(gm)
     fold_constants(gm)
     matmul_bias(gm)
     example = static_example(proto)

@@ -164,3 +164,23 @@ def matmul_bias(gm: fx.GraphModule) -> int:
     gm.delete_all_unused_submodules()
     gm.recompile()
     return count
+
+
+def inline_sequential(gm: fx.GraphModule) -> int:
+    """A call of an ``nn.Sequential`` -> one call per child, in order. onnx2torch writes a
+    convolution with asymmetric pads as ``Sequential(OnnxPadStatic, Conv2d)``; inlined, the
+    pad folds into the convolution as a ``ZeroPad2d`` does. Returns the count."""
+    count = 0
+    for n in list(gm.graph.nodes):
+        m = gm.get_submodule(str(n.target)) if n.op == "call_module" else None
+        if not isinstance(m, torch.nn.Sequential) or len(n.args) != 1 or n.kwargs or not len(m):
+            continue
+        x = n.args[0]
+        with gm.graph.inserting_before(n):
+            for name, _ in m.named_children():
+                x = gm.graph.call_module(f"{n.target}.{name}", (x,))
+        n.replace_all_uses_with(x)
+        gm.graph.erase_node(n)
+        count += 1
+    gm.recompile()
+    return count

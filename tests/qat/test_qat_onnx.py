@@ -39,10 +39,13 @@ def _exported(net: torch.nn.Module, shape=(1, 3, 16, 16)) -> onnx.ModelProto:
     return onnx.load_from_string(buf.getvalue())
 
 
-def _helper_net() -> onnx.ModelProto:
+def _helper_net(hidden: bool = False) -> onnx.ModelProto:
     """A graph written with onnx.helper, in the forms onnx2torch keeps as its own modules:
     an unfolded BatchNormalization, a Clip that is no ReLU6 (OnnxClip), a residual Add,
-    GlobalAveragePool, a Reshape to a constant shape, MatMul + Add of constants."""
+    GlobalAveragePool, a Reshape to a constant shape, MatMul + Add of constants.
+    ``hidden``: the forms that hide a layer from onnx2torch or from ``graph.py``: the
+    second convolution's weight in a ``Constant`` node, the first one's pads asymmetric
+    (onnx2torch's ``Sequential(pad, conv)``)."""
     rng = np.random.default_rng(0)
 
     def const(name, a):
@@ -55,7 +58,8 @@ def _helper_net() -> onnx.ModelProto:
              const("w2", rng.normal(0, 0.2, (c, c, 1, 1))), const("lo", -0.5), const("hi", 3.0),
              const("wm", rng.normal(0, 0.3, (c, 5))), const("bm", rng.normal(0, 0.1, 5)),
              numpy_helper.from_array(np.array([1, c], np.int64), "shape")]
-    nodes = [helper.make_node("Conv", ["x", "w1", "b1"], ["c1"], pads=[1, 1, 1, 1]),
+    pads = [0, 0, 1, 1] if hidden else [1, 1, 1, 1]
+    nodes = [helper.make_node("Conv", ["x", "w1", "b1"], ["c1"], pads=pads),
              helper.make_node("BatchNormalization", ["c1", "g", "beta", "mu", "var"], ["bn"]),
              helper.make_node("Clip", ["bn", "lo", "hi"], ["a1"]),
              helper.make_node("Conv", ["a1", "w2"], ["c2"]),
@@ -64,6 +68,9 @@ def _helper_net() -> onnx.ModelProto:
              helper.make_node("Reshape", ["gap", "shape"], ["flat"]),
              helper.make_node("MatMul", ["flat", "wm"], ["mm"]),
              helper.make_node("Add", ["mm", "bm"], ["y"])]
+    if hidden:
+        w2 = inits.pop(6)
+        nodes.insert(0, helper.make_node("Constant", [], ["w2"], value=w2))
     graph = helper.make_graph(nodes, "helper_net",
                               [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 3, 12, 12])],
                               [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 5])], inits)
@@ -78,9 +85,9 @@ def _ort(model: onnx.ModelProto, x: np.ndarray) -> np.ndarray:
 
 
 @needs_onnx2torch
-@pytest.mark.parametrize("which", ["exported", "helper"])
+@pytest.mark.parametrize("which", ["exported", "helper", "hidden"])
 def test_the_converted_fp32_module_equals_onnxruntime(which):
-    model = _exported(tiny_net()) if which == "exported" else _helper_net()
+    model = _exported(tiny_net()) if which == "exported" else _helper_net(which == "hidden")
     side = 16 if which == "exported" else 12
     gm = convert(model)
     g = torch.Generator().manual_seed(3)
@@ -113,10 +120,12 @@ def test_an_exported_onnx_model_on_the_dsa_equals_the_prepared_module(bits):
 
 
 @needs_onnx2torch
-def test_onnx2torch_modules_are_mirrored_bit_for_bit(tmp_path):
+@pytest.mark.parametrize("hidden", [False, True])
+def test_onnx2torch_modules_are_mirrored_bit_for_bit(tmp_path, hidden):
     """BatchNormalization folded, OnnxClip fused, the ONNX Add an integer add,
-    GlobalAveragePool, Reshape moved, MatMul + bias a linear layer; from a path."""
-    model = _helper_net()
+    GlobalAveragePool, Reshape moved, MatMul + bias a linear layer; from a path.
+    ``hidden``: a Constant-node weight and asymmetric pads (folded into the conv)."""
+    model = _helper_net(hidden)
     onnx.save(model, str(tmp_path / "h.onnx"))
     g = torch.Generator().manual_seed(2)
     cal = [(torch.randn(4, 3, 12, 12, generator=g),)]
@@ -125,7 +134,8 @@ def test_onnx2torch_modules_are_mirrored_bit_for_bit(tmp_path):
     rep = p.qat_report
     assert sorted(k for _, k in rep.layers) == ["add", "conv2d", "conv2d", "global_avg_pool",
                                                 "linear"], rep.summary()
-    assert not rep.fp32 and len(rep.folded) == 2   # the batch norm and the Clip
+    # the batch norm and the Clip (and the asymmetric pad)
+    assert not rep.fp32 and len(rep.folded) == 2 + hidden, rep.summary()
     with torch.no_grad():
         want = p(x).numpy()
     np.testing.assert_array_equal(run_on_dsa(qat.export(p), x.numpy()), want)
