@@ -210,6 +210,15 @@ def is_dropout(n: fx.Node, modules: Modules) -> bool:
                                               and n.target in DROPOUT_FUNCTIONS)
 
 
+def is_shape_arithmetic(n: fx.Node, modules: Modules) -> bool:
+    """An onnx2torch op computing integers (``Shape -> Gather -> Concat`` of a dynamic
+    reshape): no value a layer quantizes, so it is copied as it is, not reported FP32."""
+    if onnx_op(n, modules) is None or not is_tensor(n):
+        return False
+    dtype = n.meta["tensor_meta"].dtype
+    return not (dtype.is_floating_point or dtype.is_complex)
+
+
 def is_add(n: fx.Node, modules: Modules | None = None) -> bool:
     """``a + b`` of two tensors (no scalar), as a function or ONNX's Add."""
     if len(n.args) != 2 or n.kwargs or not all(is_tensor(a) for a in n.args):

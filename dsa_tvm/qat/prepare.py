@@ -228,7 +228,8 @@ class _Rewriter:
     def visit(self, n: fx.Node) -> None:
         if n in self.skip:
             return
-        if n.op in ("placeholder", "get_attr", "output") or not G.is_tensor(n):
+        if n.op in ("placeholder", "get_attr", "output") or not G.is_tensor(n) or \
+                G.is_shape_arithmetic(n, self.modules):
             self.env[n] = self.copy(n)
             return
         if self.weighted(n):

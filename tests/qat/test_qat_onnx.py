@@ -141,6 +141,39 @@ def test_onnx2torch_modules_are_mirrored_bit_for_bit(tmp_path, hidden):
     np.testing.assert_array_equal(run_on_dsa(qat.export(p), x.numpy()), want)
 
 
+class _DynamicBatch(torch.nn.Module):
+    """TinyNet with its flatten written ``reshape(x.shape[0], -1)``: exported with a dynamic
+    batch, that is ``Shape -> Gather -> Unsqueeze -> Concat -> Reshape``."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.n = tiny_net()
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        n = self.n
+        y = n.down(n.pad(torch.relu(n.b1(n.c1(x)))))
+        y = y + n.pw(torch.nn.functional.relu6(n.b2(n.dw(y))))
+        return n.fc(n.pool(y).reshape(x.shape[0], -1))
+
+
+@needs_onnx2torch
+def test_a_dynamic_batch_model_calibrates_on_batches_with_its_shape_arithmetic_unreported():
+    buf = io.BytesIO()
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        torch.onnx.export(_DynamicBatch().eval(), (torch.zeros(1, 3, 16, 16),), buf,
+                          input_names=["x"], opset_version=17, dynamo=False,
+                          dynamic_axes={"x": {0: "n"}})
+    model = onnx.load_from_string(buf.getvalue())
+    assert "Shape" in [n.op_type for n in model.graph.node]
+    x = torch.randn(5, 3, 16, 16, generator=torch.Generator().manual_seed(4))
+    p = qat.prepare(model, (x[:1],), [(x[:4],)])
+    assert len(p.qat_report.layers) == 7 and not p.qat_report.fp32, p.qat_report.summary()
+    with torch.no_grad():
+        want = p(x[4:]).numpy()
+    np.testing.assert_array_equal(run_on_dsa(qat.export(p), x[4:].numpy()), want)
+
+
 def _with_op(op: str, inputs: int = 1, **attrs) -> onnx.ModelProto:
     names = ["x"] + [f"i{k}" for k in range(1, inputs)]
     inits = [numpy_helper.from_array(np.zeros(1, np.float32), n) for n in names[1:]]
