@@ -386,7 +386,17 @@ def prepare(module: nn.Module | Any, example_inputs: Any, calibration_data: Iter
     batches = [args] if calibration_data is None else [_as_args(b) for b in calibration_data]
     if layer_bits:
         set_bits(out, layer_bits)
-    calibrate(out, batches, bias_correction)
+    try:
+        calibrate(out, batches, bias_correction)
+    except RuntimeError as e:
+        if not converted:
+            raise
+        # an exporter bakes the example's batch into constants (a Reshape to [1, ...])
+        shapes = sorted({tuple(b[0].shape) for b in batches})
+        raise QatError(f"the ONNX model does not run on calibration batches of shape "
+                       f"{shapes} ({str(e).splitlines()[0]}); it was likely exported at a "
+                       f"fixed batch: export it with a dynamic batch, or pass batches of "
+                       f"its input shape") from None
     for g in grids(out):
         g.gain.requires_grad_(learn_scales)
     return out

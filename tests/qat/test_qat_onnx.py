@@ -191,6 +191,21 @@ def test_an_op_onnx2torch_cannot_convert_is_named():
         qat.prepare(_with_op("Hardmax"), (torch.zeros(1, 4),))
 
 
+@needs_onnx2torch
+def test_a_batch_baked_into_a_constant_is_named_with_the_fix():
+    w = numpy_helper.from_array(np.ones((4, 3, 1, 1), np.float32), "w")
+    shape = numpy_helper.from_array(np.array([1, 4, 16], np.int64), "s")
+    nodes = [helper.make_node("Conv", ["x", "w"], ["c"]),
+             helper.make_node("Reshape", ["c", "s"], ["y"])]
+    graph = helper.make_graph(nodes, "g", [helper.make_tensor_value_info(
+        "x", TensorProto.FLOAT, [1, 3, 4, 4])], [helper.make_tensor_value_info(
+            "y", TensorProto.FLOAT, None)], [w, shape])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    with pytest.raises(qat.QatError, match=r"does not run on calibration batches of shape "
+                                           r"\[\(3, 3, 4, 4\)\].*dynamic batch"):
+        qat.prepare(model, (torch.zeros(1, 3, 4, 4),), [(torch.zeros(3, 3, 4, 4),)])
+
+
 def test_hostile_onnx_input(tmp_path, monkeypatch):
     x = torch.zeros(1, 4)
     (tmp_path / "notes.onnx").write_text("not a model")
