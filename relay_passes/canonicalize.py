@@ -75,18 +75,31 @@ class _DedupDequantize(PyExprMutator):
         finally:
             self.in_dataflow = outer
 
+    def _shared(self, a: relax.Expr) -> bool:
+        return isinstance(a, relax.Var) and a in self.shared
+
+    def _copy(self, a: relax.Var) -> relax.Var:
+        dq = self.shared[a]
+        self.copies[a] = self.copies.get(a, 0) + 1
+        return self.builder_.emit(relax.op.dequantize(
+            self.visit_expr(dq.args[0]), dq.args[1], dq.args[2], int(dq.attrs.axis),
+            str(dq.attrs.out_dtype)), name_hint=f"{a.name}_{self.copies[a]}")
+
     def visit_call_(self, call: relax.Call) -> relax.Expr:  # noqa: N802 (TVM visitor name)
         new = super().visit_call_(call)
-        if not self.in_dataflow or not any(isinstance(a, relax.Var) and a in self.shared for a in call.args):
+        # a concat's operands are fields of an inline tuple: they get copies too
+        if not self.in_dataflow or not any(
+                self._shared(a) or (isinstance(a, relax.Tuple)
+                                    and any(map(self._shared, a.fields)))
+                for a in call.args):
             return new
         args = []
         for a in call.args:
-            if isinstance(a, relax.Var) and a in self.shared:
-                dq = self.shared[a]
-                self.copies[a] = self.copies.get(a, 0) + 1
-                args.append(self.builder_.emit(relax.op.dequantize(
-                    self.visit_expr(dq.args[0]), dq.args[1], dq.args[2], int(dq.attrs.axis),
-                    str(dq.attrs.out_dtype)), name_hint=f"{a.name}_{self.copies[a]}"))
+            if self._shared(a):
+                args.append(self._copy(a))
+            elif isinstance(a, relax.Tuple) and any(map(self._shared, a.fields)):
+                args.append(relax.Tuple([self._copy(f) if self._shared(f)
+                                         else self.visit_expr(f) for f in a.fields]))
             else:
                 args.append(self.visit_expr(a))
         return relax.Call(new.op, args, new.attrs, new.ty_args, new.span)

@@ -17,6 +17,7 @@ from dsa_tvm.layers.ir import (
     Add,
     AddConst,
     BatchMatmul,
+    Concat,
     Conv2d,
     Dense,
     Layer,
@@ -81,6 +82,12 @@ def region_from_function(func: relax.Function, name: str) -> Region:
             if not isinstance(src, relax.Var):
                 raise LoweringError(f"region {name}: input of {b.var.name} is not a region tensor")
             ins.append(qtensor(tname(src), op.source_shape or op.shape, op.qp))
+        for expr, shape in getattr(m, "float_inputs", ()):   # read as floats (rope tables)
+            src = arg_of.get(expr)
+            if not isinstance(src, relax.Var):
+                raise LoweringError(f"region {name}: a float input of {b.var.name} is not a "
+                                    f"region tensor")
+            ins.append(QTensor(tname(src), tuple(shape), 1.0, 0))
         made = layer_from_match(m, f"{name}.{len(layers)}:{m.kind}", ins,
                                 qtensor(tname(b.var), m.out_shape, m.out))
         # a kind may make several layers (a transposed conv: zero insertion, then a conv)
@@ -115,7 +122,8 @@ def _height1_views(layers: list[Layer]) -> list[Layer]:
     """A conv1d runs as a conv2d of height 1 and sees its (N, C, W) tensors as
     (N, C, 1, W) (the same bytes); element-wise layers (Add, Rescale) that touch such a
     tensor as 3-D take the same view of all their 3-D tensors, so a 1-D residual add
-    stays in the region."""
+    stays in the region; a 3-D concat on axis 1 that touches one is a channel concat of
+    those images (not a concat of rows)."""
     h1 = {t.name for ly in layers if isinstance(ly, Conv2d)
           for t in (ly.input, ly.output) if t.shape[2] == 1}
     out = list(layers)
@@ -123,12 +131,15 @@ def _height1_views(layers: list[Layer]) -> list[Layer]:
     while changed:
         changed = False
         for i, ly in enumerate(out):
-            if not isinstance(ly, (Add, Rescale)):
+            if not isinstance(ly, (Add, Rescale, Concat)):
                 continue
             ts = layer_inputs(ly) + [ly.output]
             if not (all(len(t.shape) == 3 for t in ts) and {t.name for t in ts} & h1):
                 continue
-            if isinstance(ly, Add):
+            if isinstance(ly, Concat):
+                out[i] = dataclasses.replace(ly, inputs=tuple(map(_as_height1, ly.inputs)),
+                                             output=_as_height1(ly.output))
+            elif isinstance(ly, Add):
                 out[i] = dataclasses.replace(ly, a=_as_height1(ly.a), b=_as_height1(ly.b),
                                              output=_as_height1(ly.output))
             else:

@@ -5,7 +5,8 @@ moved. Each DMA load of a launch is classified by the DRAM region it reads (the 
 own region table, nothing estimated): constants are ``weights`` (weights with their
 requantize parameters and tables); region inputs that an attention matmul takes as its
 second operand (``K^T``, ``V``, whether the host packed them or the region permutes them
-on chip) are the ``kv`` cache; everything else (region inputs, spilled intermediates) is
+on chip, directly or through the region's cache concat of the cache and the new rows) are
+the ``kv`` cache; everything else (region inputs, spilled intermediates) is
 ``activations``.
 """
 
@@ -15,7 +16,7 @@ from bisect import bisect_right
 from collections import Counter
 
 from ..isa.instructions import Load
-from ..layers.ir import BatchMatmul
+from ..layers.ir import BatchMatmul, Concat, Permute
 from ..sim.timing import dma_bytes
 
 KINDS = ("weights", "kv", "activations")
@@ -27,8 +28,22 @@ def _base(name: str) -> str:
 
 
 def cache_operands(region) -> set[str]:
-    """The region inputs its attention matmuls read as the cache side (operand ``b``)."""
-    return {_base(ly.b.name) for ly in region.layers if isinstance(ly, BatchMatmul)}
+    """The region inputs its attention matmuls read as the cache side (operand ``b``),
+    back through the movements (Permute, Concat) that make that operand in the region."""
+    made = {ly.output.name: ly for ly in region.layers if isinstance(ly, (Permute, Concat))}
+    todo = [_base(ly.b.name) for ly in region.layers if isinstance(ly, BatchMatmul)]
+    out: set[str] = set()
+    while todo:
+        name = todo.pop()
+        if name in out:
+            continue
+        out.add(name)
+        ly = made.get(name)
+        if isinstance(ly, Permute):
+            todo.append(_base(ly.input.name))
+        elif isinstance(ly, Concat):
+            todo.extend(_base(t.name) for t in ly.inputs)
+    return out
 
 
 def program_reads(prog, cfg, kv: set[str], resident: frozenset[int] = frozenset()) -> Counter:

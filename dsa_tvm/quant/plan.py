@@ -332,7 +332,7 @@ def make_plan(g: Graph, keep_fp32: set[str] = frozenset(), available: set[str] |
                 continue
             f = Follower(n, ins)
         elif n.op_type in POOLS | ACTIVATIONS | {"Concat"} | SHAPE_OPS | MOVEMENT_OPS:
-            if not all(i in produced for i in ins):
+            if not all(i in produced or _cache_input(g, n, i, produced) for i in ins):
                 continue
             if n.op_type in MOVEMENT_OPS and (not _is_copy(g, n) or len(ins) != 1):
                 continue
@@ -460,6 +460,15 @@ def _rms_core(g: Graph, prod: dict, node: onnx.NodeProto) -> tuple[str, list[str
             or float(g.const(pw.input[1])) != 2.0 or not _last_axis(g, mean, -1):
         return None
     return x, [m.name for m in (pw, mean, add, sq)] + extra
+
+
+def _cache_input(g: Graph, n: onnx.NodeProto, name: str, produced: set[str]) -> bool:
+    """A graph input a Concat joins to int8 tensors (an LLM step's KV cache and the new
+    rows): quantized at the boundary on the Concat's shared grid, so the concat is a copy
+    (the DSA's movement room) and the new rows are requantized once, onto the cache's
+    grid."""
+    return (n.op_type == "Concat" and name in g.inputs
+            and any(i in produced for i in n.input if i != name))
 
 
 def _prune_followers(g: Graph, p: Plan, also_int8: set[str] = frozenset()) -> None:

@@ -2,8 +2,9 @@
 
 ``Add(Mul(x, cos), Mul(Concat(Neg(Slice(x, h:)), Slice(x, :h)), sin))`` (Llama's
 ``x * cos + rotate_half(x) * sin``, either operand order of the Adds and Muls) reads one
-activation and constant tables: the quantizer gives it int8 at both ends and leaves the
-interior FP32, so the DSA's ``rope`` kind runs it as integer tables (the front end checks
+activation and two tables, constants or graph inputs (an LLM step's tables of its
+positions): the quantizer gives it int8 at both ends and leaves the interior and the
+tables FP32, so the DSA's ``rope`` kind runs it as integer tables (the front end checks
 the slices and tables; anything else runs the same QDQ graph on the CPU).
 """
 
@@ -14,14 +15,19 @@ import onnx
 from ..frontend.onnx_graph import Graph
 
 
+def _is_table(g: Graph, name: str) -> bool:
+    """A constant or a graph input: what the room can read as a rotary table."""
+    return g.is_const(name) or name in g.inputs
+
+
 def _times_const(g: Graph, n: onnx.NodeProto | None) -> str | None:
-    """The activation a ``Mul`` by a constant scales, or None."""
+    """The activation a ``Mul`` by a table (constant or graph input) scales, or None."""
     if n is None or n.op_type != "Mul" or len(n.input) != 2:
         return None
     a, b = n.input
-    if g.is_const(b) and not g.is_const(a):
+    if _is_table(g, b) and not _is_table(g, a):
         return a
-    if g.is_const(a) and not g.is_const(b):
+    if _is_table(g, a) and not _is_table(g, b):
         return b
     return None
 

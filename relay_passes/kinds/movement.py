@@ -1,4 +1,6 @@
-"""Data movement inside a region: ``quantize(concat(dq(a), dq(b), ...))`` along channels,
+"""Data movement inside a region: ``quantize(concat(dq(a), dq(b), ...))`` along channels
+or along the second-to-last axis (rows: an LLM's KV cache and its new rows, any rank from
+2, as a ``(groups, length, row)`` view),
 ``quantize(strided_slice(dq(x)))`` a block-aligned channel range (C2f's split) and
 ``quantize(resize2d(dq(x)))`` nearest-neighbour by an integer factor, and
 ``quantize(permute_dims(dq(x)))`` between an NCHW image and its channels-last rows (ConvNeXt
@@ -20,7 +22,7 @@ from tvm.relax.dpl import DFPattern, is_op, is_tuple, wildcard
 from dsa_tvm.hw.config import HardwareConfig
 from dsa_tvm.layers.ir import Concat, Layer, Permute, QTensor, Resize, Slice
 from dsa_tvm.layers.layouts import TO_CHANNELS_LAST, layout_permute, rows_view
-from tir_schedules.kinds.movement import slice_reason
+from tir_schedules.kinds.movement import rows_concat_axis, slice_reason
 
 from .common import Constraint, common_constraints
 from .match import Match, Reader, Root
@@ -63,14 +65,34 @@ def _axis(m: Match) -> int:
     return axis + len(m.out_shape) if axis < 0 else axis
 
 
+def _rows_axis(m: Match) -> bool:
+    """Along the second-to-last axis of tensors of rank 2 or more (4-D included)."""
+    rank = len(m.out_shape)
+    return rank >= 2 and _axis(m) == rank - 2 and not (rank == 4 and _axis(m) == 1)
+
+
 def _concat_axis(m: Match, cfg: HardwareConfig) -> str | None:
-    if len(m.out_shape) != 4 or _axis(m) != 1:
+    if (len(m.out_shape) != 4 or _axis(m) != 1) and not _rows_axis(m):
         return (f"concat of {len(m.out_shape)}-D tensors on axis {_axis(m)}: the DSA "
-                f"concatenates the channels (axis 1) of NCHW images")
+                f"concatenates the channels (axis 1) of NCHW images, or rows along the "
+                f"second-to-last axis")
     return None
 
 
+def _groups_view(t: QTensor, axis: int) -> QTensor:
+    """``(groups, length, row)``: the same bytes as rows of the last axis."""
+    s = tuple(t.shape)
+    return QTensor(t.name, (int(np.prod(s[:axis], dtype=np.int64)), s[axis], s[-1]),
+                   t.scale, t.zero_point)
+
+
 def _concat_layer(m: Match, name: str, inputs: list[QTensor], output: QTensor) -> Layer:
+    if _rows_axis(m):
+        axis = _axis(m)
+        layer = Concat(name, tuple(_groups_view(t, axis) for t in inputs),
+                       _groups_view(output, axis), 1)
+        assert rows_concat_axis(tuple(layer.output.shape), layer.axis)
+        return layer
     return Concat(name, tuple(inputs), output, _axis(m))
 
 
@@ -206,10 +228,11 @@ def _constraints(extra: Constraint) -> list[Constraint]:
 
 KINDS = (
     Kind("concat", 200, _concat_variants, _read_concat,
-         _constraints(Constraint("concat_axis", "channel axis of 4-D NCHW tensors; every "
-                                 "input but the last a multiple of `{cfg.block_out}` channels",
+         _constraints(Constraint("concat_axis", "channel axis of 4-D NCHW tensors (every "
+                                 "input but the last a multiple of `{cfg.block_out}` "
+                                 "channels), or the second-to-last axis (rows: a KV cache)",
                                  _concat_axis)),
-         _concat_layer, "Concat (channels, 2-4 inputs, one scale)", "relax.concat"),
+         _concat_layer, "Concat (channels or rows, 2-4 inputs, one scale)", "relax.concat"),
     Kind("slice", 205, _slice_variants, _read_slice,
          _constraints(Constraint("channel_slice", "a contiguous channel range of a 4-D NCHW "
                                  "tensor, begin a multiple of `{cfg.block_out}`, the end too "

@@ -7,6 +7,11 @@ it (``dsa_tvm.quant.rope_plan``: int8 in and out, the interior FP32).
 Permute). The tables become integers in ``2**frac`` fixed point (``frac`` as large as the
 tables allow within 16 bits), ``S`` signed per half; the layer is
 :class:`dsa_tvm.layers.ir.Rope` on rows ``(B*H, P, d)``.
+
+Tables that are not constants (an LLM step's ``cos``/``sin`` of its positions: float
+region inputs of ``P x d`` elements) are read at run time: ``frac`` follows the bound
+:data:`~dsa_tvm.layers.rope_tables.TABLE_BOUND` and the host packs and checks them
+(:mod:`dsa_tvm.layers.rope_tables`).
 """
 
 from __future__ import annotations
@@ -21,9 +26,10 @@ from tvm.relax.dpl import DFPattern, is_const, is_op, is_tuple, wildcard
 
 from dsa_tvm.hw.config import HardwareConfig
 from dsa_tvm.layers.ir import Layer, QTensor, Rope
+from dsa_tvm.layers.rope_tables import TABLE_BOUND, frac_for_bound, table_tensor
 
 from .common import Constraint, common_constraints
-from .match import Match, NotAMatch, Reader, Root, const_value
+from .match import Match, NotAMatch, Reader, Root, const_value, dtype_of, shape_of
 from .movement import slice_bounds
 from .scales import requant
 from .spec import Kind, dq, moved, q
@@ -34,10 +40,12 @@ TABLE_BITS = 15
 
 @dataclasses.dataclass
 class RopeMatch(Match):
-    """A match plus the float tables (broadcast to (P, d))."""
+    """A match plus the float tables (broadcast to (P, d)), or the expressions of runtime
+    tables (region inputs: ``float_inputs``, cos then sin, with their shapes)."""
 
     cos: np.ndarray | None = None
     sin: np.ndarray | None = None
+    float_inputs: tuple[tuple[relax.Expr, tuple[int, ...]], ...] = ()
 
 
 def _mul(a: DFPattern, b: DFPattern) -> DFPattern:
@@ -53,9 +61,12 @@ def _slice() -> DFPattern:
 
 def _variants() -> list[tuple[str, DFPattern]]:
     rot = is_op("relax.concat")(is_tuple([is_op("relax.negative")(_slice()), _slice()]))
-    direct, rotated = _mul(dq(moved()), is_const()), _mul(rot, is_const())
     add = is_op("relax.add")
-    return [("rotate_half", q(add(direct, rotated) | add(rotated, direct)))]
+    out = []
+    for name, table in (("rotate_half", is_const), ("rotate_half_runtime", wildcard)):
+        direct, rotated = _mul(dq(moved()), table()), _mul(rot, table())
+        out.append((name, q(add(direct, rotated) | add(rotated, direct))))
+    return out
 
 
 # ----------------------------------------------------------------------------- reading
@@ -82,18 +93,35 @@ def _table(r: Reader, expr, shape: tuple[int, ...]) -> np.ndarray:
     return np.broadcast_to(t.reshape(t.shape[-2:] if t.ndim >= 2 else t.shape), (p, d))
 
 
-def _split(r: Reader, mul: relax.Call) -> tuple[relax.Expr, relax.Expr]:
-    """(the non-constant operand, the constant) of a multiply."""
+def _split(r: Reader, mul: relax.Call, data: str) -> tuple[relax.Expr, relax.Expr]:
+    """(the operand made by op ``data``, the table) of a multiply: the table is the
+    constant, else the operand ``data`` does not make."""
     a, b = mul.args
-    return (a, b) if isinstance(r.value(b), GenericConst) else (b, a)
+    if isinstance(r.value(b), GenericConst):
+        return a, b
+    if isinstance(r.value(a), GenericConst):
+        return b, a
+    return (a, b) if r.call(a, data) is not None else (b, a)
+
+
+def _runtime_table(r: Reader, expr, shape: tuple[int, ...]) -> tuple[int, ...]:
+    """The shape of a float table read at run time: P x d elements, d its last axis."""
+    if dtype_of(expr) != "float32":
+        raise NotAMatch(f"a {dtype_of(expr)} table (float32 cos/sin expected)")
+    t = shape_of(expr)
+    p, d = shape[-2:]
+    if int(np.prod(t, dtype=np.int64)) != p * d or t[-1] != d:
+        raise NotAMatch(f"runtime table of shape {t} is not {p} positions x {d} codes "
+                        f"(tables broadcast over positions stay on the CPU)")
+    return t
 
 
 def _read(r: Reader, root: Root) -> Match:
     add = r.need(root.body, "relax.add")
     muls = [r.need(a, "relax.multiply") for a in add.args]
     for direct, rotated in (muls, muls[::-1]):
-        x_dq, c = _split(r, direct)
-        cat_expr, s = _split(r, rotated)
+        x_dq, c = _split(r, direct, "relax.dequantize")
+        cat_expr, s = _split(r, rotated, "relax.concat")
         cat = r.call(cat_expr, "relax.concat")
         if r.call(x_dq, "relax.dequantize") is None or cat is None:
             continue
@@ -107,14 +135,24 @@ def _read(r: Reader, root: Root) -> Match:
             raise NotAMatch(f"rotate_half slices {high} and {low_range} of {d} codes")
         for other in (high_dq, low_dq):
             r.same_tensor(x_dq, other, "the rotated and the direct term read different tensors")
+        consts = [isinstance(r.value(t), GenericConst) for t in (c, s)]
+        if all(consts):
+            return RopeMatch("rope", add, [x], root.out, root.out_shape, root.q,
+                             cos=_table(r, c, shape), sin=_table(r, s, shape))
+        if any(consts):
+            raise NotAMatch("one constant table and one runtime table")
         return RopeMatch("rope", add, [x], root.out, root.out_shape, root.q,
-                         cos=_table(r, c, shape), sin=_table(r, s, shape))
+                         float_inputs=((c, _runtime_table(r, c, shape)),
+                                       (s, _runtime_table(r, s, shape))))
     raise NotAMatch("not x * C + rotate_half(x) * S")
 
 
 # ----------------------------------------------------------------------------- checks, layer
 def frac_bits(m: RopeMatch) -> int:
-    """Fixed-point bits of the tables: the largest entry within TABLE_BITS bits."""
+    """Fixed-point bits of the tables: the largest entry within TABLE_BITS bits (runtime
+    tables: the bound they are compiled for)."""
+    if m.cos is None:
+        return frac_for_bound(TABLE_BOUND)
     top = float(max(np.abs(m.cos).max(), np.abs(m.sin).max(), 2.0 ** -24))
     if not math.isfinite(top):
         return 0  # the rope_form constraint refuses such tables
@@ -133,6 +171,8 @@ def _form(m: Match, cfg: HardwareConfig) -> str | None:
     if d % (2 * cfg.block_out):
         return (f"half a row ({d // 2} codes) is not a whole number of {cfg.block_out}-lane "
                 f"blocks (the half swap moves whole blocks)")
+    if m.cos is None:
+        return None   # runtime tables: the host packer checks their bound
     if not (np.isfinite(m.cos).all() and np.isfinite(m.sin).all()):
         return "non-finite cos/sin tables"
     top = max(float(np.abs(m.cos).max()), float(np.abs(m.sin).max()))
@@ -149,18 +189,25 @@ def _rows(t: QTensor) -> QTensor:
 
 def _to_layer(m: Match, name: str, inputs: list[QTensor], output: QTensor) -> Layer:
     frac = frac_bits(m)
+    rq = requant(rescale_factors(m), m)
+    if m.cos is None:   # runtime tables: region inputs after x (placeholders for checks)
+        tables = [table_tensor(t.name, t.shape, frac) for t in inputs[1:3]] or \
+            [table_tensor(n, shape, frac) for n, (_, shape) in zip(("cos", "sin"),
+                                                                  m.float_inputs)]
+        return Rope(name, _rows(inputs[0]), _rows(output), None, None, rq,
+                    tables=tuple(tables), frac=frac, bound=TABLE_BOUND)
     h = m.cos.shape[1] // 2
     sign = np.concatenate([-np.ones(h), np.ones(h)])
     cos = np.round(m.cos * 2.0 ** frac).astype(np.int32)
     sin = np.round(m.sin * sign * 2.0 ** frac).astype(np.int32)
-    return Rope(name, _rows(inputs[0]), _rows(output), cos, sin,
-                requant(rescale_factors(m), m))
+    return Rope(name, _rows(inputs[0]), _rows(output), cos, sin, rq)
 
 
 KINDS = (Kind(
     "rope", 210, _variants, _read,
     common_constraints(rescale_factors) + [
         Constraint("rope_form", "half the head width a multiple of `{cfg.block_out}`, finite "
-                   "tables over positions x head width", _form)],
+                   "tables over positions x head width (or float32 region inputs of "
+                   "positions x head width, |entry| <= 1, checked by the host)", _form)],
     _to_layer, "Mul, Slice, Neg, Concat, Add (rotary position embedding, x*cos + "
     "rotate_half(x)*sin)", "relax.add"),)

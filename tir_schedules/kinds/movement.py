@@ -9,6 +9,11 @@ accumulator scratchpad itself instead of building TIR:
   slice of the output (STORE ``x_stride`` = the output's blocks per pixel). Only whole
   channel blocks move, so every input but the last must have a multiple of ``block``
   channels (the last one's padded lanes land in the output's padding);
+* concat of rows along the second-to-last axis (an LLM's KV cache: cache rows, then the
+  new tokens' rows, per head): in the rows layout ``[rows][CB][block]`` a group of
+  ``L`` rows is ``L * CB`` contiguous accumulator rows, so it is the channel concat with
+  the groups as pixels and ``L * CB`` blocks per input: strided copies of whole rows,
+  any row length;
 * slice: each chunk of pixels loads the output's channel blocks of every pixel (LOAD
   ``x_stride`` = the input's blocks per pixel, base at the first block) and stores them
   contiguously. ``begin`` must be a multiple of ``block``; the end too unless it is the
@@ -72,6 +77,10 @@ def _transfers(s: MoveShape, k: MoveKnobs) -> list[tuple[int, int]]:
     if s.kind == "concat":
         p = s.n * s.h * s.w
         for cb in s.cbs:
+            if cb > k.rows:   # a long run of rows (a KV cache): pieces of one pixel
+                out += [(min(k.rows, cb - c0), 1) for _ in range(p)
+                        for c0 in range(0, cb, k.rows)]
+                continue
             pc = max(1, k.rows // cb)
             out += [(min(pc, p - p0) * cb, 1) for p0 in range(0, p, pc)]
     else:
@@ -85,6 +94,10 @@ def _transfers(s: MoveShape, k: MoveKnobs) -> list[tuple[int, int]]:
 def move_fits(cfg: HardwareConfig, s: MoveShape, k: MoveKnobs) -> str | None:
     if k.rows > cfg.acc_depth:
         return f"{k.rows} staged rows exceed the {cfg.acc_depth}-row accumulator"
+    if s.kind == "concat":   # pixels longer than the staging move in pieces
+        if _cb_out(s) > MAX_DMA:
+            return f"a {_cb_out(s)}-block output stride exceeds the {DRAM_SIZE_BITS}-bit DMA fields"
+        return None
     if _cb_out(s) > k.rows or (s.kind != "slice" and max(s.cbs) > k.rows):
         return f"one pixel's {max(s.cbs)} channel blocks exceed {k.rows} staged rows"
     if max(s.cbs) * max(s.scale[1], 1) > MAX_DMA or _cb_out(s) > MAX_DMA:
@@ -112,7 +125,8 @@ def emit_move(b, cfg: HardwareConfig, s: MoveShape, k: MoveKnobs, regions: dict)
     """The LOAD/STORE pairs of the layer; staging alternates between two halves of the
     rows so the derived tokens let the next load overlap the previous stores."""
     buf = Buffer.ACC8
-    half = k.rows // 2 if k.rows >= 2 * max(s.cbs) else 0
+    long_runs = s.kind == "concat" and max(s.cbs) > k.rows // 2
+    half = k.rows // 2 if k.rows >= 2 * max(s.cbs) or long_runs else 0
     y = regions["y"]
     cbo = _cb_out(s)
     slot = 0
@@ -138,7 +152,17 @@ def emit_move(b, cfg: HardwareConfig, s: MoveShape, k: MoveKnobs, regions: dict)
         cb0 = 0
         for i, cb in enumerate(s.cbs):
             x = regions[f"x{i}"]
-            pc = max(1, (half or k.rows) // cb)
+            step = half or k.rows
+            if cb > step:   # a long run of rows: pieces of one pixel, contiguous both sides
+                for p0 in range(p):
+                    for c0 in range(0, cb, step):
+                        m = min(step, cb - c0)
+                        base = stage()
+                        b.load(buf, base, b.addr(x, buf) + p0 * cb + c0, 1, m, m)
+                        b.store(buf, base, b.addr(y, buf) + p0 * cbo + cb0 + c0, 1, m, m)
+                cb0 += cb
+                continue
+            pc = max(1, step // cb)
             for p0 in range(0, p, pc):
                 m = min(pc, p - p0)
                 base = stage()
@@ -174,12 +198,42 @@ def _same_grid(layer, ins) -> None:
                                    f"copy needs one grid")
 
 
+def rows_concat_axis(shape: tuple[int, ...], axis: int) -> bool:
+    """A concat of rows views along their second-to-last axis (not 4-D: that is NCHW)."""
+    axis = axis + len(shape) if axis < 0 else axis
+    return len(shape) in (2, 3, 5) and axis == len(shape) - 2
+
+
+def _rows_concat(layer: Concat, cfg: HardwareConfig) -> MoveShape:
+    """Groups (the axes before the concat axis) as pixels, each input's ``L * CB``
+    accumulator rows per group as its blocks."""
+    out = tuple(layer.output.shape)
+    axis = len(out) - 2
+    for t in layer.inputs:
+        if len(t.shape) != len(out) or tuple(t.shape[:axis]) != out[:axis] \
+                or t.shape[-1] != out[-1]:
+            raise UnsupportedLayer(f"{layer.name}: input {t.shape} and output {out} differ "
+                                   f"off the concat axis {axis}")
+    if sum(t.shape[axis] for t in layer.inputs) != out[axis]:
+        raise UnsupportedLayer(f"{layer.name}: lengths do not add up to {out[axis]}")
+    cb = ceil_div(out[-1], cfg.block_out)
+    groups = int(np.prod(out[:axis], dtype=np.int64))
+    return MoveShape("concat", groups, 1, 1, tuple(t.shape[axis] * cb for t in layer.inputs),
+                     cfg.block_out)
+
+
 def concat_recipe(layer: Concat, cfg: HardwareConfig, consts: bool) -> Recipe:
     block = cfg.block_out
     out = layer.output.shape
+    if 2 <= len(layer.inputs) <= 8 and rows_concat_axis(tuple(out), layer.axis):
+        _same_grid(layer, layer.inputs)
+        return Recipe(KIND, _rows_concat(layer, cfg),
+                      {f"x{i}": t for i, t in enumerate(layer.inputs)})
     if len(out) != 4 or layer.axis not in (1, -3):
         raise UnsupportedLayer(f"{layer.name}: concat of {len(out)}-D tensors on axis "
-                               f"{layer.axis}; the DSA concatenates NCHW channels (axis 1)")
+                               f"{layer.axis}; the DSA concatenates NCHW channels (axis 1) or "
+                               f"rows along the second-to-last axis of 2-, 3- or 5-D "
+                               f"tensors")
     if not 2 <= len(layer.inputs) <= 8:
         raise UnsupportedLayer(f"{layer.name}: {len(layer.inputs)} inputs (2..8 supported)")
     _same_grid(layer, layer.inputs)

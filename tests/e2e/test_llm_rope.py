@@ -1,0 +1,90 @@
+"""The tiny Llama's rotary chains and KV-cache concats on the DSA.
+
+The decode and prefill steps read ``cos``/``sin`` as inputs (positions change every
+token); the ``rope`` room takes them as float region inputs the host packs. On ``edge``
+(8-lane blocks: half the tiny model's 16-code head is a whole block) the query rotary
+chains run on the DSA: the compile report lists them, every launch equals the integer
+reference bit for bit, and each rope's output is within one step of the float chain
+(the quantizer's semantics, as the CPU build computes it) on the same codes and tables.
+The cache concat (cache rows, then the new token's rows, per KV head) is a copy in the
+movement room, so the step's launches drop from 17 to 11 on edge (its norms and softmax
+stay on the host: edge has no norm units).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+pytest.importorskip("torch")
+pytest.importorskip("transformers")
+
+from dsa_tvm.layers.ir import Concat, Rope  # noqa: E402
+from dsa_tvm.llm import load  # noqa: E402
+from tir_schedules.kinds import run_layer  # noqa: E402
+
+from .test_llm_decode import BUCKETS, PROMPT, assert_steps_bit_exact  # noqa: E402
+
+
+@pytest.fixture(scope="module")
+def edge():
+    return load("tiny", hw="edge", **BUCKETS)
+
+
+def _ropes(model) -> dict[tuple, list[Rope]]:
+    """(compile id, region name) -> the region's runtime-table Rope layers."""
+    out = {}
+    for crep in model.reports.values():
+        for d in crep.regions:
+            if d.target == "dsa":
+                ropes = [ly for ly in d.region.layers if isinstance(ly, Rope) and ly.tables]
+                if ropes:
+                    out[crep.compile_id, d.name] = (d.region, ropes)
+    return out
+
+
+def _float_rope(codes, ly: Rope, cos, sin) -> np.ndarray:
+    """The QDQ chain as the quantizer defines it: dequantize, x*cos + rotate_half(x)*sin
+    in float, quantize (round half to even, as onnxruntime and the CPU build)."""
+    x = (codes.astype(np.float64).reshape(ly.input.shape) - ly.input.zero_point) \
+        * ly.input.scale
+    p, d = ly.table_shape
+    x = x.reshape(-1, p, d)
+    c = np.asarray(cos, np.float64).reshape(p, d)
+    s = np.asarray(sin, np.float64).reshape(p, d)
+    rot = np.concatenate([-x[..., d // 2:], x[..., :d // 2]], -1)
+    y = np.round((x * c + rot * s) / ly.output.scale) + ly.output.zero_point
+    return np.clip(y, -128, 127).reshape(ly.output.shape)
+
+
+def test_rotary_chains_run_on_the_dsa_bit_exact(edge):
+    gen = edge.generate(PROMPT, max_new_tokens=3)
+    assert [s.kind for s in gen.steps] == ["sink", "prefill", "decode", "decode"]
+    ropes = _ropes(edge)
+    decode = edge.reports[(1, 16)]
+    layers = [ly for d in decode.regions if d.target == "dsa" for ly in d.region.layers]
+    # every layer's query and key rotary chains, and its K and V cache concats
+    assert sum(isinstance(ly, Rope) and bool(ly.tables) for ly in layers) \
+        == 2 * edge.arch.layers
+    cats = [ly for ly in layers if isinstance(ly, Concat)]
+    assert len(cats) == 2 * edge.arch.layers
+    assert all(c.inputs[0].shape[1] == 16 and c.inputs[1].shape[1] == 1 for c in cats)
+    assert "runtime tables" in str(decode)
+    assert gen.steps[-1].launches <= 11   # 17 with both on the host
+    assert_steps_bit_exact(edge, gen.ids[:1])
+    checked = 0
+    for launch in edge.last_launches:
+        hit = ropes.get((launch.compile_id, launch.program.name))
+        if hit is None:
+            continue
+        region, layers = hit
+        env = {t.name: np.asarray(launch.inputs[t.name]).reshape(t.shape)
+               for t in region.inputs}
+        for ly in region.layers:   # the integer reference, every intermediate kept
+            env[ly.output.name] = run_layer(ly, env)
+        for ly in layers:
+            cos, sin = (env[t.name] for t in ly.tables)
+            want = _float_rope(env[ly.input.name], ly, cos, sin)
+            assert np.abs(env[ly.output.name].astype(np.float64) - want).max() <= 1
+            checked += 1
+    assert checked
