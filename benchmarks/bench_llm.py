@@ -106,14 +106,16 @@ def accuracy(dsa, ref, args) -> float:
         want = ref.generate(prompt, args.tokens)
         got = dsa.generate(prompt, args.tokens)
         share, first = agreement(got.ids, want.ids)
-        rows.append((share, first))
+        forced = dsa.teacher_forced(prompt, want.ids)
+        rows.append((share, first, forced))
         gens.append(got)
         print(f"{name} {prompt!r:50.50} agree {share:5.1%} first miss at {first:2d}  "
-              f"{got.text[:40]!r}", flush=True)
+              f"teacher-forced {forced:5.1%}  {got.text[:40]!r}", flush=True)
     share = float(np.mean([r[0] for r in rows]))
     print(f"\ngreedy agreement {name} vs FP32: {share:.1%} of {args.tokens} tokens over "
           f"{len(rows)} prompts (goal >= 90%); first miss at token "
-          f"{float(np.mean([r[1] for r in rows])):.1f} on average")
+          f"{float(np.mean([r[1] for r in rows])):.1f} on average; teacher-forced (each "
+          f"position after FP32's own continuation) {float(np.mean([r[2] for r in rows])):.1%}")
 
     ids = dsa.source.encode(pydoc_text())[:args.ppl_tokens]
     t1 = time.perf_counter()

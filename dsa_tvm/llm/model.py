@@ -366,6 +366,21 @@ class CompiledLLM:
         return Generation(self.source.decode(out), out, ids, steps, self.cfg.mhz,
                           self.cfg.bandwidth_bytes_per_cycle)
 
+    def teacher_forced(self, prompt: str | list[int], continuation: list[int]) -> float:
+        """Share of ``continuation``'s tokens this model's argmax predicts when fed the prompt
+        and the continuation before each one (one prefill). Against a reference's own
+        greedy continuation, the agreement measure one early near-tie cannot compound."""
+        ids, cont = self.token_ids(prompt), self.token_ids(continuation)
+        if not ids or not cont:
+            raise ValueError("teacher forcing needs a prompt and at least one continuation "
+                             "token")
+        if len(ids) + len(cont) - 1 > self.context_buckets[-1]:
+            raise ValueError(f"{len(ids)} prompt + {len(cont)} continuation tokens exceed the "
+                             f"largest context bucket ({self.context_buckets[-1]})")
+        logits, _ = self.prefill(ids + cont[:-1], self.new_cache())
+        picks = logits[len(ids) - 1:].argmax(-1)
+        return float(np.mean(picks == np.asarray(cont)))
+
     def perplexity(self, text: str | list[int], max_tokens: int | None = None) -> float:
         """exp(mean negative log-likelihood) of the text's tokens, each predicted from the
         ones before it in its window (windows of the largest context bucket, a fresh cache

@@ -246,3 +246,17 @@ def test_decode_sweep_stays_under_the_dram_roofline_and_plots(w8a8, tmp_path):
             decode_point(w8a8, 16, steps=steps)
     with pytest.raises(ValueError, match="no decode points"):
         plot_decode([], tmp_path / "empty.png")
+
+
+def test_teacher_forced_agreement_is_the_share_of_next_tokens_predicted(w8a8):
+    """A model agrees with its own greedy continuation everywhere; the W8A8 DSA model's
+    share is the count of positions where its prefill argmax equals that continuation."""
+    fp32 = load("tiny", quant="fp32", **BUCKETS)
+    want = fp32.generate("ab", 6).ids
+    assert fp32.teacher_forced("ab", want) == 1.0
+    ids = fp32.token_ids("ab")
+    logits, _ = w8a8.prefill(ids + want[:-1], w8a8.new_cache())
+    hits = sum(int(np.argmax(logits[len(ids) - 1 + i])) == t for i, t in enumerate(want))
+    assert w8a8.teacher_forced("ab", want) == pytest.approx(hits / len(want))
+    with pytest.raises(ValueError, match="continuation"):
+        fp32.teacher_forced("ab", [])
