@@ -5,6 +5,9 @@
   pattern owns the dequantize of its inputs, so every consumer gets its own copy.
 * ``int8_data_movement``: Flatten/Reshape/Transpose between QDQ pairs with the same
   parameters run on the int8 tensor instead of dequantize -> op -> quantize.
+* ``dedup_moves``: a dequantize feeding only the function's outputs gets its own copy of
+  the int8 reshape/permute_dims chain it reads when others read that chain too (an LLM's
+  new V rows: the cache concat takes its copy in, ``spec.moved``).
 * ``table_chains`` (``table_chains.py``): element-wise chains on one int8 tensor
   (sigmoid, SiLU, GELU, hardswish, ...) become exact 256-entry table lookups.
 * ``canonicalize_clip``: TVM's ONNX importer turns Clip (opset >= 11) into
@@ -115,6 +118,70 @@ def dedup_dequantize(mod: tvm.IRModule) -> tvm.IRModule:
                   if _is_op(val, "relax.dequantize") and counts.get(v, 0) > 1}
         if shared:
             new = _DedupDequantize(mod, shared).visit_expr(func)
+            mod[gv] = relax.analysis.remove_all_unused(new)
+    return mod
+
+
+_MOVES = ("relax.reshape", "relax.permute_dims")
+
+
+@mutator
+class _DedupMoves(PyExprMutator):
+    def __init__(self, mod: tvm.IRModule, targets: list[relax.Call], var2val: dict):
+        super().__init__(mod)
+        self.targets, self.var2val = targets, var2val
+
+    def _chain_copy(self, v: relax.Var) -> relax.Expr:
+        """A fresh copy of the int8 move chain ending in ``v``."""
+        val = self.var2val.get(v)
+        if not (isinstance(val, relax.Call) and any(_is_op(val, m) for m in _MOVES)):
+            return self.visit_expr(v)
+        src = val.args[0]
+        arg = self._chain_copy(src) if isinstance(src, relax.Var) else self.visit_expr(src)
+        return self.builder_.emit(relax.Call(val.op, [arg, *val.args[1:]], val.attrs,
+                                             val.ty_args), name_hint=f"{v.name}_c")
+
+    def visit_call_(self, call: relax.Call) -> relax.Expr:  # noqa: N802 (TVM visitor name)
+        new = super().visit_call_(call)
+        if not any(call.same_as(t) for t in self.targets):
+            return new
+        return relax.Call(new.op, [self._chain_copy(call.args[0]), *new.args[1:]], new.attrs,
+                          new.ty_args, new.span)
+
+
+def _call_read(func: relax.Function) -> set[relax.Var]:
+    """Vars some call reads (directly or as a field of an inline tuple argument)."""
+    out: set[relax.Var] = set()
+
+    def visit(e: relax.Expr) -> None:
+        if isinstance(e, relax.Call):
+            for a in e.args:
+                if isinstance(a, relax.Var):
+                    out.add(a)
+                elif isinstance(a, relax.Tuple):
+                    out.update(f for f in a.fields if isinstance(f, relax.Var))
+
+    relax.analysis.post_order_visit(func.body, visit)
+    return out
+
+
+def dedup_moves(mod: tvm.IRModule) -> tvm.IRModule:
+    """A dequantize that only feeds the function's outputs (an LLM step's new V rows)
+    gets its own copy of the int8 move chain it reads when other readers share that chain
+    (the cache concat takes its copy in)."""
+    for gv, func in list(mod.functions.items()):
+        if not isinstance(func, relax.Function):
+            continue
+        var2val, read = _var2val(func), _call_read(func)
+        counts = _use_counts(func)
+        targets = [val for v, val in var2val.items()
+                   if _is_op(val, "relax.dequantize") and v not in read
+                   and isinstance(val.args[0], relax.Var)
+                   and counts.get(val.args[0], 0) > 1
+                   and any(_is_op(var2val.get(val.args[0]), m) for m in _MOVES)
+                   and str(val.args[0].ty.dtype) == "int8"]
+        if targets:
+            new = _DedupMoves(mod, targets, var2val).visit_expr(func)
             mod[gv] = relax.analysis.remove_all_unused(new)
     return mod
 
@@ -297,4 +364,5 @@ def prepare(mod: tvm.IRModule) -> tvm.IRModule:
     # the importer emits no dataflow block around control flow (ONNX If), and the
     # patterns only fuse inside dataflow blocks: regroup the pure bindings into them
     mod = relax.transform.ConvertToDataflow()(mod)
-    return dedup_dequantize(table_chains(int8_data_movement(canonicalize_clip(mod))))
+    return dedup_moves(dedup_dequantize(table_chains(int8_data_movement(
+        canonicalize_clip(mod)))))

@@ -8,6 +8,8 @@ has rank >= 2 and is read as rows of its last axis. REQUANT factors as conv2d's:
 from __future__ import annotations
 
 import numpy as np
+from tvm import relax
+from tvm.ir.expr import GenericConst
 from tvm.relax.dpl import DFPattern, is_const, is_op, wildcard
 
 from dsa_tvm.hw.config import HardwareConfig
@@ -23,9 +25,25 @@ from .weights import weight_constraints
 
 
 def _merged_heads() -> DFPattern:
-    """permute_dims then reshape (attention's head merge), or a permute_dims alone."""
+    """permute_dims then reshape (attention's head merge), a permute_dims alone, or a
+    reshape alone of an attention matmul's output (the head merge of one token, where the
+    transpose moves an axis of extent 1)."""
     x = is_op("relax.permute_dims")(wildcard())
-    return is_op("relax.reshape")(x, wildcard()) | x
+    return is_op("relax.reshape")(x, wildcard()) | x | is_op("relax.reshape")(wildcard(),
+                                                                           wildcard())
+
+
+def _attention_output(r: Reader, expr) -> bool:
+    """``quantize(matmul(dq(a), dq(b)))`` of two activations: rows, never an NCHW image
+    (inside a composite its input is a parameter: the partitioner checked it already)."""
+    if isinstance(r.value(expr), relax.Var):
+        return True
+    qz = r.call(expr, "relax.quantize")
+    mm = r.call(qz.args[0], "relax.matmul") if qz is not None else None
+    return mm is not None and all(r.call(a, "relax.dequantize") is not None
+                                  and not isinstance(r.value(r.call(a, "relax.dequantize")
+                                                             .args[0]), GenericConst)
+                                  for a in mm.args)
 
 
 def _pattern(bias: bool, act_name: str | None, flat: bool = False,
@@ -70,6 +88,10 @@ def _read(r: Reader, root: Root, flat: bool = False, merged: bool = False) -> Ma
     x = _flat_input(r, op.args[0]) if flat else r.operand(op.args[0], moves=merged)
     if merged and not x.moves:
         raise NotAMatch("no head merge before the dense")
+    if merged and len(x.moves) == 1 and x.moves[0][1] == tuple(range(len(x.moves[0][1]))) \
+            and not _attention_output(r, x.expr):
+        raise NotAMatch("a reshape alone before a dense is a head merge only after an "
+                        "attention matmul")
     kind = "dense_flat" if flat else "dense_merged" if merged else "dense"
     return root.match(kind, op, [x], weight=w,
                       weight_transposed=perm is not None, bias=bias, act=fused)

@@ -25,8 +25,8 @@ from dsa_tvm.layers.layouts import TO_CHANNELS_LAST, layout_permute, rows_view
 from tir_schedules.kinds.movement import rows_concat_axis, slice_reason
 
 from .common import Constraint, common_constraints
-from .match import Match, Reader, Root
-from .spec import Kind, dq, q
+from .match import Match, NotAMatch, Reader, Root
+from .spec import Kind, dq, moved, q
 
 #: concat inputs the table has patterns for (larger first)
 CONCAT_INPUTS = (4, 3, 2)
@@ -50,14 +50,24 @@ def _same_grid(m: Match, cfg: HardwareConfig) -> str | None:
 
 # ----------------------------------------------------------------------------- concat
 def _concat_variants() -> list[tuple[str, DFPattern]]:
-    return [(f"{k}_inputs", q(is_op("relax.concat")(is_tuple([dq() for _ in range(k)]))))
-            for k in CONCAT_INPUTS]
+    # rows (a KV cache) may take their inputs' int8 moves in (the new rows' head split)
+    rows = ("2_inputs_moved", q(is_op("relax.concat")(is_tuple([dq(moved()), dq(moved())]))))
+    return [rows] + [(f"{k}_inputs", q(is_op("relax.concat")(is_tuple([dq() for _ in
+                                                                       range(k)]))))
+                     for k in CONCAT_INPUTS]
 
 
 def _read_concat(r: Reader, root: Root) -> Match:
     op = r.need(root.body, "relax.concat")
     tup = r.value(op.args[0])
-    return root.match("concat", op, [r.operand(f) for f in tup.fields])
+    ins = [r.operand(f, moves=True) for f in tup.fields]
+    m = root.match("concat", op, ins)
+    if any(o.moves for o in ins) and not _rows_axis(m):
+        m = root.match("concat", op, [r.operand(f) for f in tup.fields])
+        if any(r.call(r.need(f, "relax.dequantize").args[0], "relax.reshape",
+                      "relax.permute_dims") is not None for f in tup.fields):
+            raise NotAMatch("moves before a channel concat stay outside it")
+    return m
 
 
 def _axis(m: Match) -> int:

@@ -88,3 +88,17 @@ def test_rotary_chains_run_on_the_dsa_bit_exact(edge):
             assert np.abs(env[ly.output.name].astype(np.float64) - want).max() <= 1
             checked += 1
     assert checked
+
+
+def test_a_decode_step_is_one_launch_on_default():
+    """A tiny Llama whose half head (16 codes) is a whole block on ``default``: with the
+    rotary chains, the cache concats and the head moves in the region, the decode step is
+    one DSA launch, bit-exact against the integer reference."""
+    from dsa_tvm.llm.model import CompiledLLM
+    from dsa_tvm.llm.source import TINY, Source, tiny_llama
+
+    model = CompiledLLM(Source(TINY, tiny_llama(0, heads=2, kv_heads=1), None), "default",
+                        "w8a8", **BUCKETS)
+    gen = model.generate(PROMPT, max_new_tokens=3)
+    assert [s.launches for s in gen.decode] == [1, 1]
+    assert_steps_bit_exact(model, gen.ids[:1])
