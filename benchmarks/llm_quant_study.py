@@ -32,6 +32,7 @@ class Scheme:
     weight_bits: int | None = 8       # None: FP32 weights
     group: int | None = None          # input rows per weight scale (None: per output channel)
     act: bool = False                 # linear inputs int8 per token
+    static: bool = False              # linear inputs int8 per tensor, calibrated (not per token)
     smooth: float | None = None       # SmoothQuant's alpha
     pow2: bool = False                # per-token scales rounded up to a power of two
     kv: bool = False                  # K/V projections' outputs int8 per token and head
@@ -50,6 +51,9 @@ SCHEMES = {
     "W8 A8/token SQ0.5 +KV": Scheme(act=True, smooth=0.5, kv=True),
     "W8/g32 A8/token SQ0.5 +KV": Scheme(group=32, act=True, smooth=0.5, kv=True),
     "W8 A8/token SQ0.5 +residual": Scheme(act=True, smooth=0.5, residual=True),
+    "W8 A8/tensor": Scheme(static=True),
+    "W8 A8/tensor SQ0.5": Scheme(static=True, smooth=0.5),
+    "W8 A8/tensor SQ0.5 +KV": Scheme(static=True, smooth=0.5, kv=True),
     "W4/g32 A8/token SQ0.5": Scheme(weight_bits=4, group=32, act=True, smooth=0.5),
 }
 
@@ -83,12 +87,16 @@ class FakeQuantLinear(nn.Module):
         self.weight = nn.Parameter(weights(w, scheme.weight_bits, scheme.group),
                                    requires_grad=False)
         self.bias, self.scheme = lin.bias, scheme
+        # one calibrated scale for the whole (smoothed) input: the DSA's static grids
+        self.step = float((amax / (self.smooth if self.smooth is not None else 1)).max()) / 127
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if self.smooth is not None:
             x = x / self.smooth
         if self.scheme.act:
             x = per_row(x, pow2=self.scheme.pow2)
+        elif self.scheme.static:
+            x = (x / self.step).round().clamp(-127, 127) * self.step
         return nn.functional.linear(x, self.weight, self.bias)
 
 
