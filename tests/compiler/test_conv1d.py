@@ -120,6 +120,24 @@ def test_conv1d_residual_add_stays_in_the_region():
     _check_against_references(qm, ex, rep, feed)
 
 
+def test_conv1d_channel_concat_is_a_channel_concat():
+    """Two conv1d branches concatenated on axis 1 of their (N, C, W) outputs: the concat
+    takes the convs' height-1 image view (channels), not the rows view of a 3-D concat on
+    its second-to-last axis (a KV cache's), and the model stays bit-exact."""
+    rng = np.random.default_rng(2)
+    inits = {"W1": rand(rng, 16, 4, 3, scale=0.5), "W2": rand(rng, 8, 4, 1, scale=0.5),
+             "W3": rand(rng, 4, 24, 1)}
+    nodes = [node("Conv", ["x", "W1"], ["c1"], kernel_shape=[3], pads=[1, 1], name="c1"),
+             node("Conv", ["x", "W2"], ["c2"], kernel_shape=[1], name="c2"),
+             node("Concat", ["c1", "c2"], ["cat"], axis=1, name="cat"),
+             node("Conv", ["cat", "W3"], ["y"], kernel_shape=[1], name="head")]
+    qm, ex, rep, feed = _compile(make_model(nodes, inits, {"x": (1, 4, 20)}, {"y": None}))
+    cats = [ly for d in rep.regions if d.target == "dsa" for ly in d.region.layers
+            if type(ly).__name__ == "Concat"]
+    assert cats and all(len(c.output.shape) == 4 and c.axis == 1 for c in cats), str(rep)
+    _check_against_references(qm, ex, rep, feed)
+
+
 def test_grouped_conv1d_falls_back_with_a_reason():
     """groups = 2 (neither 1 nor depthwise) stays on the CPU with the groups constraint named."""
     model = conv1d_net(8, 8, 16, 3, 1, (1, 1), 1, 2, True, "relu")
