@@ -312,6 +312,8 @@ def main() -> None:
     ap.add_argument("--lite0-exact", action="store_true",
                     help="check EfficientNet-Lite0 in the exact part even without cnn")
     args = ap.parse_args()
+    if args.digital < 0:
+        ap.error(f"--digital {args.digital}: pass 0 (no layer kept digital) or more")
     args.parts = set(args.parts.split(","))
     SEARCH.update(adc=tuple(int(v) for v in args.adc.split(",")),
                   noise=tuple(float(v) for v in args.noise.split(",")),
