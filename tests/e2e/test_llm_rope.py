@@ -102,3 +102,15 @@ def test_a_decode_step_is_one_launch_on_default():
     gen = model.generate(PROMPT, max_new_tokens=3)
     assert [s.launches for s in gen.decode] == [1, 1]
     assert_steps_bit_exact(model, gen.ids[:1])
+    # tables beyond the bound they were compiled for: an error naming them, not numbers
+    import tvm
+
+    from dsa_tvm.llm.feeds import step_feeds
+
+    _, vm = model.executable(1, 16)
+    feeds = step_feeds(model.hf, model.arch, [5], 3, 1, 16, model.new_cache())
+    feeds["sin"] = feeds["sin"] * 1.5
+    args = [tvm.runtime.tensor(np.ascontiguousarray(feeds[n]))
+            for n in model.arch.input_names(16)]
+    with pytest.raises(Exception, match="rotary table 'sin' .* beyond the bound 1"):
+        vm["main"](*args)
