@@ -15,6 +15,7 @@ from dataclasses import dataclass, fields, replace
 
 DEPTHWISE_ENGINES = ("auto", "vector", "array")
 OFFLOAD_POLICIES = ("faster", "all")
+ROWS_CONCAT = ("dsa", "host")
 
 
 @dataclass(frozen=True)
@@ -29,6 +30,11 @@ class CompileOptions:
     #: the launch overhead beats the host estimate) or "all" (every region that compiles:
     #: to measure the DSA on work a host would win, e.g. weight-bound LLM decode)
     offload: str = "faster"
+    #: where a concat along the second-to-last axis (an LLM's KV cache and its new rows)
+    #: runs: "dsa" (the movement room, in the region) or "host" (before the region: the
+    #: host then hands the joined cache over in the tiles the attention reads, where the
+    #: region would copy it and lay it out again; see docs/llm.md)
+    rows_concat: str = "dsa"
 
     def __post_init__(self) -> None:
         if self.depthwise_engine not in DEPTHWISE_ENGINES:
@@ -37,6 +43,9 @@ class CompileOptions:
         if self.offload not in OFFLOAD_POLICIES:
             raise ValueError(f"offload must be one of {', '.join(OFFLOAD_POLICIES)}, "
                              f"got {self.offload!r}")
+        if self.rows_concat not in ROWS_CONCAT:
+            raise ValueError(f"rows_concat must be one of {', '.join(ROWS_CONCAT)}, "
+                             f"got {self.rows_concat!r}")
         gain = self.fold_min_gain
         if isinstance(gain, bool) or not isinstance(gain, (int, float)) or math.isnan(gain) \
                 or gain <= 0:

@@ -127,7 +127,7 @@ class CompiledLLM:
                  calibration: tuple[str, ...] = DEFAULT_CALIBRATION,
                  prefill_buckets: tuple[int, ...] = PREFILL,
                  context_buckets: tuple[int, ...] = CONTEXT, offload: str = "all",
-                 verbose: bool = False) -> None:
+                 rows_concat: str = "host", verbose: bool = False) -> None:
         from ..hw.config import load_config
 
         if quant not in QUANTS:
@@ -136,6 +136,10 @@ class CompiledLLM:
         #: "all": every region that compiles runs on the DSA, though the cost model would
         #: keep decode's weight-bound, launch-bound regions on the host (options.offload)
         self.offload = CompileOptions(offload=offload).offload
+        #: "host": the cache concat runs before the region, which then reads the joined
+        #: cache as the attention's tiles once; "dsa" saves two launches a layer but copies
+        #: the cache through DRAM in the region (slower from context 128 on: docs/llm.md)
+        self.rows_concat = CompileOptions(rows_concat=rows_concat).rows_concat
         self.hf, self.arch = source.model, Arch.of(source.model)
         self.cfg = load_config(hw)
         self.prefill_buckets = check_buckets(prefill_buckets, "prefill_buckets")
@@ -234,7 +238,7 @@ class CompiledLLM:
 
             t0 = time.perf_counter()
             mod = self._step_module(tokens, cache)
-            with options(offload=self.offload):
+            with options(offload=self.offload, rows_concat=self.rows_concat):
                 ex = tvm.compile(mod, target=target(self.cfg))
             self.reports[key] = compile_report_of(compile_id_of(ex))  # newest: in full
             self._compiled[key] = (ex, relax.VirtualMachine(ex, tvm.cpu()))

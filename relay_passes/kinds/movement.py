@@ -23,6 +23,7 @@ from dsa_tvm.hw.config import HardwareConfig
 from dsa_tvm.layers.ir import Concat, Layer, Permute, QTensor, Resize, Slice
 from dsa_tvm.layers.layouts import TO_CHANNELS_LAST, layout_permute, rows_view
 from tir_schedules.kinds.movement import rows_concat_axis, slice_reason
+from tir_schedules.options import current_options
 
 from .common import Constraint, common_constraints
 from .match import Match, NotAMatch, Reader, Root
@@ -86,6 +87,9 @@ def _concat_axis(m: Match, cfg: HardwareConfig) -> str | None:
         return (f"concat of {len(m.out_shape)}-D tensors on axis {_axis(m)}: the DSA "
                 f"concatenates the channels (axis 1) of NCHW images, or rows along the "
                 f"second-to-last axis")
+    if _rows_axis(m) and current_options().rows_concat == "host":
+        return ("a concat of rows (second-to-last axis) kept on the host by "
+                "options(rows_concat='host')")
     return None
 
 

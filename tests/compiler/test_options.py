@@ -45,6 +45,7 @@ def test_options_do_not_leak_into_other_threads():
     ({"fold_min_gain": float("nan")}, "fold_min_gain must be a number > 0"),
     ({"fold_min_gain": "2"}, "fold_min_gain must be a number > 0"),
     ({"offload": "always"}, "offload must be one of faster, all"),
+    ({"rows_concat": "cpu"}, "rows_concat must be one of dsa, host"),
 ])
 def test_bad_values_are_refused_with_the_allowed_ones(bad, match):
     with pytest.raises(ValueError, match=match), dsa_tvm.options(**bad):

@@ -28,7 +28,7 @@ from .test_llm_decode import BUCKETS, PROMPT, assert_steps_bit_exact  # noqa: E4
 
 @pytest.fixture(scope="module")
 def edge():
-    return load("tiny", hw="edge", **BUCKETS)
+    return load("tiny", hw="edge", rows_concat="dsa", **BUCKETS)
 
 
 def _ropes(model) -> dict[tuple, list[Rope]]:
@@ -97,11 +97,23 @@ def test_a_decode_step_is_one_launch_on_default():
     from dsa_tvm.llm.model import CompiledLLM
     from dsa_tvm.llm.source import TINY, Source, tiny_llama
 
-    model = CompiledLLM(Source(TINY, tiny_llama(0, heads=2, kv_heads=1), None), "default",
-                        "w8a8", **BUCKETS)
+    source = Source(TINY, tiny_llama(0, heads=2, kv_heads=1), None)
+    model = CompiledLLM(source, "default", "w8a8", rows_concat="dsa", **BUCKETS)
     gen = model.generate(PROMPT, max_new_tokens=3)
     assert [s.launches for s in gen.decode] == [1, 1]
     assert_steps_bit_exact(model, gen.ids[:1])
+    # the default keeps the cache concats on the host (the region would copy the cache
+    # through DRAM): the report says so, the tokens and the launches' bits are the same
+    host = CompiledLLM(source, "default", "w8a8", **BUCKETS)
+    assert host.rows_concat == "host"
+    hgen = host.generate(PROMPT, max_new_tokens=3)
+    assert hgen.ids == gen.ids
+    assert all(s.launches > 1 for s in hgen.decode)
+    decode = host.reports[(1, 16)]
+    assert not any(isinstance(ly, Concat) for d in decode.regions if d.target == "dsa"
+                   for ly in d.region.layers)
+    assert "rows_concat='host'" in str(decode)
+    assert_steps_bit_exact(host, hgen.ids[:1])
     # tables beyond the bound they were compiled for: an error naming them, not numbers
     import tvm
 
