@@ -83,7 +83,10 @@ def pack_region_input(name: str, x: np.ndarray, io: dict, block_in: int,
         return {name: pack_table(name, x, io[ROPE_TABLE], block_out)}
     if "weight_tiles" in io:
         spec = io["weight_tiles"]
-        b = x.reshape(spec["shape"])
+        b = x
+        for view, perm in spec.get("steps", ()):     # the region's movement, on the host
+            b = np.transpose(b.reshape(view), perm)
+        b = b.reshape(spec["shape"])
         out = {name: weight_tiles(b, block_in, block_out)}
         if spec["column_sums"]:
             out[name + COLSUM] = column_sum_rows(b, spec["column_sums"], block_out)

@@ -2,9 +2,9 @@
 
 An on-device matmul reads its second operand as the array's weight tiles, made in the
 region by a ``weight_tiles`` :class:`Permute`: a DRAM round trip (read the rows, write the
-tiles, read them back). When that operand is a region input that nothing else reads and
-the movement only re-lays it out (no permutation), the host can hand it over as tiles
-already, as it does for a host-packed matmul's operand, and the movement goes: decode's V
+tiles, read them back). When that operand is a region input that nothing else reads, the
+host can move it (the Permute's steps: K^T's transpose, V's re-layout) and hand it over
+as tiles already, as it does for a host-packed matmul's operand, and the movement goes: decode's V
 cache is read once, in the layout the attention reads (``host_pack``'s ``weight_tiles``
 entry; the column sums for the first operand's zero point come with it).
 """
@@ -24,8 +24,7 @@ def host_tiled_inputs(region: Region) -> dict[str, Permute]:
     out = {}
     for ly in region.layers:
         if (isinstance(ly, Permute) and ly.weight_tiles and ly.input.name in inputs
-                and ly.input.name not in outputs and readers.get(ly.input.name) == 1
-                and not ly.then and ly.perm == tuple(range(len(ly.perm)))):
+                and ly.input.name not in outputs and readers.get(ly.input.name) == 1):
             out[ly.input.name] = ly
     return out
 
@@ -38,6 +37,9 @@ def without_movements(region: Region, tiled: dict[str, Permute]) -> Region:
 
 
 def io_entry(p: Permute) -> dict:
-    """The program's ``io`` note the runtime packs the input by (``host_pack``)."""
+    """The program's ``io`` note the runtime packs the input by (``host_pack``): the
+    movement's (view, perm) steps (a transpose such as K^T's is the host's to do as well),
+    then the tiles."""
     return {"shape": list(p.output.shape), "column_sums": int(p.column_sums),
-            "tiles": p.output.name}
+            "tiles": p.output.name,
+            "steps": [[list(view), list(perm)] for view, perm in p.steps()]}
