@@ -35,6 +35,8 @@ class Scheme:
     static: bool = False              # linear inputs int8 per tensor, calibrated (not per token)
     smooth: float | None = None       # SmoothQuant's alpha
     pow2: bool = False                # per-token scales rounded up to a power of two
+    shared: bool = False              # one smoothing factor per input: Q/K/V share one,
+    #                                   gate/up one (what folding into the producer allows)
     kv: bool = False                  # K/V projections' outputs int8 per token and head
     residual: bool = False            # every layer's output (the residual stream) int8 per token
 
@@ -49,6 +51,8 @@ SCHEMES = {
     "W8/g32 A8/token SQ0.5": Scheme(group=32, act=True, smooth=0.5),
     "W8 A8/token SQ0.5 pow2": Scheme(act=True, smooth=0.5, pow2=True),
     "W8 A8/token SQ0.5 +KV": Scheme(act=True, smooth=0.5, kv=True),
+    "W8 A8/token SQ0.5 shared": Scheme(act=True, smooth=0.5, shared=True),
+    "W8 A8/token SQ0.5 shared +KV": Scheme(act=True, smooth=0.5, shared=True, kv=True),
     "W8/g32 A8/token SQ0.5 +KV": Scheme(group=32, act=True, smooth=0.5, kv=True),
     "W8 A8/token SQ0.5 +residual": Scheme(act=True, smooth=0.5, residual=True),
     "W8 A8/tensor": Scheme(static=True),
@@ -76,13 +80,15 @@ def weights(w: torch.Tensor, bits: int, group: int | None) -> torch.Tensor:
 
 
 class FakeQuantLinear(nn.Module):
-    def __init__(self, lin: nn.Linear, scheme: Scheme, amax: torch.Tensor):
+    def __init__(self, lin: nn.Linear, scheme: Scheme, amax: torch.Tensor,
+                 wmax: torch.Tensor | None = None):
         super().__init__()
         w = lin.weight.data
         self.smooth = None
         if scheme.smooth is not None:
             a = scheme.smooth
-            self.smooth = amax.clamp(min=1e-5) ** a / w.abs().amax(0).clamp(min=1e-5) ** (1 - a)
+            wm = w.abs().amax(0) if wmax is None else wmax
+            self.smooth = amax.clamp(min=1e-5) ** a / wm.clamp(min=1e-5) ** (1 - a)
             w = w * self.smooth
         self.weight = nn.Parameter(weights(w, scheme.weight_bits, scheme.group),
                                    requires_grad=False)
@@ -134,11 +140,13 @@ class Study:
         for h in self.hooks:
             h.remove()
         self.hooks = []
+        maxima = self._shared_maxima() if scheme.shared else {}
         for name, lin in self.linears.items():
             parent, attr = (name.rsplit(".", 1) if "." in name else ("", name))
             owner = self.hf.get_submodule(parent) if parent else self.hf
+            amax, wmax = maxima.get(name, (self.amax[name], None))
             setattr(owner, attr, lin if scheme.weight_bits is None
-                    else FakeQuantLinear(lin, scheme, self.amax[name]))
+                    else FakeQuantLinear(lin, scheme, amax, wmax))
         head = self.hf.config.head_dim
         for layer in self.hf.model.layers:
             if scheme.residual:
@@ -150,6 +158,22 @@ class Study:
                     self.hooks.append(proj.register_forward_hook(
                         lambda _m, _i, o, h=head: per_row(o.reshape(*o.shape[:-1], -1, h))
                         .reshape(o.shape)))
+
+    def _shared_maxima(self) -> dict[str, tuple[torch.Tensor, torch.Tensor]]:
+        """Per linear layer, the input and weight-column maxima over the layers reading
+        the same input (Q/K/V; gate/up): one smoothing factor each input."""
+        groups: dict[str, list[str]] = {}
+        for name in self.linears:
+            owner, leaf = name.rsplit(".", 1) if "." in name else ("", name)
+            share = "qkv" if leaf in ("q_proj", "k_proj", "v_proj") else \
+                "gate_up" if leaf in ("gate_proj", "up_proj") else leaf
+            groups.setdefault(f"{owner}:{share}", []).append(name)
+        out = {}
+        for names in groups.values():
+            amax = torch.stack([self.amax[n] for n in names]).amax(0)
+            wmax = torch.stack([self.linears[n].weight.data.abs().amax(0) for n in names]).amax(0)
+            out.update({n: (amax, wmax) for n in names})
+        return out
 
     @torch.no_grad()
     def greedy(self, prompt: str, n: int = 32) -> list[int]:
