@@ -104,8 +104,8 @@ def _load_onnx(path: Path):
 
     try:
         return convert(path)
-    except QatError as e:
-        raise CliError(f"'{path}': {e}") from None
+    except QatError as e:   # name the file once: load's errors already do
+        raise CliError(str(e) if str(path) in str(e) else f"'{path}': {e}") from None
 
 
 def _side(net, spec: str) -> int:

@@ -52,7 +52,6 @@ def sensitivity(bench, cfg: HardwareConfig, limit: int | None = 2,
     return rows
 
 
-
 def analog_share(launches: list, names: list[str]) -> tuple[float, float]:
     """(share of MACs, share of weight bytes) of a run's analog layers that ``names`` holds:
     what keeping them digital takes back from the crossbars."""
