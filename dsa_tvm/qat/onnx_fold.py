@@ -25,6 +25,18 @@ import torch
 from torch import fx
 
 
+def _called(gm: fx.GraphModule, n: fx.Node) -> torch.nn.Module | None:
+    """The module a ``call_module`` node calls (looked up now: the passes replace some)."""
+    return gm.get_submodule(str(n.target)) if n.op == "call_module" else None
+
+
+def _tidy(gm: fx.GraphModule) -> None:
+    """Drop the nodes and submodules a rewrite left unused, and regenerate the code."""
+    gm.graph.eliminate_dead_code()
+    gm.delete_all_unused_submodules()
+    gm.recompile()
+
+
 def _fetch(gm: fx.GraphModule, target: str) -> Any:
     obj: Any = gm
     for part in target.split("."):
@@ -65,7 +77,7 @@ def _static_pads(gm: fx.GraphModule, consts: dict[fx.Node, Any]) -> None:
     from onnx2torch.node_converters.pad import OnnxPadDynamic, OnnxPadStatic, _onnx_padding_to_torch
 
     for n in gm.graph.nodes:
-        m = gm.get_submodule(str(n.target)) if n.op == "call_module" else None
+        m = _called(gm, n)
         if not isinstance(m, OnnxPadDynamic) or m.mode != "constant" or n.kwargs or \
                 len(n.args) < 2 or not all(a in consts for a in n.args[1:]):
             continue
@@ -95,9 +107,7 @@ def fold_constants(gm: fx.GraphModule) -> int:
         with gm.graph.inserting_before(n):
             n.replace_all_uses_with(gm.graph.get_attr(name))
         folded += 1
-    gm.graph.eliminate_dead_code()
-    gm.delete_all_unused_submodules()
-    gm.recompile()
+    _tidy(gm)
     return folded
 
 
@@ -110,7 +120,7 @@ def batch_flatten(gm: fx.GraphModule, example: tuple[torch.Tensor, ...]) -> int:
     ShapeProp(gm).propagate(*example)
     count = 0
     for n in gm.graph.nodes:
-        m = gm.get_submodule(str(n.target)) if n.op == "call_module" else None
+        m = _called(gm, n)
         if type(m).__name__ != "OnnxReshape" or len(n.args) != 2 or \
                 n.args[1].op != "get_attr" or "tensor_meta" not in n.args[0].meta:
             continue
@@ -124,9 +134,7 @@ def batch_flatten(gm: fx.GraphModule, example: tuple[torch.Tensor, ...]) -> int:
             gm.add_submodule(str(n.target), torch.nn.Flatten(1))
             n.args = (n.args[0],)
             count += 1
-    gm.graph.eliminate_dead_code()
-    gm.delete_all_unused_submodules()
-    gm.recompile()
+    _tidy(gm)
     return count
 
 
@@ -137,13 +145,13 @@ def matmul_bias(gm: fx.GraphModule) -> int:
     count."""
     count = 0
     for n in list(gm.graph.nodes):
-        m = gm.get_submodule(str(n.target)) if n.op == "call_module" else None
+        m = _called(gm, n)
         if type(m).__name__ != "OnnxMatMul" or len(n.args) != 2 or n.args[1].op != "get_attr" \
                 or len(n.users) != 1:
             continue
         w = _fetch(gm, str(n.args[1].target))
         (add,) = n.users
-        a = gm.get_submodule(str(add.target)) if add.op == "call_module" else None
+        a = _called(gm, add)
         if w.dim() != 2 or type(a).__name__ != "OnnxBinaryMathOperation" or \
                 a.math_op_function is not torch.add or a.broadcast == 1 or len(add.args) != 2:
             continue
@@ -160,9 +168,7 @@ def matmul_bias(gm: fx.GraphModule) -> int:
         add.replace_all_uses_with(n)
         gm.graph.erase_node(add)
         count += 1
-    gm.graph.eliminate_dead_code()
-    gm.delete_all_unused_submodules()
-    gm.recompile()
+    _tidy(gm)
     return count
 
 
@@ -172,7 +178,7 @@ def inline_sequential(gm: fx.GraphModule) -> int:
     pad folds into the convolution as a ``ZeroPad2d`` does. Returns the count."""
     count = 0
     for n in list(gm.graph.nodes):
-        m = gm.get_submodule(str(n.target)) if n.op == "call_module" else None
+        m = _called(gm, n)
         if not isinstance(m, torch.nn.Sequential) or len(n.args) != 1 or n.kwargs or not len(m):
             continue
         x = n.args[0]
