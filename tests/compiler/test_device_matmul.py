@@ -94,57 +94,37 @@ def test_lane_splitting_moves_are_refused_with_the_reason():
 
 
 @pytest.mark.parametrize("preset", ["default", "large"])
+@pytest.mark.parametrize("transposed", [False, True])
 @FEW
 @given(heads=st.integers(1, 3), width_blocks=st.integers(1, 2), seq=st.integers(1, 70),
        m=st.integers(1, 9), za=st.sampled_from([0, -128, 5]), seed=st.integers(0, 2**31 - 1))
-def test_operand_the_host_tiles_is_read_once_and_bit_exact(preset, heads, width_blocks, seq,
-                                                           m, za, seed):
-    """V arriving per head as a region input (decode's cache): the host lays it out as
-    weight tiles (with the column sums for P's zero point), the movement leaves the
-    program, and the outputs stay bit-exact; V's bytes are read once, never written."""
+def test_operand_the_host_tiles_is_read_once_and_bit_exact(preset, transposed, heads,
+                                                           width_blocks, seq, m, za, seed):
+    """Decode's cache arriving per head as a region input: V (rows of head width, P @ V)
+    or K, which the host also transposes to K^T (q @ K^T). The host lays it out as weight
+    tiles (with the column sums for the first operand's zero point), the movement leaves
+    the program, and the outputs stay bit-exact; the cache's bytes are read once, never
+    written."""
     from dsa_tvm.lowering.region import compile_region
 
     cfg = CFGS[preset]
     width = width_blocks * cfg.block_in
-    p = L.QTensor("p", (heads, m, seq), 0.05, za)
-    v = _sym("v", (heads, seq, width))
-    b = _sym("b", (heads, seq, width))
-    tiles = L.Permute("tiles", v, b, (heads, seq, width), (0, 1, 2), weight_tiles=True,
+    cache = _sym("c", (heads, seq, width))
+    if transposed:      # scores: q (m, width) @ K^T (width, seq)
+        a, reduced, n, perm = L.QTensor("a", (heads, m, width), 0.05, za), width, seq, (0, 2, 1)
+    else:               # context: P (m, seq) @ V (seq, width)
+        a, reduced, n, perm = L.QTensor("a", (heads, m, seq), 0.05, za), seq, width, (0, 1, 2)
+    b = _sym("b", (heads, reduced, n))
+    tiles = L.Permute("tiles", cache, b, (heads, seq, width), perm, weight_tiles=True,
                       column_sums=-za)
-    y = L.QTensor("y", (heads, m, width), 0.1, 3)
-    mm = L.BatchMatmul("mm", p, b, y, _requant(1 / (8 * seq)), on_device=True)
-    reg = region([p, v], [tiles, mm])
+    y = L.QTensor("y", (heads, m, n), 0.1, 3)
+    mm = L.BatchMatmul("mm", a, b, y, _requant(1 / (8 * reduced)), on_device=True)
+    reg = region([a, cache], [tiles, mm])
     check(reg, cfg, np.random.default_rng(seed))
     prog = compile_region(reg, cfg).program
-    assert prog.meta["io"]["v"]["weight_tiles"]["column_sums"] == -za
+    io = prog.meta["io"]["c"]["weight_tiles"]
+    assert io["column_sums"] == -za
+    assert io["steps"] == [[[heads, seq, width], list(perm)]]
     assert [ly["name"] for ly in prog.meta["layers"]] == ["mm"]
     assert not prog.regions_of("scratch")   # no tiles written to DRAM and read back
-    assert {r.name for r in prog.regions_of("input")} == {"p", "v"} | ({"v#colsum"} if za else set())
-
-
-@pytest.mark.parametrize("preset", ["default", "large"])
-@FEW
-@given(heads=st.integers(1, 3), width_blocks=st.integers(1, 2), seq=st.integers(1, 70),
-       m=st.integers(1, 9), za=st.sampled_from([0, -128, 5]), seed=st.integers(0, 2**31 - 1))
-def test_transposed_operand_the_host_tiles_is_bit_exact(preset, heads, width_blocks, seq,
-                                                        m, za, seed):
-    """K arriving per head as a region input (decode's cache, rows of head width): the
-    host transposes it to K^T and lays it out as weight tiles, the movement leaves the
-    program, the scores stay bit-exact and K's bytes are read once."""
-    from dsa_tvm.lowering.region import compile_region
-
-    cfg = CFGS[preset]
-    width = width_blocks * cfg.block_in
-    q = L.QTensor("q", (heads, m, width), 0.05, za)
-    k = _sym("k", (heads, seq, width))
-    kt = _sym("kt", (heads, width, seq))
-    tiles = L.Permute("tiles", k, kt, (heads, seq, width), (0, 2, 1), weight_tiles=True,
-                      column_sums=-za)
-    y = L.QTensor("y", (heads, m, seq), 0.1, 3)
-    mm = L.BatchMatmul("mm", q, kt, y, _requant(1 / (8 * width)), on_device=True)
-    reg = region([q, k], [tiles, mm])
-    check(reg, cfg, np.random.default_rng(seed))
-    prog = compile_region(reg, cfg).program
-    assert prog.meta["io"]["k"]["weight_tiles"]["steps"] == [[[heads, seq, width], [0, 2, 1]]]
-    assert [ly["name"] for ly in prog.meta["layers"]] == ["mm"]
-    assert not prog.regions_of("scratch")
+    assert {r.name for r in prog.regions_of("input")} == {"a", "c"} | ({"c#colsum"} if za else set())
