@@ -90,13 +90,14 @@ class HardwareConfig:
         return self.acc_kib * 1024 // self.acc_row_bytes
 
     @cached_property
-    def _element_bytes(self) -> tuple[int, int, int, int, int, int]:
+    def _element_bytes(self) -> tuple[int, int, int, int, int, int, int]:
         return (self.inp_row_bytes, self.wgt_tile_bytes, self.acc_row_bytes, self.block_out,
-                self.wgt_tile_bytes // 2, self.sparse_tile_bytes)
+                self.wgt_tile_bytes // 2, self.sparse_tile_bytes, 2 * self.block_out)
 
     def element_bytes(self, buffer: int) -> int:
         """Bytes of one addressing unit of a LOAD/STORE ``Buffer`` (INP, WGT, ACC, ACC8,
-        WGT4: a weight tile of int4 codes, two a byte; WGTS: a compressed N:M tile)."""
+        WGT4: a weight tile of int4 codes, two a byte; WGTS: a compressed N:M tile; ACC16:
+        a row of block_out int16 values)."""
         return self._element_bytes[buffer]
 
     # --- structured sparsity

@@ -6,7 +6,12 @@ from typing import TYPE_CHECKING
 
 from .encoding import encode_instruction
 from .instructions import Alu, AluOp, Deps, Finish, Gemm, Instruction, Load, Norm, Store, Sync
-from .semantics import split_clip_imm, split_requant_imm
+from .semantics import (
+    REQUANT_IMM_RESERVED,
+    requant_imm_is_wide,
+    split_clip_imm,
+    split_requant_imm,
+)
 
 if TYPE_CHECKING:
     from ..hw.config import HardwareConfig
@@ -47,9 +52,12 @@ def disassemble_one(ins: Instruction) -> str:
             b = ins.b_base
             try:
                 zp, lo, hi = split_requant_imm(ins.imm)
-                stage = f"zp {zp}, clamp [{lo}, {hi}]"
+                wide = " wide" if requant_imm_is_wide(ins.imm) else ""
+                stage = f"zp {zp}, clamp{wide} [{lo}, {hi}]"
             except ValueError:
-                stage = f"imm {ins.imm & 0xFFFFFFFF:#010x} (invalid: bits 24-31 set)"
+                why = ("bits 25-31 set" if ins.imm & REQUANT_IMM_RESERVED
+                       else "wide with bits 8-23 set")
+                stage = f"imm {ins.imm & 0xFFFFFFFF:#010x} (invalid: {why})"
             src = (f"acc[{ins.a_base}] + bias acc[{b}], mult acc[{b + 1}], "
                    f"shift acc[{b + 2}], {stage}")
         elif ins.op == AluOp.LUT:
@@ -66,7 +74,8 @@ def disassemble_one(ins: Instruction) -> str:
                 f"{_loops(ins.loops, ('dst', 'a', 'b'))}")
     elif isinstance(ins, Norm):
         text = (f"NORM   {ins.op.name:<9} acc[{ins.dst_base}] <- acc[{ins.src_base}] "
-                f"{ins.rows} rows x {ins.length}, in_zp {ins.in_zp}, "
+                f"{ins.rows} rows x {ins.length}{' int16' if ins.in_wide else ''}, "
+                f"in_zp {ins.in_zp}, "
                 f"params acc[{ins.param_base}...]")
     elif isinstance(ins, Sync):
         text = f"SYNC   {ins.on.name.lower()}"

@@ -32,7 +32,9 @@ Semantics (see `dsa_tvm/isa/instructions.py` and `dsa_tvm/isa/semantics.py`):
   than `x_size` (overlapping rows) or 0: every row then reads the same source
   row, a broadcast (one bias row copied to many accumulator rows, one
   zero-point row filling many input rows). INP/WGT loads run on the load
-  engine; ACC/ACC8 loads on the compute engine. A WGT4 load reads weight tiles
+  engine; ACC/ACC8/ACC16 loads on the compute engine (with `prefetch`, on the
+  load engine, ordered by tokens). ACC8 and ACC16 loads read int8 and int16
+  DRAM values and write them sign-extended into the int32 lanes. A WGT4 load reads weight tiles
   stored as int4 codes, two a byte (the even-indexed element in the low nibble),
   and writes them sign-extended as int8 tiles: half the DRAM bytes of WGT, the
   same scratchpad contents; only on parts with `[dram] int4_weights = true`.
@@ -42,7 +44,9 @@ Semantics (see `dsa_tvm/isa/instructions.py` and `dsa_tvm/isa/semantics.py`):
   for a 16x16 2:4 tile) and writes them expanded, zeros in the pruned places;
   only on parts with `[array] sparsity = "N:M"`.
 - **STORE** copies `y_size * x_size` accumulator rows to DRAM; ACC8 keeps the
-  low byte of each lane (values are clamped to int8 by REQUANT first).
+  low byte of each lane (values are clamped to int8 by REQUANT first), ACC16 the
+  low 16 bits (2 bytes a lane: a wide tensor such as an LLM's residual stream,
+  clamped to int16 by a wide REQUANT first).
 - **GEMM** runs a 4-level loop nest (level 0 outermost). At every point,
   `acc[a] += inp[i] @ wgt[w].T` with `a/i/w = base + sum(index_k * stride_k)`:
   one `block_in`-element input row times one `block_out x block_in` weight tile
@@ -59,8 +63,11 @@ Semantics (see `dsa_tvm/isa/instructions.py` and `dsa_tvm/isa/semantics.py`):
   `dst = clamp(rshift_round(wrap32(a + bias) * mult, shift) + zp, lo, hi)`
   with per-lane `bias`, `mult`, `shift` (0..62) from rows b, b + 1, b + 2 and
   the immediate packing `zp` (bits 0-7), `lo` (bits 8-15) and `hi` (bits 16-23),
-  each a signed int8; bits 24-31 must be zero. The product is exact (64 bits)
-  and `rshift_round` rounds half up. ReLU is `lo = zp`; ReLU6 also lowers `hi`.
+  each a signed int8, and the wide flag (bit 24); bits 25-31 must be zero. The
+  product is exact (64 bits) and `rshift_round` rounds half up. ReLU is `lo = zp`;
+  ReLU6 also lowers `hi`. Wide (bit 24 set): the clamp is int16, `lo = -32768`,
+  `hi = 32767`, the zero point still added, bits 8-23 zero (else the program is
+  refused); its results are int16 codes for an ACC16 store.
 - **LUT** is the activation table unit: `dst = table[clamp(a, -128, 127) + 128]`,
   the table being 256 int32 entries packed `block_out` to a row from row b on
   (an ACC8 LOAD of 256 int8 codes fills it). Every b stride is 0 (one table per
@@ -68,8 +75,10 @@ Semantics (see `dsa_tvm/isa/instructions.py` and `dsa_tvm/isa/semantics.py`):
   The compiler fills the table with the exact result of a dequantize -> elementwise
   -> quantize chain on each of the 256 input codes (sigmoid, SiLU, GELU, ...).
 - **NORM** runs the `[norm]` units (only parts with `[norm] norm_units >= 1` have
-  them): `rows` rows of `length` int8 codes (int32 lanes, clamped to int8; a row
-  spans `ceil(length / block_out)` accumulator rows from `src_base`, the last one
+  them): `rows` rows of `length` int8 codes (int32 lanes, clamped to int8; with
+  `in_wide` int16 codes, clamped to int16, e.g. an ACC16-loaded residual stream,
+  at the same cost; the integer math is exact in int64 for both; a row spans
+  `ceil(length / block_out)` accumulator rows from `src_base`, the last one
   padded) become their integer softmax, LayerNorm or RMSNorm (`dsa_tvm/isa/intnorm.py`:
   I-BERT i-exp, table + Newton reciprocal and inverse square root), written in the
   same layout from `dst_base` (equal to `src_base`: in place; otherwise disjoint),

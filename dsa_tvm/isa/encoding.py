@@ -134,7 +134,8 @@ def from_fields(f: dict[str, int], index: int = 0) -> Instruction:
     if op == Opcode.NORM:
         return Norm(op=_enum(index, NormOp, f["norm_op"], "norm_op"), dst_base=f["dst_base"],
                     src_base=f["src_base"], param_base=f["param_base"], rows=f["rows"],
-                    length=f["length"], in_zp=f["in_zp"], deps=deps)
+                    length=f["length"], in_zp=f["in_zp"], in_wide=bool(f["in_wide"]),
+                    deps=deps)
     return Finish(deps=deps)
 
 

@@ -17,7 +17,7 @@ if TYPE_CHECKING:
 
 SRAM = ("inp", "wgt", "acc")
 BUF_SRAM = {Buffer.INP: "inp", Buffer.WGT: "wgt", Buffer.ACC: "acc", Buffer.ACC8: "acc",
-           Buffer.WGT4: "wgt", Buffer.WGTS: "wgt"}
+            Buffer.WGT4: "wgt", Buffer.WGTS: "wgt", Buffer.ACC16: "acc"}
 
 Range = tuple[str, int, int]  # (space, first, last) inclusive; space is a scratchpad or "dram"
 

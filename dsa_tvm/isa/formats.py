@@ -96,8 +96,8 @@ HEADER: tuple[FieldDef, ...] = (
 _SRAM_RULE = "address bits of the largest scratchpad"
 _DMA_COMMON = (
     FieldDef("buffer", _fixed(3), "INP=0 WGT=1 ACC=2 (int32 in DRAM) ACC8=3 (int8 in DRAM) "
-             "WGT4=4 (weight tiles, int4 in DRAM) WGTS=5 (weight tiles, compressed N:M in DRAM)",
-             width_rule="3"),
+             "WGT4=4 (weight tiles, int4 in DRAM) WGTS=5 (weight tiles, compressed N:M in DRAM) "
+             "ACC16=6 (int16 in DRAM)", width_rule="3"),
     FieldDef("sram_base", _any_sram, "first scratchpad row/tile", width_rule=_SRAM_RULE),
     FieldDef("dram_base", _dram, "first DRAM element (in elements of the buffer's type)",
              width_rule="32"),
@@ -118,12 +118,12 @@ LOAD_FORMAT = Format(Opcode.LOAD, _DMA_COMMON + (
     FieldDef("pad_right", _fixed(PAD_BITS), "padding elements after each row", width_rule=_pad_rule),
     FieldDef("pad_value", _fixed(8), "value of padding elements (int8, e.g. a zero point)",
              signed=True, width_rule="8"),
-    FieldDef("prefetch", _fixed(1), "ACC/ACC8: run on the load engine, overlapping compute "
+    FieldDef("prefetch", _fixed(1), "ACC/ACC8/ACC16: run on the load engine, overlapping compute "
              "(ordered by tokens); 0: on the compute engine, in order with it", width_rule="1"),
 ), "DRAM -> scratchpad, 2-D strided, with padding")
 
 STORE_FORMAT = Format(Opcode.STORE, _DMA_COMMON,
-                      "accumulator scratchpad -> DRAM, int32 or narrowed to int8")
+                      "accumulator scratchpad -> DRAM, int32 or narrowed to int16 or int8")
 
 
 def _gemm_fields() -> tuple[FieldDef, ...]:
@@ -164,7 +164,8 @@ def _alu_fields() -> tuple[FieldDef, ...]:
                         width_rule="acc address bits")]
     fs.append(FieldDef("imm", _fixed(IMM_BITS),
                        "immediate (int32); CLIP: lo/hi int16 halves; REQUANT: zp, lo, hi in "
-                       "bytes 0-2 (int8 each), byte 3 zero", signed=True,
+                       "bytes 0-2 (int8 each), bit 24 wide (int16 clamp; lo, hi zero), bits "
+                       "25-31 zero", signed=True,
                        width_rule=str(IMM_BITS)))
     return tuple(fs)
 
@@ -190,6 +191,9 @@ NORM_FORMAT = Format(Opcode.NORM, (
              "ceil(n / block_out) accumulator rows", width_rule=str(NORM_LENGTH_BITS)),
     FieldDef("in_zp", _fixed(8), "input zero point (int8; the norms subtract it, softmax "
              "ignores it)", signed=True, width_rule="8"),
+    # last, so a NORM of int8 codes has the word it had before the field existed
+    FieldDef("in_wide", _fixed(1), "rows hold int16 codes (clamped to int16, not int8; e.g. "
+             "an ACC16-loaded residual stream)", width_rule="1"),
 ), "softmax / LayerNorm / RMSNorm of accumulator rows on the [norm] units (compute engine)")
 
 FORMATS: dict[Opcode, Format] = {f.opcode: f for f in (

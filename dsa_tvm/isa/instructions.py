@@ -4,7 +4,7 @@ Six kinds, VTA-style decoupled access/execute:
 
 * ``LOAD``  DRAM -> scratchpad, 2-D strided, padding on load (load engine for
   INP/WGT, compute engine for ACC, as the accumulator belongs to compute).
-* ``STORE`` accumulator scratchpad -> DRAM, int32 or narrowed to int8 (store engine).
+* ``STORE`` accumulator scratchpad -> DRAM, int32 or narrowed to int16 or int8 (store engine).
 * ``GEMM``  a 4-level loop nest of MAC-array steps (compute engine).
 * ``ALU``   a 3-level loop nest of vector operations on accumulator rows (compute).
 * ``SYNC``  no work; carries dependency tokens on a chosen engine.
@@ -47,6 +47,12 @@ class Buffer(enum.IntEnum):
     #            (sign-extended on load; LOAD only, on parts with dram.int4_weights)
     WGTS = 5   # int8 tiles of block_out x block_in, DRAM compressed N:M (isa.sparse_tiles;
     #            expanded on load; LOAD only, on parts with array.sparsity)
+    ACC16 = 6  # int32 rows of block_out, DRAM int16 (sign-extended on load, low 16 bits on
+    #            store): a wide (residual-stream) tensor, 2 bytes a lane
+
+
+#: buffers whose LOAD writes (and STORE reads) accumulator rows: int32, int8 and int16 DRAM
+ACC_BUFFERS = frozenset({Buffer.ACC, Buffer.ACC8, Buffer.ACC16})
 
 
 class Engine(enum.IntEnum):
@@ -77,7 +83,9 @@ class AluOp(enum.IntEnum):
     #              shift) + zp, lo, hi), product exact in 64 bits, rounding half up. Per lane
     #              (per output channel): bias = row b, mult = row b + 1, shift = row b + 2
     #              (0..62). imm: zp = bits 0-7, lo = bits 8-15, hi = bits 16-23 (each signed
-    #              int8), bits 24-31 zero. Tensor form only. One pass does bias add,
+    #              int8), bit 24 wide, bits 25-31 zero. Wide (bit 24 set): the clamp is int16,
+    #              lo = -32768, hi = 32767 (the zp of bits 0-7 still added; bits 8-23 zero),
+    #              for int16 (ACC16) outputs. Tensor form only. One pass does bias add,
     #              requantize and a ReLU (lo = zp) or ReLU6 clamp.
     LUT = 10     # the activation table: dst = table[clamp(a, -128, 127) + 128]. The table is
     #              256 int32 entries packed into rows b, b + 1, ... (entry i in row b + i //
@@ -101,9 +109,11 @@ class NormOp(enum.IntEnum):
     The comment beside each member is its definition in the ISA reference."""
 
     SOFTMAX = 0    # dst = int_softmax(clamp(src, -128, 127)) per row (I-BERT i-exp, table +
-    #                Newton reciprocal); parameters: in_mult, in_shift, out_mult, out_shift, out_zp
+    #                Newton reciprocal); parameters: in_mult, in_shift, out_mult, out_shift,
+    #                out_zp. in_wide: clamp(src, -32768, 32767)
     LAYERNORM = 1  # dst = int_norm(clamp(src, -128, 127) - in_zp), centred; parameters: eps_term
-    #                (int64), frac, out_zp, per-channel gamma (int32) and beta (int64)
+    #                (int64), frac, out_zp, per-channel gamma (int32) and beta (int64). in_wide:
+    #                clamp(src, -32768, 32767), int16 codes (e.g. an ACC16-loaded residual)
     RMSNORM = 2    # as LAYERNORM, not centred (root mean square; sqrt(n) folded in gamma)
 
 
@@ -189,7 +199,7 @@ class Load:
     same source row, a broadcast, e.g. one bias row copied to many accumulator rows or
     one zero-point row filling many input rows.
 
-    ``prefetch`` (ACC/ACC8 only) queues the load on the load engine, where it overlaps
+    ``prefetch`` (ACC/ACC8/ACC16 only) queues the load on the load engine, where it overlaps
     compute; the program must then order it against the compute engine with tokens
     like any INP/WGT load. Without it an ACC load runs on the compute engine, in order
     with the instructions that read its rows (no tokens needed, no overlap).
@@ -217,7 +227,7 @@ class Load:
 
     @property
     def engine(self) -> Engine:
-        if self.buffer in (Buffer.ACC, Buffer.ACC8) and not self.prefetch:
+        if self.buffer in ACC_BUFFERS and not self.prefetch:
             return Engine.COMPUTE
         return Engine.LOAD
 
@@ -230,7 +240,7 @@ class Load:
 @dataclass(frozen=True)
 class Store:
     """Accumulator scratchpad -> DRAM, ``y_size`` x ``x_size`` rows read contiguously from
-    ``sram_base``; ACC stores int32, ACC8 the low byte of each lane."""
+    ``sram_base``; ACC stores int32, ACC8 the low byte of each lane, ACC16 its low 16 bits."""
 
     buffer: Buffer
     sram_base: int
@@ -328,7 +338,9 @@ class Norm:
     ``ceil(length / block_out)`` accumulator rows from ``src_base`` on, the last one
     padded) through the ``[norm]`` units' ``op``; results (int8 codes, lanes past
     ``length`` zero) to the same layout from ``dst_base`` (``dst_base = src_base``: in
-    place). The integer parameters are the block at ``param_base`` (``isa.norm_unit``)."""
+    place). The integer parameters are the block at ``param_base`` (``isa.norm_unit``).
+    ``in_wide``: the lanes hold int16 codes (clamped to int16 rather than int8), e.g. a
+    residual stream loaded by ACC16; the result is int8 codes either way."""
 
     op: NormOp
     dst_base: int
@@ -338,6 +350,7 @@ class Norm:
     length: int
     in_zp: int = 0
     deps: Deps = NO_DEPS
+    in_wide: bool = False
     opcode = Opcode.NORM
     engine = Engine.COMPUTE
 

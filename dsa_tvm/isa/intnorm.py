@@ -22,6 +22,16 @@ in input steps) or ``V = S2 + eps_term`` (RMSNorm); ``1/sqrt(V)`` by a 12-entry 
 seed on ``V`` normalized to [2**28, 2**30) plus three Newton steps; the normalized
 value in Q16 times a per-channel Q(FG) gamma plus beta, one rounding shift, zero
 point, saturate. (RMSNorm's ``sqrt(N)`` lives in its gamma.)
+
+Input width: the row functions take int8 codes, or int16 codes (NORM's ``in_wide``: a
+residual stream wider than int8) with the same integer math, exact in int64: with
+``|c| <= 2**15 + 128`` (an int8 zero point) and ``N <= MAX_ROW = 2**16``, ``S2 <=
+2**16 (2**15 + 128)**2 < 2**46.01``, LayerNorm's ``N*S2`` and ``S1**2`` are below
+``4.65e18`` and ``V`` (plus ``eps_term <= 2**58``) below ``4.94e18 < 2**63``;
+``int_rsqrt`` normalizes any ``V < 2**63`` (``e <= 17``); the normalized value's
+product ``num * r`` stays below ``2**33 * 2**18``; softmax's ``(q - max q) * in_mult``
+below ``2**17 * 2**31``. For codes within int8 the result is the int8 path's, bit for bit
+(the same function on the same integers).
 """
 
 from __future__ import annotations
@@ -122,7 +132,7 @@ def softmax_params(in_scale: float, out_scale: float, out_zp: int) -> SoftmaxPar
 
 
 def int_softmax(q: np.ndarray, zp: int, p: SoftmaxParams) -> np.ndarray:
-    """int8 softmax of int8 codes ``q`` over the last axis (the input zero point cancels
+    """int8 softmax of int8 (or int16) codes ``q`` over the last axis (the input zero point cancels
     in ``q - max(q)``; kept in the signature for symmetry)."""
     q = np.asarray(q, np.int64)
     if q.shape[-1] > MAX_ROW:
@@ -184,7 +194,7 @@ def norm_params(n: int, in_scale: float, eps: float, gamma, beta, out_scale: flo
 
 
 def int_norm(q: np.ndarray, zp: int, p: NormParams) -> np.ndarray:
-    """int8 LayerNorm (``p.center``) or RMSNorm of int8 codes over the last axis."""
+    """int8 LayerNorm (``p.center``) or RMSNorm of int8 (or int16) codes over the last axis."""
     c = np.asarray(q, np.int64) - np.int64(zp)
     n = c.shape[-1]
     s2 = (c * c).sum(axis=-1, keepdims=True)

@@ -106,10 +106,19 @@ def unpack_params(op: NormOp, block: np.ndarray, n: int):
     return inn.NormParams(op == NormOp.LAYERNORM, eps, gamma, beta, frac, out_zp)
 
 
-def apply(op: NormOp, x: np.ndarray, in_zp: int, params) -> np.ndarray:
+#: the codes the units read: int8, or int16 with NORM's ``in_wide``
+CODE_RANGE = {False: (-128, 127), True: (-(1 << 15), (1 << 15) - 1)}
+
+
+def apply(op: NormOp, x: np.ndarray, in_zp: int, params, in_wide: bool = False) -> np.ndarray:
     """The unit's result on ``x`` (rows of int32 lanes holding codes; clamped to int8
-    first, as the units read int8 codes): :mod:`dsa_tvm.isa.intnorm`."""
-    q = np.clip(np.asarray(x, np.int64), -128, 127).astype(np.int8)
+    first, as the units read int8 codes, or to int16 with ``in_wide``):
+    :mod:`dsa_tvm.isa.intnorm`, whose integer math is exact for int16 codes too (every
+    intermediate stays inside int64 for rows up to ``intnorm.MAX_ROW``). Softmax takes
+    wide rows as well (``q - max(q)`` then spans 17 bits; its product with ``in_mult``
+    stays below 2**48)."""
+    lo, hi = CODE_RANGE[bool(in_wide)]
+    q = np.clip(np.asarray(x, np.int64), lo, hi).astype(np.int16 if in_wide else np.int8)
     if op == NormOp.SOFTMAX:
         return inn.int_softmax(q, in_zp, params)
     return inn.int_norm(q, in_zp, params)

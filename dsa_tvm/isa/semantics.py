@@ -259,15 +259,32 @@ def pack_clip_imm(lo: int, hi: int) -> int:
     return word - (1 << 32) if word & (1 << 31) else word
 
 
-#: REQUANT immediate bits that must be zero (bits 24-31).
-REQUANT_IMM_RESERVED = 0xFF << 24
+INT16_MIN, INT16_MAX = -(1 << 15), (1 << 15) - 1
+#: REQUANT immediate bit 24: the wide output stage (clamp to int16, bits 8-23 zero)
+REQUANT_WIDE = 1 << 24
+#: REQUANT immediate bits that must be zero (bits 25-31).
+REQUANT_IMM_RESERVED = 0x7F << 25
 
 
-def pack_requant_imm(zero_point: int = 0, lo: int = INT8_MIN, hi: int = INT8_MAX) -> int:
+def pack_requant_imm(zero_point: int = 0, lo: int | None = None, hi: int | None = None, *,
+                     wide: bool = False) -> int:
     """The REQUANT immediate: ``zero_point`` in bits 0-7, ``lo`` in bits 8-15, ``hi`` in
-    bits 16-23, each a signed int8; bits 24-31 zero. ``lo <= hi`` is required
-    (ReLU: ``lo = zero_point``; no activation: ``-128, 127``)."""
-    for name, v in (("zero point", zero_point), ("lo", lo), ("hi", hi)):
+    bits 16-23, each a signed int8 (``lo``/``hi`` default to -128, 127); bits 24-31 zero.
+    ``lo <= hi`` is required (ReLU: ``lo = zero_point``; no activation: ``-128, 127``).
+
+    ``wide``: bit 24 set, the result clamps to int16 [-32768, 32767] (an int16 output, e.g.
+    the residual stream an ACC16 store writes); the zero point is still added, bits 8-23
+    stay zero, so ``lo``/``hi`` must be left out (or be exactly -32768, 32767)."""
+    if not INT8_MIN <= int(zero_point) <= INT8_MAX:
+        raise ValueError(f"REQUANT zero point must be int8 (-128..127), got {zero_point}")
+    if wide:
+        if (lo, hi) not in ((None, None), (INT16_MIN, INT16_MAX)):
+            raise ValueError(f"a wide REQUANT clamps to int16 [{INT16_MIN}, {INT16_MAX}]; its "
+                             f"clamp bounds are not programmable (got lo {lo}, hi {hi})")
+        return (int(zero_point) & 0xFF) | REQUANT_WIDE
+    lo = INT8_MIN if lo is None else lo
+    hi = INT8_MAX if hi is None else hi
+    for name, v in (("lo", lo), ("hi", hi)):
         if not INT8_MIN <= int(v) <= INT8_MAX:
             raise ValueError(f"REQUANT {name} must be int8 (-128..127), got {v}")
     if lo > hi:
@@ -275,10 +292,23 @@ def pack_requant_imm(zero_point: int = 0, lo: int = INT8_MIN, hi: int = INT8_MAX
     return (int(zero_point) & 0xFF) | ((int(lo) & 0xFF) << 8) | ((int(hi) & 0xFF) << 16)
 
 
+def requant_imm_is_wide(imm: int) -> bool:
+    """Whether a REQUANT immediate has the wide bit (24) set (int16 clamp)."""
+    return bool(int(imm) & REQUANT_WIDE)
+
+
 def split_requant_imm(imm: int) -> tuple[int, int, int]:
-    """(zero_point, lo, hi) of a REQUANT immediate; ValueError if bits 24-31 are set."""
+    """(zero_point, lo, hi) of a REQUANT immediate: the clamp it applies, int8 bounds from
+    bits 8-23, or with the wide bit (24) the int16 bounds -32768, 32767. ValueError if a
+    reserved bit (25-31) is set, or a wide immediate has bits 8-23 set."""
     imm = int(imm)
-    if imm & ~0xFFFFFF:
-        raise ValueError(f"REQUANT immediate {imm:#x} has bits 24-31 set; they must be zero "
-                         f"(zero point, lo, hi occupy bits 0-23)")
-    return _signed(imm & 0xFF, 8), _signed((imm >> 8) & 0xFF, 8), _signed((imm >> 16) & 0xFF, 8)
+    if imm & ~0x1FFFFFF:
+        raise ValueError(f"REQUANT immediate {imm & 0xFFFFFFFF:#x} has bits 25-31 set; they "
+                         f"must be zero (zero point, lo, hi occupy bits 0-23, wide bit 24)")
+    zp = _signed(imm & 0xFF, 8)
+    if imm & REQUANT_WIDE:
+        if imm & 0xFFFF00:
+            raise ValueError(f"wide REQUANT immediate {imm:#x} has bits 8-23 set; a wide "
+                             f"REQUANT clamps to int16, its lo and hi bytes must be zero")
+        return zp, INT16_MIN, INT16_MAX
+    return zp, _signed((imm >> 8) & 0xFF, 8), _signed((imm >> 16) & 0xFF, 8)

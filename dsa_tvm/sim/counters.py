@@ -68,7 +68,8 @@ def collect_counters(instrs: list[Instruction], sched: Schedule, footprints: lis
     kinds = dict.fromkeys(Opcode, 0)
     gemm_steps = alu_steps = lut_steps = 0
     rd = {b: 0 for b in ("inp", "wgt", "acc")}
-    wr = {"acc32": 0, "acc8": 0}
+    wr = {"acc32": 0, "acc8": 0, "acc16": 0}
+    wr_key = {Buffer.ACC8: "acc8", Buffer.ACC16: "acc16"}
     unit_of = {b: cfg.element_bytes(b) for b in Buffer}
     n_m = cfg.sparse_n_m
     sparse_share = n_m[0] / n_m[1] if n_m else 1.0
@@ -85,7 +86,7 @@ def collect_counters(instrs: list[Instruction], sched: Schedule, footprints: lis
         elif isinstance(ins, Load):
             rd[BUF_SRAM[ins.buffer]] += ins.y_size * ins.x_size * unit_of[ins.buffer]
         elif isinstance(ins, Store):
-            wr["acc8" if ins.buffer == Buffer.ACC8 else "acc32"] += (
+            wr[wr_key.get(ins.buffer, "acc32")] += (
                 ins.y_size * ins.x_size * unit_of[ins.buffer])
     for op in Opcode:
         c[f"instr.{op.name.lower()}"] = kinds[op]

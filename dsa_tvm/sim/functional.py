@@ -51,6 +51,8 @@ if TYPE_CHECKING:
 
 #: prepared weight matrices kept per machine (oldest evicted first)
 WEIGHT_CACHE_SIZE = 64
+#: the DRAM type a STORE narrows int32 lanes to (a C cast: the low bits, wrapped)
+_NARROW = {Buffer.ACC8: np.int8, Buffer.ACC16: np.int16}
 
 
 def _loop_order(ins: Alu) -> np.ndarray:
@@ -133,6 +135,8 @@ class Machine:
         if buffer == Buffer.WGTS:  # compressed N:M tiles; load() expands them
             size = cfg.sparse_tile_bytes
             return (size,), np.dtype(np.uint8), size, (1,)
+        if buffer == Buffer.ACC16:  # int16 lanes: sign-extended on load, low 16 bits stored
+            return (cfg.block_out,), np.dtype(np.int16), 2 * cfg.block_out, (2,)
         return (cfg.block_out,), np.dtype(np.int8), cfg.block_out, (1,)
 
     def _sram(self, buffer: Buffer) -> np.ndarray:
@@ -227,7 +231,7 @@ class Machine:
 
     def load_run(self, ins: Load, n: int, sram_step: int, dram_step: int) -> None:
         """``ins`` and the n - 1 loads like it that follow, each ``sram_step`` rows and
-        ``dram_step`` elements further (disjoint rows; INP, ACC or ACC8), in one copy."""
+        ``dram_step`` elements further (disjoint rows; INP, ACC, ACC8 or ACC16), in one copy."""
         sram = self._sram(ins.buffer)
         h = ins.pad_top + ins.y_size + ins.pad_bottom
         w = ins.pad_left + ins.x_size + ins.pad_right
@@ -256,7 +260,8 @@ class Machine:
         n = ins.y_size * ins.x_size
         rows = self.acc[:, ins.sram_base:ins.sram_base + n].reshape(
             self.batch, ins.y_size, ins.x_size, -1)
-        self._dram_window(ins)[...] = rows.astype(np.int8) if ins.buffer == Buffer.ACC8 else rows
+        narrow = _NARROW.get(ins.buffer)  # ACC8 / ACC16 keep the low 8 / 16 bits of a lane
+        self._dram_window(ins)[...] = rows.astype(narrow) if narrow is not None else rows
 
     def norm(self, i: int, ins: Norm) -> None:
         """The [norm] units on ``ins.rows`` rows: parameters from the block at
@@ -277,7 +282,7 @@ class Machine:
                     ins.op, self.acc[b, ins.param_base:ins.param_base + prow], n)
             x = self.acc[b, ins.src_base:ins.src_base + rows].reshape(ins.rows, span * bo)
             out = np.zeros((ins.rows, span * bo), np.int32)
-            out[:, :n] = norm_unit.apply(ins.op, x[:, :n], ins.in_zp, params)
+            out[:, :n] = norm_unit.apply(ins.op, x[:, :n], ins.in_zp, params, ins.in_wide)
             self.acc[b, ins.dst_base:ins.dst_base + rows] = out.reshape(rows, bo)
 
     def gemm(self, ins: Gemm) -> None:

@@ -59,7 +59,7 @@ class ReplayPlan:
 
 
 #: loads that may run together (a WGT load also keeps the weight-tile bookkeeping)
-RUN_BUFFERS = (Buffer.INP, Buffer.ACC, Buffer.ACC8)
+RUN_BUFFERS = (Buffer.INP, Buffer.ACC, Buffer.ACC8, Buffer.ACC16)
 
 
 def _load_key(ins: Load) -> tuple:

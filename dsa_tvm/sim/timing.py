@@ -17,8 +17,8 @@ its tokens and ends its trace slice at bus end + latency. Instructions retire in
 program order on every engine: one completes no earlier than the one before it
 on its engine, so a token still means "everything before me on my engine is
 done" (a SYNC issued behind transfers in flight takes its one cycle, frees the
-engine, and completes, pushing its tokens, when they do). ACC/ACC8 loads run on
-the compute engine, whose next instructions may read the rows being loaded and
+engine, and completes, pushing its tokens, when they do). ACC/ACC8/ACC16 loads run
+on the compute engine, whose next instructions may read the rows being loaded and
 have no token to wait with: they hold the compute engine until they complete,
 as any compute instruction; with ``prefetch`` set they run on the load engine
 like INP/WGT loads, overlapped with compute and ordered by tokens.

@@ -16,6 +16,7 @@ from typing import TYPE_CHECKING
 from ..isa.encoding import EncodeError, check_fields
 from ..isa.footprint import Footprint, footprint
 from ..isa.instructions import (
+    ACC_BUFFERS,
     TENSOR_ONLY_OPS,
     Alu,
     AluOp,
@@ -29,7 +30,7 @@ from ..isa.instructions import (
     Store,
 )
 from ..isa.intnorm import MAX_ROW
-from ..isa.semantics import REQUANT_IMM_RESERVED
+from ..isa.semantics import REQUANT_IMM_RESERVED, REQUANT_WIDE, split_requant_imm
 from .errors import SimulationError
 from .limits import check_cycle_total, check_nest_points
 from .sparse_check import check_sparse
@@ -37,6 +38,27 @@ from .sparse_check import check_sparse
 if TYPE_CHECKING:
     from ..hw.config import HardwareConfig
     from ..isa.program import Program
+
+#: REQUANT immediate bits past the int8 fields: a reserved one, or the wide bit (whose
+#: immediate must leave lo and hi zero)
+REQUANT_IMM_CHECKED = REQUANT_IMM_RESERVED | REQUANT_WIDE
+
+
+def _check_requant_imm(i: int, ins: Alu) -> None:
+    """A REQUANT immediate with a reserved bit (25-31) set, or wide (bit 24) with clamp
+    bounds in bits 8-23, is not an instruction the ALU runs."""
+    imm = ins.imm & 0xFFFFFFFF
+    if imm & REQUANT_IMM_RESERVED:
+        raise SimulationError(i, f"ALU REQUANT immediate {imm:#010x} has bits 25-31 set; they "
+                                 f"must be zero (zero point, lo and hi occupy bits 0-23, the "
+                                 f"wide flag bit 24)")
+    try:
+        split_requant_imm(imm)
+    except ValueError:
+        raise SimulationError(i, f"ALU REQUANT immediate {imm:#010x} is wide (bit 24) with "
+                                 f"bits 8-23 set; a wide REQUANT clamps to int16 and its lo, "
+                                 f"hi bytes must be zero") from None
+
 
 def _check_tokens(i: int, ins: Instruction) -> None:
     d = ins.deps
@@ -124,9 +146,9 @@ def validate_program(program: "Program", cfg: "HardwareConfig") -> list[Footprin
             if ins.y_size < 1 or ins.x_size < 1:
                 raise SimulationError(i, f"{name} moves nothing (y_size={ins.y_size}, "
                                          f"x_size={ins.x_size}); both must be >= 1")
-            if isinstance(ins, Store) and ins.buffer not in (Buffer.ACC, Buffer.ACC8):
-                raise SimulationError(i, f"STORE reads the accumulator only (buffer ACC or ACC8), "
-                                         f"got {ins.buffer.name}")
+            if isinstance(ins, Store) and ins.buffer not in ACC_BUFFERS:
+                raise SimulationError(i, f"STORE reads the accumulator only (buffer ACC, ACC8 or "
+                                         f"ACC16), got {ins.buffer.name}")
             if ins.buffer == Buffer.WGT4 and not cfg.int4_weights:
                 raise SimulationError(i, f"LOAD WGT4 reads int4 weights, which hardware "
                                          f"'{cfg.name}' cannot unpack ([dram] int4_weights = "
@@ -144,10 +166,8 @@ def validate_program(program: "Program", cfg: "HardwareConfig") -> list[Footprin
                                          f"accumulator; the immediate form is not allowed")
             if ins.op == AluOp.LUT:
                 _check_lut(i, ins, cfg)
-            if ins.op == AluOp.REQUANT and ins.imm & REQUANT_IMM_RESERVED:
-                raise SimulationError(i, f"ALU REQUANT immediate {ins.imm & 0xFFFFFFFF:#010x} has "
-                                         f"bits 24-31 set; they must be zero (zero point, lo and "
-                                         f"hi occupy bits 0-23)")
+            if ins.op == AluOp.REQUANT and ins.imm & REQUANT_IMM_CHECKED:
+                _check_requant_imm(i, ins)
         if isinstance(ins, Norm):
             _check_norm(i, ins, cfg)
         fp = footprint(ins, block_out=cfg.block_out)

@@ -53,6 +53,10 @@ def rand_int8(rng, shape):
     return rng.integers(-128, 128, shape, dtype=np.int8)
 
 
+def rand_int16(rng, shape):
+    return rng.integers(-(1 << 15), 1 << 15, shape, dtype=np.int16)
+
+
 def rand_int32(rng, shape, lo=-(1 << 31), hi=(1 << 31)):
     return rng.integers(lo, hi, shape, dtype=np.int64).astype(np.int32)
 

@@ -64,13 +64,17 @@ def output_stage_py(a: int, bias: int, mult: int, shift: int, zp: int = 0, lo: i
 
 
 def requant_imm_fields(imm: int) -> tuple[int, int, int]:
-    """(zp, lo, hi) of a REQUANT immediate: signed bytes 0, 1, 2 (byte 3 must be zero)."""
-    assert 0 <= imm < (1 << 24), hex(imm)
+    """(zp, lo, hi) of a REQUANT immediate: signed bytes 0, 1, 2; bit 24 (wide) set: the
+    clamp is int16 and bytes 1, 2 are zero; bits 25-31 must be zero."""
+    assert 0 <= imm < (1 << 25), hex(imm)
 
     def byte(k):
         v = (imm >> (8 * k)) & 0xFF
         return v - 256 if v >= 128 else v
 
+    if imm >> 24:  # wide
+        assert byte(1) == byte(2) == 0, hex(imm)
+        return byte(0), -(1 << 15), (1 << 15) - 1
     return byte(0), byte(1), byte(2)
 
 
@@ -157,6 +161,7 @@ class RefMachine:
                 Buffer.WGT: ((cfg.block_out, cfg.block_in), np.int8),
                 Buffer.ACC: ((cfg.block_out,), np.int32),
                 Buffer.ACC8: ((cfg.block_out,), np.int8),
+                Buffer.ACC16: ((cfg.block_out,), np.int16),
                 Buffer.WGT4: ((cfg.block_out, cfg.block_in), "int4"),
                 Buffer.WGTS: ((cfg.block_out, cfg.block_in), "n:m")}[buffer]
 
@@ -203,6 +208,8 @@ class RefMachine:
         n = self._elem_bytes(buffer)
         if buffer == Buffer.ACC8:
             raw = bytes(int(v) & 0xFF for v in row)        # the low byte of every lane
+        elif buffer == Buffer.ACC16:                       # the low 16 bits of every lane
+            raw = b"".join((int(v) & 0xFFFF).to_bytes(2, "little") for v in row)
         else:
             raw = b"".join((int(v) & 0xFFFFFFFF).to_bytes(4, "little") for v in row)
         assert len(raw) == n

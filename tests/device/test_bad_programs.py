@@ -50,7 +50,8 @@ def test_error_hierarchy():
 
 @pytest.mark.parametrize("name", PRESETS)
 @pytest.mark.parametrize("buffer,sram", [(Buffer.INP, "INP"), (Buffer.WGT, "WGT"),
-                                         (Buffer.ACC, "ACC"), (Buffer.ACC8, "ACC")])
+                                         (Buffer.ACC, "ACC"), (Buffer.ACC8, "ACC"),
+                                         (Buffer.ACC16, "ACC")])
 def test_load_past_scratchpad_end(name, buffer, sram):
     cfg = load_config(name)
     depth = {"INP": cfg.inp_depth, "WGT": cfg.wgt_depth, "ACC": cfg.acc_depth}[sram]
@@ -132,6 +133,33 @@ def test_store_into_const_region(default_cfg):
     c = b.region("k", "const", (2, cfg.block_out), "int32", data=np.zeros((2, cfg.block_out)))
     b.sync(Engine.COMPUTE, push_next=True)
     b.store(Buffer.ACC, 0, b.addr(c, Buffer.ACC), 1, 1, pop_prev=True)
+    _raises(cfg, b.build(), SimulationError, 1, "constant DRAM region 'k'")
+
+
+@pytest.mark.parametrize("kind", ["load", "store"])
+def test_acc16_transfers_span_two_bytes_a_lane(default_cfg, kind):
+    """ACC16 elements are 2 * block_out bytes: a region of 4 int8 rows holds 4 ACC8 rows but
+    only 2 ACC16 rows, so 3 run past it (refused as ACC8 past the region is); an ACC16 store
+    into a constant region is refused like any other."""
+    cfg = default_cfg
+    bo = cfg.block_out
+    assert cfg.element_bytes(Buffer.ACC16) == 2 * bo == 2 * cfg.element_bytes(Buffer.ACC8)
+    b = ProgramBuilder(cfg, "bad16")
+    r = b.region("a", "output", (4, bo), "int8")
+    b.sync(Engine.COMPUTE, push_next=True)
+    if kind == "load":
+        b.load(Buffer.ACC8, 0, b.addr(r, Buffer.ACC8), 1, 4)        # 4 int8 rows: fits
+        b.load(Buffer.ACC16, 0, b.addr(r, Buffer.ACC16), 1, 2)      # 2 int16 rows: fits
+        b.load(Buffer.ACC16, 0, b.addr(r, Buffer.ACC16), 1, 3)      # 3: past the region
+    else:
+        b.store(Buffer.ACC16, 0, b.addr(r, Buffer.ACC16), 1, 2, pop_prev=True)
+        b.store(Buffer.ACC16, 0, b.addr(r, Buffer.ACC16) + 1, 1, 2)
+    idx = len(b.instructions) - 1
+    _raises(cfg, b.build(), SimulationError, idx, "outside every DRAM region")
+    b = ProgramBuilder(cfg, "const16")
+    c = b.region("k", "const", (2, bo), "int16", data=np.zeros((2, bo), np.int16))
+    b.sync(Engine.COMPUTE, push_next=True)
+    b.store(Buffer.ACC16, 0, b.addr(c, Buffer.ACC16), 1, 1, pop_prev=True)
     _raises(cfg, b.build(), SimulationError, 1, "constant DRAM region 'k'")
 
 
@@ -294,23 +322,43 @@ def test_requant_immediate_form_rejected(default_cfg):
     _raises(cfg, b.build(), SimulationError, 0, "REQUANT", "immediate form is not allowed")
 
 
-@pytest.mark.parametrize("imm", [1 << 24, 0x7F7F807F, -1, -(1 << 31)])
+@pytest.mark.parametrize("imm", [1 << 25, 0x7F7F807F, -1, -(1 << 31)])
 def test_requant_immediate_reserved_bits(default_cfg, imm):
-    """Bits 24-31 of the REQUANT immediate must be zero: caught before anything runs, also
+    """Bits 25-31 of the REQUANT immediate must be zero: caught before anything runs, also
     for programs that went through the encoder (the word itself is well formed)."""
     cfg = default_cfg
     b = ProgramBuilder(cfg)
     b.sync(Engine.COMPUTE)
     b.alu(AluOp.REQUANT, 0, 0, 4, [(2, 1, 1, 0)], imm=imm)
     prog = b.build()
-    msg = _raises(cfg, prog, SimulationError, 1, "REQUANT immediate", "bits 24-31")
+    msg = _raises(cfg, prog, SimulationError, 1, "REQUANT immediate", "bits 25-31")
     assert f"{imm & 0xFFFFFFFF:#010x}" in msg
     decoded = Program.from_bytes(prog.to_bytes(cfg), cfg)       # encodes and decodes fine
-    _raises(cfg, decoded, SimulationError, 1, "REQUANT immediate", "bits 24-31")
+    _raises(cfg, decoded, SimulationError, 1, "REQUANT immediate", "bits 25-31")
     # the same with bits 24-31 clear runs
     b = ProgramBuilder(cfg)
     b.sync(Engine.COMPUTE)
     b.alu(AluOp.REQUANT, 0, 0, 4, [(2, 1, 1, 0)], imm=imm & 0xFFFFFF)
+    run(cfg, b.build())
+
+
+@pytest.mark.parametrize("imm", [(1 << 24) | 0x7F8000, (1 << 24) | 0x100, (1 << 24) | 0x10000,
+                                 (1 << 24) | 0x7F807F])
+def test_wide_requant_with_clamp_bytes_refused(default_cfg, imm):
+    """A wide REQUANT (bit 24) clamps to int16: bits 8-23 (the int8 lo, hi) must be zero,
+    refused before anything runs as a malformed reserved bit is; without them it runs."""
+    cfg = default_cfg
+    b = ProgramBuilder(cfg)
+    b.sync(Engine.COMPUTE)
+    b.alu(AluOp.REQUANT, 0, 0, 4, [(2, 1, 1, 0)], imm=imm)
+    prog = b.build()
+    msg = _raises(cfg, prog, SimulationError, 1, "REQUANT immediate", "wide", "bits 8-23")
+    assert f"{imm:#010x}" in msg
+    decoded = Program.from_bytes(prog.to_bytes(cfg), cfg)
+    _raises(cfg, decoded, SimulationError, 1, "REQUANT immediate", "wide", "bits 8-23")
+    b = ProgramBuilder(cfg)
+    b.sync(Engine.COMPUTE)
+    b.alu(AluOp.REQUANT, 0, 0, 4, [(2, 1, 1, 0)], imm=imm & ~0xFFFF00)
     run(cfg, b.build())
 
 

@@ -18,7 +18,7 @@ from dsa_tvm.isa.builder import ProgramBuilder
 from dsa_tvm.isa.instructions import Buffer, Gemm, Load
 from dsa_tvm.isa.program import INT4
 
-from .harness import gemm_path, prune_n_m, rand_int8, rand_int32, run, run_and_check
+from .harness import gemm_path, prune_n_m, rand_int8, rand_int16, rand_int32, run, run_and_check
 from .reference_machine import build_sequential, reference_outputs, wrap32
 
 I64 = np.int64
@@ -101,13 +101,14 @@ def test_load_wgt_2d_stride_and_padding(any_cfg):
     np.testing.assert_array_equal(res.outputs["out"], want.astype(np.int32))
 
 
-@pytest.mark.parametrize("buffer", [Buffer.ACC, Buffer.ACC8])
+@pytest.mark.parametrize("buffer", [Buffer.ACC, Buffer.ACC8, Buffer.ACC16])
 def test_load_acc_2d_stride_padding_and_sign_extension(any_cfg, buffer):
     cfg = any_cfg
     bo = cfg.block_out
     rng = np.random.default_rng(3)
-    dtype = np.int32 if buffer == Buffer.ACC else np.int8
-    data = (rand_int32(rng, (30, bo)) if buffer == Buffer.ACC else rand_int8(rng, (30, bo)))
+    dtype = {Buffer.ACC: np.int32, Buffer.ACC8: np.int8, Buffer.ACC16: np.int16}[buffer]
+    data = {Buffer.ACC: rand_int32, Buffer.ACC8: rand_int8, Buffer.ACC16: rand_int16}[buffer](
+        rng, (30, bo))
     data[0, 0] = np.iinfo(dtype).min
     data[1, 0] = np.iinfo(dtype).max
     ys, xs, stride, first = 3, 2, 4, 0
@@ -119,7 +120,7 @@ def test_load_acc_2d_stride_padding_and_sign_extension(any_cfg, buffer):
     b.load(buffer, 4, b.addr(rd, buffer) + first, ys, xs, stride, pad=PAD, pad_value=-128)
     b.store(Buffer.ACC, 4, b.addr(out, Buffer.ACC), 1, h * w)
     res = run(cfg, build_sequential(b), {"d": data})
-    sel = _window(data.astype(I64), first, ys, xs, stride)   # ACC8: sign-extended int8
+    sel = _window(data.astype(I64), first, ys, xs, stride)   # ACC8/16: sign-extended
     want = np.pad(sel, ((t, btm), (lft, rgt), (0, 0)), constant_values=-128).reshape(h * w, bo)
     np.testing.assert_array_equal(res.outputs["out"], want.astype(np.int32))
 
@@ -145,6 +146,38 @@ def test_store_acc_and_acc8_low_byte_with_stride(any_cfg):
     low = ((want32 & 0xFF) ^ 0x80) - 0x80                     # low byte, as a signed int8
     np.testing.assert_array_equal(res.outputs["o8"], low.astype(np.int8))
     assert list(res.outputs["o8"][1, 1, :4]) == [44, 56, -1, 0]
+
+
+def test_store_acc16_low_16_bits_with_stride(any_cfg):
+    """ACC16 keeps the low 16 bits of each lane (values past int16 wrap, as ACC8 keeps the
+    low byte) and writes 2 bytes a lane, strided; loading them back sign-extends: int16
+    values survive the round trip bit for bit, others come back as their low 16 bits."""
+    cfg = any_cfg
+    bo = cfg.block_out
+    rng = np.random.default_rng(5)
+    vals = rand_int32(rng, (6, bo))
+    vals[0, :8] = [32767, -32768, 32768, -32769, 65535, (1 << 31) - 1, -(1 << 31), 70000]
+    vals[1] = rand_int16(rng, bo)                               # a row inside int16
+    b = ProgramBuilder(cfg, "store16")
+    rv = b.region("v", "input", vals.shape, "int32")
+    o16 = b.region("o16", "output", (4, 5, bo), "int16")
+    back = b.region("back", "output", (6, bo), "int32")
+    b.load(Buffer.ACC, 10, b.addr(rv, Buffer.ACC), 1, 6)
+    b.store(Buffer.ACC16, 10, b.addr(o16, Buffer.ACC16) + 6, 2, 3, 5)
+    b.load(Buffer.ACC16, 40, b.addr(o16, Buffer.ACC16) + 6, 2, 3, 5)   # and back, widened
+    b.store(Buffer.ACC, 40, b.addr(back, Buffer.ACC), 1, 6)
+    res, _ = run_and_check(cfg, build_sequential(b), {"v": vals})
+    want = np.zeros((4, 5, bo), np.int64)
+    want[1:3, 1:4] = vals.reshape(2, 3, bo)
+    low = ((want & 0xFFFF) ^ 0x8000) - 0x8000                 # low 16 bits, signed
+    np.testing.assert_array_equal(res.outputs["o16"], low.astype(np.int16))
+    assert list(res.outputs["o16"][1, 1, :8]) == [32767, -32768, -32768, 32767, -1, -1, 0,
+                                                 70000 - 65536]
+    np.testing.assert_array_equal(res.outputs["back"], low[1:3, 1:4].reshape(6, bo))
+    np.testing.assert_array_equal(res.outputs["back"][1], vals[1])   # int16: exact
+    # the bytes in DRAM: little-endian 16-bit words, 2 a lane
+    assert res.outputs["o16"].tobytes()[2 * bo * 6:2 * bo * 6 + 4] == bytes([0xFF, 0x7F, 0x00,
+                                                                             0x80])
 
 
 # ----------------------------------------------------------------------------- GEMM
@@ -531,9 +564,11 @@ def test_property_load_store_windows_match_loop_reference(data, cfg_name, buffer
     rng = np.random.default_rng(seed)
     shapes = {Buffer.INP: ((n_src, bi), "int8"), Buffer.WGT: ((n_src, bo, bi), "int8"),
               Buffer.ACC: ((n_src, bo), "int32"), Buffer.ACC8: ((n_src, bo), "int8"),
-              Buffer.WGT4: ((n_src, bo, bi), INT4), Buffer.WGTS: ((n_src, bo, bi), "sparse2:4")}
+              Buffer.WGT4: ((n_src, bo, bi), INT4), Buffer.WGTS: ((n_src, bo, bi), "sparse2:4"),
+              Buffer.ACC16: ((n_src, bo), "int16")}
     shape, dtype = shapes[buffer]
-    src = (rand_int32(rng, shape) if dtype == "int32" else rand_int8(rng, shape))
+    src = (rand_int32(rng, shape) if dtype == "int32" else rand_int16(rng, shape)
+           if dtype == "int16" else rand_int8(rng, shape))
     if buffer == Buffer.WGTS:  # a 2:4 array, the same description otherwise
         cfg = with_overrides(cfg, ["array.sparsity=2:4"])
     b = ProgramBuilder(cfg, "dma")
@@ -566,5 +601,7 @@ def test_property_load_store_windows_match_loop_reference(data, cfg_name, buffer
     gap = draw(st.integers(0, 3), label="gap")
     out8 = b.region("out8", "output", (y2, x2 + gap, bo), "int8")
     b.store(Buffer.ACC8, acc_base, b.addr(out8, Buffer.ACC8), y2, x2, x2 + gap)
+    out16 = b.region("out16", "output", (y2, x2 + gap, bo), "int16")    # and as int16
+    b.store(Buffer.ACC16, acc_base, b.addr(out16, Buffer.ACC16), y2, x2, x2 + gap)
     prog = build_sequential(b)
     run_and_check(cfg, prog, {} if buffer in (Buffer.WGT4, Buffer.WGTS) else {"src": src})

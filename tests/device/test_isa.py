@@ -338,7 +338,11 @@ def test_disassembler_shows_the_output_stage_and_broadcasts():
                            "shift acc[102], zp -3, clamp [-3, 9]")
     assert "10:dst2,a2,b0 x 2:dst1,a1,b3" in text
     bad = disassemble_one(Alu(AluOp.REQUANT, 0, 0, 4, imm=-1))
-    assert "imm 0xffffffff (invalid: bits 24-31 set)" in bad
+    assert "imm 0xffffffff (invalid: bits 25-31 set)" in bad
+    bad_wide = disassemble_one(Alu(AluOp.REQUANT, 0, 0, 4, imm=(1 << 24) | 0x7F8000))
+    assert "imm 0x017f8000 (invalid: wide with bits 8-23 set)" in bad_wide
+    wide = disassemble_one(Alu(AluOp.REQUANT, 0, 0, 4, imm=pack_requant_imm(-3, wide=True)))
+    assert "zp -3, clamp wide [-32768, 32767]" in wide
     clip = disassemble_one(Alu(AluOp.CLIP, 1, 1, use_imm=True, imm=pack_clip_imm(0, 6)))
     assert "#[0, 6]" in clip
     bcast = disassemble_one(Load(Buffer.ACC, 8, 40, 6, 1, 0))

@@ -207,9 +207,9 @@ def test_pack_requant_imm_range_checks(args, msg):
         sem.pack_requant_imm(*args)
 
 
-@pytest.mark.parametrize("imm", [1 << 24, 0x7F000000, -1, -(1 << 31), 0x12345678])
+@pytest.mark.parametrize("imm", [1 << 25, 0x7F000000, -1, -(1 << 31), 0x12345678])
 def test_split_requant_imm_rejects_reserved_bits(imm):
-    with pytest.raises(ValueError, match="bits 24-31"):
+    with pytest.raises(ValueError, match="bits 25-31"):
         sem.split_requant_imm(imm)
 
 
@@ -305,8 +305,10 @@ def test_alu_apply_hand_values():
               imm=sem.pack_requant_imm(2, 2, 30)) == [30, 2, 2]   # fused ReLU + upper clamp
     with pytest.raises(ValueError):
         sem.alu_apply(15, d, a, b)
-    with pytest.raises(ValueError, match="bits 24-31"):
-        ap(AluOp.REQUANT, b2=b, b3=b, imm=1 << 24)
+    with pytest.raises(ValueError, match="bits 25-31"):
+        ap(AluOp.REQUANT, b2=b, b3=b, imm=1 << 25)
+    with pytest.raises(ValueError, match="bits 8-23"):    # wide with int8 clamp bounds
+        ap(AluOp.REQUANT, b2=b, b3=b, imm=sem.REQUANT_WIDE | 0x7F8000)
 
 
 @settings(max_examples=200, deadline=None)

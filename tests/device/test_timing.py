@@ -35,7 +35,7 @@ def _builder(cfg, rows=64):
 
 @pytest.mark.parametrize("name", PRESETS)
 @pytest.mark.parametrize("buffer,n", [(Buffer.INP, 5), (Buffer.WGT, 3), (Buffer.ACC, 4),
-                                      (Buffer.ACC8, 7)])
+                                      (Buffer.ACC8, 7), (Buffer.ACC16, 6)])
 def test_single_load_cost(name, buffer, n):
     cfg = load_config(name)
     b, r = _builder(cfg)
@@ -43,11 +43,13 @@ def test_single_load_cost(name, buffer, n):
     b.finish()
     res = run(cfg, b.build(), timing_only=True)
     nbytes = n * {Buffer.INP: cfg.block_in, Buffer.WGT: cfg.block_in * cfg.block_out,
-                  Buffer.ACC: 4 * cfg.block_out, Buffer.ACC8: cfg.block_out}[buffer]
+                  Buffer.ACC: 4 * cfg.block_out, Buffer.ACC8: cfg.block_out,
+                  Buffer.ACC16: 2 * cfg.block_out}[buffer]
     want = math.ceil(nbytes / cfg.bandwidth_bytes_per_cycle) + cfg.latency_cycles
     assert (res.schedule.start[0], res.schedule.end[0]) == (0, want)
     # FINISH: compute engine, one cycle, after the accumulator load when it is on compute
-    finish_start = want if buffer in (Buffer.ACC, Buffer.ACC8) else cfg.dispatch_cycles
+    finish_start = (want if buffer in (Buffer.ACC, Buffer.ACC8, Buffer.ACC16)
+                    else cfg.dispatch_cycles)
     assert res.schedule.start[1] == finish_start and res.schedule.end[1] == finish_start + 1
     assert res.cycles == max(want, finish_start + 1)
 
