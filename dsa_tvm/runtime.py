@@ -271,7 +271,8 @@ def launch(*args: Any) -> None:
         want = tuple(prog.meta["io"][name]["shape"])
         if x.shape != want and x.size == int(np.prod(want)):
             x = x.reshape(want)  # a batch matmul operand with its leading dimensions flattened
-        dtype = np.float32 if ROPE_TABLE in prog.meta["io"][name] else np.int8
+        io = prog.meta["io"][name]
+        dtype = np.float32 if ROPE_TABLE in io else np.dtype(io.get("dtype", "int8"))
         if x.shape != want or x.dtype != dtype:
             raise RuntimeError(f"dsa.launch of '{prog.name}': input '{name}' must be "
                                f"{np.dtype(dtype).name}{list(want)}, got "

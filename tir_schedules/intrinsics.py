@@ -14,6 +14,8 @@ import tvm
 from tvm.script import tirx as T
 
 from dsa_tvm.isa.instructions import AluOp
+from dsa_tvm.isa.semantics import pack_requant_imm
+from dsa_tvm.layers.ir import WIDE_CLIP
 
 from .names import (
     CALL_ALU,
@@ -24,12 +26,6 @@ from .names import (
     SCOPE_INP,
     SCOPE_WGT,
 )
-
-try:
-    from dsa_tvm.isa.semantics import pack_requant_imm
-except ImportError:  # TEMP until the fused REQUANT lands
-    def pack_requant_imm(zp: int, lo: int, hi: int) -> int:
-        return (zp & 0xFF) | ((lo & 0xFF) << 8) | ((hi & 0xFF) << 16)
 
 
 class _Script:
@@ -93,9 +89,11 @@ def requant_intrin(block_out: int, zero_point: int, lo: int, hi: int,
     """One accumulator row through the output stage (bias, scale, zero point, clamp).
 
     ``src_dtype`` int8: the source row was loaded from int8 DRAM (ACC8, widened on
-    load), as when a layer requantizes its input directly (Rescale)."""
+    load), as when a layer requantizes its input directly (Rescale). ``(lo, hi)`` =
+    ``WIDE_CLIP``: REQUANT's wide mode (an int16 output)."""
     bo = block_out
-    imm = pack_requant_imm(zero_point, lo, hi)
+    wide = (lo, hi) == WIDE_CLIP
+    imm = pack_requant_imm(zero_point, wide=True) if wide else pack_requant_imm(zero_point, lo, hi)
     name = f"dsa.requant_{bo}_{zero_point}_{lo}_{hi}_{src_dtype}"
 
     def src(x):

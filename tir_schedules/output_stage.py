@@ -9,13 +9,16 @@ from __future__ import annotations
 
 from tvm import s_tir, te, tirx
 
+from dsa_tvm.layers.ir import WIDE_CLIP
+
 from .intrinsics import requant_intrin
 from .names import SCALAR_REQUANT, SCOPE_ACC
 
 
 def requant_stage(acc: te.Tensor, params: te.Tensor, zp: int, clip: tuple[int, int],
                   widen: bool = False) -> te.Tensor:
-    """The ``requant`` and ``y`` stages after ``acc`` (``widen``: int8 ``acc``)."""
+    """The ``requant`` and ``y`` stages after ``acc`` (``widen``: a narrower ``acc``,
+    widened on load); ``y`` is int16 when ``clip`` is REQUANT's wide mode."""
     lo, hi = clip
 
     def rq_value(*idx):
@@ -25,7 +28,8 @@ def requant_stage(acc: te.Tensor, params: te.Tensor, zp: int, clip: tuple[int, i
                                      params[ob, 1, o], params[ob, 2, o], zp, lo, hi)
 
     rq = te.compute(acc.shape, rq_value, name="requant")
-    return te.compute(acc.shape, lambda *i: rq(*i).astype("int8"), name="y")
+    out = "int16" if tuple(clip) == WIDE_CLIP else "int8"
+    return te.compute(acc.shape, lambda *i: rq(*i).astype(out), name="y")
 
 
 def place_output(sch: s_tir.Schedule, s, src_dtype: str, params_at, out_at,

@@ -16,8 +16,8 @@ The walker
   over the whole nest, when that is the same computation (element-wise nests);
 * assigns scratchpad rows to tile buffers with a stack allocator, two slots
   each when the enclosing loop is annotated ``dsa.double_buffer``; a tile of
-  any element type takes whole rows (int8 accumulator tiles hold one widened
-  int8 value per lane: their copies from int8 DRAM are ACC8 loads);
+  any element type takes whole rows (int8 and int16 accumulator tiles hold one
+  widened value per lane: their copies from int8 / int16 DRAM are ACC8 / ACC16 loads);
 * folds a zero-init into the reset flag of the GEMM that first writes the rows,
   and turns any other init into an ALU MOV before the rows are first read.
 
@@ -44,7 +44,14 @@ from tir_schedules.nests import (
 
 from ..intmath import ceil_div
 from ..isa.builder import ProgramBuilder
-from ..isa.instructions import ACCUMULATING_OPS, ALU_LEVELS, GEMM_LEVELS, AluOp, Buffer
+from ..isa.instructions import (
+    ACC_BUFFERS,
+    ACCUMULATING_OPS,
+    ALU_LEVELS,
+    GEMM_LEVELS,
+    AluOp,
+    Buffer,
+)
 from ..isa.program import Region
 from ..isa.semantics import INT32_MAX, INT32_MIN
 from .texpr import (
@@ -388,8 +395,8 @@ class TirWalker:
         if src_b % unit:
             raise CodegenError(f"DRAM read of '{plan.dram}' is not aligned to {unit}-element rows")
         buf = {"inp": Buffer.INP, "wgt": Buffer.WGT, "acc": Buffer.ACC}[t.sram]
-        if buf == Buffer.ACC and np.dtype(region.dtype).itemsize == 1:
-            buf = Buffer.ACC8  # int8 DRAM widened into int32 lanes
+        if buf == Buffer.ACC:  # int8 / int16 DRAM widened into int32 lanes
+            buf = _NARROW.get(np.dtype(region.dtype).name, Buffer.ACC)
         dram0 = self._dram_addr(region, src_b, buf)
         levels = [(ext, ds, ss // unit, pl, ph) for (_, ext), ds, ss, (pl, ph)
                   in zip(rows_lp, dst_s, src_s, pads)]
@@ -400,7 +407,7 @@ class TirWalker:
                 y, x, stride, p = shape
                 # ACC loads too go on the load engine: the derived tokens order them
                 self.b.load(buf, dst_row, src_el, y, x, stride, pad=p, pad_value=pad_value,
-                            prefetch=buf in (Buffer.ACC, Buffer.ACC8))
+                            prefetch=buf in ACC_BUFFERS)
             elif t.sram == "acc":  # border rows the LOAD pad fields cannot hold
                 self.b.alu(AluOp.MOV, dst_row, dst_row, 0, [(shape, 1, 1, 0)], imm=pad_value,
                            use_imm=True)
@@ -414,7 +421,7 @@ class TirWalker:
         rows_lp, src_b, src_s, dst_b, dst_s = self._vector_split(
             plan.sram, lp, env, plan.sram_fn, plan.dram_fn, unit)
         t = self._tile(plan.sram)
-        buf = Buffer.ACC8 if plan.narrow else Buffer.ACC
+        buf = _NARROW.get(plan.narrow, Buffer.ACC)
         dram0 = self._dram_addr(region, dst_b, buf)
         levels = [(ext, ss, ds // unit, 0, 0) for (_, ext), ss, ds in zip(rows_lp, src_s, dst_s)]
         for _, src_row, dst_el, (y, x, stride, _p) in dma_shapes(
@@ -500,7 +507,11 @@ class _Copy:
     cond: Any = None          # a load's padding condition (TIR), if any
     pad_fn: Any = None        # evaluator of a load's padding value
     init_value: int = 0       # an init's value
-    narrow: bool = False      # a store that narrows int32 to int8
+    narrow: str = ""          # a store that narrows int32 lanes: to "int8" or "int16"
+
+
+#: the accumulator buffer that moves int32 lanes to and from a narrower DRAM type
+_NARROW = {"int8": Buffer.ACC8, "int16": Buffer.ACC16}
 
 
 def _copy_plan(st: Any) -> _Copy:
@@ -522,9 +533,9 @@ def _copy_plan(st: Any) -> _Copy:
             raise CodegenError(f"copy into '{dst.name}' is not a plain DRAM read")
         return _Copy("load", dst.name, value.source.name, store_offset(st), load_offset(value),
                      cond, pad_fn)
-    narrow = False
+    narrow = ""
     if _cls(value) == "Cast":
-        narrow = "int8" in str(dst.dtype)
+        narrow = str(dst.dtype) if str(dst.dtype) in _NARROW else ""
         value = value.value
     if _cls(value) != "TensorLoad" or value.source.scope() not in SCOPES:
         raise CodegenError(f"write of DRAM '{dst.name}' is not a scratchpad copy")

@@ -45,10 +45,15 @@ def window_input(layer: Layer, kernel: tuple[int, int], dilation: tuple[int, int
     return n * c * rows * cols
 
 
+def tensor_bytes(t) -> int:
+    """DRAM bytes of a tensor: one a code, two for an int16 (wide) one."""
+    return elements(t.shape) * (2 if getattr(t, "dtype", "int8") == "int16" else 1)
+
+
 def inputs_read(layer: Layer) -> int:
-    """Elements of every distinct input tensor (one read each)."""
-    seen = {t.name: t.shape for t in layer_inputs(layer)}
-    return sum(elements(shape) for shape in seen.values())
+    """Bytes of every distinct input tensor (one read each)."""
+    seen = {t.name: t for t in layer_inputs(layer)}
+    return sum(tensor_bytes(t) for t in seen.values())
 
 
 def weight_bytes(layer: Layer) -> int:
@@ -64,7 +69,7 @@ def weight_bytes(layer: Layer) -> int:
 
 def with_weights(layer: Layer, read: int) -> tuple[int, int]:
     """(``read`` plus the layer's weight bytes, the output bytes): a layer's bounds."""
-    return read + weight_bytes(layer), elements(layer.output.shape)
+    return read + weight_bytes(layer), tensor_bytes(layer.output)
 
 
 def compute_bound(macs: int, peak_macs_per_cycle: int) -> int:

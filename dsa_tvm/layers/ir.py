@@ -9,7 +9,9 @@ agree bit for bit.
 
 Conventions
 -----------
-* Tensors are int8 with an affine quantization ``real = scale * (q - zero_point)``.
+* Tensors are int8 with an affine quantization ``real = scale * (q - zero_point)``;
+  a layer that says so may write an int16 output (``QTensor.dtype``: a wide tensor such
+  as an LLM's residual stream, stored by ACC16 and clamped by REQUANT's wide mode).
   Shapes are the logical shapes of the Relax graph: NCHW for images, (M, K) or
   (B, M, K) for matrices.
 * Weights are int8 and symmetric (zero point 0), per output channel.
@@ -31,16 +33,27 @@ class QTensor:
     shape: tuple[int, ...]
     scale: float
     zero_point: int
+    dtype: str = "int8"     # "int16": a wide tensor (see the module docstring)
+
+
+#: the clip of REQUANT's wide mode: an int16 output
+WIDE_CLIP = (-(1 << 15), (1 << 15) - 1)
 
 
 @dataclass(frozen=True)
 class Requant:
-    """Accumulator -> int8: ``clamp(rshift_round(acc * multiplier, shift) + zero_point, lo, hi)``."""
+    """Accumulator -> int8: ``clamp(rshift_round(acc * multiplier, shift) + zero_point, lo, hi)``;
+    with ``clip == WIDE_CLIP``, int16 (REQUANT's wide mode)."""
 
     multiplier: np.ndarray  # int32 [C] or [1]
     shift: np.ndarray       # int32 [C] or [1], in semantics.REQUANT_SHIFT_RANGE
     zero_point: int
     clip: tuple[int, int] = (-128, 127)
+
+    @property
+    def wide(self) -> bool:
+        """An int16 output (REQUANT's wide mode)."""
+        return tuple(self.clip) == WIDE_CLIP
 
     def per_channel(self, channels: int) -> tuple[np.ndarray, np.ndarray]:
         """Multiplier and shift broadcast to ``channels`` entries."""

@@ -19,7 +19,8 @@ __all__ = ["apply_requant", "centered", "pad", "windows"]
 
 
 def apply_requant(acc: np.ndarray, rq: Requant, axis: int) -> np.ndarray:
-    """int8 ``clamp(requantize(acc), lo, hi)``; per-channel parameters run along ``axis``."""
+    """int8 ``clamp(requantize(acc), lo, hi)`` (int16 in the wide mode); per-channel
+    parameters run along ``axis``."""
     acc = sem.wrap_int32(acc)
     m = np.asarray(rq.multiplier, np.int64).reshape(-1)
     s = np.asarray(rq.shift, np.int64).reshape(-1)
@@ -31,9 +32,9 @@ def apply_requant(acc: np.ndarray, rq: Requant, axis: int) -> np.ndarray:
         s = np.broadcast_to(s, (c,)).reshape(shape)
     else:
         m, s = m[0], s[0]
-    y = sem.requantize(acc, m, s, rq.zero_point)
     lo, hi = rq.clip
-    return sem.saturate(y, lo, hi).astype(np.int8)
+    y = sem.requantize(acc, m, s, rq.zero_point, lo, hi)
+    return y.astype(np.int16 if rq.wide else np.int8)
 
 
 def centered(x: np.ndarray, t: QTensor) -> np.ndarray:

@@ -94,7 +94,8 @@ def compile_region(region: Region, cfg: HardwareConfig,
     default schedule of a layer (the tuner's database plugs in here; returning None
     keeps the default)."""
     _check_views(region)
-    io = {t.name: {"shape": list(t.shape), "scale": t.scale, "zero_point": t.zero_point}
+    io = {t.name: {"shape": list(t.shape), "scale": t.scale, "zero_point": t.zero_point,
+                   **({} if t.dtype == "int8" else {"dtype": t.dtype})}
           for t in region.inputs + region.outputs}   # as the runtime sees them, before folding
     region, folded = fold_region_inputs(region, cfg)
     for name, note in rope_table_entries(region.layers).items():  # float, packed by the host
@@ -155,7 +156,7 @@ def _compile_chosen(region: Region, io: dict, folded: dict, chosen: list,
 
     def dram(t: QTensor, kind: str):
         if t.name not in tensors:
-            tensors[t.name] = b.region(t.name, kind, blocked_shape(t.shape, block), "int8")
+            tensors[t.name] = b.region(t.name, kind, blocked_shape(t.shape, block), t.dtype)
         return tensors[t.name]
 
     bi, bo = cfg.block_in, cfg.block_out

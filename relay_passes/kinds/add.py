@@ -28,6 +28,9 @@ from .spec import ACTS, Kind, act, dq, q
 #: Both rescale factors are multiplied by 2**n with n chosen so they stay below
 #: 2**ADD_MULT_BITS; (x - zp) * mult then cannot overflow the int32 accumulator.
 ADD_MULT_BITS = 21
+#: the bound on an int16 operand's multiplier (a wide residual stream): its 17-bit
+#: centred codes times it and the other term stay within int32
+WIDE_ADD_MULT_BITS = 14
 
 
 def _variants() -> list[tuple[str, DFPattern]]:
@@ -75,6 +78,35 @@ def _operands(m: Match, cfg: HardwareConfig) -> str | None:
     return d if isinstance(d, str) else None
 
 
+def wide(m: Match) -> bool:
+    """An int16 operand (its multiplier keeps WIDE_ADD_MULT_BITS)."""
+    return any(op.qp.dtype == "int16" for op in m.inputs)
+
+
+def mult_bits(m: Match) -> tuple[int, int]:
+    """Bits each operand's multiplier may take: ADD_MULT_BITS for an int8 one,
+    WIDE_ADD_MULT_BITS for an int16 one (a constant addend is int8)."""
+    ops = list(m.inputs) + ([m.addend] if m.addend is not None else [])
+    return tuple(WIDE_ADD_MULT_BITS if op.qp.dtype == "int16" else ADD_MULT_BITS
+                 for op in ops)
+
+
+def _wide_operands(m: Match, cfg: HardwareConfig) -> str | None:
+    """int16 operands: two activations of the output's shape (a residual add), and rescale
+    factors below 2**WIDE_ADD_MULT_BITS."""
+    if not wide(m):
+        return None
+    if m.addend is not None or any(op.value is not None for op in m.inputs) or \
+            any(op.shape != tuple(m.out_shape) for op in m.inputs):
+        return (f"an int16 operand is added only to another activation of the same shape "
+                f"(a residual add), got {[op.shape for op in m.inputs]} -> {m.out_shape}")
+    for f, bits in zip(rescale_factors(m), mult_bits(m)):
+        if f >= 2.0 ** bits:
+            return (f"rescale factor {f:g} of an add operand is >= 2^{bits} (an int16 "
+                    f"operand leaves {WIDE_ADD_MULT_BITS} bits for its multiplier)")
+    return None
+
+
 def _ordered(m: Match) -> tuple[Operand, Operand]:
     """(full operand, the other) of two activations: a broadcasting one goes second."""
     a, b = m.inputs
@@ -82,12 +114,14 @@ def _ordered(m: Match) -> tuple[Operand, Operand]:
 
 
 def _add_params(m: Match) -> tuple[int, int, int]:
-    return add_multipliers(*(float(f) for f in rescale_factors(m)))
+    return add_multipliers(*(float(f) for f in rescale_factors(m)), bits=mult_bits(m))
 
 
-def add_multipliers(ra: float, rb: float) -> tuple[int, int, int]:
-    """(a_mult, b_mult, n): the two real rescale factors as integers at a shared shift n."""
-    n = ADD_MULT_BITS - 1 - math.floor(math.log2(max(ra, rb)))
+def add_multipliers(ra: float, rb: float, bits: tuple[int, int] = (ADD_MULT_BITS, ADD_MULT_BITS)
+                    ) -> tuple[int, int, int]:
+    """(a_mult, b_mult, n): the two real rescale factors as integers at a shared shift n,
+    each below ``2**bits`` of its operand."""
+    n = min(b - 1 - math.floor(math.log2(r)) for r, b in zip((ra, rb), bits))
     n = min(max(n, 0), sem.REQUANT_SHIFT_RANGE[1])
     return int(round(ra * 2 ** n)), int(round(rb * 2 ** n)), n
 
@@ -158,9 +192,12 @@ KINDS = (Kind(
     ],
     _const_layer, "Add of a float constant tensor (attention mask)", "relax.add"), Kind(
     "add", 400, _variants, _read,
-    common_constraints(rescale_factors, limit=2.0 ** ADD_MULT_BITS) + [
+    common_constraints(rescale_factors, limit=2.0 ** ADD_MULT_BITS, wide_output=True,
+                       wide_inputs=True) + [
         Constraint("operands", "two int8 activations of the same shape or one broadcasting "
                    "per channel (`[N, C, 1, 1]`), or one activation and a per-channel (or "
                    "scalar) constant", _operands),
+        Constraint("wide", "int16 operands: two activations of the output's shape (a "
+                   f"residual add), rescale factors < 2^{WIDE_ADD_MULT_BITS}", _wide_operands),
     ],
     _to_layer, "Add (residual, + Relu/Clip)", "relax.add"),)

@@ -40,13 +40,27 @@ class Constraint:
     test: Test
 
 
-def _int8_tensors(m: Match, cfg: HardwareConfig) -> str | None:
-    for i, op in enumerate(m.inputs):
-        if op.qp.dtype != "int8":
-            return f"input {i} is {op.qp.dtype}, the DSA's activations are {cfg.input_dtype}"
-    if m.out.dtype != "int8":
-        return f"output is quantized to {m.out.dtype}, the DSA stores {cfg.input_dtype}"
-    return None
+def _int8_tensors(wide_output: bool, wide_inputs: bool) -> Test:
+    """Inputs int8 (or int16 where the kind reads them: ACC16 loads); the output int8, or
+    int16 where the kind's output stage writes one (REQUANT's wide mode, an ACC16 store)
+    with no fused activation to fold into its clip."""
+    ins = ("int8", "int16") if wide_inputs else ("int8",)
+
+    def test(m: Match, cfg: HardwareConfig) -> str | None:
+        for i, op in enumerate(m.inputs):
+            if op.qp.dtype not in ins:
+                return f"input {i} is {op.qp.dtype}, the DSA's activations are {cfg.input_dtype}"
+        if m.out.dtype == "int16" and wide_output:
+            if m.act is not None:
+                return (f"a fused {m.act[0]} on an int16 output (REQUANT's wide mode clamps "
+                        f"to int16 only)")
+            return None
+        if m.out.dtype != "int8":
+            wide = " or int16" if wide_output else ""
+            return f"output is quantized to {m.out.dtype}, the DSA stores {cfg.input_dtype}{wide}"
+        return None
+
+    return test
 
 
 def _per_tensor(m: Match, cfg: HardwareConfig) -> str | None:
@@ -107,11 +121,16 @@ def viewed(view: Callable[[Match], Match], test: Test) -> Test:
     return wrapped
 
 
-def common_constraints(factors: Factors, limit: float = 2.0 ** 31) -> list[Constraint]:
+def common_constraints(factors: Factors, limit: float = 2.0 ** 31,
+                       wide_output: bool = False, wide_inputs: bool = False) -> list[Constraint]:
     """The constraints every kind starts with; ``factors`` are the kind's rescale factors,
-    ``limit`` the bound REQUANT (or the kind's integer arithmetic) puts on them."""
+    ``limit`` the bound REQUANT (or the kind's integer arithmetic) puts on them;
+    ``wide_output`` / ``wide_inputs``: the kind may write / read int16 tensors."""
+    out = "int8 or int16 (no fused activation)" if wide_output else "int8"
+    ins = "int8 or int16" if wide_inputs else "int8 (`{cfg.input_dtype}`)"
     return [
-        Constraint("int8", "activations int8 (`{cfg.input_dtype}`), in and out", _int8_tensors),
+        Constraint("dtypes", f"activations {ins} in, {out} out",
+                   _int8_tensors(wide_output, wide_inputs)),
         Constraint("per_tensor_activations", "one scale and zero point per activation tensor",
                    _per_tensor),
         Constraint("positive_scales", "positive scales", _positive_scales),

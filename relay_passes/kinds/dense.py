@@ -7,6 +7,8 @@ has rank >= 2 and is read as rows of its last axis. REQUANT factors as conv2d's:
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import numpy as np
 from tvm import relax
 from tvm.ir.expr import GenericConst
@@ -130,7 +132,7 @@ def as_rows(t: QTensor) -> QTensor:
     if len(t.shape) != 4:
         return t
     rows = int(np.prod(t.shape[:-1], dtype=np.int64))
-    return QTensor(t.name, (rows, int(t.shape[-1])), t.scale, t.zero_point)
+    return replace(t, shape=(rows, int(t.shape[-1])))
 
 
 def _to_layer(m: Match, name: str, inputs: list[QTensor], output: QTensor) -> Layer:
@@ -140,7 +142,7 @@ def _to_layer(m: Match, name: str, inputs: list[QTensor], output: QTensor) -> La
                  requant(rescale_factors(m), m))
 
 
-_CONSTRAINTS = common_constraints(rescale_factors) + weight_constraints(
+_CONSTRAINTS = common_constraints(rescale_factors, wide_output=True) + weight_constraints(
     channel_axis=lambda m: 0 if m.weight_transposed else 1,
     channels=lambda m: m.out_shape[-1],
     rows=lambda m, w: w if m.weight_transposed else w.T) + [

@@ -124,7 +124,8 @@ def prim_float(v) -> float:
 
 def qtensor(name: str, shape, qp: QParams) -> QTensor:
     """The layer IR's view of a per-tensor quantized tensor."""
-    return QTensor(name, tuple(int(d) for d in shape), float(qp.scale[0]), int(qp.zero_point[0]))
+    return QTensor(name, tuple(int(d) for d in shape), float(qp.scale[0]), int(qp.zero_point[0]),
+                   qp.dtype if qp.dtype == "int16" else "int8")
 
 
 class Reader:

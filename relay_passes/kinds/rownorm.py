@@ -234,9 +234,11 @@ def _to_layer(m: Match, name: str, inputs: list[QTensor], output: QTensor) -> La
     return _TYPES[m.kind](name, as_rows(inputs[0]), as_rows(output), _params(m))
 
 
-def _constraints() -> list[Constraint]:
-    base = [c for c in common_constraints(lambda m: np.array([1.0]))
-            if c.name in ("int8", "per_tensor_activations", "positive_scales")]
+def _constraints(wide_inputs: bool = False) -> list[Constraint]:
+    """``wide_inputs``: the norms read int16 rows too (a wide residual stream, NORM's
+    ``in_wide``)."""
+    base = [c for c in common_constraints(lambda m: np.array([1.0]), wide_inputs=wide_inputs)
+            if c.name in ("dtypes", "per_tensor_activations", "positive_scales")]
     return base + [
         Constraint("same_shape", "output shape = input shape", _same_shape),
         Constraint("fold", f"rows of 1..{inn.MAX_ROW} elements; scales, eps, gamma and beta "
@@ -247,8 +249,8 @@ def _constraints() -> list[Constraint]:
 KINDS = (
     Kind("softmax", 660, _softmax_variants, _read_softmax, _constraints(), _to_layer,
          "Softmax over the last axis", "relax.nn.softmax"),
-    Kind("layer_norm", 655, _layer_norm_variants, _read_layer_norm, _constraints(), _to_layer,
+    Kind("layer_norm", 655, _layer_norm_variants, _read_layer_norm, _constraints(True), _to_layer,
          "LayerNormalization over the last axis (fused or decomposed)", "relax.nn.layer_norm"),
-    Kind("rms_norm", 650, _rms_norm_variants, _read_rms_norm, _constraints(), _to_layer,
+    Kind("rms_norm", 650, _rms_norm_variants, _read_rms_norm, _constraints(True), _to_layer,
          "RMSNorm as exported: Pow, ReduceMean, Add(eps), Sqrt, Div, Mul(weight)", "relax.sqrt"),
 )

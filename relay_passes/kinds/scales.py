@@ -13,7 +13,7 @@ import math
 import numpy as np
 
 from dsa_tvm.isa import semantics as sem
-from dsa_tvm.layers.ir import Requant
+from dsa_tvm.layers.ir import WIDE_CLIP, Requant
 
 from .match import LoweringError, Match
 
@@ -36,6 +36,8 @@ def clip_bounds(m: Match) -> tuple[int, int]:
     """The fused activation as int8 bounds in the output's integer domain: ReLU / Clip fold
     into the REQUANT clip because quantization is monotone,
     ``q(clip(v, lo, hi)) = clip(q(v), q(lo), q(hi))``."""
+    if m.out.dtype == "int16":   # REQUANT's wide mode (a fused activation is refused)
+        return WIDE_CLIP
     if m.act is None:
         return (sem.INT8_MIN, sem.INT8_MAX)
     _, lo, hi = m.act

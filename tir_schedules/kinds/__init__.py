@@ -87,7 +87,7 @@ def recipe(layer, cfg, consts: bool = True) -> Recipe:
 
 
 def run_layer(layer, env: dict[str, np.ndarray]) -> np.ndarray:
-    """One layer's int8 output on the CPU (the integer reference), reading its inputs
+    """One layer's int8 (or int16) output on the CPU (the integer reference), reading its inputs
     from ``env`` by tensor name."""
     room = room_of(layer)
     if room is None:
@@ -96,14 +96,15 @@ def run_layer(layer, env: dict[str, np.ndarray]) -> np.ndarray:
 
 
 def run_region(region, inputs: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
-    """Run every layer of ``region`` in order on the CPU; its outputs (int8) by name."""
+    """Run every layer of ``region`` in order on the CPU; its outputs (int8, int16 for a
+    wide tensor) by name."""
     env: dict[str, np.ndarray] = {}
     tables = rope_table_entries(region.layers)
     for t in region.inputs:
         if t.name not in inputs:
             raise KeyError(f"region '{region.name}': missing input '{t.name}'")
         arr = np.asarray(inputs[t.name])
-        want = np.float32 if t.name in tables else np.int8   # runtime rotary tables: float
+        want = np.float32 if t.name in tables else np.dtype(t.dtype)  # rotary tables: float
         if arr.dtype != want:
             raise TypeError(f"region '{region.name}': input '{t.name}' must be "
                             f"{np.dtype(want).name}, got {arr.dtype}")

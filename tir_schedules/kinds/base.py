@@ -118,7 +118,9 @@ def check_out_hw(layer: Layer, out_hw: tuple[int, int]) -> None:
 
 
 def checked(layer: Layer, out: np.ndarray) -> np.ndarray:
-    """``out`` if it has the layer's declared output shape."""
+    """``out`` if it has the layer's declared output shape and type."""
     if tuple(out.shape) != tuple(layer.output.shape):
         raise ValueError(f"{layer.name}: computed shape {out.shape}, declared {layer.output.shape}")
+    if out.dtype != np.dtype(layer.output.dtype):
+        raise ValueError(f"{layer.name}: computed {out.dtype}, declared {layer.output.dtype}")
     return out

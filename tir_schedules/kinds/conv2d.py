@@ -32,7 +32,7 @@ from dsa_tvm.hw.config import HardwareConfig
 from dsa_tvm.intmath import ceil_div
 from dsa_tvm.isa.instructions import GEMM_LEVELS
 from dsa_tvm.layers.checks import elements, window_input, with_weights
-from dsa_tvm.layers.ir import Conv2d, Dense, Layer
+from dsa_tvm.layers.ir import WIDE_CLIP, Conv2d, Dense, Layer
 from dsa_tvm.layers.layouts import image_dims, pack_conv_weights
 from dsa_tvm.layers.reference import apply_requant, centered, pad, windows
 
@@ -147,7 +147,8 @@ def conv2d(s: ConvShape) -> tirx.PrimFunc:
             "int32", SCALAR_REQUANT, acc[n, y, x_, ob, o], params[ob, 0, o], params[ob, 1, o],
             params[ob, 2, o], s.output_zp, lo, hi),
         name="requant")
-    out = te.compute((s.n, oh, ow, s.ocb, bo), lambda *i: rq(*i).astype("int8"), name="y")
+    out_dtype = "int16" if tuple(s.clip) == WIDE_CLIP else "int8"   # REQUANT's wide mode
+    out = te.compute((s.n, oh, ow, s.ocb, bo), lambda *i: rq(*i).astype(out_dtype), name="y")
     return te.create_prim_func([x, w, params, out])
 
 
@@ -387,7 +388,8 @@ def conv_fill(cfg: HardwareConfig, s: ConvShape, k: ConvKnobs) -> list[float]:
 
 
 def conv_perf_shape(s: ConvShape) -> ConvShape:
-    return dataclasses.replace(s, input_zp=0, output_zp=0, clip=(-128, 127))
+    clip = s.clip if tuple(s.clip) == WIDE_CLIP else (-128, 127)   # int16 stores cost more
+    return dataclasses.replace(s, input_zp=0, output_zp=0, clip=clip)
 
 
 # ----------------------------------------------------------------------------- layers

@@ -19,7 +19,7 @@ from dsa_tvm.hw.config import HardwareConfig
 from dsa_tvm.intmath import ceil_div
 from dsa_tvm.isa import semantics as sem
 from dsa_tvm.layers.checks import inputs_read, with_weights
-from dsa_tvm.layers.ir import Add, AddConst, BiasAdd, QTensor, Rescale
+from dsa_tvm.layers.ir import WIDE_CLIP, Add, AddConst, BiasAdd, QTensor, Rescale
 from dsa_tvm.layers.layouts import image_dims, pack_activation
 from dsa_tvm.layers.reference import apply_requant, centered
 
@@ -48,6 +48,8 @@ class EltwiseShape:
     clip: tuple[int, int]
     a_mult: int = 1
     b_mult: int = 0
+    a_dtype: str = "int8"               # "int16": a wide operand (ACC16 loads)
+    b_dtype: str = "int8"
 
 
 @dataclass(frozen=True)
@@ -63,18 +65,18 @@ def eltwise(s: EltwiseShape) -> tirx.PrimFunc:
     shape = (s.p, s.cb, s.block)
     params = te.placeholder((s.cb, 3, s.block), "int32", name="params")
     if s.kind == "rescale":
-        x = te.placeholder(shape, "int8", name="x")
+        x = te.placeholder(shape, s.a_dtype, name="x")
         return te.create_prim_func([x, params, requant_stage(x, params, s.output_zp, s.clip,
                                                              widen=True)])
     if s.kind == "scale":
-        x = te.placeholder(shape, "int8", name="x")
+        x = te.placeholder(shape, s.a_dtype, name="x")
         acc = te.compute(shape, lambda *i: x(*i).astype("int32") * tirx.IntImm("int32", s.a_mult),
                          name="acc")
         return te.create_prim_func([x, params, requant_stage(acc, params, s.output_zp, s.clip)])
     if s.kind != "add":
         raise ValueError(f"eltwise kind must be 'rescale', 'add' or 'scale', got {s.kind!r}")
-    a = te.placeholder(shape, "int8", name="a")
-    b = te.placeholder(shape, "int8", name="b")
+    a = te.placeholder(shape, s.a_dtype, name="a")
+    b = te.placeholder(shape, s.b_dtype, name="b")
     acc = te.compute(shape, lambda *i: tirx.call_pure_extern(
         "int32", SCALAR_AXPBY, a(*i).astype("int32"), b(*i).astype("int32"), s.a_mult, s.b_mult),
         name="acc")
@@ -100,7 +102,9 @@ def estimate_eltwise_cycles(cfg: HardwareConfig, s: EltwiseShape, k: EltwiseKnob
     n_in, passes = PASSES[s.kind]
     once = (s.cb // k.tile_cb) * (12 * k.tile_cb * b / cfg.bandwidth_bytes_per_cycle
                                   + cfg.latency_cycles)
-    return stream_cycles(cfg, tiles, [(rows * b, 1)] * n_in, passes * rows, passes, rows * b,
+    loads = [(rows * b * np.dtype(d).itemsize, 1) for d in (s.a_dtype, s.b_dtype)][:n_in]
+    out_bytes = rows * b * (2 if tuple(s.clip) == WIDE_CLIP else 1)
+    return stream_cycles(cfg, tiles, loads, passes * rows, passes, out_bytes,
                          k.double_buffer, once)
 
 
@@ -147,18 +151,19 @@ def schedule_eltwise(func: tirx.PrimFunc, cfg: HardwareConfig, s: EltwiseShape,
         sch.compute_at(blk, p_o)
     if s.kind in ("add", "scale"):
         sch.set_scope(first, 0, SCOPE_ACC)
-        sch.tensorize(c, axpby_intrin(s.block, s.a_mult, s.b_mult) if s.kind == "add"
-                      else alu_intrin("mul", s.block, "int8", imm=s.a_mult))
+        sch.tensorize(c, axpby_intrin(s.block, s.a_mult, s.b_mult, s.a_dtype, s.b_dtype)
+                      if s.kind == "add" else alu_intrin("mul", s.block, s.a_dtype, imm=s.a_mult))
         place_output(sch, s, "int32", cb_o, p_o)
     else:
-        place_output(sch, s, "int8", cb_o, p_o, placed=True)
+        place_output(sch, s, s.a_dtype, cb_o, p_o, placed=True)
     if k.double_buffer:
         sch.annotate(p_o, ANN_DOUBLE_BUFFER, 1)
     return sch
 
 
 def eltwise_perf_shape(s: EltwiseShape) -> EltwiseShape:
-    return dataclasses.replace(s, output_zp=0, clip=(-128, 127), a_mult=1,
+    clip = s.clip if tuple(s.clip) == WIDE_CLIP else (-128, 127)   # int16 stores cost more
+    return dataclasses.replace(s, output_zp=0, clip=clip, a_mult=1,
                                b_mult=1 if s.kind == "add" else 0)
 
 
@@ -207,7 +212,7 @@ def add_recipe(layer: Add, cfg: HardwareConfig, consts: bool) -> Recipe:
         _check_mult(layer, m)
     rq, block = layer.requant, cfg.block_out
     shape = EltwiseShape("add", p, ceil_div(c, block), block, rq.zero_point, rq.clip,
-                         int(layer.a_mult), int(layer.b_mult))
+                         int(layer.a_mult), int(layer.b_mult), layer.a.dtype, layer.b.dtype)
     bias = -(layer.a.zero_point * layer.a_mult + layer.b.zero_point * layer.b_mult)
     return _finish(layer, cfg, consts, shape, c, bias, {"a": layer.a, "b": layer.b})
 

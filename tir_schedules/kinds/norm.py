@@ -5,7 +5,8 @@ the units' instruction is ``NORM`` (:mod:`dsa_tvm.isa.norm_unit`: parameter bloc
 cost). A row of ``n`` codes is ``ceil(n / block)`` consecutive blocks in the channels-last
 layout ``[rows][CB][block]`` the DSA keeps every non-image tensor in, so the room emits
 its program itself, no TIR: the parameter block once (an ACC load of a constant region),
-then per tile of rows an ACC8 load, one NORM in place and an ACC8 store; with double
+then per tile of rows an ACC8 load (ACC16 for int16 rows, a wide residual stream: NORM's
+``in_wide``), one NORM in place and an ACC8 store; with double
 buffering the loads are prefetched on the load engine into alternating halves, so the
 next tile's load overlaps this tile's NORM and store.
 
@@ -25,7 +26,7 @@ from dsa_tvm.hw.config import HardwareConfig
 from dsa_tvm.isa import norm_unit as nu
 from dsa_tvm.isa.formats import DRAM_SIZE_BITS, EXTENT_BITS
 from dsa_tvm.isa.instructions import Buffer, NormOp
-from dsa_tvm.layers.checks import elements, with_weights
+from dsa_tvm.layers.checks import elements, tensor_bytes, with_weights
 from dsa_tvm.layers.intnorm import MAX_ROW, int_norm, int_softmax
 from dsa_tvm.layers.ir import LayerNorm, RMSNorm, Softmax
 from dsa_tvm.layers.layouts import same_bytes
@@ -50,6 +51,7 @@ class NormShape:
     n: int
     block: int
     in_zp: int = 0
+    in_wide: bool = False   # int16 input rows (ACC16 loads, NORM's in_wide)
 
 @dataclass(frozen=True)
 class NormKnobs:
@@ -112,11 +114,12 @@ def emit_norm(b, cfg: HardwareConfig, s: NormShape, k: NormKnobs, regions: dict)
     prow = nu.param_rows(s.op, s.n, s.block)
     span = _span(s)
     b.load(Buffer.ACC, 0, b.addr(regions["params"], Buffer.ACC), 1, prow)
-    x, y = b.addr(regions["x"], Buffer.ACC8), b.addr(regions["y"], Buffer.ACC8)
+    src = Buffer.ACC16 if s.in_wide else Buffer.ACC8
+    x, y = b.addr(regions["x"], src), b.addr(regions["y"], Buffer.ACC8)
     for t, (r0, m) in enumerate(_tiles(s, k)):
         base = prow + (t % 2 if k.double_buffer else 0) * k.tile_rows * span
-        b.load(Buffer.ACC8, base, x + r0 * span, 1, m * span, prefetch=k.double_buffer)
-        b.norm(s.op, base, base, 0, m, s.n, s.in_zp)
+        b.load(src, base, x + r0 * span, 1, m * span, prefetch=k.double_buffer)
+        b.norm(s.op, base, base, 0, m, s.n, s.in_zp, in_wide=s.in_wide)
         b.store(Buffer.ACC8, base, y + r0 * span, 1, m * span)
 
 @lru_cache(maxsize=256)
@@ -125,7 +128,7 @@ def estimate_norm_cycles(cfg: HardwareConfig, s: NormShape, k: NormKnobs) -> flo
     rows = (s.rows * _span(s), s.block)
     return emitted_cycles(cfg, emit_norm, s, k, {
         "params": ("const", (nu.param_rows(s.op, s.n, s.block), s.block), "int32"),
-        "x": ("input", rows, "int8"), "y": ("output", rows, "int8")})
+        "x": ("input", rows, "int16" if s.in_wide else "int8"), "y": ("output", rows, "int8")})
 
 # ----------------------------------------------------------------------------- layers
 def norm_recipe(layer, cfg: HardwareConfig, consts: bool) -> Recipe:
@@ -148,8 +151,8 @@ def norm_recipe(layer, cfg: HardwareConfig, consts: bool) -> Recipe:
                                f"is not int8")
     op = OPS[type(layer)]
     block = cfg.block_out
-    r = Recipe(KIND, NormShape(op, rows, n, block, int(layer.input.zero_point)),
-               {"x": layer.input})
+    r = Recipe(KIND, NormShape(op, rows, n, block, int(layer.input.zero_point),
+                               layer.input.dtype == "int16"), {"x": layer.input})
     if consts:
         r.consts["params"] = nu.pack_params(op, layer.params, n, block)
     return r
@@ -167,7 +170,7 @@ def run_norm(layer, env: dict[str, np.ndarray]) -> np.ndarray:
 
 def norm_bounds(ly) -> tuple[int, int]:
     """Every code read and written once (the parameter block is not counted)."""
-    return with_weights(ly, elements(ly.input.shape))
+    return with_weights(ly, tensor_bytes(ly.input))
 
 def describe_norm(ly) -> str:
     return (f"{type(ly).__name__} {ly.name}: {tuple(ly.input.shape)} over the last axis "
