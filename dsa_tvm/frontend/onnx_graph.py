@@ -118,3 +118,32 @@ def is_qdq(model: onnx.ModelProto) -> bool:
     ops = {n.op_type for n in model.graph.node}
     return bool(ops & {"QuantizeLinear", "DequantizeLinear", "QLinearConv", "QLinearMatMul",
                        "DynamicQuantizeLinear", "MatMulInteger", "ConvInteger"})
+
+
+def constants_to_initializers(model: onnx.ModelProto) -> onnx.ModelProto:
+    """``Constant`` nodes holding a tensor -> initializers (a copy of the model when any is
+    moved): onnx2torch reads a convolution's or a Gemm's weight from the initializers
+    only, and the quantizer's planner a ReduceMean's axes (which onnx.version_converter
+    writes as a ``Constant`` node)."""
+    outputs = {o.name for o in model.graph.output}
+
+    def held(n: onnx.NodeProto) -> bool:
+        return n.op_type == "Constant" and len(n.attribute) == 1 and \
+            n.attribute[0].name == "value" and n.output[0] not in outputs
+
+    if not any(held(n) for n in model.graph.node):
+        return model
+    out = onnx.ModelProto()
+    out.CopyFrom(model)
+    keep = []
+    for n in out.graph.node:
+        if not held(n):
+            keep.append(n)
+            continue
+        t = onnx.TensorProto()
+        t.CopyFrom(n.attribute[0].t)
+        t.name = n.output[0]
+        out.graph.initializer.append(t)
+    del out.graph.node[:]
+    out.graph.node.extend(keep)
+    return out

@@ -30,6 +30,7 @@ import torch
 from google.protobuf.message import DecodeError
 from torch import fx
 
+from ..frontend.onnx_graph import constants_to_initializers
 from .errors import QatError
 
 INSTALL = "pip install --no-deps onnx2torch==1.5.15"
@@ -82,34 +83,6 @@ def load(model: onnx.ModelProto | str | Path) -> onnx.ModelProto:
         raise QatError(f"'{path}' holds no ONNX graph (no nodes); pass an .onnx file, or a "
                        f"torch module")
     return loaded
-
-
-def constants_to_initializers(model: onnx.ModelProto) -> onnx.ModelProto:
-    """``Constant`` nodes holding a tensor -> initializers (a copy of the model when any is
-    moved). onnx2torch reads a convolution's or a Gemm's weight from the initializers only;
-    exporters that write weights as ``Constant`` nodes would otherwise fail to convert."""
-    outputs = {o.name for o in model.graph.output}
-
-    def held(n: onnx.NodeProto) -> bool:
-        return n.op_type == "Constant" and len(n.attribute) == 1 and \
-            n.attribute[0].name == "value" and n.output[0] not in outputs
-
-    if not any(held(n) for n in model.graph.node):
-        return model
-    out = onnx.ModelProto()
-    out.CopyFrom(model)
-    keep = []
-    for n in out.graph.node:
-        if not held(n):
-            keep.append(n)
-            continue
-        t = onnx.TensorProto()
-        t.CopyFrom(n.attribute[0].t)
-        t.name = n.output[0]
-        out.graph.initializer.append(t)
-    del out.graph.node[:]
-    out.graph.node.extend(keep)
-    return out
 
 
 def _placeholder_names(model: onnx.ModelProto) -> bool:

@@ -17,7 +17,7 @@ import numpy as np
 import onnx
 
 from ..frontend.intake import Intake, Shapes, load_onnx
-from ..frontend.onnx_graph import Graph, is_qdq, name_nodes, with_shapes
+from ..frontend.onnx_graph import Graph, constants_to_initializers, is_qdq, name_nodes, with_shapes
 from .calibrate import calibrate
 from .checks import check_keep_fp32, check_percentile
 from .data import as_feeds, check_num_batches, check_preprocess
@@ -41,6 +41,7 @@ class QuantOptions:
     split_outliers: bool = True
     quantize_norms: bool = False
     weight_bits: int = 8      # 4: int4 weight codes (W4A8), 8: int8
+    wide_tensors: frozenset[str] = frozenset()   # activations quantized to int16
 
 
 @dataclass
@@ -149,7 +150,8 @@ def quantize_onnx(model: onnx.ModelProto | str | Path | Intake, calibration_data
                   quantize_adds: bool = True, percentile: float = 99.999, bias_correction: bool = True,
                   split_outliers: bool = True, show_progress: bool = True,
                   verbose: bool = False, shapes: Shapes | None = None,
-                  quantize_norms: bool = False, weight_bits: int = 8) -> QuantizedModel:
+                  quantize_norms: bool = False, weight_bits: int = 8,
+                  wide_tensors: Iterable[str] = ()) -> QuantizedModel:
     """Post-training int8 quantization of an FP32 ONNX model into QDQ form.
 
     ``calibration_data``: feeds, arrays, an ``.npz`` or a folder of images (see
@@ -163,6 +165,10 @@ def quantize_onnx(model: onnx.ModelProto | str | Path | Intake, calibration_data
     DSA with ``[norm]`` units (``dsa_tvm.layers.intnorm``); default off: FP32 on the CPU.
     ``weight_bits``: 8, or 4 for W4A8 (per-channel symmetric codes in [-7, 7], kept as int8
     in the QDQ model; a part with ``dram.int4_weights`` stores them two a byte).
+    ``wide_tensors``: activations to quantize to symmetric int16 instead (a decoder's
+    residual stream: the DSA adds int16 codes, its norms read them, a dense writes them);
+    the model is upgraded to opset 21 for their int16 Q/DQ, and each one is kept quantized
+    even where no int8 op reads it.
     ``shapes``: fixed shapes for dynamic inputs, e.g. ``{"x": (1, 3, 48, 320)}``; the model goes
     through :func:`dsa_tvm.load_onnx` first (any opset it can upgrade; notes in ``summary()``).
     """
@@ -176,7 +182,7 @@ def quantize_onnx(model: onnx.ModelProto | str | Path | Intake, calibration_data
     src = taken.model
     opts = QuantOptions(method, per_channel, symmetric_activations, frozenset(keep_fp32),
                         quantize_adds, percentile, bias_correction, split_outliers,
-                        quantize_norms, weight_bits)
+                        quantize_norms, weight_bits, frozenset(wide_tensors))
     if is_qdq(src):  # intake has rewritten a QOperator model into QDQ already
         if verbose:
             print("dsa-tvm quantize: model is already quantized (QDQ); passing it through",
@@ -188,9 +194,13 @@ def quantize_onnx(model: onnx.ModelProto | str | Path | Intake, calibration_data
     side: list[str] = []
     if split_outliers:
         fp32, side = _split_outliers(fp32, feeds, show_progress)
+    unknown = sorted(opts.wide_tensors - {t for n in fp32.graph.node for t in n.output}
+                     - {i.name for i in fp32.graph.input})
+    if unknown:
+        raise ValueError(f"wide_tensors names no tensor of the model: {unknown[:5]}")
     g = Graph(fp32)
     plan = make_plan(g, opts.keep_fp32 | set(side), None, quantize_adds,
-                     quantize_norms=quantize_norms)
+                     quantize_norms=quantize_norms, wide=opts.wide_tensors)
     if not plan.tensors:
         raise ValueError("nothing to quantize: the model has no Conv/Gemm/MatMul with constant weights "
                          f"(kept in FP32: {dict(plan.kept_fp32)})")
@@ -262,11 +272,30 @@ def attention_operands(g: onnx.GraphProto) -> set[str]:
             and not consts.intersection(n.input)}
 
 
+#: int16 QuantizeLinear/DequantizeLinear need opset 21
+WIDE_OPSET = 21
+
+
+def _with_opset(model: onnx.ModelProto, version: int) -> onnx.ModelProto:
+    """``model`` at opset ``version`` or newer (onnx.version_converter)."""
+    have = next((int(o.version) for o in model.opset_import if o.domain in ("", "ai.onnx")), 0)
+    if have >= version:
+        return model
+    from onnx import version_converter
+
+    out = version_converter.convert_version(model, version)
+    del out.graph.value_info[:]
+    # the axes it moves into Constant inputs become initializers the planner reads
+    return with_shapes(constants_to_initializers(out))
+
+
 def _build(fp32: onnx.ModelProto, opts: QuantOptions, ranges: dict[str, tuple[float, float]],
            folded: list[str], means: dict[str, np.ndarray], side: list[str]) -> QuantizedModel:
+    if opts.wide_tensors:
+        fp32 = _with_opset(fp32, WIDE_OPSET)
     g = Graph(fp32)
     plan = make_plan(g, opts.keep_fp32 | set(side), set(ranges), opts.quantize_adds,
-                     quantize_norms=opts.quantize_norms)
+                     quantize_norms=opts.quantize_norms, wide=opts.wide_tensors)
     for name in side:
         plan.kept_fp32[name] = "FP32 side path of split outlier channels"
     means = means if opts.bias_correction else None
@@ -279,7 +308,8 @@ def _build(fp32: onnx.ModelProto, opts: QuantOptions, ranges: dict[str, tuple[fl
         hi = max(ranges[t][1] for t in members if t in ranges)
         floor = max((floors.get(t, 0.0) for t in members), default=0.0)
         symmetric = opts.symmetric_activations or bool(operands.intersection(members))
-        qparams[root] = activation_qparams(lo, hi, symmetric, floor)
+        bits = 16 if opts.wide_tensors.intersection(members) else 8
+        qparams[root] = activation_qparams(lo, hi, symmetric, floor, bits)
         if opts.quantize_norms and softmax_out.intersection(members):
             qparams[root] = SOFTMAX_OUT
     qmodel = insert_qdq(fp32, plan, qparams, opts.per_channel, means, opts.weight_bits)

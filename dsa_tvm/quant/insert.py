@@ -62,7 +62,7 @@ def insert_qdq(model: onnx.ModelProto, plan: Plan, act_qparams: dict[str, ActQua
     for t in sorted(plan.tensors):
         qp = qp_of(t)
         s = _add_init(q, f"{t}/scale", np.array(qp.scale, np.float32))
-        z = _add_init(q, f"{t}/zero_point", np.array(qp.zero_point, np.int8))
+        z = _add_init(q, f"{t}/zero_point", np.array(qp.zero_point, qp.dtype))
         prod = g.producer.get(t)
         if t in g.inputs or prod is None or prod.name not in readers:
             # FP32 producer: FP32 readers keep the exact value, int8 readers the dequantized one

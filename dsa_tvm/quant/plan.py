@@ -248,11 +248,13 @@ def anchor_output(a: Anchor) -> str:
 
 def make_plan(g: Graph, keep_fp32: set[str] = frozenset(), available: set[str] | None = None,
               quantize_adds: bool = True, quantize_matmuls: bool = True,
-              quantize_norms: bool = False) -> Plan:
+              quantize_norms: bool = False, wide: frozenset[str] = frozenset()) -> Plan:
     """Decide what to quantize. ``available``: tensors that have a calibrated range (None
     while planning calibration itself); a node whose tensors lack one stays FP32.
     ``quantize_norms``: Softmax, LayerNormalization and the RMSNorm chain get int8 in and
-    out (:func:`norm_chain`), for a DSA with ``[norm]`` units."""
+    out (:func:`norm_chain`), for a DSA with ``[norm]`` units. ``wide``: int16 tensors
+    (a residual stream): their producers stay quantized even where only FP32 ops, or a
+    norm chain's interior, read them."""
     p = Plan()
 
     def ok(t: str) -> bool:
@@ -346,7 +348,7 @@ def make_plan(g: Graph, keep_fp32: set[str] = frozenset(), available: set[str] |
         p.followers.append(f)
         produced.add(f.output)
         int8.update(f.inputs)
-    _prune_followers(g, p, rope_readers)
+    _prune_followers(g, p, rope_readers, wide)
     for a in p.anchors.values():
         p.tensors.update([a.node.input[0], anchor_output(a)])
     for f in p.followers:
@@ -471,14 +473,17 @@ def _cache_input(g: Graph, n: onnx.NodeProto, name: str, produced: set[str]) -> 
             and any(i in produced for i in n.input if i != name))
 
 
-def _prune_followers(g: Graph, p: Plan, also_int8: set[str] = frozenset()) -> None:
+def _prune_followers(g: Graph, p: Plan, also_int8: set[str] = frozenset(),
+                     wide: frozenset[str] = frozenset()) -> None:
     """Drop followers whose result no int8 op reads (repeat until stable): a residual Add
     feeding a LayerNorm, or a reshape before an FP32 op, would only add a quantization
-    step to an FP32 path. Matmuls of two activations stay: their MACs run on the DSA.
+    step to an FP32 path. Matmuls of two activations stay: their MACs run on the DSA, and
+    so do the producers of ``wide`` (int16) tensors.
     ``also_int8``: interior nodes that read their chain's int8 input (a rotary chain's)."""
     while True:
         readers = set(p.anchors) | {f.name for f in p.followers} | set(also_int8)
         keep = [f for f in p.followers if f.node.op_type in ("MatMul", *NORM_OPS)
+                or f.output in wide
                 or any(c.name in readers for c in g.consumers.get(f.output, []))]
         if len(keep) == len(p.followers):
             return

@@ -21,26 +21,39 @@ BIAS_BUDGET = 2 ** 30
 
 @dataclass(frozen=True)
 class ActQuant:
-    """Per-tensor int8 quantization of one activation."""
+    """Per-tensor int8 quantization of one activation (int16 with ``bits=16``: a wide
+    tensor, e.g. an LLM's residual stream)."""
 
     scale: float
     zero_point: int
+    bits: int = 8
+
+    @property
+    def dtype(self) -> type:
+        return np.int16 if self.bits == 16 else np.int8
 
     def quantize(self, x: np.ndarray) -> np.ndarray:
+        info = np.iinfo(self.dtype)
         q = np.round(np.asarray(x, np.float64) / self.scale) + self.zero_point
-        return np.clip(q, QMIN, QMAX).astype(np.int8)
+        return np.clip(q, info.min, info.max).astype(self.dtype)
 
     def dequantize(self, q: np.ndarray) -> np.ndarray:
         return ((q.astype(np.int32) - self.zero_point) * np.float32(self.scale)).astype(np.float32)
 
 
 def activation_qparams(lo: float, hi: float, symmetric: bool = False,
-                       min_scale: float = MIN_SCALE) -> ActQuant:
+                       min_scale: float = MIN_SCALE, bits: int = 8) -> ActQuant:
     """int8 qparams covering [lo, hi] (widened to include 0, so zero padding and ReLU
     zeros are exact). Symmetric: zero point 0, range [-127, 127] * scale. ``min_scale``:
-    a floor above :data:`MIN_SCALE` (see :func:`bias_input_scale_floor`)."""
+    a floor above :data:`MIN_SCALE` (see :func:`bias_input_scale_floor`). ``bits=16``:
+    symmetric int16, range [-32767, 32767] * scale (a wide tensor)."""
     lo, hi = min(float(lo), 0.0), max(float(hi), 0.0)
     floor = max(MIN_SCALE, float(min_scale))
+    if bits == 16:
+        scale = max(abs(lo), abs(hi)) / 32767.0
+        return ActQuant(_f32_at_least(max(scale, floor)), 0, 16)
+    if bits != 8:
+        raise ValueError(f"activations are int8 or int16 (bits 8 or 16), got bits={bits}")
     if symmetric:
         scale = max(abs(lo), abs(hi)) / 127.0
         return ActQuant(_f32_at_least(max(scale, floor)), 0)

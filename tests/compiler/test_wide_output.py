@@ -216,9 +216,9 @@ def test_dense_int16_into_rmsnorm_in_one_region_is_bit_exact():
     """The LLM's pattern in miniature: a dense writes the int16 stream, the RMSNorm room
     reads it (ACC16 loads, NORM in_wide), a dense reads the int8 result; one launch,
     bit-exact, and closer to FP32 than the same model with the stream on int8."""
-    from tests.compiler.test_norm_models import FAST_DSA, _feeds, _model
-
     from dsa_tvm.quant.api import quantize_onnx
+
+    from .test_norm_models import FAST_DSA, _feeds, _model
 
     cfg = dsa_tvm.load_config("default").replace(norm_units=1, **FAST_DSA)
     fp32, feeds = _model("rmsnorm"), _feeds((1, 10, 40))
