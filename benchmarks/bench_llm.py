@@ -15,7 +15,8 @@ simulator's wall time per token beside transformers' FP32 tokens/s on this CPU.
 
     python benchmarks/bench_llm.py [--model smollm2|tiny] [--hw default]
                                    [--quants w8a8,w4a8] [--parts accuracy,speed] [--prompts 8] [--tokens 32]
-                                   [--ppl-tokens 256] [--contexts 128,512,2048]
+                                   [--ppl-tokens 256] [--contexts 128,512,2048] [--smooth 0.5|none]
+                                   [--smooth-folds qkv,gate_up,down,o]
                                    [--plot bench_llm_decode.png]
 """
 
@@ -68,7 +69,13 @@ def main() -> None:
     ap.add_argument("--quants", default="w8a8,w4a8",
                     help="DSA quantizations, comma-separated (w8a8, w4a8)")
     ap.add_argument("--contexts", default="128,512,2048")
+    ap.add_argument("--smooth", default=None,
+                    help="SmoothQuant's alpha folded into the DSA steps' weights (default: "
+                         "the library's, dsa_tvm.llm.model.SMOOTH); 'none' for no smoothing")
     ap.add_argument("--plot", default="bench_llm_decode.png")
+    ap.add_argument("--smooth-folds", default=None,
+                    help="the inputs smoothed, comma-separated (qkv, gate_up, down, o; default "
+                         "all four)")
     args = ap.parse_args()
     parts = set(args.parts.split(","))
     contexts = tuple(int(c) for c in args.contexts.split(","))
@@ -77,7 +84,14 @@ def main() -> None:
     buckets = dict(BUCKETS, context_buckets=tuple(sorted(set(BUCKETS["context_buckets"])
                                                          | set(contexts))))
     quants = [q.strip() for q in args.quants.split(",") if q.strip()]
-    models = {q: load(args.model, hw=args.hw, quant=q, verbose=True, **buckets) for q in quants}
+    smooth = {} if args.smooth is None else {
+        "smooth": None if args.smooth.lower() in ("none", "off") else float(args.smooth)}
+    if args.smooth_folds:
+        smooth["smooth_folds"] = tuple(args.smooth_folds.split(","))
+    models = {q: load(args.model, hw=args.hw, quant=q, verbose=True, **smooth, **buckets)
+              for q in quants}
+    if quants:
+        print(f"smooth: {models[quants[0]].smooth} {models[quants[0]].smooth_folds}")
     print(f"loaded in {time.perf_counter() - t0:.0f} s")
     if "accuracy" in parts:
         ref = load(args.model, quant="fp32", **buckets)

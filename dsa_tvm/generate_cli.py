@@ -17,7 +17,7 @@ from .cli_common import CliError, at_least, hw_spec
 def add_parser(sub) -> None:
     from tir_schedules.options import OFFLOAD_POLICIES
 
-    from .llm.model import QUANTS
+    from .llm.model import QUANTS, SMOOTH
 
     g = sub.add_parser("generate", help="generate text with a decoder LLM (smollm2, tiny, a "
                                         ".gguf or Hugging Face folder) on the DSA simulator, "
@@ -28,6 +28,9 @@ def add_parser(sub) -> None:
     g.add_argument("--max-new-tokens", type=at_least(0), default=16)
     g.add_argument("--quant", default="w8a8", choices=list(QUANTS),
                    help="w8a8: int8 on the DSA; fp32: the float reference in torch")
+    g.add_argument("--smooth", default=str(SMOOTH), type=_smooth,
+                   help=f"SmoothQuant's alpha in [0, 1], folded into the quantized steps' "
+                        f"weights ('none': no smoothing; default {SMOOTH})")
     g.add_argument("--sample", action="store_true", help="sample instead of greedy")
     g.add_argument("--seed", type=int, default=0)
     g.add_argument("--json", help="write the per-step report as JSON here")
@@ -36,6 +39,16 @@ def add_parser(sub) -> None:
                    help="all: every region that compiles runs on the DSA (default); faster: "
                         "only those the cost model expects to beat the host")
     g.set_defaults(fn=cmd_generate)
+
+
+def _smooth(text: str) -> float | None:
+    """``--smooth``: 'none' or a number (the library checks the range, one message)."""
+    if text.strip().lower() in ("none", "off"):
+        return None
+    try:
+        return float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a number in [0, 1] or 'none'") from None
 
 
 def cmd_generate(args: argparse.Namespace) -> int:
@@ -50,7 +63,7 @@ def cmd_generate(args: argparse.Namespace) -> int:
 
     try:
         model = load(args.model, hw=args.hw, quant=args.quant, verbose=True, seed=args.seed,
-                     offload=args.offload)
+                     offload=args.offload, smooth=args.smooth)
         gen = model.generate(args.prompt, args.max_new_tokens, greedy=not args.sample,
                              seed=args.seed, on_token=show)
     except ValueError as e:

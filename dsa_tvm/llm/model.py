@@ -17,10 +17,15 @@ from tir_schedules.options import CompileOptions, options
 
 from .buckets import CONTEXT, PREFILL, bucket, check_buckets
 from .feeds import KVCache, step_feeds
+from .smooth import FOLDS, check_alpha, check_folds, smooth_llama
 from .source import Source, load_source
 from .step import Arch, export_step, run_step_fp32
 
 QUANTS = ("w8a8", "w4a8", "fp32")
+#: SmoothQuant's migration strength folded into the quantized steps' weights by default
+#: (llm.smooth): none, as measured on SmolLM2 with static per-tensor int8 inputs, a = 0.5
+#: made W8A8 worse (perplexity 40.12 against 38.37, docs/llm.md)
+SMOOTH: float | None = None
 #: weight bits of each quantization (fp32: nothing simulated)
 QUANT_WEIGHT_BITS = {"w8a8": 8, "w4a8": 4}
 #: calibration: decode steps at these many positions of each calibration text
@@ -127,7 +132,8 @@ class CompiledLLM:
                  calibration: tuple[str, ...] = DEFAULT_CALIBRATION,
                  prefill_buckets: tuple[int, ...] = PREFILL,
                  context_buckets: tuple[int, ...] = CONTEXT, offload: str = "all",
-                 rows_concat: str = "host", verbose: bool = False) -> None:
+                 rows_concat: str = "host", smooth: float | None = SMOOTH,
+                 smooth_folds: tuple[str, ...] = FOLDS, verbose: bool = False) -> None:
         from ..hw.config import load_config
 
         if quant not in QUANTS:
@@ -149,6 +155,10 @@ class CompiledLLM:
         if not all(isinstance(t, str) for t in self._calibration):
             raise ValueError("calibration must be a string or a sequence of strings (text the "
                              "model decodes to set the int8 ranges)")
+        #: SmoothQuant's alpha (None: no smoothing); it changes nothing at quant "fp32"
+        self.smooth = None if smooth is None else check_alpha(smooth)
+        self.smooth_folds = check_folds(smooth_folds)   # which inputs (llm.smooth.FOLDS)
+        self._step_hf = None   # the model the DSA's steps are exported from (step_model)
         self._calibrated = None
         self._steps: dict[tuple[int, int], Any] = {}   # bucket -> its quantized Relax step
         self._compiled: dict[tuple[int, int], Any] = {}
@@ -162,17 +172,33 @@ class CompiledLLM:
         if self.verbose:
             print(f"dsa_tvm.llm: {msg}", flush=True)
 
+    @property
+    def step_model(self):
+        """The FP32 model the quantized steps come from: ``hf`` with SmoothQuant's factors
+        folded in (``smooth``; built on first use), else ``hf``. The sink step runs it too,
+        since the cache it starts holds v_proj's smoothed outputs. ``hf`` stays the
+        unsmoothed reference (quant "fp32", the embeddings)."""
+        if self.smooth is None or self.quant == "fp32":
+            return self.hf
+        if self._step_hf is None:
+            t0 = time.perf_counter()
+            texts = [self.source.encode(t)[:CALIBRATION_TOKENS] for t in self._calibration]
+            self._step_hf = smooth_llama(self.hf, texts, self.smooth, self.smooth_folds)
+            self._log(f"smoothed (a = {self.smooth:g}) in {time.perf_counter() - t0:.1f} s")
+        return self._step_hf
+
     def calibration_feeds(self) -> list[dict[str, np.ndarray]]:
         """Decode-step inputs at every position but the first (the host's sink token) of
         each calibration text, the cache
-        filled by the FP32 model (one FP32 prefill per text)."""
+        filled by the FP32 step model (one FP32 prefill per text)."""
         feeds = []
         for text in self._calibration:
             ids = self.source.encode(text)[:CALIBRATION_TOKENS]
             if not ids:
                 continue
             full = step_feeds(self.hf, self.arch, ids, 0, len(ids), 0, None)
-            outs = dict(zip(self.arch.output_names(), run_step_fp32(self.hf, len(ids), 0, full)))
+            outs = dict(zip(self.arch.output_names(),
+                            run_step_fp32(self.step_model, len(ids), 0, full)))
             for p in range(1, len(ids)):   # not the sink token (run_step says why)
                 kv = KVCache(self.arch, CALIBRATION_CACHE)
                 kv.append(outs, p)
@@ -214,10 +240,10 @@ class CompiledLLM:
     def _quantize(self, tokens: int, cache: int):
         from ..quant.api import quantize_onnx, quantize_with_ranges
 
-        fp32 = export_step(self.hf, tokens, cache)
+        fp32 = export_step(self.step_model, tokens, cache)
         if self._calibrated is None:
             t0 = time.perf_counter()
-            cal = export_step(self.hf, 1, CALIBRATION_CACHE)
+            cal = export_step(self.step_model, 1, CALIBRATION_CACHE)
             self._calibrated = quantize_onnx(cal, self.calibration_feeds(), show_progress=False,
                                              quantize_norms=self.cfg.norm_units >= 1,
                                              split_outliers=False, bias_correction=False,
@@ -278,7 +304,7 @@ class CompiledLLM:
         launches = []
         if self.quant == "fp32" or kind == "sink":   # torch FP32, nothing simulated
             t0 = time.perf_counter()
-            out = run_step_fp32(self.hf, shape[0], shape[1], feeds)
+            out = run_step_fp32(self.step_model, shape[0], shape[1], feeds)
         else:
             ex, vm = self.executable(*shape)
             t0 = time.perf_counter()
