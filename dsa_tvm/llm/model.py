@@ -133,7 +133,8 @@ class CompiledLLM:
                  prefill_buckets: tuple[int, ...] = PREFILL,
                  context_buckets: tuple[int, ...] = CONTEXT, offload: str = "all",
                  rows_concat: str = "host", smooth: float | None = SMOOTH,
-                 smooth_folds: tuple[str, ...] = FOLDS, verbose: bool = False) -> None:
+                 smooth_folds: tuple[str, ...] = FOLDS,
+                 wide_residual: bool = True, verbose: bool = False) -> None:
         from ..hw.config import load_config
 
         if quant not in QUANTS:
@@ -158,6 +159,8 @@ class CompiledLLM:
         #: SmoothQuant's alpha (None: no smoothing); it changes nothing at quant "fp32"
         self.smooth = None if smooth is None else check_alpha(smooth)
         self.smooth_folds = check_folds(smooth_folds)   # which inputs (llm.smooth.FOLDS)
+        #: the residual stream on int16 grids (``llm.residual``; False: int8, as before)
+        self.wide_residual = bool(wide_residual)
         self._step_hf = None   # the model the DSA's steps are exported from (step_model)
         self._calibrated = None
         self._steps: dict[tuple[int, int], Any] = {}   # bucket -> its quantized Relax step
@@ -238,16 +241,20 @@ class CompiledLLM:
         return hit
 
     def _quantize(self, tokens: int, cache: int):
+        from ..frontend.intake import load_onnx
         from ..quant.api import quantize_onnx, quantize_with_ranges
+        from .residual import residual_stream
 
         fp32 = export_step(self.step_model, tokens, cache)
         if self._calibrated is None:
             t0 = time.perf_counter()
-            cal = export_step(self.step_model, 1, CALIBRATION_CACHE)
+            cal = load_onnx(export_step(self.step_model, 1, CALIBRATION_CACHE))
+            wide = residual_stream(cal.model) if self.wide_residual else set()
             self._calibrated = quantize_onnx(cal, self.calibration_feeds(), show_progress=False,
                                              quantize_norms=self.cfg.norm_units >= 1,
                                              split_outliers=False, bias_correction=False,
-                                             weight_bits=QUANT_WEIGHT_BITS.get(self.quant, 8))
+                                             weight_bits=QUANT_WEIGHT_BITS.get(self.quant, 8),
+                                             wide_tensors=wide)
             self._log(f"calibrated in {time.perf_counter() - t0:.1f} s")
         return quantize_with_ranges(fp32, self._calibrated)
 

@@ -260,3 +260,29 @@ def test_teacher_forced_agreement_is_the_share_of_next_tokens_predicted(w8a8):
     assert w8a8.teacher_forced("ab", want) == pytest.approx(hits / len(want))
     with pytest.raises(ValueError, match="continuation"):
         fp32.teacher_forced("ab", [])
+
+
+def test_residual_stream_is_int16_on_the_dsa(w8a8):
+    """The default W8A8 keeps the residual stream on int16 grids (``llm.residual``): the
+    branch denses write int16, the residual adds add int16 codes and the norms read them,
+    all inside the regions; ``wide_residual=False`` puts the stream on int8."""
+    from dsa_tvm.frontend.intake import load_onnx
+    from dsa_tvm.llm.residual import residual_stream
+    from dsa_tvm.llm.step import export_step
+
+    w8a8.generate(PROMPT, max_new_tokens=1)
+    layers = [ly for crep in w8a8.reports.values() for d in crep.regions if d.target == "dsa"
+              for ly in d.region.layers]
+    adds = [ly for ly in layers if type(ly).__name__ == "Add" and ly.output.dtype == "int16"]
+    norms = [ly for ly in layers if type(ly).__name__ == "RMSNorm"]
+    assert len(adds) >= 2 * w8a8.arch.layers       # both residual adds of every layer
+    assert all(ly.a.dtype == ly.b.dtype == "int16" for ly in adds)
+    assert any(ly.input.dtype == "int16" for ly in norms)   # (bit-exact: the test above)
+    # the stream the quantizer widened: x, two adds a layer, their branch inputs
+    stream = residual_stream(load_onnx(export_step(w8a8.step_model, 1, 16)).model)
+    assert "x" in stream and len(stream) == 1 + 2 * 2 * w8a8.arch.layers
+    narrow = load("tiny", wide_residual=False, **BUCKETS)
+    narrow.generate(PROMPT, max_new_tokens=1)
+    assert not [ly for crep in narrow.reports.values() for d in crep.regions
+                if d.target == "dsa" for ly in d.region.layers
+                if getattr(getattr(ly, "output", None), "dtype", "int8") == "int16"]
