@@ -74,8 +74,8 @@ def main() -> None:
                          "the library's, dsa_tvm.llm.model.SMOOTH); 'none' for no smoothing")
     ap.add_argument("--plot", default="bench_llm_decode.png")
     ap.add_argument("--smooth-folds", default=None,
-                    help="the inputs smoothed, comma-separated (qkv, gate_up, down, o; default "
-                         "all four)")
+                    help="the inputs smoothed, comma-separated (qkv, gate_up, down, o; default: "
+                         "the library's, dsa_tvm.llm.model.SMOOTH_FOLDS)")
     args = ap.parse_args()
     parts = set(args.parts.split(","))
     contexts = tuple(int(c) for c in args.contexts.split(","))

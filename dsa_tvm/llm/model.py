@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
@@ -17,15 +17,20 @@ from tir_schedules.options import CompileOptions, options
 
 from .buckets import CONTEXT, PREFILL, bucket, check_buckets
 from .feeds import KVCache, step_feeds
-from .smooth import FOLDS, check_alpha, check_folds, smooth_llama
+from .smooth import check_alpha, check_folds, smooth_llama
 from .source import Source, load_source
 from .step import Arch, export_step, run_step_fp32
 
+if TYPE_CHECKING:
+    import onnx
+
 QUANTS = ("w8a8", "w4a8", "fp32")
 #: SmoothQuant's migration strength folded into the quantized steps' weights by default
-#: (llm.smooth): none, as measured on SmolLM2 with static per-tensor int8 inputs, a = 0.5
-#: made W8A8 worse (perplexity 40.12 against 38.37, docs/llm.md)
-SMOOTH: float | None = None
+#: (llm.smooth), and the inputs it smooths: the two folds into the RMSNorm weights. On the
+#: int16 residual stream they help; the folds into up_proj's and v_proj's rows hurt
+#: (their outputs have int8 grids of their own). Measured on SmolLM2, docs/llm.md.
+SMOOTH: float | None = 0.5
+SMOOTH_FOLDS: tuple[str, ...] = ("qkv", "gate_up")
 #: weight bits of each quantization (fp32: nothing simulated)
 QUANT_WEIGHT_BITS = {"w8a8": 8, "w4a8": 4}
 #: calibration: decode steps at these many positions of each calibration text
@@ -133,7 +138,7 @@ class CompiledLLM:
                  prefill_buckets: tuple[int, ...] = PREFILL,
                  context_buckets: tuple[int, ...] = CONTEXT, offload: str = "all",
                  rows_concat: str = "host", smooth: float | None = SMOOTH,
-                 smooth_folds: tuple[str, ...] = FOLDS,
+                 smooth_folds: tuple[str, ...] = SMOOTH_FOLDS,
                  wide_residual: bool = True, verbose: bool = False) -> None:
         from ..hw.config import load_config
 
@@ -240,21 +245,27 @@ class CompiledLLM:
             hit = self._steps[(tokens, cache)] = self._quantize(tokens, cache).to_relax()
         return hit
 
+    def quantize_options(self, step: "onnx.ModelProto") -> dict[str, Any]:
+        """The options :func:`~dsa_tvm.quant.api.quantize_onnx` calibrates the steps with
+        (``step``: the calibration step as intake left it); a study overrides it to keep
+        nodes FP32 or widen more tensors."""
+        from .residual import residual_stream
+
+        return dict(show_progress=False, quantize_norms=self.cfg.norm_units >= 1,
+                    split_outliers=False, bias_correction=False,
+                    weight_bits=QUANT_WEIGHT_BITS.get(self.quant, 8),
+                    wide_tensors=residual_stream(step) if self.wide_residual else set())
+
     def _quantize(self, tokens: int, cache: int):
         from ..frontend.intake import load_onnx
         from ..quant.api import quantize_onnx, quantize_with_ranges
-        from .residual import residual_stream
 
         fp32 = export_step(self.step_model, tokens, cache)
         if self._calibrated is None:
             t0 = time.perf_counter()
             cal = load_onnx(export_step(self.step_model, 1, CALIBRATION_CACHE))
-            wide = residual_stream(cal.model) if self.wide_residual else set()
-            self._calibrated = quantize_onnx(cal, self.calibration_feeds(), show_progress=False,
-                                             quantize_norms=self.cfg.norm_units >= 1,
-                                             split_outliers=False, bias_correction=False,
-                                             weight_bits=QUANT_WEIGHT_BITS.get(self.quant, 8),
-                                             wide_tensors=wide)
+            self._calibrated = quantize_onnx(cal, self.calibration_feeds(),
+                                             **self.quantize_options(cal.model))
             self._log(f"calibrated in {time.perf_counter() - t0:.1f} s")
         return quantize_with_ranges(fp32, self._calibrated)
 

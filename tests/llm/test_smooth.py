@@ -163,10 +163,11 @@ def test_alpha_ends_are_exact(hf):
 
 
 def test_quantized_steps_use_the_smoothed_copy_and_fp32_the_original():
-    model = load("tiny", smooth=0.5, **BUCKETS)            # w8a8
+    model = load("tiny", smooth=0.5, smooth_folds=sq.FOLDS, **BUCKETS)   # w8a8, with the o fold
     assert model.smooth == 0.5 and model.step_model is not model.hf
     assert model.step_model is model.step_model   # built once
-    for off in (load("tiny", quant="fp32", smooth=0.5, **BUCKETS), load("tiny", **BUCKETS)):
+    for off in (load("tiny", quant="fp32", smooth=0.5, **BUCKETS),
+                load("tiny", smooth=None, **BUCKETS)):
         assert off.step_model is off.hf
     # the sink step (host FP32) fills the cache from the smoothed copy: v_proj's rows
     # carry the division the quantized steps' o_proj undoes
