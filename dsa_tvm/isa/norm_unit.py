@@ -20,6 +20,7 @@ import numpy as np
 from ..intmath import ceil_div
 from . import intnorm as inn
 from .instructions import NormOp
+from .semantics import INT8_MAX, INT8_MIN, INT16_MAX, INT16_MIN
 
 if TYPE_CHECKING:
     from ..hw.config import HardwareConfig
@@ -107,7 +108,7 @@ def unpack_params(op: NormOp, block: np.ndarray, n: int):
 
 
 #: the codes the units read: int8, or int16 with NORM's ``in_wide``
-CODE_RANGE = {False: (-128, 127), True: (-(1 << 15), (1 << 15) - 1)}
+CODE_RANGE = {False: (INT8_MIN, INT8_MAX), True: (INT16_MIN, INT16_MAX)}
 
 
 def apply(op: NormOp, x: np.ndarray, in_zp: int, params, in_wide: bool = False) -> np.ndarray:

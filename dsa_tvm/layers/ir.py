@@ -26,6 +26,8 @@ from dataclasses import dataclass, field, fields
 
 import numpy as np
 
+from ..isa.semantics import INT16_MAX, INT16_MIN
+
 
 @dataclass(frozen=True)
 class QTensor:
@@ -37,7 +39,7 @@ class QTensor:
 
 
 #: the clip of REQUANT's wide mode: an int16 output
-WIDE_CLIP = (-(1 << 15), (1 << 15) - 1)
+WIDE_CLIP = (INT16_MIN, INT16_MAX)
 
 
 @dataclass(frozen=True)
