@@ -283,7 +283,14 @@ def _with_opset(model: onnx.ModelProto, version: int) -> onnx.ModelProto:
         return model
     from onnx import version_converter
 
-    out = version_converter.convert_version(model, version)
+    try:
+        out = version_converter.convert_version(model, version)
+    except Exception as e:  # noqa: BLE001 - the converter raises RuntimeError from C++
+        first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+        raise ValueError(f"int16 (wide) tensors need opset {version}, and onnx.version_"
+                         f"converter cannot upgrade this model from opset {have} ({first}): "
+                         f"export it at opset {version}, or quantize without wide_tensors"
+                         ) from e
     del out.graph.value_info[:]
     # the axes it moves into Constant inputs become initializers the planner reads
     return with_shapes(constants_to_initializers(out))

@@ -78,3 +78,14 @@ def test_activation_bits_other_than_8_or_16_are_refused():
     assert qp.zero_point == 0 and qp.scale == pytest.approx(3.0 / 32767, rel=1e-6)
     codes = qp.quantize(np.array([-1e9, 0.0, 1e9]))
     assert codes.dtype == np.int16 and codes.tolist() == [-32768, 0, 32767]
+
+
+def test_a_model_the_converter_cannot_upgrade_gets_the_fix(monkeypatch):
+    from onnx import version_converter
+
+    def fail(*_a, **_k):
+        raise RuntimeError("No Adapter For Pretend op")
+
+    monkeypatch.setattr(version_converter, "convert_version", fail)
+    with pytest.raises(ValueError, match="export it at opset 21, or quantize without"):
+        quantize_onnx(_net(), _feeds(), show_progress=False, wide_tensors={"r"})
