@@ -182,7 +182,9 @@ def quantize_onnx(model: onnx.ModelProto | str | Path | Intake, calibration_data
     src = taken.model
     opts = QuantOptions(method, per_channel, symmetric_activations, frozenset(keep_fp32),
                         quantize_adds, percentile, bias_correction, split_outliers,
-                        quantize_norms, weight_bits, frozenset(wide_tensors))
+                        quantize_norms, weight_bits,
+                        frozenset({wide_tensors} if isinstance(wide_tensors, str)
+                                  else wide_tensors))   # one name is one tensor
     if is_qdq(src):  # intake has rewritten a QOperator model into QDQ already
         if verbose:
             print("dsa-tvm quantize: model is already quantized (QDQ); passing it through",

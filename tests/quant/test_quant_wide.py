@@ -66,9 +66,10 @@ def test_a_wide_tensor_read_only_by_fp32_ops_stays_quantized():
     assert _zero_points(wide.model)["r"].dtype == np.int16
 
 
-def test_unknown_wide_tensor_is_named():
-    with pytest.raises(ValueError, match="no_such_tensor"):
-        quantize_onnx(_net(), _feeds(), show_progress=False, wide_tensors={"no_such_tensor"})
+@pytest.mark.parametrize("names", [{"no_such_tensor"}, "no_such_tensor"])
+def test_unknown_wide_tensor_is_named(names):
+    with pytest.raises(ValueError, match=r"\['no_such_tensor'\]"):
+        quantize_onnx(_net(), _feeds(), show_progress=False, wide_tensors=names)
 
 
 def test_activation_bits_other_than_8_or_16_are_refused():
