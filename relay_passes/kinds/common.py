@@ -40,7 +40,7 @@ class Constraint:
     test: Test
 
 
-def _int8_tensors(wide_output: bool, wide_inputs: bool) -> Test:
+def _activation_types(wide_output: bool, wide_inputs: bool) -> Test:
     """Inputs int8 (or int16 where the kind reads them: ACC16 loads); the output int8, or
     int16 where the kind's output stage writes one (REQUANT's wide mode, an ACC16 store)
     with no fused activation to fold into its clip."""
@@ -130,7 +130,7 @@ def common_constraints(factors: Factors, limit: float = 2.0 ** 31,
     ins = "int8 or int16" if wide_inputs else "int8 (`{cfg.input_dtype}`)"
     return [
         Constraint("dtypes", f"activations {ins} in, {out} out",
-                   _int8_tensors(wide_output, wide_inputs)),
+                   _activation_types(wide_output, wide_inputs)),
         Constraint("per_tensor_activations", "one scale and zero point per activation tensor",
                    _per_tensor),
         Constraint("positive_scales", "positive scales", _positive_scales),
