@@ -52,6 +52,8 @@ def scalar_softmax(row: list[int], p: inn.SoftmaxParams) -> list[int]:
 
 
 def scalar_norm(row: list[int], zp: int, p: inn.NormParams) -> list[int]:
+    """The norms' spec (isa.intnorm) in Python integers, which never overflow: the oracle
+    for the int64 numpy version, and the check that its intermediates fit int64."""
     c = [v - zp for v in row]
     n = len(c)
     s1, s2 = sum(c), sum(v * v for v in c)
@@ -59,6 +61,7 @@ def scalar_norm(row: list[int], zp: int, p: inn.NormParams) -> list[int]:
         num, v = [n * x - s1 for x in c], n * s2 - s1 * s1 + p.eps_term
     else:
         num, v = c, s2 + p.eps_term
+    assert v < 1 << 63   # what the int64 version relies on
     if v == 0:
         r, e = 0, 0
     else:
@@ -70,6 +73,7 @@ def scalar_norm(row: list[int], zp: int, p: inn.NormParams) -> list[int]:
             r = (r * (3 * 2 ** 30 - t)) >> 31
     out = []
     for i, x in enumerate(num):
+        assert abs(x * r) < 1 << 62
         u = _rnd(x * r, 14 + e)
         y = _rnd(u * int(p.gamma[i]) + int(p.beta[i]), 16 + p.frac) + p.out_zp
         out.append(min(max(y, -128), 127))

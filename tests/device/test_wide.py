@@ -38,8 +38,10 @@ from dsa_tvm.isa.instructions import (
 )
 from dsa_tvm.sim.timing import compute_cycles
 
+from ..compiler.test_intnorm import scalar_norm
 from .harness import PRESETS, rand_int16, rand_int32, run, run_and_check
 from .reference_machine import build_sequential, output_stage_py, requant_imm_fields, wrap32
+from .test_norm import CFGS, _params, _want
 
 I16_MIN, I16_MAX = -(1 << 15), (1 << 15) - 1
 INT32 = st.integers(-(1 << 31), (1 << 31) - 1)
@@ -262,21 +264,6 @@ def test_wide_requant_program_to_acc16_bit_exact(preset):
 
 # ----------------------------------------------------------------------------- NORM in_wide
 
-CFGS = {p: dsa_tvm.load_config(p).replace(norm_units=2) for p in PRESETS}
-
-
-def _params(op: NormOp, n: int, rng, s_in=2.0 ** -8, s_out=0.03, out_zp=-3):
-    if op == NormOp.SOFTMAX:
-        return inn.softmax_params(s_in, 1 / 256, -128)
-    center = op == NormOp.LAYERNORM
-    return inn.norm_params(n, s_in, 1e-5, rng.normal(1, 0.3, n),
-                           rng.normal(0, 0.2, n) if center else None, s_out, out_zp, center)
-
-
-def _want(op, q, zp, p):
-    return inn.int_softmax(q, zp, p) if op == NormOp.SOFTMAX else inn.int_norm(q, zp, p)
-
-
 def _norm_program(cfg, op, p, n, rows, lanes, in_zp, in_wide, load16=False):
     """Parameters (ACC load), rows (ACC or ACC16 load), NORM, ACC store of every lane."""
     bo = cfg.block_out
@@ -325,7 +312,7 @@ def test_norm_in_wide_bit_exact_with_intnorm(preset, op, n, rows, seed, in_zp, m
     cfg = CFGS[preset]
     rng = np.random.default_rng(seed)
     q = _codes16(rng, rows, n, mode).astype(np.int16)
-    p = _params(op, n, rng)
+    p = _params(op, n, rng, s_in=2.0 ** -8)
     span = nu.row_span(n, cfg.block_out)
     if rows * span + nu.param_rows(op, n, cfg.block_out) > cfg.acc_depth // 2:
         rows, q = 1, q[:1]
@@ -385,39 +372,6 @@ def test_norm_in_wide_encodes_as_the_last_bit_and_disassembles():
 
 # ----------------------------------------------------------------------------- intnorm bounds
 
-def _rnd(x: int, s: int) -> int:
-    return x << -s if s < 0 else (x + ((1 << s) >> 1)) >> s
-
-
-def _scalar_norm(row: list[int], zp: int, p: inn.NormParams) -> list[int]:
-    """The norms' spec (isa.intnorm) in Python integers, which never overflow: the oracle
-    that shows the int64 numpy version is exact on int16 rows."""
-    c = [v - zp for v in row]
-    n = len(c)
-    s1, s2 = sum(c), sum(v * v for v in c)
-    if p.center:
-        num, v = [n * x - s1 for x in c], n * s2 - s1 * s1 + p.eps_term
-    else:
-        num, v = c, s2 + p.eps_term
-    assert v < 1 << 63   # what the int64 version relies on
-    if v == 0:
-        r, e = 0, 0
-    else:
-        e = (v.bit_length() - 29) >> 1
-        m = v >> 2 * e if e >= 0 else v << -2 * e
-        r = round(2 ** 30 / math.sqrt(((m >> 26) + 0.5) * 2 ** 26))
-        for _ in range(3):
-            t = ((m * r) >> 15) * r >> 15
-            r = (r * (3 * 2 ** 30 - t)) >> 31
-    out = []
-    for i, x in enumerate(num):
-        assert abs(x * r) < 1 << 62
-        u = _rnd(x * r, 14 + e)
-        y = _rnd(u * int(p.gamma[i]) + int(p.beta[i]), 16 + p.frac) + p.out_zp
-        out.append(min(max(y, -128), 127))
-    return out
-
-
 @pytest.mark.parametrize("center", [True, False])
 @pytest.mark.parametrize("n", [1, 2, 1000, inn.MAX_ROW])
 def test_norm_int16_worst_case_rows_exact_in_int64(center, n):
@@ -434,7 +388,7 @@ def test_norm_int16_worst_case_rows_exact_in_int64(center, n):
     q[2] = rng.integers(I16_MIN, I16_MAX + 1, n)
     for params in (p, p_small):
         got = inn.int_norm(q, 127, params)
-        want = [_scalar_norm([int(v) for v in row], 127, params) for row in q]
+        want = [scalar_norm([int(v) for v in row], 127, params) for row in q]
         assert got.tolist() == want
     c = q[:1] - 127
     assert n * int((c * c).sum()) + p.eps_term < 1 << 63
@@ -477,7 +431,7 @@ def test_norm_int16_rows_exact_and_close_to_float(center, n, seed, zp, spread):
     s_out = max(float(np.abs(f).max()), 1e-3) / 127
     p = inn.norm_params(n, s_in, 1e-5, g, b, s_out, 0, center)
     y = inn.int_norm(q, zp, p)
-    assert y.tolist() == [_scalar_norm([int(v) for v in row], zp, p) for row in q]
+    assert y.tolist() == [scalar_norm([int(v) for v in row], zp, p) for row in q]
     assert np.abs(y - np.clip(np.round(f / s_out), -128, 127)).max() <= 1
     q8 = np.clip(q, -128, 127)
     assert np.array_equal(inn.int_norm(q8.astype(np.int8), zp, p), inn.int_norm(q8, zp, p))
