@@ -9,6 +9,11 @@
   :class:`~dsa_tvm.layers.ir.Rescale` whose per-channel REQUANT factor is
   ``s_a * c[ch] / s_y``, negative or zero factors included (the multiplier carries the
   sign).
+
+The product of two activations may be quantized to int16 (an LLM's SiLU-gate product
+``silu(gate) * up`` on a wide grid): REQUANT's wide mode and an ACC16 store; its operands
+stay int8, and a fused ReLU/Clip on it stays on the CPU (the wide mode clamps to int16
+only). A product with a constant writes int8 only.
 """
 
 from __future__ import annotations
@@ -124,6 +129,15 @@ def _operands(m: Match, cfg: HardwareConfig) -> str | None:
     return d if isinstance(d, str) else None
 
 
+def _wide_output(m: Match, cfg: HardwareConfig) -> str | None:
+    """An int16 output is the product of two activations (the binary room's store); a
+    product with a constant (a Rescale) writes int8."""
+    if m.out.dtype == "int16" and m.weight is not None:
+        return ("an int16 output is written by the product of two activations only, not "
+                "by a product with a constant")
+    return None
+
+
 def _ordered(m: Match) -> tuple[Operand, Operand]:
     """(full operand, the other): the first operand that has the output's shape first."""
     a, b = m.inputs
@@ -151,9 +165,11 @@ def _to_layer(m: Match, name: str, inputs: list[QTensor], output: QTensor) -> La
 
 KINDS = (Kind(
     "mul", 450, _variants, _read,
-    common_constraints(rescale_factors) + [
+    common_constraints(rescale_factors, wide_output=True) + [
         Constraint("operands", "two int8 activations, one of the output's shape and the other "
                    "the same or broadcasting per channel (`[N, C, 1, 1]`), or one activation and "
                    "a per-channel (or scalar) constant", _operands),
+        Constraint("wide", "an int16 output only for the product of two activations "
+                   "(REQUANT's wide mode, an ACC16 store)", _wide_output),
     ],
     _to_layer, "Mul (SE gate, x * sigmoid(x), layer scale), Div by a constant; + Relu/Clip", _MUL),)

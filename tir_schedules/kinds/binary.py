@@ -11,6 +11,9 @@ za * zb`` as SUB (immediate), MUL (tensor), MAC (immediate), the constant ``za *
 in the REQUANT bias (no temporary tile; a zero point of 0 drops its op). ``add``:
 ``a * am + b * bm`` (MUL, MAC immediates), zero points in the bias as in the
 ``eltwise`` room, which keeps every same-shape add (its programs do not change).
+
+A product quantized to int16 (REQUANT's wide mode: the layer's clip is ``WIDE_CLIP``)
+is stored as int16 (ACC16); its int16 bytes count in the bounds and the estimate.
 """
 
 from __future__ import annotations
@@ -28,7 +31,7 @@ from dsa_tvm.hw.config import HardwareConfig
 from dsa_tvm.intmath import ceil_div
 from dsa_tvm.isa import semantics as sem
 from dsa_tvm.layers.checks import inputs_read, with_weights
-from dsa_tvm.layers.ir import Add, Mul, QTensor
+from dsa_tvm.layers.ir import WIDE_CLIP, Add, Mul, QTensor
 from dsa_tvm.layers.layouts import broadcast_dims, image_dims
 from dsa_tvm.layers.reference import apply_requant, centered
 
@@ -193,8 +196,9 @@ def estimate_binary_cycles(cfg: HardwareConfig, s: BinaryShape, k: BinaryKnobs) 
     passes = _ops(s) + 1
     once = (s.cb // k.tile_cb) * (12 * k.tile_cb * bl / cfg.bandwidth_bytes_per_cycle
                                   + cfg.latency_cycles)
+    out_bytes = rows * bl * (2 if tuple(s.clip) == WIDE_CLIP else 1)   # an int16 store
     return stream_cycles(cfg, tiles, [(rows * bl, 1), (b_rows * bl, 1)], passes * rows, passes,
-                         rows * bl, k.double_buffer, once)
+                         out_bytes, k.double_buffer, once)
 
 
 def candidate_binary_knobs(cfg: HardwareConfig, s: BinaryShape) -> list[BinaryKnobs]:
@@ -243,7 +247,8 @@ def schedule_binary(func: tirx.PrimFunc, cfg: HardwareConfig, s: BinaryShape,
 
 
 def binary_perf_shape(s: BinaryShape) -> BinaryShape:
-    return dataclasses.replace(s, output_zp=0, clip=(-128, 127),
+    clip = s.clip if tuple(s.clip) == WIDE_CLIP else (-128, 127)   # int16 stores cost more
+    return dataclasses.replace(s, output_zp=0, clip=clip,
                                k1=1 if s.kind == "add" else int(s.k1 != 0),
                                k2=1 if s.kind == "add" else int(s.k2 != 0))
 
