@@ -23,6 +23,17 @@ SIZES = {"resnet18": {"input_size": 64}, "resnet50": {"input_size": 64},
          "mobilenet_v2": {"input_size": 64}, "transformer_encoder": {}}
 
 
+def _program_bytes(prog, cfg) -> bytes:
+    """The program's bytes without the id of the compile that last handed it out (the
+    program cache shares one program between compiles, each stamping its own id)."""
+    saved = prog.meta
+    prog.meta = {k: v for k, v in saved.items() if k != "compile"}
+    try:
+        return prog.to_bytes(cfg)
+    finally:
+        prog.meta = saved
+
+
 def region_hashes(net: str, preset: str) -> dict[str, str]:
     """Region name -> sha256 of its program bytes, for ``net`` compiled for ``preset``."""
     import tvm
@@ -40,7 +51,7 @@ def region_hashes(net: str, preset: str) -> dict[str, str]:
         if d.region is None:
             continue
         try:
-            data = compile_region(d.region, cfg).program.to_bytes(cfg)
+            data = _program_bytes(compile_region(d.region, cfg).program, cfg)
         except Exception as e:  # noqa: BLE001 - a region the codegen refuses: its reason is the record
             out[d.name] = f"refused: {type(e).__name__}"
             continue
