@@ -279,13 +279,16 @@ class Resize:
 
 @dataclass(frozen=True)
 class Slice:
-    """A channel block of an NCHW image: y = x[:, begin:begin + C_out]; input and output
-    share one scale and zero point (a copy)."""
+    """A channel block of an NCHW image: y = x[:, begin:begin + C_out]; or, with ``axis``
+    the second-to-last of a 2-, 3- or 5-D rows tensor, a run of its rows:
+    y = x[..., begin:begin + L_out, :]. Input and output share one scale, zero point and
+    dtype (a copy)."""
 
     name: str
-    input: QTensor           # NCHW
-    output: QTensor          # NCHW, C_out channels
-    begin: int               # first input channel
+    input: QTensor           # NCHW (or rows)
+    output: QTensor          # NCHW, C_out channels (or L_out rows)
+    begin: int               # first input channel (or row)
+    axis: int = 1
 
     @property
     def macs(self) -> int:

@@ -19,9 +19,11 @@ from dsa_tvm.intmath import ceil_div
 from dsa_tvm.isa.formats import DRAM_SIZE_BITS
 from dsa_tvm.layers.ir import Dense, Layer, QTensor
 
+from .add import WIDE_ADD_MULT_BITS, add_multipliers
 from .common import MAX_DMA, Constraint, common_constraints
-from .match import Match, NotAMatch, Operand, Reader, Root, shape_of
-from .scales import int32_bias, requant
+from .dense_planes import PLANE, byte_plane_layers, plane_scale
+from .match import Match, NotAMatch, Operand, Reader, Root, qtensor, shape_of
+from .scales import clip_bounds, int32_bias, requant
 from .spec import ACTS, Kind, act, dq, q, variant_name
 from .weights import weight_constraints
 
@@ -135,20 +137,56 @@ def as_rows(t: QTensor) -> QTensor:
     return replace(t, shape=(rows, int(t.shape[-1])))
 
 
-def _to_layer(m: Match, name: str, inputs: list[QTensor], output: QTensor) -> Layer:
+def _weight_nk(m: Match) -> np.ndarray:
+    """The int8 weight as [N, K]."""
     w = m.weight.value.astype(np.int8)
-    w = w if m.weight_transposed else np.ascontiguousarray(w.T)
+    return w if m.weight_transposed else np.ascontiguousarray(w.T)
+
+
+def _plane_factors(m: Match) -> tuple[float, float]:
+    """The byte planes' add factors (256 s_p / s_y, s_p / s_y) of an int16-input dense."""
+    x = qtensor("x", m.inputs[0].shape, m.inputs[0].qp)
+    s_p = plane_scale(x, _weight_nk(m), m.weight.qp.scale)
+    return PLANE * s_p / float(m.out.scale[0]), s_p / float(m.out.scale[0])
+
+
+def _wide_input(m: Match, cfg: HardwareConfig) -> str | None:
+    """An int16 input runs as two byte planes (``dense_planes``): symmetric, no bias (the
+    planes would add it twice), the planes' add factors within an int16 operand's bits."""
+    x = m.inputs[0].qp
+    if x.dtype != "int16":
+        return None
+    if int(x.zero_point[0]) != 0:
+        return f"an int16 input with zero point {int(x.zero_point[0])} (the planes need 0)"
+    if m.bias is not None:
+        return "an int16 input with a bias (the two byte planes would add it twice)"
+    big = max(_plane_factors(m))
+    if not 0 < big < 2.0 ** WIDE_ADD_MULT_BITS:
+        return (f"the byte planes' add factor {big:g} is not in (0, 2^{WIDE_ADD_MULT_BITS}) "
+                f"(output scale {float(m.out.scale[0]):g})")
+    return None
+
+
+def _to_layer(m: Match, name: str, inputs: list[QTensor], output: QTensor
+              ) -> Layer | tuple[Layer, ...]:
+    w = _weight_nk(m)
+    if inputs[0].dtype == "int16":
+        return byte_plane_layers(name, as_rows(inputs[0]), as_rows(output), w,
+                                 m.weight.qp.scale, clip_bounds(m), add_multipliers)
     return Dense(name, as_rows(inputs[0]), as_rows(output), w, int32_bias(m, w.shape[0]),
                  requant(rescale_factors(m), m))
 
 
-_CONSTRAINTS = common_constraints(rescale_factors, wide_output=True) + weight_constraints(
+_CONSTRAINTS = common_constraints(rescale_factors, wide_output=True,
+                                  wide_inputs=True) + weight_constraints(
     channel_axis=lambda m: 0 if m.weight_transposed else 1,
     channels=lambda m: m.out_shape[-1],
     rows=lambda m, w: w if m.weight_transposed else w.T) + [
     Constraint("shapes", "2-D weight; ceil(K/block_in), ceil(N/block_out) within the DMA "
                "fields", _shapes),
     MATMUL_DTYPE,
+    Constraint("wide_input", "an int16 input: zero point 0, no bias, run as two int8 byte "
+               "planes", _wide_input),
 ]
 
 KINDS = (

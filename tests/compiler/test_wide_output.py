@@ -115,7 +115,7 @@ def test_int16_output_keeps_what_int8_cannot_hold():
 
 @pytest.mark.parametrize("what,reason", [
     ("relu", "int16 output"),
-    ("wide_input", "input 0 is int16"),
+    ("wide_input", "an int16 input with zero point 3"),
 ])
 def test_what_the_wide_mode_cannot_do_stays_on_the_cpu(what, reason):
     model = _wide_dense(3, 16, 8, 0, 2e-3, relu=what == "relu", wide_input=what == "wide_input")

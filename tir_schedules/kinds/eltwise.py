@@ -254,7 +254,8 @@ def add_const_recipe(layer: AddConst, cfg: HardwareConfig, consts: bool) -> Reci
 def rescale_recipe(layer: Rescale, cfg: HardwareConfig, consts: bool) -> Recipe:
     p, c = _pixels_channels(layer, [layer.input])
     rq, block = layer.requant, cfg.block_out
-    shape = EltwiseShape("rescale", p, ceil_div(c, block), block, rq.zero_point, rq.clip)
+    shape = EltwiseShape("rescale", p, ceil_div(c, block), block, rq.zero_point, rq.clip,
+                         a_dtype=layer.input.dtype)
     return _finish(layer, cfg, consts, shape, c, -layer.input.zero_point, {"x": layer.input})
 
 

@@ -35,7 +35,7 @@ from dsa_tvm.hw.config import HardwareConfig
 from dsa_tvm.intmath import ceil_div
 from dsa_tvm.isa.formats import DRAM_SIZE_BITS
 from dsa_tvm.isa.instructions import Buffer
-from dsa_tvm.layers.checks import inputs_read, with_weights
+from dsa_tvm.layers.checks import inputs_read, tensor_bytes, with_weights
 from dsa_tvm.layers.ir import Concat, Resize, Slice
 
 from ..vector_unit import MAX_DMA, staged_rows_knobs
@@ -56,6 +56,8 @@ class MoveShape:
     block: int
     scale: tuple[int, int] = (1, 1)
     offset: int = 0
+    wide: bool = False        # int16 codes: ACC16 transfers, two bytes a lane
+    rows: bool = False        # a slice of rows (runs longer than the staging move in pieces)
 
 
 @dataclass(frozen=True)
@@ -72,6 +74,8 @@ def _transfers(s: MoveShape, k: MoveKnobs) -> list[tuple[int, int]]:
     out = []
     if s.kind == "slice":
         p, cb = s.n * s.h * s.w, s.cbs[1]
+        if s.rows and cb > k.rows:   # a long run of rows: pieces of one group
+            return [(min(k.rows, cb - c0), 1) for _ in range(p) for c0 in range(0, cb, k.rows)]
         pc = max(1, k.rows // cb)
         return [(min(pc, p - p0) * cb, 1) for p0 in range(0, p, pc)]
     if s.kind == "concat":
@@ -94,8 +98,9 @@ def _transfers(s: MoveShape, k: MoveKnobs) -> list[tuple[int, int]]:
 def move_fits(cfg: HardwareConfig, s: MoveShape, k: MoveKnobs) -> str | None:
     if k.rows > cfg.acc_depth:
         return f"{k.rows} staged rows exceed the {cfg.acc_depth}-row accumulator"
-    if s.kind == "concat":   # pixels longer than the staging move in pieces
-        if _cb_out(s) > MAX_DMA:
+    if s.kind == "concat" or s.rows:
+        # pixels longer than the staging move in pieces (a concat, a rows slice)
+        if _cb_out(s) > MAX_DMA or max(s.cbs) > MAX_DMA:
             return f"a {_cb_out(s)}-block output stride exceeds the {DRAM_SIZE_BITS}-bit DMA fields"
         return None
     if _cb_out(s) > k.rows or (s.kind != "slice" and max(s.cbs) > k.rows):
@@ -112,7 +117,7 @@ def estimate_move_cycles(cfg: HardwareConfig, s: MoveShape, k: MoveKnobs) -> flo
     """Every byte in and out at the DRAM bandwidth, one latency per transfer."""
     cycles = 0.0
     for rows, stores in _transfers(s, k):
-        moved = rows * s.block * (1 + stores)
+        moved = rows * s.block * (1 + stores) * (2 if s.wide else 1)
         cycles += moved / cfg.bandwidth_bytes_per_cycle + (1 + stores) * cfg.latency_cycles
     return cycles
 
@@ -124,8 +129,8 @@ def move_instructions(cfg: HardwareConfig, s: MoveShape, k: MoveKnobs) -> int:
 def emit_move(b, cfg: HardwareConfig, s: MoveShape, k: MoveKnobs, regions: dict) -> None:
     """The LOAD/STORE pairs of the layer; staging alternates between two halves of the
     rows so the derived tokens let the next load overlap the previous stores."""
-    buf = Buffer.ACC8
-    long_runs = s.kind == "concat" and max(s.cbs) > k.rows // 2
+    buf = Buffer.ACC16 if s.wide else Buffer.ACC8
+    long_runs = (s.kind == "concat" or s.rows) and max(s.cbs) > k.rows // 2
     half = k.rows // 2 if k.rows >= 2 * max(s.cbs) or long_runs else 0
     y = regions["y"]
     cbo = _cb_out(s)
@@ -140,6 +145,15 @@ def emit_move(b, cfg: HardwareConfig, s: MoveShape, k: MoveKnobs, regions: dict)
     if s.kind == "slice":
         x, cbi = regions["x"], s.cbs[0]
         p = s.n * s.h * s.w
+        step = half or k.rows
+        if s.rows and cbo > step:   # a long run of rows: pieces, contiguous both sides
+            for p0 in range(p):
+                for c0 in range(0, cbo, step):
+                    m = min(step, cbo - c0)
+                    base = stage()
+                    b.load(buf, base, b.addr(x, buf) + p0 * cbi + s.offset + c0, 1, m, m)
+                    b.store(buf, base, b.addr(y, buf) + p0 * cbo + c0, 1, m, m)
+            return
         pc = max(1, (half or k.rows) // cbo)
         for p0 in range(0, p, pc):
             m = min(pc, p - p0)
@@ -219,12 +233,16 @@ def _rows_concat(layer: Concat, cfg: HardwareConfig) -> MoveShape:
     cb = ceil_div(out[-1], cfg.block_out)
     groups = int(np.prod(out[:axis], dtype=np.int64))
     return MoveShape("concat", groups, 1, 1, tuple(t.shape[axis] * cb for t in layer.inputs),
-                     cfg.block_out)
+                     cfg.block_out, wide=layer.output.dtype == "int16")
 
 
 def concat_recipe(layer: Concat, cfg: HardwareConfig, consts: bool) -> Recipe:
     block = cfg.block_out
     out = layer.output.shape
+    dtypes = {t.dtype for t in layer.inputs} | {layer.output.dtype}
+    if dtypes != {"int8"} and (len(dtypes) > 1 or not rows_concat_axis(tuple(out), layer.axis)):
+        raise UnsupportedLayer(f"{layer.name}: {sorted(dtypes)} codes; a concat copies one "
+                               f"dtype (int16 only along rows)")
     if 2 <= len(layer.inputs) <= 8 and rows_concat_axis(tuple(out), layer.axis):
         _same_grid(layer, layer.inputs)
         return Recipe(KIND, _rows_concat(layer, cfg),
@@ -267,9 +285,33 @@ def resize_recipe(layer: Resize, cfg: HardwareConfig, consts: bool) -> Recipe:
     return Recipe(KIND, shape, {"x": layer.input})
 
 
+def _rows_slice(layer: Slice, cfg: HardwareConfig) -> MoveShape:
+    """Rows ``[begin, begin + L_out)`` of each group (the axes before the rows axis): in
+    the rows layout the channel slice with ``L * CB`` blocks per group."""
+    x, y = tuple(layer.input.shape), tuple(layer.output.shape)
+    axis = len(x) - 2
+    if len(y) != len(x) or x[:axis] != y[:axis] or x[-1] != y[-1]:
+        raise UnsupportedLayer(f"{layer.name}: {x} -> {y} differ off the rows axis {axis}")
+    if not 0 <= layer.begin < layer.begin + y[axis] <= x[axis]:
+        raise UnsupportedLayer(f"{layer.name}: rows [{layer.begin}, {layer.begin + y[axis]}) "
+                               f"are not a non-empty range of 0..{x[axis]}")
+    cb = ceil_div(x[-1], cfg.block_out)
+    groups = int(np.prod(x[:axis], dtype=np.int64))
+    return MoveShape("slice", groups, 1, 1, (x[axis] * cb, y[axis] * cb), cfg.block_out,
+                     offset=layer.begin * cb, wide=layer.input.dtype == "int16", rows=True)
+
+
 def slice_recipe(layer: Slice, cfg: HardwareConfig, consts: bool) -> Recipe:
     block = cfg.block_out
     x, y = layer.input.shape, layer.output.shape
+    if layer.input.dtype != layer.output.dtype:
+        raise UnsupportedLayer(f"{layer.name}: {layer.input.dtype} in, {layer.output.dtype} "
+                               f"out: a copy keeps its dtype")
+    if rows_concat_axis(tuple(x), layer.axis):
+        _same_grid(layer, [layer.input])
+        return Recipe(KIND, _rows_slice(layer, cfg), {"x": layer.input})
+    if layer.input.dtype != "int8":
+        raise UnsupportedLayer(f"{layer.name}: channel slices copy int8 codes only")
     if len(x) != 4 or len(y) != 4:
         raise UnsupportedLayer(f"{layer.name}: slice of {len(x)}-D tensors (NCHW only)")
     if (x[0],) + tuple(x[2:]) != (y[0],) + tuple(y[2:]):
@@ -297,7 +339,9 @@ def slice_reason(begin: int, end: int, channels: int, block: int) -> str | None:
 
 def run_slice(ly: Slice, env: dict[str, np.ndarray]) -> np.ndarray:
     x = env[ly.input.name].reshape(ly.input.shape)
-    return np.ascontiguousarray(x[:, ly.begin:ly.begin + ly.output.shape[1]])
+    axis = ly.axis % x.ndim
+    return np.ascontiguousarray(np.take(x, range(ly.begin, ly.begin + ly.output.shape[axis]),
+                                        axis=axis))
 
 
 def run_concat(ly: Concat, env: dict[str, np.ndarray]) -> np.ndarray:
@@ -313,7 +357,9 @@ def run_resize(ly: Resize, env: dict[str, np.ndarray]) -> np.ndarray:
 def _describe(ly) -> str:
     ins = ly.inputs if isinstance(ly, Concat) else (ly.input,)
     extra = (f" x{ly.scale}" if isinstance(ly, Resize) else f" from {ly.begin}"
-             if isinstance(ly, Slice) else f" axis={ly.axis}")
+             if isinstance(ly, Slice) and ly.axis == 1
+             else f" from {ly.begin} axis={ly.axis}" if isinstance(ly, Slice)
+             else f" axis={ly.axis}")
     return (f"{type(ly).__name__} {ly.name}: {' + '.join(str(tuple(t.shape)) for t in ins)}"
             f"{extra} -> {tuple(ly.output.shape)}")
 
@@ -322,7 +368,7 @@ def _bounds(ly) -> tuple[int, int]:
     """Resize reads every input element once (each is a source of some output pixel);
     a slice reads only the channels it keeps."""
     if isinstance(ly, Slice):
-        return with_weights(ly, int(np.prod(ly.output.shape)))
+        return with_weights(ly, tensor_bytes(ly.output))
     return with_weights(ly, inputs_read(ly))
 
 

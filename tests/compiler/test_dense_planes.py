@@ -1,0 +1,215 @@
+"""int16-input dense layers (W8A16) as two int8 byte planes (``relay_passes.kinds
+.dense_planes``): one launch, bit-exact against the integer reference, within the planes'
+stated rounding of onnxruntime over ranks, widths off the block and int8 / int16 outputs;
+the saturation the split defines; what it cannot take stays on the CPU with the reason;
+the LLM's MLP tail (an int16 SiLU-gate product into down_proj into the int16 residual add)
+in one launch."""
+
+from __future__ import annotations
+
+import numpy as np
+import onnx
+import onnxruntime as ort
+import pytest
+import tvm
+from hypothesis import example, given, settings
+from hypothesis import strategies as st
+from onnx import TensorProto, helper, numpy_helper
+from tvm import relax
+
+import dsa_tvm
+from dsa_tvm.layers.ir import Concat, Dense, Slice
+from dsa_tvm.runtime import take_launches
+from tir_schedules.kinds import run_layer, run_region
+
+X_STEP = 1e-3
+
+
+def _planes_model(lead: tuple[int, ...], k: int, n: int, seed: int, y_step: float,
+                  out16: bool = True, x_zp: int = 0, bias: bool = False) -> onnx.ModelProto:
+    """x -> Q/DQ int16 -> MatMul(int8 per-channel W) [+ bias] -> Q/DQ int16 (or int8)."""
+    rng = np.random.default_rng(seed)
+    w_s = rng.uniform(0.002, 0.02, n).astype(np.float32)
+    y_t = np.int16 if out16 else np.int8
+    inits = {"x_s": np.float32(X_STEP), "x_z": np.int16(x_zp),
+             "w_q": rng.integers(-127, 128, (k, n)).astype(np.int8), "w_s": w_s,
+             "w_z": np.zeros(n, np.int8), "y_s": np.float32(y_step), "y_z": y_t(0)}
+    nodes = [helper.make_node("QuantizeLinear", ["x", "x_s", "x_z"], ["xq"]),
+             helper.make_node("DequantizeLinear", ["xq", "x_s", "x_z"], ["xd"]),
+             helper.make_node("DequantizeLinear", ["w_q", "w_s", "w_z"], ["wd"], axis=1),
+             helper.make_node("MatMul", ["xd", "wd"], ["mm"])]
+    out = "mm"
+    if bias:
+        inits.update(b_q=rng.integers(-300, 300, n).astype(np.int32),
+                     b_s=(X_STEP * w_s).astype(np.float32), b_z=np.zeros(n, np.int32))
+        nodes += [helper.make_node("DequantizeLinear", ["b_q", "b_s", "b_z"], ["bd"], axis=0),
+                  helper.make_node("Add", ["mm", "bd"], ["mb"])]
+        out = "mb"
+    nodes += [helper.make_node("QuantizeLinear", [out, "y_s", "y_z"], ["yq"]),
+              helper.make_node("DequantizeLinear", ["yq", "y_s", "y_z"], ["y"])]
+    g = helper.make_graph(
+        nodes, "planes", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [*lead, k])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [*lead, n])],
+        [numpy_helper.from_array(np.asarray(v), name) for name, v in inits.items()])
+    model = helper.make_model(g, opset_imports=[helper.make_opsetid("", 21)])
+    model.ir_version = 10
+    return model
+
+
+def _compile(model: onnx.ModelProto):
+    with dsa_tvm.options(offload="all"):
+        ex = dsa_tvm.compile(model, verbose=False)
+    return ex, dsa_tvm.last_compile_report()
+
+
+def _run(ex, *xs: np.ndarray) -> np.ndarray:
+    return relax.VirtualMachine(ex, tvm.cpu())["main"](*map(tvm.runtime.tensor, xs)).numpy()
+
+
+def _ort(model: onnx.ModelProto, **feeds: np.ndarray) -> np.ndarray:
+    so = ort.SessionOptions()
+    so.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL
+    return ort.InferenceSession(model.SerializeToString(), so).run(None, feeds)[0]
+
+
+def _one_launch_bit_exact(ex, rep, *xs) -> np.ndarray:
+    assert [r.target for r in rep.regions] == ["dsa"], rep
+    take_launches()
+    got = _run(ex, *xs)
+    (launch,) = take_launches()
+    want = run_region(rep.regions[0].region, launch.inputs)
+    for name, out in launch.outputs.items():
+        np.testing.assert_array_equal(out, want[name])
+    return got
+
+
+@settings(max_examples=8, deadline=None)
+@given(lead=st.sampled_from([(1,), (3,), (7,), (2, 3), (1, 5)]), k=st.integers(1, 90),
+       n=st.integers(1, 40), seed=st.integers(0, 2 ** 16), out16=st.booleans(),
+       y_step=st.sampled_from([2e-4, 5e-3, 0.2]))
+@example(lead=(2, 3), k=70, n=33, seed=1, out16=True, y_step=2e-4)    # saturates the output
+def test_int16_input_dense_runs_as_byte_planes(lead, k, n, seed, out16, y_step):
+    model = _planes_model(lead, k, n, seed, y_step, out16)
+    ex, rep = _compile(model)
+    kinds = [type(ly).__name__ for ly in rep.regions[0].region.layers]
+    assert kinds == ["Rescale", "Add", "Concat", "Dense", "Slice", "Slice", "Add"], kinds
+    # inside the grid (|x| < 32640 codes: beyond, the split saturates; see below)
+    x = np.random.default_rng(seed).uniform(-32000, 32000, (*lead, k)).astype(np.float32)
+    got = _one_launch_bit_exact(ex, rep, x * np.float32(X_STEP))
+    ref = _ort(model, x=x * np.float32(X_STEP))
+    planes = next(ly for ly in rep.regions[0].region.layers if isinstance(ly, Dense))
+    ratio = planes.output.scale / y_step
+    # the planes' rounding (129 partial steps) plus the multipliers' rounding at their shift
+    final = rep.regions[0].region.layers[-1]
+    shift = int(final.requant.shift[0])
+    slack = 0.5 * 2.0 ** -shift * 2 * 32767 + 0.01
+    assert np.abs(got - ref).max() <= y_step * (1 + 129 * ratio + slack)
+
+
+def test_the_planes_read_the_weights_once_and_split_exactly():
+    """One dense over both planes (the weights stream once); hi and lo rebuild x."""
+    model = _planes_model((4,), 48, 24, 0, 5e-3)
+    ex, rep = _compile(model)
+    layers = rep.regions[0].region.layers
+    dense = [ly for ly in layers if isinstance(ly, Dense)]
+    assert len(dense) == 1 and dense[0].input.shape == (8, 48)
+    assert any(isinstance(ly, Concat) for ly in layers)
+    assert [ly.begin for ly in layers if isinstance(ly, Slice)] == [0, 4]
+    xq = np.random.default_rng(1).integers(-32768, 32640, (4, 48)).astype(np.int16)
+    xq[0, :3] = (-32768, 32639, -129)
+    env = {layers[0].input.name: xq}
+    for ly in layers[:2]:
+        env[ly.output.name] = run_layer(ly, env)
+    hi, lo = (env[ly.output.name].astype(np.int64) for ly in layers[:2])
+    np.testing.assert_array_equal(256 * hi + lo, xq)
+    assert lo.min() >= -128 and lo.max() <= 127
+
+
+def test_codes_past_32639_saturate_there():
+    """x = 32767 codes splits as hi 127 (saturated), lo 127: the dense sees 32639."""
+    model = _planes_model((2,), 16, 8, 3, 5e-3)
+    ex, rep = _compile(model)
+    x = np.full((2, 16), 40.0, np.float32)                 # beyond the grid: 32767 codes
+    got = _one_launch_bit_exact(ex, rep, x)
+    at = _ort(model, x=np.full((2, 16), 32639 * X_STEP, np.float32))
+    planes = next(ly for ly in rep.regions[0].region.layers if isinstance(ly, Dense))
+    assert np.abs(got - at).max() <= 5e-3 * (1.01 + 129 * planes.output.scale / 5e-3)
+
+
+@pytest.mark.parametrize("what,reason", [
+    ("zero_point", "an int16 input with zero point 5"),
+    ("bias", "an int16 input with a bias"),
+])
+def test_what_the_planes_cannot_take_stays_on_the_cpu(what, reason):
+    model = _planes_model((3,), 16, 8, 0, 5e-3, x_zp=5 if what == "zero_point" else 0,
+                          bias=what == "bias")
+    ex, rep = _compile(model)
+    assert not [r for r in rep.regions if r.target == "dsa"]
+    assert reason in str(rep)
+    x = np.random.default_rng(1).uniform(-20, 20, (3, 16)).astype(np.float32)
+    np.testing.assert_allclose(_run(ex, x), _ort(model, x=x), atol=1e-5)
+
+
+def _mlp_tail(t: int, k: int, n: int, seed: int) -> onnx.ModelProto:
+    """An LLM block's MLP tail: g, u int8 -> Mul -> Q/DQ int16 -> MatMul (down_proj) ->
+    Q/DQ int16 -> Add with the int16 residual r -> Q/DQ int16."""
+    rng = np.random.default_rng(seed)
+    w_s = rng.uniform(0.001, 0.004, n).astype(np.float32)
+    inits = {"g_s": np.float32(0.05), "g_z": np.int8(2), "u_s": np.float32(0.04),
+             "u_z": np.int8(-1), "p_s": np.float32(2e-4), "p_z": np.int16(0),
+             "w_q": rng.integers(-127, 128, (k, n)).astype(np.int8), "w_s": w_s,
+             "w_z": np.zeros(n, np.int8), "d_s": np.float32(4e-4), "d_z": np.int16(0),
+             "r_s": np.float32(1e-3), "r_z": np.int16(0), "y_s": np.float32(1e-3),
+             "y_z": np.int16(0)}
+
+    def qdq(src: str, name: str) -> list:
+        return [helper.make_node("QuantizeLinear", [src, f"{name}_s", f"{name}_z"],
+                                 [f"{name}q"]),
+                helper.make_node("DequantizeLinear", [f"{name}q", f"{name}_s", f"{name}_z"],
+                                 [f"{name}d"])]
+
+    nodes = (qdq("g", "g") + qdq("u", "u") + qdq("r", "r")
+             + [helper.make_node("Mul", ["gd", "ud"], ["prod"])] + qdq("prod", "p")
+             + [helper.make_node("DequantizeLinear", ["w_q", "w_s", "w_z"], ["wd"], axis=1),
+                helper.make_node("MatMul", ["pd", "wd"], ["down"])] + qdq("down", "d")
+             + [helper.make_node("Add", ["rd", "dd"], ["res"])] + qdq("res", "y"))
+    g = helper.make_graph(
+        nodes, "mlp_tail",
+        [helper.make_tensor_value_info(v, TensorProto.FLOAT, [1, t, k if v != "r" else n])
+         for v in ("g", "u", "r")],
+        [helper.make_tensor_value_info("yd", TensorProto.FLOAT, [1, t, n])],
+        [numpy_helper.from_array(np.asarray(v), name) for name, v in inits.items()])
+    model = helper.make_model(g, opset_imports=[helper.make_opsetid("", 21)])
+    model.ir_version = 10
+    return model
+
+
+@pytest.mark.parametrize("t", [1, 5])
+def test_an_llm_mlp_tail_runs_in_one_launch(t):
+    model = _mlp_tail(t, 96, 32, t)
+    ex, rep = _compile(model)
+    rng = np.random.default_rng(t)
+    # products within the int16 grid (6.55): past 32639 codes the planes saturate early
+    g, u = (rng.uniform(-2.5, 2.5, (1, t, 96)).astype(np.float32) for _ in range(2))
+    r = rng.uniform(-20, 20, (1, t, 32)).astype(np.float32)
+    got = _one_launch_bit_exact(ex, rep, g, u, r)
+    ref = _ort(model, g=g, u=u, r=r)
+    # a few int16 steps of the residual (the down_proj output's planes and two requants)
+    assert np.abs(got - ref).max() <= 1e-3 * 8
+
+
+def test_plane_slices_longer_than_the_staging_move_in_pieces():
+    """Prefill-sized planes: each half of the partial sums (300 rows x 32 blocks) is far
+    longer than the accumulator's staging rows, so the rows slice moves it in pieces."""
+    from tir_schedules.kinds.movement import slice_recipe
+
+    model = _planes_model((300,), 16, 512, 4, 0.05)
+    ex, rep = _compile(model)
+    cfg = dsa_tvm.load_config("default")
+    (p_hi, p_lo) = [ly for ly in rep.regions[0].region.layers if isinstance(ly, Slice)]
+    assert slice_recipe(p_lo, cfg, False).shape.cbs[1] > cfg.acc_depth
+    x = np.random.default_rng(2).uniform(-32, 32, (300, 16)).astype(np.float32)
+    got = _one_launch_bit_exact(ex, rep, x)
+    planes = next(ly for ly in rep.regions[0].region.layers if isinstance(ly, Dense))
+    ref = _ort(model, x=x)
+    assert np.abs(got - ref).max() <= 0.05 * (1.01 + 129 * planes.output.scale / 0.05)
