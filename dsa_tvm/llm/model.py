@@ -139,7 +139,8 @@ class CompiledLLM:
                  context_buckets: tuple[int, ...] = CONTEXT, offload: str = "all",
                  rows_concat: str = "host", smooth: float | None = SMOOTH,
                  smooth_folds: tuple[str, ...] = SMOOTH_FOLDS,
-                 wide_residual: bool = True, verbose: bool = False) -> None:
+                 wide_residual: bool = True, wide_down: bool = True,
+                 verbose: bool = False) -> None:
         from ..hw.config import load_config
 
         if quant not in QUANTS:
@@ -166,6 +167,9 @@ class CompiledLLM:
         self.smooth_folds = check_folds(smooth_folds)   # which inputs (llm.smooth.FOLDS)
         #: the residual stream on int16 grids (``llm.residual``; False: int8, as before)
         self.wide_residual = bool(wide_residual)
+        #: down_proj's input (the SiLU-gate product) on an int16 grid, its dense run as two
+        #: int8 byte planes (``llm.residual.gate_products``; False: int8)
+        self.wide_down = bool(wide_down)
         self._step_hf = None   # the model the DSA's steps are exported from (step_model)
         self._calibrated = None
         self._steps: dict[tuple[int, int], Any] = {}   # bucket -> its quantized Relax step
@@ -249,12 +253,13 @@ class CompiledLLM:
         """The options :func:`~dsa_tvm.quant.api.quantize_onnx` calibrates the steps with
         (``step``: the calibration step as intake left it); a study overrides it to keep
         nodes FP32 or widen more tensors."""
-        from .residual import residual_stream
+        from .residual import gate_products, residual_stream
 
+        wide = (residual_stream(step) if self.wide_residual else set()) | (
+            gate_products(step) if self.wide_down else set())
         return dict(show_progress=False, quantize_norms=self.cfg.norm_units >= 1,
                     split_outliers=False, bias_correction=False,
-                    weight_bits=QUANT_WEIGHT_BITS.get(self.quant, 8),
-                    wide_tensors=residual_stream(step) if self.wide_residual else set())
+                    weight_bits=QUANT_WEIGHT_BITS.get(self.quant, 8), wide_tensors=wide)
 
     def _quantize(self, tokens: int, cache: int):
         from ..frontend.intake import load_onnx

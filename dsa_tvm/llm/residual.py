@@ -1,4 +1,5 @@
-"""A decoder's residual stream in its exported step graph: the tensors that go int16.
+"""A decoder's residual stream and its SiLU-gate products in its exported step graph:
+the tensors that go int16.
 
 Rounding the residual stream to one int8 grid is the DSA's largest W8A8 error on
 SmolLM2 (``benchmarks/llm_quant_study.py --dsa``: +971% perplexity against +5% with
@@ -6,6 +7,13 @@ int16 grids); int16 static grids there cost nothing measurable. The stream is fo
 by structure, not by name: from the hidden-state input ``x``, each residual Add takes
 the stream and a branch (o_proj's or down_proj's output) and gives the next stream
 value, which the next norm and the next Add read.
+
+down_proj's input, the SiLU-gate product, is the one linear input whose int8 static grid
+costs measurably more than finer ones (``benchmarks/llm_qdq_proxy.py``: int16 there, or
+per-token int8, halves the W8A8 step's KL divergence from FP32 on SmolLM2). It goes int16
+too; the compiler runs its dense as two int8 byte planes
+(``relay_passes.kinds.dense_planes``). Found by structure: a MatMul's input that is the
+product of two activations.
 """
 
 from __future__ import annotations
@@ -33,3 +41,19 @@ def residual_stream(model: onnx.ModelProto, start: str = HIDDEN) -> set[str]:
         out.update(i for i in add.input if i)
         out.add(add.output[0])
         stream = add.output[0]
+
+
+def gate_products(model: onnx.ModelProto) -> set[str]:
+    """Inputs of MatMul nodes that a Mul of two activations produces, one of them a
+    MatMul's output (up_proj's): the gated MLP's products that feed down_proj (not a norm's
+    own product, whose factors come from the stream and its scale)."""
+    made = {o: n for n in model.graph.node for o in n.output}
+    out = set()
+    for n in model.graph.node:
+        prod = made.get(n.input[0]) if n.op_type == "MatMul" and n.input else None
+        if prod is None or prod.op_type != "Mul":
+            continue
+        factors = [made.get(i) for i in prod.input]
+        if all(f is not None for f in factors) and any(f.op_type == "MatMul" for f in factors):
+            out.add(n.input[0])
+    return out

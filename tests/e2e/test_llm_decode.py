@@ -281,8 +281,39 @@ def test_residual_stream_is_int16_on_the_dsa(w8a8):
     # the stream the quantizer widened: x, two adds a layer, their branch inputs
     stream = residual_stream(load_onnx(export_step(w8a8.step_model, 1, 16)).model)
     assert "x" in stream and len(stream) == 1 + 2 * 2 * w8a8.arch.layers
-    narrow = load("tiny", wide_residual=False, **BUCKETS)
+    narrow = load("tiny", wide_residual=False, wide_down=False, **BUCKETS)
     narrow.generate(PROMPT, max_new_tokens=1)
     assert not [ly for crep in narrow.reports.values() for d in crep.regions
                 if d.target == "dsa" for ly in d.region.layers
                 if getattr(getattr(ly, "output", None), "dtype", "int8") == "int16"]
+
+
+def test_down_proj_reads_the_gate_product_on_int16(w8a8):
+    """The default W8A8 puts down_proj's input (the SiLU-gate product) on an int16 grid
+    (``llm.residual.gate_products``): the product room writes int16 and down_proj runs as
+    two int8 byte planes through one dense, inside the regions (bit-exact: the launch
+    test above); ``wide_down=False`` keeps the product int8."""
+    from dsa_tvm.frontend.intake import load_onnx
+    from dsa_tvm.llm.residual import gate_products
+    from dsa_tvm.llm.step import export_step
+
+    products = gate_products(load_onnx(export_step(w8a8.step_model, 1, 16)).model)
+    assert len(products) == w8a8.arch.layers and all("Mul" in t for t in products)
+    w8a8.generate(PROMPT, max_new_tokens=1)
+
+    def layers_of(model):
+        return [ly for crep in model.reports.values() for d in crep.regions
+                if d.target == "dsa" for ly in d.region.layers]
+
+    layers = layers_of(w8a8)
+    muls = [ly for ly in layers if type(ly).__name__ == "Mul"]
+    planes = [ly for ly in layers if type(ly).__name__ == "Dense" and ly.name.endswith("/partial")]
+    assert muls and all(ly.output.dtype == "int16" for ly in muls)
+    assert len(planes) == len(muls)
+    for mul, pl in zip(muls, planes):     # both byte planes of every product row
+        assert np.prod(pl.input.shape[:-1]) == 2 * np.prod(mul.output.shape[:-1])
+    narrow = load("tiny", wide_down=False, **BUCKETS)
+    narrow.generate(PROMPT, max_new_tokens=1)
+    assert not [ly for ly in layers_of(narrow) if ly.name.endswith("/partial")]
+    assert all(ly.output.dtype == "int8" for ly in layers_of(narrow)
+               if type(ly).__name__ == "Mul")
