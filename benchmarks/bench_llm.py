@@ -13,11 +13,20 @@ the FP32 model on the host), tokens/s at the simulated clock against the DRAM ro
 each token's bytes split into weights / KV cache / activations, a PNG of both; the
 simulator's wall time per token beside transformers' FP32 tokens/s on this CPU.
 
+Part ``prefill``: a ``--prefill``-token prompt (default 512) of ``pydoc_data.topics`` in
+one chunk (the sink token on the host, then one bucket of N - 1 tokens against a cache
+of N): cycles, tokens/s at the clock, MACs on the DSA and on the host, the MAC array's
+utilization (MACs / (cycles x the array's peak MACs a cycle); goal >= 70% at 512),
+launches, DRAM bytes; compile and simulator wall time. Not in the default parts (a
+512-token bucket compiles in about 6 minutes).
+
     python benchmarks/bench_llm.py [--model smollm2|tiny] [--hw default]
-                                   [--quants w8a8,w4a8] [--parts accuracy,speed] [--prompts 8] [--tokens 32]
+                                   [--quants w8a8,w4a8] [--parts accuracy,speed,prefill]
+                                   [--prompts 8] [--tokens 32]
                                    [--ppl-tokens 256] [--contexts 128,512,2048] [--smooth 0.5|none]
                                    [--smooth-folds qkv,gate_up,down,o]
-                                   [--plot bench_llm_decode.png]
+                                   [--plot bench_llm_decode.png] [--prefill 512]
+                                   [--rows-concat host|dsa]
 """
 
 from __future__ import annotations
@@ -73,6 +82,10 @@ def main() -> None:
                     help="SmoothQuant's alpha folded into the DSA steps' weights (default: "
                          "the library's, dsa_tvm.llm.model.SMOOTH); 'none' for no smoothing")
     ap.add_argument("--plot", default="bench_llm_decode.png")
+    ap.add_argument("--rows-concat", default="host", choices=("host", "dsa"),
+                    help="where the KV-cache concat runs ('dsa': one launch a decode step)")
+    ap.add_argument("--prefill", type=int, default=512,
+                    help="prompt tokens of part prefill (one chunk)")
     ap.add_argument("--smooth-folds", default=None,
                     help="the inputs smoothed, comma-separated (qkv, gate_up, down, o; default: "
                          "the library's, dsa_tvm.llm.model.SMOOTH_FOLDS)")
@@ -84,11 +97,12 @@ def main() -> None:
     buckets = dict(BUCKETS, context_buckets=tuple(sorted(set(BUCKETS["context_buckets"])
                                                          | set(contexts))))
     quants = [q.strip() for q in args.quants.split(",") if q.strip()]
-    smooth = {} if args.smooth is None else {
+    opts = {} if args.smooth is None else {
         "smooth": None if args.smooth.lower() in ("none", "off") else float(args.smooth)}
     if args.smooth_folds:
-        smooth["smooth_folds"] = tuple(args.smooth_folds.split(","))
-    models = {q: load(args.model, hw=args.hw, quant=q, verbose=True, **smooth, **buckets)
+        opts["smooth_folds"] = tuple(args.smooth_folds.split(","))
+    opts["rows_concat"] = args.rows_concat
+    models = {q: load(args.model, hw=args.hw, quant=q, verbose=True, **opts, **buckets)
               for q in quants}
     if quants:
         print(f"smooth: {models[quants[0]].smooth} {models[quants[0]].smooth_folds}")
@@ -107,6 +121,11 @@ def main() -> None:
     if "speed" in parts:
         for dsa in models.values():
             speed(dsa, contexts, args)
+    if "prefill" in parts:
+        for q in quants:
+            prefill(load(args.model, hw=args.hw, quant=q, **opts,
+                         prefill_buckets=(args.prefill - 1,),
+                         context_buckets=(args.prefill,)), args.prefill)
     for q, dsa in models.items():
         print(f"{q}: buckets compiled {sorted(dsa._compiled)}")
     print(f"total {time.perf_counter() - t0:.0f} s")
@@ -148,6 +167,30 @@ def accuracy(dsa, ref, args) -> float:
               f"{sum(1 for s in ss if not s.launches)} without a DSA launch, "
               f"simulator {np.mean([s.wall_s for s in ss]):.2f} s/step")
     return p_dsa
+
+
+def prefill(dsa, tokens: int) -> None:
+    """A ``tokens``-token prompt in one chunk: its cost and the MAC array's utilization."""
+    ids = dsa.source.encode(pydoc_text())[:tokens]
+    if len(ids) < tokens:
+        raise SystemExit(f"--prefill {tokens}: pydoc_data.topics has only {len(ids)} tokens")
+    t = time.perf_counter()
+    dsa.executable(tokens - 1, tokens)                  # compile apart from the run
+    compiled, t = time.perf_counter() - t, time.perf_counter()
+    _, recs = dsa.prefill(ids, dsa.new_cache())
+    wall = time.perf_counter() - t
+    chunk = [r for r in recs if r.kind == "prefill"]
+    cyc = sum(r.cycles for r in chunk)
+    macs, cpu = sum(r.macs_dsa for r in chunk), sum(r.macs_cpu for r in chunk)
+    util = macs / (cyc * dsa.cfg.peak_macs_per_cycle) if cyc else 0.0
+    print(f"\n{dsa.quant.upper()} prefill of {tokens} tokens on {dsa.cfg.name} (sink on the "
+          f"host, then {len(chunk)} chunk of {chunk[0].tokens}): {cyc:,} cycles "
+          f"({cyc / dsa.cfg.mhz / 1e3:.1f} ms, {chunk[0].tokens * dsa.cfg.mhz * 1e6 / cyc:,.0f}"
+          f" tokens/s), {macs / 1e6:,.1f} M MACs on the DSA, {cpu / 1e6:,.1f} M on the host, "
+          f"MAC utilization {util:.1%} (goal >= 70%), {sum(r.launches for r in chunk)} "
+          f"launches, {sum(r.dram_read for r in chunk) / 1e6:,.0f} MB read / "
+          f"{sum(r.dram_written for r in chunk) / 1e6:,.0f} MB written; simulator "
+          f"{wall:.0f} s, compile {compiled:.0f} s")
 
 
 def transformers_tokens_per_s(model, tokens: int = 32) -> float:

@@ -10,9 +10,20 @@ DSA's integer arithmetic, so it tracks the DSA's numbers without equalling them;
 is for is comparing schemes: keeping nodes FP32 (``--fp32 REGEX``) or widening tensors
 (``--wide-extra NAME``) asks what a grid costs.
 
+Over 256 tokens two schemes can differ by a point of perplexity by chance, so the text
+is also scored token by token against FP32 on the same windows: the mean NLL increase
+(log of the perplexity ratio) with its standard error over tokens, and the mean KL
+divergence of the next-token distributions (KL(FP32 || quantized), which every position
+informs, not only the text's own next token). ``--ppl-tokens 2048`` tells schemes apart
+that 256 tokens cannot.
+
     python benchmarks/llm_qdq_proxy.py                                  # the default W8A8
     python benchmarks/llm_qdq_proxy.py --narrow --smooth none           # int8 residual stream
     python benchmarks/llm_qdq_proxy.py --fp32 'down_proj/MatMul'         # down_proj in FP32
+    python benchmarks/llm_qdq_proxy.py --ppl-tokens 2048 --no-tf          # a steadier score
+    python benchmarks/llm_qdq_proxy.py --narrow-down --per-token down_proj/MatMul
+                                          # down_proj's input int8 per token, not int16
+    python benchmarks/llm_qdq_proxy.py --wide-inputs proj/MatMul          # every linear input int16
 """
 
 from __future__ import annotations
@@ -22,6 +33,8 @@ import re
 import time
 
 import numpy as np
+import onnx
+import onnx.numpy_helper
 import onnxruntime as ort
 from bench_llm import PROMPTS, pydoc_text
 
@@ -37,9 +50,10 @@ class QdqProxy(CompiledLLM):
     """A CompiledLLM whose quantized steps run in onnxruntime instead of on the DSA."""
 
     def __init__(self, *args, fp32: tuple[str, ...] = (), wide_extra: tuple[str, ...] = (),
-                 **kwargs):
+                 per_token: tuple[str, ...] = (), wide_inputs: tuple[str, ...] = (), **kwargs):
         super().__init__(*args, **kwargs)
-        self.fp32_patterns, self.wide_extra = fp32, wide_extra
+        self.fp32_patterns, self.wide_extra, self.per_token = fp32, wide_extra, per_token
+        self.wide_inputs = wide_inputs
         self._sessions: dict[tuple[int, int], ort.InferenceSession] = {}
 
     def quantize_options(self, step):
@@ -50,8 +64,12 @@ class QdqProxy(CompiledLLM):
         missing = [t for t in self.wide_extra if t not in made]
         if missing:
             raise SystemExit(f"--wide-extra names no tensor of the step: {missing}")
+        inputs = {n.input[0] for n in step.graph.node
+                  if any(re.search(p, n.name) for p in self.wide_inputs)}
+        if self.wide_inputs and not inputs:
+            raise SystemExit(f"--wide-inputs matches no node: {self.wide_inputs}")
         return {**opts, "keep_fp32": keep,
-                "wide_tensors": set(opts["wide_tensors"]) | set(self.wide_extra)}
+                "wide_tensors": set(opts["wide_tensors"]) | set(self.wide_extra) | inputs}
 
     def run_step(self, ids, kv, kind="decode"):
         if self.quant == "fp32" or kv.length == 0:      # the sink: FP32 on the host
@@ -62,13 +80,95 @@ class QdqProxy(CompiledLLM):
             so = ort.SessionOptions()
             so.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL
             so.intra_op_num_threads = 1
-            self._sessions[shape] = ort.InferenceSession(
-                self._quantize(*shape).model.SerializeToString(), so)
+            model = per_token_inputs(self._quantize(*shape).model, self.per_token)
+            self._sessions[shape] = ort.InferenceSession(model.SerializeToString(), so)
         feeds = step_feeds(self.hf, self.arch, ids, start, shape[0], shape[1], kv)
         outs = dict(zip(self.arch.output_names(), self._sessions[shape].run(
             None, {k: feeds[k] for k in self.arch.input_names(shape[1])})))
         kv.append(outs, n)
         return outs["logits"][0, :n], StepRecord(kind, n, shape, start)
+
+
+def per_token_inputs(model: onnx.ModelProto, patterns: tuple[str, ...]) -> onnx.ModelProto:
+    """``model`` with the int8 input grid of every node matching ``patterns`` replaced by
+    a dynamic one per row (symmetric, scale = the row's absolute maximum / 127): what a
+    row-maximum unit with a per-row requantize would compute."""
+    if not patterns:
+        return model
+    g = model.graph
+    readers = [n for n in g.node if any(re.search(p, n.name) for p in patterns)]
+    dq = {o: n for n in g.node if n.op_type == "DequantizeLinear" for o in n.output}
+    wanted = {n.input[0] for n in readers if n.input[0] in dq}
+    if not wanted:
+        raise SystemExit(f"--per-token matches no node with a quantized input: {patterns}")
+    keep, extra = [], []
+    for n in g.node:
+        if n.op_type == "DequantizeLinear" and n.output[0] in wanted:
+            x = next(m for m in g.node if m.output and m.output[0] == n.input[0]).input[0]
+            t, h = n.output[0], onnx.helper
+            extra += [h.make_node("Abs", [x], [f"{t}/pt_abs"]),
+                      h.make_node("ReduceMax", [f"{t}/pt_abs", "pt_axes"], [f"{t}/pt_max"]),
+                      h.make_node("Max", [f"{t}/pt_max", "pt_eps"], [f"{t}/pt_m"]),
+                      h.make_node("Div", [f"{t}/pt_m", "pt_127"], [f"{t}/pt_s"]),
+                      h.make_node("Div", [x, f"{t}/pt_s"], [f"{t}/pt_x"]),
+                      h.make_node("Round", [f"{t}/pt_x"], [f"{t}/pt_r"]),
+                      h.make_node("Mul", [f"{t}/pt_r", f"{t}/pt_s"], [t])]
+            continue
+        keep.append(n)
+    out = onnx.ModelProto()
+    out.CopyFrom(model)
+    del out.graph.node[:]
+    out.graph.node.extend(keep + extra)
+    out.graph.initializer.extend([onnx.numpy_helper.from_array(np.float32(1e-12), "pt_eps"),
+                                  onnx.numpy_helper.from_array(np.float32(127.0), "pt_127"),
+                                  onnx.numpy_helper.from_array(np.array([-1]), "pt_axes")])
+    order = onnx.helper.make_graph(_topological(out.graph), out.graph.name, out.graph.input,
+                                   out.graph.output, out.graph.initializer)
+    out.graph.CopyFrom(order)
+    return out
+
+
+def _topological(g) -> list:
+    """The graph's nodes in an order where every input is made before it is read."""
+    made = {i.name for i in g.input} | {i.name for i in g.initializer} | {""}
+    left, done = list(g.node), []
+    while left:
+        ready = [n for n in left if all(i in made for i in n.input)]
+        if not ready:
+            raise SystemExit("per-token rewrite left a cycle")
+        for n in ready:
+            made.update(n.output)
+        done += ready
+        left = [n for n in left if n not in ready]
+    return done
+
+
+def log_probs(model: CompiledLLM, ids: list[int]) -> tuple[np.ndarray, np.ndarray]:
+    """Next-token log-probabilities (tokens, vocab) of ``ids`` and the tokens they predict,
+    in the windows ``CompiledLLM.perplexity`` scores (the largest context bucket, a fresh
+    cache each)."""
+    window, out, targets = model.context_buckets[-1], [], []
+    for w in range(0, len(ids), window):
+        chunk = ids[w:w + window]
+        if len(chunk) < 2:
+            break
+        z = model.prefill(chunk, model.new_cache())[0][:-1].astype(np.float64)
+        z -= z.max(-1, keepdims=True)
+        out.append(z - np.log(np.exp(z).sum(-1, keepdims=True)))
+        targets += chunk[1:]
+    return np.concatenate(out), np.asarray(targets)
+
+
+def paired_score(quant: np.ndarray, ref: np.ndarray, targets: np.ndarray) -> dict[str, float]:
+    """The quantized model against FP32 on the same tokens: perplexities, the mean NLL
+    increase and its standard error (paired over tokens), the mean KL(FP32 || quantized)."""
+    rows = np.arange(len(targets))
+    d = ref[rows, targets] - quant[rows, targets]          # NLL increase per token
+    kl = (np.exp(ref) * (ref - quant)).sum(-1)
+    return dict(ppl=float(np.exp(-quant[rows, targets].mean())),
+                ppl_fp32=float(np.exp(-ref[rows, targets].mean())),
+                dnll=float(d.mean()), dnll_se=float(d.std(ddof=1) / np.sqrt(len(d))),
+                kl=float(kl.mean()), kl_se=float(kl.std(ddof=1) / np.sqrt(len(kl))))
 
 
 def main() -> None:
@@ -79,27 +179,43 @@ def main() -> None:
     ap.add_argument("--smooth-folds", default=None, help="comma-separated, of "
                     f"{', '.join(FOLDS)} (default: the library's)")
     ap.add_argument("--narrow", action="store_true", help="the residual stream on int8 grids")
+    ap.add_argument("--narrow-down", action="store_true",
+                    help="down_proj's input (the SiLU-gate product) on an int8 grid")
     ap.add_argument("--fp32", default="", help="comma-separated regexes of node names "
                     "kept FP32 (e.g. 'down_proj/MatMul,attend/')")
     ap.add_argument("--wide-extra", default="", help="comma-separated tensors also int16")
     ap.add_argument("--ppl-tokens", type=int, default=256)
+    ap.add_argument("--wide-inputs", default="", help="comma-separated regexes of nodes "
+                    "whose first input is also int16 (e.g. 'down_proj/MatMul')")
+    ap.add_argument("--per-token", default="", help="comma-separated regexes of nodes "
+                    "whose int8 input grid becomes per row (e.g. 'down_proj/MatMul')")
+    ap.add_argument("--no-tf", action="store_true", help="skip the teacher-forced prompts")
     a = ap.parse_args()
     smooth = SMOOTH if a.smooth is None else None if a.smooth == "none" else float(a.smooth)
     folds = {} if a.smooth_folds is None else {"smooth_folds": tuple(a.smooth_folds.split(","))}
     src = load_source("smollm2")
     ref = CompiledLLM(src, quant="fp32", **BUCKETS)
     m = QdqProxy(src, quant=a.quant, smooth=smooth, wide_residual=not a.narrow,
+                 wide_down=not a.narrow_down,
                  fp32=tuple(filter(None, a.fp32.split(","))),
-                 wide_extra=tuple(filter(None, a.wide_extra.split(","))), **folds, **BUCKETS)
+                 wide_extra=tuple(filter(None, a.wide_extra.split(","))),
+                 per_token=tuple(filter(None, a.per_token.split(","))),
+                 wide_inputs=tuple(filter(None, a.wide_inputs.split(","))), **folds, **BUCKETS)
     t0 = time.perf_counter()
-    tf = [m.teacher_forced(p, ref.generate(p, 32).ids) for p in PROMPTS]
-    ppl = m.perplexity(src.encode(pydoc_text())[:a.ppl_tokens])
-    base = ref.perplexity(src.encode(pydoc_text())[:a.ppl_tokens])
-    print(f"{a.quant} residual {'int8' if a.narrow else 'int16'} smooth {smooth} "
-          f"folds {m.smooth_folds} fp32 {a.fp32 or '-'} wide+ {a.wide_extra or '-'}: "
-          f"perplexity {ppl:.3f} ({ppl / base - 1:+.1%} against FP32 {base:.3f}), "
-          f"teacher-forced {np.mean(tf):.1%} [{time.perf_counter() - t0:.0f} s]")
-
+    tf = [] if a.no_tf else [m.teacher_forced(p, ref.generate(p, 32).ids) for p in PROMPTS]
+    ids = src.encode(pydoc_text())[:a.ppl_tokens]
+    want, targets = log_probs(ref, ids)
+    r = paired_score(log_probs(m, ids)[0], want, targets)
+    print(f"{a.quant} residual {'int8' if a.narrow else 'int16'} down_proj input "
+          f"{'int8' if a.narrow_down else 'int16'} smooth {smooth} "
+          f"folds {m.smooth_folds} fp32 {a.fp32 or '-'} wide+ {a.wide_extra or '-'} "
+          f"wide inputs {a.wide_inputs or '-'} "
+          f"per-token {a.per_token or '-'}: "
+          f"perplexity {r['ppl']:.3f} ({r['ppl'] / r['ppl_fp32'] - 1:+.1%} against FP32 "
+          f"{r['ppl_fp32']:.3f}; NLL +{r['dnll']:.4f} +- {r['dnll_se']:.4f} over "
+          f"{len(targets)} tokens), KL {r['kl']:.4f} +- {r['kl_se']:.4f}"
+          + (f", teacher-forced {np.mean(tf):.1%}" if tf else "")
+          + f" [{time.perf_counter() - t0:.0f} s]")
 
 if __name__ == "__main__":
     main()
