@@ -1,7 +1,8 @@
 """Data movement inside a region: ``quantize(concat(dq(a), dq(b), ...))`` along channels
 or along the second-to-last axis (rows: an LLM's KV cache and its new rows, any rank from
 2, as a ``(groups, length, row)`` view),
-``quantize(strided_slice(dq(x)))`` a block-aligned channel range (C2f's split) and
+``quantize(strided_slice(dq(x)))`` a block-aligned channel range (C2f's split) or a run of
+rows (the second-to-last axis, step 1: an LLM's last token before its logits) and
 ``quantize(resize2d(dq(x)))`` nearest-neighbour by an integer factor, and
 ``quantize(permute_dims(dq(x)))`` between an NCHW image and its channels-last rows (ConvNeXt
 blocks, norms over the channels). All are copies when every tensor shares one scale and
@@ -15,6 +16,8 @@ coordinate ``k + (r + 0.5) / s - 0.5`` of ``i = s * k + r`` lies strictly inside
 """
 
 from __future__ import annotations
+
+from dataclasses import replace
 
 import numpy as np
 from tvm.relax.dpl import DFPattern, is_op, is_tuple, wildcard
@@ -96,8 +99,7 @@ def _concat_axis(m: Match, cfg: HardwareConfig) -> str | None:
 def _groups_view(t: QTensor, axis: int) -> QTensor:
     """``(groups, length, row)``: the same bytes as rows of the last axis."""
     s = tuple(t.shape)
-    return QTensor(t.name, (int(np.prod(s[:axis], dtype=np.int64)), s[axis], s[-1]),
-                   t.scale, t.zero_point)
+    return replace(t, shape=(int(np.prod(s[:axis], dtype=np.int64)), s[axis], s[-1]))
 
 
 def _concat_layer(m: Match, name: str, inputs: list[QTensor], output: QTensor) -> Layer:
@@ -139,12 +141,28 @@ def slice_range(r: Reader, m: Match) -> tuple[list[int], list[tuple[int, int, in
     return slice_bounds(r, m.op, m.inputs[0].shape)
 
 
-def _slice_form(m: Match, cfg: HardwareConfig) -> str | None:
-    if len(m.out_shape) != 4:
-        return f"slice of a {len(m.out_shape)}-D tensor (NCHW images only)"
+def _kept(m: Match) -> list[tuple[int, tuple[int, int, int]]]:
+    """The slice's axes that keep less than the whole axis, with their ranges."""
     axes, ranges = slice_range(Reader(lambda v: None), m)
-    kept = [(a, rg) for a, rg in zip(axes, ranges)
-            if rg != (0, m.inputs[0].shape[a], 1)]
+    return [(a, rg) for a, rg in zip(axes, ranges) if rg != (0, m.inputs[0].shape[a], 1)]
+
+
+def _rows_slice(m: Match) -> bool:
+    """A slice of rows: only the second-to-last axis of a 2-, 3- or 5-D tensor, step 1
+    (an LLM's last token before the logits, a window of a sequence). 4-D tensors are
+    NCHW images to the DSA: their rows are not one layout's."""
+    rank, kept = len(m.out_shape), _kept(m)
+    return (rank in (2, 3, 5) and len(kept) == 1 and kept[0][0] == rank - 2
+            and kept[0][1][2] == 1)
+
+
+def _slice_form(m: Match, cfg: HardwareConfig) -> str | None:
+    if _rows_slice(m):
+        return None
+    if len(m.out_shape) != 4:
+        return (f"slice of a {len(m.out_shape)}-D tensor along other axes than its rows "
+                f"(the second-to-last axis, step 1); NCHW images slice their channels")
+    kept = _kept(m)
     if any(a != 1 for a, _ in kept):
         return (f"slice along axes {sorted({a for a, _ in kept})}: the DSA slices the "
                 f"channels (axis 1) only")
@@ -157,6 +175,10 @@ def _slice_form(m: Match, cfg: HardwareConfig) -> str | None:
 
 
 def _slice_layer(m: Match, name: str, inputs: list[QTensor], output: QTensor) -> Layer:
+    if _rows_slice(m):
+        (axis, (begin, _, _)), = _kept(m)
+        return Slice(name, _groups_view(inputs[0], axis), _groups_view(output, axis), begin,
+                     axis=1)
     axes, ranges = slice_range(Reader(lambda v: None), m)
     begin = dict(zip(axes, ranges)).get(1, (0, 0, 1))[0]
     return Slice(name, inputs[0], output, begin)
@@ -250,8 +272,10 @@ KINDS = (
     Kind("slice", 205, _slice_variants, _read_slice,
          _constraints(Constraint("channel_slice", "a contiguous channel range of a 4-D NCHW "
                                  "tensor, begin a multiple of `{cfg.block_out}`, the end too "
-                                 "unless it is the last channel", _slice_form)),
-         _slice_layer, "Slice (channels, block-aligned, one scale)", "relax.strided_slice"),
+                                 "unless it is the last channel; or a run of rows (the "
+                                 "second-to-last axis, step 1)", _slice_form)),
+         _slice_layer, "Slice (channels, block-aligned, or rows; one scale)",
+         "relax.strided_slice"),
     Kind("resize", 201, _resize_variants, _read_resize,
          _constraints(Constraint("nearest", "nearest-neighbour, integer factors, NCHW, "
                                  "half_pixel or asymmetric+floor coordinates", _resize_form)),

@@ -119,3 +119,43 @@ def test_c2f_split_stays_one_region():
     assert {op.op for op in rep.partition.cpu_ops} <= {"relax.quantize", "relax.dequantize"}, \
         str(rep)
     _check_against_references(qm, ex, rep, feed)
+
+
+def rows_slice_net(lead: tuple[int, ...], t: int, d: int, begin: int, end: int, n: int = 8,
+                   step: int = 1, seed: int = 0):
+    """x (*lead, t, d) -> MatMul -> Slice rows [begin, end) of axis -2 -> MatMul: an LLM's
+    last token between its final projection and its logits, or a window of a sequence."""
+    rng = np.random.default_rng(seed)
+    rank = len(lead) + 2
+    inits = {"W0": rand(rng, d, d), "W": rand(rng, d, n), "st": np.array([begin], np.int64),
+             "en": np.array([end], np.int64), "ax": np.array([rank - 2], np.int64),
+             "sp": np.array([step], np.int64)}
+    nodes = [node("MatMul", ["x", "W0"], ["h"], name="proj"),
+             node("Slice", ["h", "st", "en", "ax", "sp"], ["s"], name="last"),
+             node("MatMul", ["s", "W"], ["y"], name="head")]
+    return make_model(nodes, inits, {"x": (*lead, t, d)}, {"y": None})
+
+
+@settings(max_examples=5, deadline=None, suppress_health_check=list(HealthCheck))
+@given(lead=st.sampled_from([(), (1,), (3,), (1, 2, 2)]), t=st.integers(2, 40),
+       d=st.integers(1, 40), data=st.data())
+def test_rows_slice_joins_the_region_bit_exact(lead, t, d, data):
+    begin = data.draw(st.integers(0, t - 1))
+    end = data.draw(st.integers(begin + 1, t))
+    if (begin, end) == (0, t):
+        end -= 1
+        if end == begin:
+            return
+    qm, ex, rep, feed = _compile(rows_slice_net(lead, t, d, begin, end))
+    sl = _slices(rep)
+    assert len(sl) == 1 and sl[0].axis == 1 and sl[0].begin == begin, str(rep)
+    assert sl[0].output.shape[1] == end - begin
+    assert len([d for d in rep.regions if d.target == "dsa"]) == 1, str(rep)   # one launch
+    _check_against_references(qm, ex, rep, feed)
+
+
+def test_a_strided_rows_slice_falls_back_with_a_reason():
+    qm, ex, rep, feed = _compile(rows_slice_net((1,), 12, 16, 0, 12, step=2))
+    cpu = [op for op in rep.partition.cpu_ops if op.op == "relax.strided_slice"]
+    assert cpu and "second-to-last axis, step 1" in cpu[0].reason, str(rep)
+    _check_against_references(qm, ex, rep, feed)
