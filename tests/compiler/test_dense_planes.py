@@ -26,8 +26,10 @@ X_STEP = 1e-3
 
 
 def _planes_model(lead: tuple[int, ...], k: int, n: int, seed: int, y_step: float,
-                  out16: bool = True, x_zp: int = 0, bias: bool = False) -> onnx.ModelProto:
-    """x -> Q/DQ int16 -> MatMul(int8 per-channel W) [+ bias] -> Q/DQ int16 (or int8)."""
+                  out16: bool = True, x_zp: int = 0, bias: bool = False,
+                  relu: bool = False) -> onnx.ModelProto:
+    """x -> Q/DQ int16 -> MatMul(int8 per-channel W) [+ bias] [-> Relu] -> Q/DQ int16 (or
+    int8)."""
     rng = np.random.default_rng(seed)
     w_s = rng.uniform(0.002, 0.02, n).astype(np.float32)
     y_t = np.int16 if out16 else np.int8
@@ -45,6 +47,9 @@ def _planes_model(lead: tuple[int, ...], k: int, n: int, seed: int, y_step: floa
         nodes += [helper.make_node("DequantizeLinear", ["b_q", "b_s", "b_z"], ["bd"], axis=0),
                   helper.make_node("Add", ["mm", "bd"], ["mb"])]
         out = "mb"
+    if relu:
+        nodes.append(helper.make_node("Relu", [out], ["act"]))
+        out = "act"
     nodes += [helper.make_node("QuantizeLinear", [out, "y_s", "y_z"], ["yq"]),
               helper.make_node("DequantizeLinear", ["yq", "y_s", "y_z"], ["y"])]
     g = helper.make_graph(
@@ -139,10 +144,11 @@ def test_codes_past_32639_saturate_there():
 @pytest.mark.parametrize("what,reason", [
     ("zero_point", "an int16 input with zero point 5"),
     ("bias", "an int16 input with a bias"),
+    ("tiny_output", "the byte planes' add factor"),      # an output step of 1e-9
 ])
 def test_what_the_planes_cannot_take_stays_on_the_cpu(what, reason):
-    model = _planes_model((3,), 16, 8, 0, 5e-3, x_zp=5 if what == "zero_point" else 0,
-                          bias=what == "bias")
+    model = _planes_model((3,), 16, 8, 0, 1e-9 if what == "tiny_output" else 5e-3,
+                          x_zp=5 if what == "zero_point" else 0, bias=what == "bias")
     ex, rep = _compile(model)
     assert not [r for r in rep.regions if r.target == "dsa"]
     assert reason in str(rep)
@@ -213,3 +219,15 @@ def test_plane_slices_longer_than_the_staging_move_in_pieces():
     planes = next(ly for ly in rep.regions[0].region.layers if isinstance(ly, Dense))
     ref = _ort(model, x=x)
     assert np.abs(got - ref).max() <= 0.05 * (1.01 + 129 * planes.output.scale / 0.05)
+
+
+def test_a_fused_relu_folds_into_the_planes_last_add():
+    """int16 in, ReLU, int8 out: the clip lands on the add that joins the planes."""
+    model = _planes_model((5,), 40, 24, 7, 0.2, out16=False, relu=True)
+    ex, rep = _compile(model)
+    assert rep.regions[0].region.layers[-1].requant.clip[0] == 0      # zero point 0: ReLU
+    x = np.random.default_rng(3).uniform(-30, 30, (5, 40)).astype(np.float32)
+    got = _one_launch_bit_exact(ex, rep, x)
+    assert got.min() >= 0
+    planes = next(ly for ly in rep.regions[0].region.layers if isinstance(ly, Dense))
+    assert np.abs(got - _ort(model, x=x)).max() <= 0.2 * (1.01 + 129 * planes.output.scale / 0.2)
