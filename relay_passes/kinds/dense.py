@@ -19,7 +19,7 @@ from dsa_tvm.intmath import ceil_div
 from dsa_tvm.isa.formats import DRAM_SIZE_BITS
 from dsa_tvm.layers.ir import Dense, Layer, QTensor
 
-from .add import WIDE_ADD_MULT_BITS, add_multipliers
+from .add import WIDE_ADD_MULT_BITS
 from .common import MAX_DMA, Constraint, common_constraints
 from .dense_planes import PLANE, byte_plane_layers, plane_scale
 from .match import Match, NotAMatch, Operand, Reader, Root, qtensor, shape_of
@@ -172,7 +172,7 @@ def _to_layer(m: Match, name: str, inputs: list[QTensor], output: QTensor
     w = _weight_nk(m)
     if inputs[0].dtype == "int16":
         return byte_plane_layers(name, as_rows(inputs[0]), as_rows(output), w,
-                                 m.weight.qp.scale, clip_bounds(m), add_multipliers)
+                                 m.weight.qp.scale, clip_bounds(m))
     return Dense(name, as_rows(inputs[0]), as_rows(output), w, int32_bias(m, w.shape[0]),
                  requant(rescale_factors(m), m))
 

@@ -26,12 +26,12 @@ Against the exact int16 x int8 product the planes' rounding costs at most
 
 from __future__ import annotations
 
-from dataclasses import replace
-
 import numpy as np
 
 from dsa_tvm.isa import semantics as sem
 from dsa_tvm.layers.ir import WIDE_CLIP, Add, Concat, Dense, Layer, QTensor, Requant, Rescale, Slice
+
+from .add import WIDE_ADD_MULT_BITS, add_multipliers
 
 #: the planes' split: hi carries the codes' top byte
 PLANE_SHIFT = 8
@@ -46,14 +46,10 @@ def plane_scale(x: QTensor, weight: np.ndarray, w_scales: np.ndarray) -> float:
 
 
 def byte_plane_layers(name: str, x: QTensor, y: QTensor, weight: np.ndarray,
-                      w_scales: np.ndarray, clip: tuple[int, int],
-                      add_multipliers) -> tuple[Layer, ...]:
+                      w_scales: np.ndarray, clip: tuple[int, int]) -> tuple[Layer, ...]:
     """The layers of ``y = x @ weight.T`` for an int16 ``x`` (rows of its last axis; zero
     point 0), ``weight`` int8 [N, K] with per-channel real scales ``w_scales``, into ``y``
-    with ``clip`` (int8 bounds or WIDE_CLIP). ``add_multipliers(ra, rb, bits)`` is the add
-    room's (integers at one shift)."""
-    from .add import WIDE_ADD_MULT_BITS
-
+    (the same leading axes) with ``clip`` (int8 bounds or WIDE_CLIP)."""
     rows = len(x.shape) - 2
     lead, k = tuple(x.shape[:-1]), x.shape[-1]
     n = weight.shape[0]
@@ -71,7 +67,6 @@ def byte_plane_layers(name: str, x: QTensor, y: QTensor, weight: np.ndarray,
     mult, shift = sem.quantize_multipliers(factors)
     am, bm, sh = add_multipliers(PLANE * s_p / y.scale, s_p / y.scale,
                                  bits=(WIDE_ADD_MULT_BITS, WIDE_ADD_MULT_BITS))
-    y = replace(y, shape=lead + (n,))
     return (
         Rescale(f"{name}/hi", x, hi, Requant(one, np.array([PLANE_SHIFT], np.int32), 0, int8)),
         Add(f"{name}/lo", x, hi, lo, 1, -PLANE, Requant(one, np.array([0], np.int32), 0, int8)),
