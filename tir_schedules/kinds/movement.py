@@ -142,17 +142,21 @@ def emit_move(b, cfg: HardwareConfig, s: MoveShape, k: MoveKnobs, regions: dict)
         slot ^= 1 if half else 0
         return base
 
+    def run(src: int, dst: int, blocks: int) -> None:
+        """A long run of blocks, contiguous both sides, in pieces of the staging."""
+        step = half or k.rows
+        for c0 in range(0, blocks, step):
+            m = min(step, blocks - c0)
+            base = stage()
+            b.load(buf, base, src + c0, 1, m, m)
+            b.store(buf, base, dst + c0, 1, m, m)
+
     if s.kind == "slice":
         x, cbi = regions["x"], s.cbs[0]
         p = s.n * s.h * s.w
-        step = half or k.rows
-        if s.rows and cbo > step:   # a long run of rows: pieces, contiguous both sides
+        if s.rows and cbo > (half or k.rows):   # a long run of rows: pieces of each group
             for p0 in range(p):
-                for c0 in range(0, cbo, step):
-                    m = min(step, cbo - c0)
-                    base = stage()
-                    b.load(buf, base, b.addr(x, buf) + p0 * cbi + s.offset + c0, 1, m, m)
-                    b.store(buf, base, b.addr(y, buf) + p0 * cbo + c0, 1, m, m)
+                run(b.addr(x, buf) + p0 * cbi + s.offset, b.addr(y, buf) + p0 * cbo, cbo)
             return
         pc = max(1, (half or k.rows) // cbo)
         for p0 in range(0, p, pc):
@@ -167,13 +171,9 @@ def emit_move(b, cfg: HardwareConfig, s: MoveShape, k: MoveKnobs, regions: dict)
         for i, cb in enumerate(s.cbs):
             x = regions[f"x{i}"]
             step = half or k.rows
-            if cb > step:   # a long run of rows: pieces of one pixel, contiguous both sides
+            if cb > step:   # a long run of rows: pieces of one pixel
                 for p0 in range(p):
-                    for c0 in range(0, cb, step):
-                        m = min(step, cb - c0)
-                        base = stage()
-                        b.load(buf, base, b.addr(x, buf) + p0 * cb + c0, 1, m, m)
-                        b.store(buf, base, b.addr(y, buf) + p0 * cbo + cb0 + c0, 1, m, m)
+                    run(b.addr(x, buf) + p0 * cb, b.addr(y, buf) + p0 * cbo + cb0, cb)
                 cb0 += cb
                 continue
             pc = max(1, step // cb)
