@@ -22,6 +22,8 @@ from dsa_tvm.layers.ir import Concat, Dense, Slice
 from dsa_tvm.runtime import take_launches
 from tir_schedules.kinds import run_layer, run_region
 
+from .test_wide_mul import _model, _qdq
+
 X_STEP = 1e-3
 
 
@@ -160,34 +162,19 @@ def _mlp_tail(t: int, k: int, n: int, seed: int) -> onnx.ModelProto:
     """An LLM block's MLP tail: g, u int8 -> Mul -> Q/DQ int16 -> MatMul (down_proj) ->
     Q/DQ int16 -> Add with the int16 residual r -> Q/DQ int16."""
     rng = np.random.default_rng(seed)
-    w_s = rng.uniform(0.001, 0.004, n).astype(np.float32)
-    inits = {"g_s": np.float32(0.05), "g_z": np.int8(2), "u_s": np.float32(0.04),
-             "u_z": np.int8(-1), "p_s": np.float32(2e-4), "p_z": np.int16(0),
-             "w_q": rng.integers(-127, 128, (k, n)).astype(np.int8), "w_s": w_s,
-             "w_z": np.zeros(n, np.int8), "d_s": np.float32(4e-4), "d_z": np.int16(0),
-             "r_s": np.float32(1e-3), "r_z": np.int16(0), "y_s": np.float32(1e-3),
-             "y_z": np.int16(0)}
-
-    def qdq(src: str, name: str) -> list:
-        return [helper.make_node("QuantizeLinear", [src, f"{name}_s", f"{name}_z"],
-                                 [f"{name}q"]),
-                helper.make_node("DequantizeLinear", [f"{name}q", f"{name}_s", f"{name}_z"],
-                                 [f"{name}d"])]
-
-    nodes = (qdq("g", "g") + qdq("u", "u") + qdq("r", "r")
-             + [helper.make_node("Mul", ["gd", "ud"], ["prod"])] + qdq("prod", "p")
+    inits = {"w_q": rng.integers(-127, 128, (k, n)).astype(np.int8),
+             "w_s": rng.uniform(0.001, 0.004, n).astype(np.float32),
+             "w_z": np.zeros(n, np.int8)}
+    nodes = (_qdq("g", "int8", 0.05, 2, inits) + _qdq("u", "int8", 0.04, -1, inits)
+             + _qdq("r", "int16", 1e-3, 0, inits)
+             + [helper.make_node("Mul", ["gd", "ud"], ["p"])] + _qdq("p", "int16", 2e-4, 0, inits)
              + [helper.make_node("DequantizeLinear", ["w_q", "w_s", "w_z"], ["wd"], axis=1),
-                helper.make_node("MatMul", ["pd", "wd"], ["down"])] + qdq("down", "d")
-             + [helper.make_node("Add", ["rd", "dd"], ["res"])] + qdq("res", "y"))
-    g = helper.make_graph(
-        nodes, "mlp_tail",
-        [helper.make_tensor_value_info(v, TensorProto.FLOAT, [1, t, k if v != "r" else n])
-         for v in ("g", "u", "r")],
-        [helper.make_tensor_value_info("yd", TensorProto.FLOAT, [1, t, n])],
-        [numpy_helper.from_array(np.asarray(v), name) for name, v in inits.items()])
-    model = helper.make_model(g, opset_imports=[helper.make_opsetid("", 21)])
-    model.ir_version = 10
-    return model
+                helper.make_node("MatMul", ["pd", "wd"], ["d"])] + _qdq("d", "int16", 4e-4, 0, inits)
+             + [helper.make_node("Add", ["rd", "dd"], ["res"])]
+             + _qdq("res", "int16", 1e-3, 0, inits)
+             + [helper.make_node("Identity", ["resd"], ["y"])])
+    return _model(nodes, inits, {"g": (1, t, k), "u": (1, t, k), "r": (1, t, n)}, (1, t, n),
+                  "mlp_tail")
 
 
 @pytest.mark.parametrize("t", [1, 5])
