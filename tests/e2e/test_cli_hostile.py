@@ -170,7 +170,7 @@ def test_rpc_address_and_missing_tracker_fail_fast(model, tmp_path, capsys):
     t0 = time.monotonic()
     one_error_line(capsys, ["tune", str(model), "--work-dir", str(tmp_path / "w"), "--rpc",
                             "127.0.0.1:1"], "no RPC tracker answers at 127.0.0.1:1")
-    assert time.monotonic() - t0 < 10
+    assert time.monotonic() - t0 < 60   # the bug retried for 141 s (60: a loaded machine)
     assert not (tmp_path / "w").exists()
 
 
@@ -186,7 +186,7 @@ def test_rpc_tracker_without_servers_under_the_key(model, tmp_path, capsys):
         one_error_line(capsys, ["tune", str(model), "--work-dir", str(tmp_path / "w"), "--rpc",
                                 f"127.0.0.1:{tracker.port}", "--rpc-key", "nokey"],
                        "no RPC server is registered", "under key 'nokey'")
-        assert time.monotonic() - t0 < 10
+        assert time.monotonic() - t0 < 60   # fails fast, not after the retries
     finally:
         tracker.terminate()
 
