@@ -50,7 +50,10 @@ class LlmBench:
         if tokens < 2 or new_tokens < 1:
             raise ValueError("too few tokens; perplexity needs tokens >= 2 and agreement "
                              "new_tokens >= 1")
-        opts = dict(prefill_buckets=(32,), context_buckets=(max(64, tokens),), **load_options)
+        # the digital model's steps run on the analog views too: down_proj's input int8
+        # (byte planes would share crossbar columns between rows 256 times apart)
+        opts = dict(prefill_buckets=(32,), context_buckets=(max(64, tokens),),
+                    **{"wide_down": False, **load_options})
         ref = load(model, quant="fp32", **opts)
         self.ids = ref.token_ids(pydoc_text())[:tokens]
         self.prompts, self.new_tokens = prompts, new_tokens

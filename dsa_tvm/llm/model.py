@@ -139,7 +139,7 @@ class CompiledLLM:
                  context_buckets: tuple[int, ...] = CONTEXT, offload: str = "all",
                  rows_concat: str = "host", smooth: float | None = SMOOTH,
                  smooth_folds: tuple[str, ...] = SMOOTH_FOLDS,
-                 wide_residual: bool = True, wide_down: bool = True,
+                 wide_residual: bool = True, wide_down: bool | None = None,
                  verbose: bool = False) -> None:
         from ..hw.config import load_config
 
@@ -168,8 +168,10 @@ class CompiledLLM:
         #: the residual stream on int16 grids (``llm.residual``; False: int8, as before)
         self.wide_residual = bool(wide_residual)
         #: down_proj's input (the SiLU-gate product) on an int16 grid, its dense run as two
-        #: int8 byte planes (``llm.residual.gate_products``; False: int8)
-        self.wide_down = bool(wide_down)
+        #: int8 byte planes (``llm.residual.gate_products``; False: int8). None: on a
+        #: digital part; a CIM part keeps int8, since its per-column bias correction would
+        #: mix the two planes' rows, whose errors count 256 times apart
+        self.wide_down = (not self.cfg.is_cim) if wide_down is None else bool(wide_down)
         self._step_hf = None   # the model the DSA's steps are exported from (step_model)
         self._calibrated = None
         self._steps: dict[tuple[int, int], Any] = {}   # bucket -> its quantized Relax step

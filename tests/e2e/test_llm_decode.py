@@ -312,6 +312,10 @@ def test_down_proj_reads_the_gate_product_on_int16(w8a8):
     assert len(planes) == len(muls)
     for mul, pl in zip(muls, planes):     # both byte planes of every product row
         assert np.prod(pl.input.shape[:-1]) == 2 * np.prod(mul.output.shape[:-1])
+    # an analog part keeps the product int8 (its per-column bias correction would mix the
+    # planes' rows), unless asked; the CIM study's digital model too
+    assert w8a8.wide_down and not load("tiny", hw="cim-pcm", **BUCKETS).wide_down
+    assert load("tiny", hw="cim-pcm", wide_down=True, **BUCKETS).wide_down
     narrow = load("tiny", wide_down=False, **BUCKETS)
     narrow.generate(PROMPT, max_new_tokens=1)
     assert not [ly for ly in layers_of(narrow) if ly.name.endswith("/partial")]
