@@ -99,8 +99,9 @@ def move_fits(cfg: HardwareConfig, s: MoveShape, k: MoveKnobs) -> str | None:
     if k.rows > cfg.acc_depth:
         return f"{k.rows} staged rows exceed the {cfg.acc_depth}-row accumulator"
     if s.kind == "concat" or s.rows:
-        # pixels longer than the staging move in pieces (a concat, a rows slice)
-        if _cb_out(s) > MAX_DMA or max(s.cbs) > MAX_DMA:
+        # pixels longer than the staging move in pieces (a concat, a rows slice); strides
+        # between pixels only matter when there are several (one group: a prefill chunk)
+        if s.n * s.h * s.w > 1 and (_cb_out(s) > MAX_DMA or max(s.cbs) > MAX_DMA):
             return f"a {_cb_out(s)}-block output stride exceeds the {DRAM_SIZE_BITS}-bit DMA fields"
         return None
     if _cb_out(s) > k.rows or (s.kind != "slice" and max(s.cbs) > k.rows):
@@ -162,7 +163,8 @@ def emit_move(b, cfg: HardwareConfig, s: MoveShape, k: MoveKnobs, regions: dict)
         for p0 in range(0, p, pc):
             m = min(pc, p - p0)
             base = stage()
-            b.load(buf, base, b.addr(x, buf) + p0 * cbi + s.offset, m, cbo, cbi)
+            b.load(buf, base, b.addr(x, buf) + p0 * cbi + s.offset, m, cbo,
+                   cbi if cbi <= MAX_DMA else cbo)        # one pixel (move_fits): unused
             b.store(buf, base, b.addr(y, buf) + p0 * cbo, 1, m * cbo, m * cbo)
         return
     if s.kind == "concat":
@@ -181,7 +183,8 @@ def emit_move(b, cfg: HardwareConfig, s: MoveShape, k: MoveKnobs, regions: dict)
                 m = min(pc, p - p0)
                 base = stage()
                 b.load(buf, base, b.addr(x, buf) + p0 * cb, 1, m * cb, m * cb)
-                b.store(buf, base, b.addr(y, buf) + p0 * cbo + cb0, m, cb, cbo)
+                b.store(buf, base, b.addr(y, buf) + p0 * cbo + cb0, m, cb,
+                        cbo if cbo <= MAX_DMA else cb)    # one pixel (move_fits): unused
             cb0 += cb
         return
     cb, (sh, sw) = s.cbs[0], s.scale
