@@ -14,7 +14,7 @@ import pytest
 import tvm
 from hypothesis import example, given, settings
 from hypothesis import strategies as st
-from onnx import TensorProto, helper, numpy_helper
+from onnx import helper
 from tvm import relax
 
 import dsa_tvm
@@ -23,6 +23,7 @@ from dsa_tvm.runtime import take_launches
 from tir_schedules.kinds import run_layer, run_region
 
 from .test_wide_mul import _model, _qdq
+from .test_wide_output import _compile
 
 X_STEP = 1e-3
 
@@ -54,19 +55,7 @@ def _planes_model(lead: tuple[int, ...], k: int, n: int, seed: int, y_step: floa
         out = "act"
     nodes += [helper.make_node("QuantizeLinear", [out, "y_s", "y_z"], ["yq"]),
               helper.make_node("DequantizeLinear", ["yq", "y_s", "y_z"], ["y"])]
-    g = helper.make_graph(
-        nodes, "planes", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [*lead, k])],
-        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [*lead, n])],
-        [numpy_helper.from_array(np.asarray(v), name) for name, v in inits.items()])
-    model = helper.make_model(g, opset_imports=[helper.make_opsetid("", 21)])
-    model.ir_version = 10
-    return model
-
-
-def _compile(model: onnx.ModelProto):
-    with dsa_tvm.options(offload="all"):
-        ex = dsa_tvm.compile(model, verbose=False)
-    return ex, dsa_tvm.last_compile_report()
+    return _model(nodes, inits, {"x": (*lead, k)}, (*lead, n), "planes")
 
 
 def _run(ex, *xs: np.ndarray) -> np.ndarray:

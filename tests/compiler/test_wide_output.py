@@ -73,6 +73,22 @@ def _run(ex, x: np.ndarray) -> np.ndarray:
     return out.numpy()
 
 
+def run_one_wide_launch(ex, rep, *inputs: np.ndarray):
+    """Run ``ex``: one DSA launch whose int16 output is bit-exact against the integer
+    reference and stored by ACC16 (REQUANT's wide mode); (the result, the launch)."""
+    assert [r.target for r in rep.regions] == ["dsa"], rep
+    take_launches()
+    got = relax.VirtualMachine(ex, tvm.cpu())["main"](*map(tvm.runtime.tensor, inputs)).numpy()
+    (launch,) = take_launches()
+    (out,) = launch.outputs.values()
+    assert out.dtype == np.int16
+    want = run_region(rep.regions[0].region, launch.inputs)
+    np.testing.assert_array_equal(out, next(iter(want.values())))
+    assert any(isinstance(i, Store) and i.buffer == Buffer.ACC16
+               for i in launch.program.instructions)
+    return got, launch
+
+
 def _ort(model: onnx.ModelProto, x: np.ndarray) -> np.ndarray:
     so = ort.SessionOptions()
     so.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL
@@ -87,18 +103,8 @@ def test_int16_dense_output_is_bit_exact_and_matches_onnxruntime(m, k, n, seed, 
     step = 1e-5 if tiny else 2e-3
     model = _wide_dense(m, k, n, seed, step)
     ex, rep = _compile(model)
-    assert [r.target for r in rep.regions] == ["dsa"], rep
     x = np.random.default_rng(seed + 1).standard_normal((m, k)).astype(np.float32) * 3
-    take_launches()
-    got = _run(ex, x)
-    (launch,) = take_launches()
-    (out,) = launch.outputs.values()
-    assert out.dtype == np.int16
-    want = run_region(rep.regions[0].region, launch.inputs)
-    np.testing.assert_array_equal(out, next(iter(want.values())))
-    # the program stores the output as int16 (REQUANT's wide mode feeds an ACC16 store)
-    assert any(isinstance(i, Store) and i.buffer == Buffer.ACC16
-               for i in launch.program.instructions)
+    got, _ = run_one_wide_launch(ex, rep, x)
     ref = _ort(model, x)      # saturates at the int16 ends as the wide REQUANT must
     assert np.abs(got - ref).max() <= step * 1.01   # (float32 dequantization ulps)
 
