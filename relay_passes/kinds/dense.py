@@ -21,7 +21,7 @@ from dsa_tvm.layers.ir import Dense, Layer, QTensor
 
 from .add import WIDE_ADD_MULT_BITS
 from .common import MAX_DMA, Constraint, common_constraints
-from .dense_planes import PLANE, byte_plane_layers, plane_scale
+from .dense_planes import byte_plane_layers, join_factors, plane_scale
 from .match import Match, NotAMatch, Operand, Reader, Root, qtensor, shape_of
 from .scales import clip_bounds, int32_bias, requant
 from .spec import ACTS, Kind, act, dq, q, variant_name
@@ -146,8 +146,8 @@ def _weight_nk(m: Match) -> np.ndarray:
 def _plane_factors(m: Match) -> tuple[float, float]:
     """The byte planes' add factors (256 s_p / s_y, s_p / s_y) of an int16-input dense."""
     x = qtensor("x", m.inputs[0].shape, m.inputs[0].qp)
-    s_p = plane_scale(x, _weight_nk(m), m.weight.qp.scale)
-    return PLANE * s_p / float(m.out.scale[0]), s_p / float(m.out.scale[0])
+    return join_factors(plane_scale(x, _weight_nk(m), m.weight.qp.scale),
+                        float(m.out.scale[0]))
 
 
 def _wide_input(m: Match, cfg: HardwareConfig) -> str | None:

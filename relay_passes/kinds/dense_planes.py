@@ -45,6 +45,11 @@ def plane_scale(x: QTensor, weight: np.ndarray, w_scales: np.ndarray) -> float:
     return max(float((PLANE // 2) * x.scale * col.max()), 1e-30) / sem.INT16_MAX
 
 
+def join_factors(s_p: float, y_scale: float) -> tuple[float, float]:
+    """The real factors of the add that joins the planes: (256 s_p / s_y, s_p / s_y)."""
+    return PLANE * s_p / y_scale, s_p / y_scale
+
+
 def byte_plane_layers(name: str, x: QTensor, y: QTensor, weight: np.ndarray,
                       w_scales: np.ndarray, clip: tuple[int, int]) -> tuple[Layer, ...]:
     """The layers of ``y = x @ weight.T`` for an int16 ``x`` (rows of its last axis; zero
@@ -65,7 +70,7 @@ def byte_plane_layers(name: str, x: QTensor, y: QTensor, weight: np.ndarray,
     int8 = (sem.INT8_MIN, sem.INT8_MAX)
     factors = x.scale * np.broadcast_to(np.asarray(w_scales, np.float64), (n,)) / s_p
     mult, shift = sem.quantize_multipliers(factors)
-    am, bm, sh = add_multipliers(PLANE * s_p / y.scale, s_p / y.scale,
+    am, bm, sh = add_multipliers(*join_factors(s_p, y.scale),
                                  bits=(WIDE_ADD_MULT_BITS, WIDE_ADD_MULT_BITS))
     return (
         Rescale(f"{name}/hi", x, hi, Requant(one, np.array([PLANE_SHIFT], np.int32), 0, int8)),
