@@ -48,6 +48,13 @@ def add_parser(sub) -> None:
     q.add_argument("--scale-lr", type=float, default=1e-3, help="activation-scale learning rate")
     q.add_argument("--loss", default="kl", choices=("kl", "mse", "cosine"),
                    help="kl: classifier logits; cosine: embeddings; mse: anything")
+    q.add_argument("--weight-clip", choices=("mse", "max"), default="mse",
+                   help="4-bit layers: start each channel's weight scale at the clip with the "
+                        "least rounding error (mse), or at max|w| as PTQ; it is then learned")
+    q.add_argument("--features", type=float, default=0.0, metavar="W",
+                   help="also match every layer's output to FP32, at this weight in the loss")
+    q.add_argument("--mixup", type=float, default=0.0, metavar="SHARE",
+                   help="share of each training batch mixed with another image (and flipped)")
     q.add_argument("--heldout", type=float, default=0.2, help="share of images held out")
     q.add_argument("--target-drop", type=float, default=0.005,
                    help="mixed: output cosine allowed below all-8-bit on the held-out images")
@@ -129,6 +136,10 @@ def cmd_qat(args: argparse.Namespace) -> int:
         raise CliError(f"--steps {args.steps}: pass 0 or more")
     if not 0 < args.heldout < 1:
         raise CliError(f"--heldout {args.heldout}: pass a share between 0 and 1, e.g. 0.2")
+    if not args.features >= 0:
+        raise CliError(f"--features {args.features}: pass a weight of 0 or more, e.g. 1")
+    if not 0 <= args.mixup <= 1:
+        raise CliError(f"--mixup {args.mixup}: pass a share of the batch between 0 and 1")
     pattern = _pattern(args.sparsity, args.sparse_target)
     _check_analog(args.analog, args.noise_scale)
     net = _load(args.model)
@@ -145,9 +156,11 @@ def cmd_qat(args: argparse.Namespace) -> int:
     cal = [(torch.cat(train[:16]),)]
     bits = 4 if args.bits == "w4a8" else 8
     try:
-        p = qat.prepare(net, (train[0],), cal, bits=bits, learn_scales=True)
+        p = qat.prepare(net, (train[0],), cal, bits=bits, learn_scales=True,
+                        learn_weight_scales=args.bits != "w8a8", weight_clip=args.weight_clip)
     except qat.QatError as e:
         raise CliError(str(e)) from None
+    augment = qat.mixup(args.mixup) if args.mixup else None
     print(p.qat_report.summary())
     if pattern is not None:  # before the widths and the training: both see the pruned network
         print(_prune(p, pattern, args.sparse_target, heldout, cal).summary())
@@ -165,7 +178,8 @@ def cmd_qat(args: argparse.Namespace) -> int:
                                 noise_scale=args.noise_scale).summary())
     res = qat.distill(p, net, [(t,) for t in train], heldout, steps=args.steps,
                       batch_size=args.batch, lr=args.lr, scale_lr=args.scale_lr, loss=args.loss,
-                      seed=args.seed, show_progress=not args.quiet)
+                      seed=args.seed, show_progress=not args.quiet, features=args.features,
+                      augment=augment)
     if args.analog:
         qat.disable_analog(p)
     after = output_cosine(p, heldout, ref)

@@ -7,6 +7,7 @@ compiler takes. torch is imported only when this package is.
 """
 
 from .analog import AnalogReport, analog_noise, disable_analog, enable_analog
+from .augment import mixup
 from .errors import QatError
 from .export import export
 from .layers import set_mode
@@ -20,4 +21,4 @@ __all__ = ["AnalogReport", "QatError", "QatReport", "SparsityReport", "TrainResu
            "analog_noise", "calibrate", "choose_bits", "disable_analog",
            "distill", "enable_analog", "export", "prepare", "prune", "sensitivity", "set_bits",
            "set_mode"]
-__all__ += ["choose_sparse_layers", "sparse_sensitivity"]
+__all__ += ["choose_sparse_layers", "mixup", "sparse_sensitivity"]

@@ -27,9 +27,11 @@ from ..quant.bias_correction import conv_shift, dense_shift
 from ..quant.insert import quant_dequant as dequantized_weights
 from ..quant.observers import ChannelMeanObserver, make_observer
 from ..quant.qparams import (
+    MIN_SCALE,
     activation_qparams,
     bias_qparams,
     bias_weight_scale_floor,
+    clip_ratios,
     quantize_bias,
     quantize_weight,
     weight_qmax,
@@ -41,6 +43,8 @@ from .fake_quant import codes, fake_quant, straight_through
 from .onnx_ops import dequantized_constant, quant_dequant
 
 MODES = ("float", "observe", "quant", "export")
+#: where weight scales start (WeightedLayer.clip_weights)
+WEIGHT_CLIPS = ("max", "mse")
 
 
 class Grid(nn.Module):
@@ -208,6 +212,10 @@ class WeightedLayer(_Integer):
         self.weight = nn.Parameter(weight.detach().clone().float())
         self.bias = None if bias is None else nn.Parameter(bias.detach().clone().float())
         self.bits = bits
+        # weight scales = max|w| / qmax * (1 + weight_gain) per output channel: exactly
+        # PTQ's while the gain is 0; learned (LSQ) with prepare(learn_weight_scales=True),
+        # where a negative gain clips the largest weights for a finer grid (4 bits)
+        self.weight_gain = nn.Parameter(torch.zeros(weight.shape[0]), requires_grad=False)
         self.conv = dict(conv or {})
         self.input_means: ChannelMeanObserver | None = None  # for bias correction
         self.register_buffer("bias_shift", None)  # the correction, quant and export modes only
@@ -254,15 +262,16 @@ class WeightedLayer(_Integer):
 
     def quant_params(self) -> tuple[np.ndarray, np.ndarray, np.ndarray | None, np.ndarray | None]:
         """(weight scales, weight codes, bias scales, bias codes) for the current weights
-        and input scale, as PTQ makes them: max|w| / qmax per output channel, raised where
-        the int32 bias would not fit beside the worst-case sum."""
+        and input scale, as PTQ makes them: max|w| / qmax per output channel (times the
+        learned ``1 + weight_gain``), raised where the int32 bias would not fit beside the
+        worst-case sum."""
         w = self.masked_weight().detach().numpy()
         if not np.isfinite(w).all() or (self.bias is not None
                                         and not torch.isfinite(self.bias).all()):
             raise NonFiniteError(f"layer {self.name}: weights became NaN or infinite (learning "
                                  f"rate too high? lower lr)")
         s_x = self.inputs[0].s
-        s_w = weight_qparams(w, 0, self.bits)
+        s_w = self.unfloored_weight_scales(w)
         qb = self.quant_bias()
         b = None if qb is None else qb.detach().numpy()
         if b is not None:
@@ -272,6 +281,38 @@ class WeightedLayer(_Integer):
             return s_w, wq, None, None
         s_b = bias_qparams(s_x, s_w, w.shape[0])
         return s_w, wq, s_b, quantize_bias(b, s_b)
+
+    def unfloored_weight_scales(self, w: np.ndarray) -> np.ndarray:
+        """max|w| / qmax per output channel times ``1 + weight_gain`` (float32)."""
+        gain = self.weight_gain.detach().numpy().astype(np.float64)
+        if not np.isfinite(gain).all() or (gain <= -1).any():
+            raise NonFiniteError(f"layer {self.name}: a learned weight scale became zero, "
+                                 f"negative or non-finite (scale_lr too high? lower it)")
+        s = weight_qparams(w, 0, self.bits).astype(np.float64) * (1 + gain)
+        return np.maximum(s, MIN_SCALE).astype(np.float32)
+
+    def clip_weights(self, how: str) -> None:
+        """Start the weight scales at ``how``: "max" (PTQ's max|w| / qmax) or "mse" (at 4
+        bits, the clipping ratio with the least squared rounding error per output channel,
+        :func:`quant.qparams.clip_ratios`; an 8-bit layer keeps max|w|: its rounding error
+        is small already, and its largest weights matter)."""
+        if how not in WEIGHT_CLIPS:
+            raise QatError(f"weight_clip={how!r}: choose one of {WEIGHT_CLIPS}")
+        if how == "max" or self.bits == 8:
+            self.weight_gain.data.zero_()
+            return
+        r = clip_ratios(self.masked_weight().detach().numpy(), 0, self.bits)
+        self.weight_gain.data.copy_(torch.from_numpy(r - 1.0))
+
+    def weight_scale_tensor(self, s_w: np.ndarray) -> torch.Tensor:
+        """``s_w`` as a tensor; with learned weight scales, carrying LSQ's gradient to
+        ``weight_gain`` (the value stays exactly ``s_w``, bias floor included)."""
+        t = torch.from_numpy(s_w)
+        if not self.weight_gain.requires_grad:
+            return t
+        base = torch.from_numpy(weight_qparams(self.masked_weight().detach().numpy(), 0,
+                                               self.bits))
+        return straight_through(base * (1 + self.weight_gain), t)
 
     def correct_bias(self) -> None:
         """PTQ's bias correction (``quant.bias_correction``): fold the mean output shift that
@@ -288,6 +329,14 @@ class WeightedLayer(_Integer):
         if self.bias is None:  # trainable, zero in the FP32 network
             self.bias = nn.Parameter(torch.zeros(w.shape[0]))
         self.bias_shift = torch.from_numpy(shift.astype(np.float32))
+
+    def rederive_bias_correction(self) -> None:
+        """Derive the bias correction again, as the first calibration would for the weights
+        and width the layer has now (pruned, or set to other bits). Layers without one
+        (``bias_correction=False``, never calibrated) keep none."""
+        if self.bias_shift is not None and self.input_means is not None:
+            self.bias_shift = None
+            self.correct_bias()
 
     def quant_bias(self) -> torch.Tensor | None:
         """The bias the integer layer adds: the trained one plus the correction."""
@@ -322,7 +371,8 @@ class WeightedLayer(_Integer):
             return self.out.quantize(_activation(self._op(x, w, b), self.act))
         qmax = weight_qmax(self.bits)
         shape = (-1,) + (1,) * (self.weight.dim() - 1)
-        w_fq = fake_quant(self.masked_weight(), sw_t.reshape(shape), 0, -qmax, qmax)
+        w_fq = fake_quant(self.masked_weight(), self.weight_scale_tensor(s_w).reshape(shape), 0,
+                          -qmax, qmax)
         b_fq = None
         if bq is not None:
             b_deq = torch.from_numpy(bq.astype(np.float64) * s_b.astype(np.float64)).float()

@@ -28,7 +28,9 @@ def weighted_layers(module: nn.Module) -> dict[str, WeightedLayer]:
 
 
 def set_bits(module: nn.Module, bits: Mapping[str, int]) -> None:
-    """Set the weight width of the named layers (8 or 4)."""
+    """Set the weight width of the named layers (8 or 4). A layer whose width changes
+    starts its weight scales afresh and re-derives its bias correction, so the module is
+    what preparing it with these widths gives."""
     layers = weighted_layers(module)
     for name, b in bits.items():
         if name not in layers:
@@ -37,7 +39,11 @@ def set_bits(module: nn.Module, bits: Mapping[str, int]) -> None:
                            f"paths, e.g. {known}")
         if b not in WEIGHT_BITS:
             raise QatError(f"layer {name!r}: bits={b!r}; pass 8 or 4")
+        changed = layers[name].bits != int(b)
         layers[name].bits = int(b)
+        if changed:  # the clip (searched or learned) and bias correction were the old grid's
+            layers[name].clip_weights(getattr(module, "qat_weight_clip", "max"))
+            layers[name].rederive_bias_correction()
 
 
 def bits_of(module: nn.Module) -> dict[str, int]:

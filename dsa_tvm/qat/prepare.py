@@ -24,7 +24,17 @@ from ..quant.observers import METHODS
 from ..quant.qparams import WEIGHT_BITS
 from . import graph as G
 from .errors import QatError
-from .layers import AddLayer, Grid, MeanLayer, SameGrid, WeightedLayer, _Integer, grids, set_mode
+from .layers import (
+    WEIGHT_CLIPS,
+    AddLayer,
+    Grid,
+    MeanLayer,
+    SameGrid,
+    WeightedLayer,
+    _Integer,
+    grids,
+    set_mode,
+)
 from .outliers import split_outliers as _split_outliers
 from .precision import set_bits
 from .smooth import Smooth, check_alpha, migrate
@@ -317,8 +327,10 @@ def calibrate(module: fx.GraphModule, batches: Iterable[Sequence[torch.Tensor]],
         g.calibrate()
     set_mode(module, "quant")
     for m in module.modules():
-        if isinstance(m, WeightedLayer) and bias_correction:
-            m.correct_bias()
+        if isinstance(m, WeightedLayer):
+            m.clip_weights(getattr(module, "qat_weight_clip", "max"))
+            if bias_correction:
+                m.correct_bias()
     return count
 
 
@@ -337,6 +349,7 @@ def _module(module: Any) -> tuple[nn.Module, bool]:
 
 def prepare(module: nn.Module | Any, example_inputs: Any, calibration_data: Iterable[Any] | None = None,
             bits: int = 8, method: str = "minmax", learn_scales: bool = False,
+            learn_weight_scales: bool = False, weight_clip: str = "max",
             symmetric_activations: bool = False,
             layer_bits: dict[str, int] | None = None,
             bias_correction: bool = True, smooth: float | None = None,
@@ -351,7 +364,11 @@ def prepare(module: nn.Module | Any, example_inputs: Any, calibration_data: Iter
     ``calibration_data``: batches (each a tensor or tuple of tensors) for PTQ's observers,
     default the example; ``bits``: weight width (8, or 4 for W4A8), ``layer_bits`` per
     layer by source module path (:mod:`.precision` picks them); ``learn_scales``: train
-    activation scales (LSQ); ``bias_correction``: as PTQ's. The result carries
+    activation scales (LSQ); ``learn_weight_scales``: train each output channel's weight
+    scale too (LSQ; it starts at PTQ's max|w| / qmax and may learn to clip: worth it at 4
+    bits); ``weight_clip``: where 4-bit weight scales start, "max" (PTQ's max|w| / qmax)
+    or "mse" (each channel's clipping with the least rounding error; calibrating again,
+    e.g. after pruning, searches again); ``bias_correction``: as PTQ's. The result carries
     ``.qat_report`` (what became which layer, what stays FP32 and why) and is in ``quant``
     mode. ``smooth``: SmoothQuant's alpha for linear layers that read an FP32 value (a
     transformer's LayerNorm outputs; :mod:`.smooth`), None to leave them as they are;
@@ -362,6 +379,8 @@ def prepare(module: nn.Module | Any, example_inputs: Any, calibration_data: Iter
         raise QatError(f"bits={bits!r}: weights are int8 or int4; pass 8 or 4")
     if method not in METHODS:
         raise QatError(f"calibration method {method!r} is not one of {METHODS}")
+    if weight_clip not in WEIGHT_CLIPS:
+        raise QatError(f"weight_clip={weight_clip!r}: choose one of {WEIGHT_CLIPS}")
     module, converted = _module(module)
     args = _as_args(example_inputs)
     # a copy: FP32 ops keep their parameters, which training must not move in the caller's
@@ -381,6 +400,7 @@ def prepare(module: nn.Module | Any, example_inputs: Any, calibration_data: Iter
     out.qat_example = args
     out.qat_bits = bits
     out.qat_bias_correction = bias_correction  # a later calibration (after pruning) repeats it
+    out.qat_weight_clip = weight_clip
     out.qat_smooth = smooth
     out.qat_outliers = split_outliers
     batches = [args] if calibration_data is None else [_as_args(b) for b in calibration_data]
@@ -399,4 +419,7 @@ def prepare(module: nn.Module | Any, example_inputs: Any, calibration_data: Iter
                        f"its input shape") from None
     for g in grids(out):
         g.gain.requires_grad_(learn_scales)
+    for m in out.modules():
+        if isinstance(m, WeightedLayer):
+            m.weight_gain.requires_grad_(learn_weight_scales)
     return out

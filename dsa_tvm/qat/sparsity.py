@@ -305,17 +305,10 @@ def prune(prepared: nn.Module, n: int = 2, m: int = 4, *, skip: Skip = None,
         for name, mask in masks.items():
             _set_mask(layers[name], mask)
         prepared.qat_sparsity = plan
-        if batches is None:
-            _correct_biases(layers[name] for name in masks)
+        if batches is None:  # the weights whose rounding the corrections cancelled are gone
+            for name in masks:
+                layers[name].rederive_bias_correction()
     if batches is not None:
         calibrate(prepared, batches, getattr(prepared, "qat_bias_correction", True))
     return report(prepared)
 
-
-def _correct_biases(layers: Iterable[WeightedLayer]) -> None:
-    """Re-derive the bias correction of pruned layers that have one: the weights whose
-    rounding it cancelled are gone (zero rounds to zero)."""
-    for la in layers:
-        if la.bias_shift is not None and la.input_means is not None:
-            la.bias_shift = None  # derived as the first calibration would, for these weights
-            la.correct_bias()

@@ -20,7 +20,9 @@ import torch
 from torch import nn
 
 from ..quant.calibrate import progress
+from .augment import Augment
 from .errors import NonFiniteError, QatError
+from .features import captured, feature_loss, fp32_copy
 
 Batch = tuple[torch.Tensor, ...]
 LOSSES = ("mse", "kl", "cosine")
@@ -62,6 +64,12 @@ def distill_loss(student: torch.Tensor, teacher: torch.Tensor, kind: str = "mse"
     raise QatError(f"loss {kind!r} is not one of {LOSSES}")
 
 
+def _is_scale(name: str) -> bool:
+    """A learned scale's gain (an activation grid's, or a layer's per-channel weight
+    scales'): trained at ``scale_lr``."""
+    return name.endswith(".gain") or name.endswith(".weight_gain")
+
+
 def _batches(data: Sequence[Batch], size: int, gen: torch.Generator) -> Batch:
     """A random mini-batch of ``size`` examples drawn from the list of batches."""
     idx = torch.randint(len(data), (size,), generator=gen)
@@ -77,24 +85,40 @@ def _heldout_loss(student: nn.Module, targets: list[torch.Tensor], data: Sequenc
     return sum(losses) / len(losses)
 
 
+def _step_loss(student: nn.Module, layer_teacher: nn.Module | None, x: Batch,
+               target: torch.Tensor, kind: str, features: float) -> torch.Tensor:
+    """The outputs' loss, plus ``features`` x the layers' (with a layer teacher)."""
+    if layer_teacher is None:
+        return distill_loss(student(*x), target, kind)
+    with torch.no_grad(), captured(layer_teacher) as fp32:
+        layer_teacher(*x)
+    with captured(student) as ours:
+        out = student(*x)
+    return distill_loss(out, target, kind) + features * feature_loss(ours, fp32)
+
+
 def distill(student: nn.Module, teacher: nn.Module, data: Sequence[Batch],
             heldout: Sequence[Batch] | None = None, *, steps: int = 200, batch_size: int = 8,
             lr: float = 1e-5, scale_lr: float = 1e-3, loss: str = "mse", eval_every: int = 20,
-            patience: int = 3, seed: int = 0, show_progress: bool = True) -> TrainResult:
+            patience: int = 3, seed: int = 0, show_progress: bool = True,
+            features: float = 0.0, augment: Augment | None = None) -> TrainResult:
     """Fine-tune ``student`` (from :func:`prepare`) to match ``teacher`` on ``data``.
 
     ``data`` and ``heldout`` are lists of input batches (tuples of tensors, one per
     forward argument); without ``heldout`` the last fifth of ``data`` is held out.
     Weights train at ``lr`` (Adam), learned scales at ``scale_lr`` (a share of the scale
-    per step). Stops after ``steps``,
+    per step). ``features`` > 0 adds every weighted layer's output, matched to the FP32
+    network's (:mod:`.features`), to the training loss at that weight; the held-out loss
+    stays the outputs' alone. ``augment`` (e.g. :func:`.augment.mixup`) transforms every
+    training batch, seeded by the run, before the teacher labels it. Stops after ``steps``,
     or when ``patience`` held-out checks in a row bring no improvement, or at a
     non-finite loss; the weights of the best held-out check are restored in every case.
     """
     if loss not in LOSSES:
         raise QatError(f"loss {loss!r} is not one of {LOSSES}")
-    if steps < 0 or batch_size < 1 or eval_every < 1:
-        raise QatError(f"steps ({steps}) must be >= 0, batch_size ({batch_size}) and "
-                       f"eval_every ({eval_every}) >= 1")
+    if steps < 0 or batch_size < 1 or eval_every < 1 or not features >= 0:
+        raise QatError(f"steps ({steps}) and features ({features}) must be >= 0, batch_size "
+                       f"({batch_size}) and eval_every ({eval_every}) >= 1")
     data = [tuple(b) if isinstance(b, (tuple, list)) else (b,) for b in data]
     if heldout is None:
         if len(data) < 2:
@@ -110,8 +134,8 @@ def distill(student: nn.Module, teacher: nn.Module, data: Sequence[Batch],
     teacher.eval()
     with torch.no_grad():
         targets = [teacher(*b) for b in heldout]
-    weights = [p for n, p in student.named_parameters() if not n.endswith(".gain")]
-    scales = [p for n, p in student.named_parameters() if n.endswith(".gain") and p.requires_grad]
+    weights = [p for n, p in student.named_parameters() if not _is_scale(n)]
+    scales = [p for n, p in student.named_parameters() if _is_scale(n) and p.requires_grad]
     groups = [{"params": weights, "lr": lr}] + ([{"params": scales, "lr": scale_lr}]
                                                 if scales else [])
     opt = torch.optim.Adam(groups)
@@ -119,16 +143,19 @@ def distill(student: nn.Module, teacher: nn.Module, data: Sequence[Batch],
     result = TrainResult(0, "steps", 0, best, heldout=[(0, best)])
     best_state = copy.deepcopy(student.state_dict())
     bad_checks = 0
+    layer_teacher = fp32_copy(student) if features else None
     # eval mode throughout: an FP32 batch norm or dropout the prepared module kept must
     # compute what the deployed model computes; the integer layers have no train mode
     student.eval()
     bar = progress(range(1, steps + 1), steps, "qat", show_progress)
     for step in bar:
         x = _batches(data, batch_size, gen)
+        if augment is not None:
+            x = augment(x, gen)
         with torch.no_grad():
             target = teacher(*x)
         try:
-            value = distill_loss(student(*x), target, loss)
+            value = _step_loss(student, layer_teacher, x, target, loss, features)
         except NonFiniteError as e:
             result.stopped = f"non-finite values at step {step}: {e}"
             break

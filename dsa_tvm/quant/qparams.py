@@ -101,6 +101,30 @@ def weight_qparams(w: np.ndarray, axis: int | None, bits: int = 8) -> np.ndarray
     return np.maximum(m / weight_qmax(bits), MIN_SCALE).astype(np.float32)
 
 
+#: clipping ratios :func:`clip_ratios` tries, from max|w| down to 30% of it
+CLIP_RATIOS = np.linspace(1.0, 0.3, 36)
+
+
+def clip_ratios(w: np.ndarray, axis: int, bits: int) -> np.ndarray:
+    """Per slice along ``axis``, the ratio r (of :data:`CLIP_RATIOS`) whose scale
+    ``r * max|w| / qmax`` gives the least squared rounding error, clipping included
+    (float64; 1.0 where no smaller ratio beats max|w|). At 4 bits on a CNN this beats
+    max|w| (EfficientNet-Lite0's all-4-bit cosine 0.58 -> 0.69); an LLM's largest weights
+    matter more (see :func:`weight_qparams`), so nothing uses it unasked."""
+    wc = np.moveaxis(np.asarray(w, np.float64), axis, 0)
+    wc = wc.reshape(wc.shape[0], -1)
+    base = weight_qparams(w, axis, bits).astype(np.float64)[:, None]
+    qmax = weight_qmax(bits)
+    best_err = np.full(len(wc), np.inf)
+    best = np.ones(len(wc))
+    for r in CLIP_RATIOS:
+        s = base * r
+        err = ((np.clip(np.round(wc / s), -qmax, qmax) * s - wc) ** 2).sum(1)
+        better = err < best_err * (1 - 1e-12)  # ties keep the larger ratio
+        best_err[better], best[better] = err[better], r
+    return best
+
+
 def quantize_weight(w: np.ndarray, scales: np.ndarray, axis: int | None,
                     bits: int = 8) -> np.ndarray:
     """Weight codes for ``scales`` (per channel along ``axis``), clipped to [-qmax, qmax],

@@ -39,7 +39,7 @@ def test_exported_model_on_the_dsa_equals_the_prepared_module(bits):
     g = torch.Generator().manual_seed(1)
     cal = [(torch.randn(4, 3, 16, 16, generator=g),) for _ in range(3)]
     x = torch.randn(1, 3, 16, 16, generator=g)
-    p = qat.prepare(net, (x,), cal, bits=bits, learn_scales=True)
+    p = qat.prepare(net, (x,), cal, bits=bits, learn_scales=True, learn_weight_scales=True)
     kinds = sorted({k for _, k in p.qat_report.layers})
     assert kinds == ["add", "conv2d", "global_avg_pool", "linear"]
     assert not p.qat_report.fp32
@@ -47,6 +47,7 @@ def test_exported_model_on_the_dsa_equals_the_prepared_module(bits):
     _finetune(p, net, steps=6)
     moved = [n for n, t in p.named_parameters() if not torch.equal(t, before[n])]
     assert any(n.endswith(".gain") for n in moved) and any(n.endswith("weight") for n in moved)
+    assert any(n.endswith(".weight_gain") for n in moved)  # learned weight scales moved too
     model = qat.export(p)
     for seed in range(2):
         xs = torch.randn(1, 3, 16, 16, generator=torch.Generator().manual_seed(10 + seed)) * 2

@@ -24,11 +24,14 @@ def _folder(tmp_path):
     return d
 
 
-def test_qat_cli_trains_exports_and_names_skipped_files(tmp_path, capsys):
+@pytest.mark.parametrize("recipe", [[], ["--features", "1", "--mixup", "0.5",
+                                         "--weight-clip", "max"]])
+def test_qat_cli_trains_exports_and_names_skipped_files(tmp_path, capsys, recipe):
     torch.save(tiny_net(), tmp_path / "tiny.pt")
     out = tmp_path / "q.onnx"
     rc = main(["qat", str(tmp_path / "tiny.pt"), "--data", str(_folder(tmp_path)), "--size", "16",
-               "--steps", "4", "--bits", "w4a8", "--lr", "1e-4", "--quiet", "--out", str(out)])
+               "--steps", "4", "--bits", "w4a8", "--lr", "1e-4", "--quiet", "--out", str(out)]
+              + recipe)
     cap = capsys.readouterr()
     assert rc == 0, cap.err
     assert "skipped broken.jpg" in cap.err and "readme" not in cap.err
@@ -88,6 +91,8 @@ def test_qat_cli_hostile_input(tmp_path, capsys):
         (["qat", str(tmp_path / "tiny.pt"), "--data", str(broken)], "none of the 1 images"),
         (["qat", str(tmp_path / "tiny.pt"), "--data", ".", "--steps", "-1"], "--steps -1"),
         (["qat", str(tmp_path / "tiny.pt"), "--data", ".", "--heldout", "1.5"], "--heldout"),
+        (["qat", str(tmp_path / "tiny.pt"), "--data", ".", "--features", "-1"], "--features -1"),
+        (["qat", str(tmp_path / "tiny.pt"), "--data", ".", "--mixup", "nan"], "--mixup nan"),
         (["qat", str(tmp_path / "tiny.pt"), "--data", ".", "--sparsity", "2-4"],
          "--sparsity '2-4' is not N:M; pass"),
         (["qat", str(tmp_path / "tiny.pt"), "--data", ".", "--sparsity", "4:4"],
