@@ -13,7 +13,9 @@ same test crops (top-1 agreement, logit cosine) and compiled for the ``default``
 - PTQ int8 / PTQ W4A8: ``dsa_tvm.quantize_onnx`` (bias correction, outlier split; weight
   bits 8 / 4), run on the DSA;
 - QAT: ``dsa_tvm.qat.prepare`` (PTQ's observers, minmax) then ``qat.distill`` (KL to the
-  FP32 logits, learned activation scales), all 4-bit, and mixed (``qat.choose_bits``
+  FP32 logits, learned activation scales; rows with 4-bit weights also start each channel's
+  weight scale at its least-squares clip, learn it, and match every layer's output to
+  FP32: ``--weight-clip``, ``--features``), all 4-bit, and mixed (``qat.choose_bits``
   keeps the most sensitive layers at 8 bits for a target cosine); "before" is the
   prepared module untrained. The exported model is run on the DSA and checked equal to
   the prepared module (bit for bit) on two test crops.
@@ -103,8 +105,10 @@ def ptq_row(label: str, bits: int, calib: list[np.ndarray], test: torch.Tensor,
 def qat_rows(label: str, net, bits: int, mixed_target: float | None, train, heldout, cal,
              sens_batch, test, ref, steps: int, args) -> list[dict]:
     t = time.perf_counter()
+    low = bits < 8 or mixed_target is not None  # the 4-bit recipe: clip, learn the clip
     p = qat.prepare(net, (train[0][0][:1],), cal, bits=8 if mixed_target else bits,
-                    learn_scales=True)
+                    learn_scales=True, learn_weight_scales=low,
+                    weight_clip=args.weight_clip if low else "max")
     note = ""
     if mixed_target is not None:
         base = qat.precision.output_cosine(p, sens_batch, qat.precision.fp32_outputs(p, sens_batch))
@@ -118,7 +122,9 @@ def qat_rows(label: str, net, bits: int, mixed_target: float | None, train, held
     before = scores(batched(p, test), ref)
     res = qat.distill(p, net, train, heldout, steps=steps, batch_size=args.batch, lr=args.lr,
                       scale_lr=args.scale_lr, loss="kl", eval_every=args.eval_every,
-                      patience=args.patience, seed=0, show_progress=True)
+                      patience=args.patience, seed=0, show_progress=True,
+                      features=args.features if low else 0.0,
+                      augment=qat.mixup(args.mixup) if args.mixup else None)
     after = scores(batched(p, test), ref)
     vm, _ = on_dsa(qat.export(p))
     x2 = test[:2]
@@ -227,6 +233,14 @@ def main() -> None:
     ap.add_argument("--scale-lr", type=float, default=1e-3)
     ap.add_argument("--text-lr", type=float, default=2e-5,
                     help="MiniLM's learning rate (cosine loss on embeddings)")
+    ap.add_argument("--weight-clip", choices=("max", "mse"), default="mse",
+                    help="where 4-bit weight scales start (then learned): max|w|, or each "
+                         "channel's least-squares clip (default)")
+    ap.add_argument("--features", type=float, default=1.0,
+                    help="4-bit rows: weight of every layer's output matched to FP32 in the "
+                         "training loss (0: the logits alone; default 1)")
+    ap.add_argument("--mixup", type=float, default=0.0,
+                    help="share of each training batch mixed with another crop (default 0)")
     ap.add_argument("--eval-every", type=int, default=20)
     ap.add_argument("--patience", type=int, default=4)
     ap.add_argument("--target-drop", type=float, default=0.02,
