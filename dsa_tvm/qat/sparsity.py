@@ -311,4 +311,3 @@ def prune(prepared: nn.Module, n: int = 2, m: int = 4, *, skip: Skip = None,
     if batches is not None:
         calibrate(prepared, batches, getattr(prepared, "qat_bias_correction", True))
     return report(prepared)
-

@@ -110,7 +110,8 @@ def clip_ratios(w: np.ndarray, axis: int, bits: int) -> np.ndarray:
     ``r * max|w| / qmax`` gives the least squared rounding error, clipping included
     (float64; 1.0 where no smaller ratio beats max|w|). At 4 bits on a CNN this beats
     max|w| (EfficientNet-Lite0's all-4-bit cosine 0.58 -> 0.69); an LLM's largest weights
-    matter more (see :func:`weight_qparams`), so nothing uses it unasked."""
+    matter more (see :func:`weight_qparams`), so PTQ keeps max|w|. QAT's
+    ``weight_clip="mse"`` uses it (``dsa-tvm qat``'s default for 4-bit layers)."""
     wc = np.moveaxis(np.asarray(w, np.float64), axis, 0)
     wc = wc.reshape(wc.shape[0], -1)
     base = weight_qparams(w, axis, bits).astype(np.float64)[:, None]
