@@ -138,8 +138,10 @@ def cmd_qat(args: argparse.Namespace) -> int:
         raise CliError(f"--heldout {args.heldout}: pass a share between 0 and 1, e.g. 0.2")
     if not args.features >= 0:
         raise CliError(f"--features {args.features}: pass a weight of 0 or more, e.g. 1")
-    if not 0 <= args.mixup <= 1:
-        raise CliError(f"--mixup {args.mixup}: pass a share of the batch between 0 and 1")
+    try:
+        augment = qat.mixup(args.mixup) if args.mixup else None
+    except qat.QatError as e:
+        raise CliError(f"--mixup {args.mixup}: {e}") from None
     pattern = _pattern(args.sparsity, args.sparse_target)
     _check_analog(args.analog, args.noise_scale)
     net = _load(args.model)
@@ -160,7 +162,6 @@ def cmd_qat(args: argparse.Namespace) -> int:
                         learn_weight_scales=args.bits != "w8a8", weight_clip=args.weight_clip)
     except qat.QatError as e:
         raise CliError(str(e)) from None
-    augment = qat.mixup(args.mixup) if args.mixup else None
     print(p.qat_report.summary())
     if pattern is not None:  # before the widths and the training: both see the pruned network
         print(_prune(p, pattern, args.sparse_target, heldout, cal).summary())

@@ -28,7 +28,8 @@ def mixup(share: float = 1.0, flip: bool = True) -> Augment:
     first tensor (N, C, H, W); other tensors pass unchanged. The teacher labels the same
     mixed inputs."""
     if not 0 <= share <= 1:
-        raise QatError(f"mixup share={share!r}: pass a share of the batch in [0, 1]")
+        raise QatError(f"mixup share {share!r} is outside [0, 1]; pass the share of each "
+                       f"batch to mix")
 
     def apply(batch: Batch, gen: torch.Generator) -> Batch:
         x = batch[0]

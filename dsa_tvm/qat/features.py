@@ -17,7 +17,8 @@ from contextlib import contextmanager
 import torch
 from torch import nn
 
-from .layers import WeightedLayer, set_mode
+from .layers import set_mode
+from .precision import weighted_layers
 
 
 @contextmanager
@@ -26,7 +27,7 @@ def captured(module: nn.Module) -> Iterator[dict[str, torch.Tensor]]:
     source module's path, as the reports name it)."""
     outs: dict[str, torch.Tensor] = {}
     hooks = [m.register_forward_hook(lambda m, _a, y: outs.__setitem__(m.name, y))
-             for m in module.modules() if isinstance(m, WeightedLayer)]
+             for m in weighted_layers(module).values()]
     try:
         yield outs
     finally:

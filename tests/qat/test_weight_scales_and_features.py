@@ -10,23 +10,13 @@ from dsa_tvm import qat
 from dsa_tvm.qat.errors import NonFiniteError, QatError
 from dsa_tvm.qat.features import captured, feature_loss, fp32_copy
 from dsa_tvm.qat.layers import WeightedLayer
+from dsa_tvm.qat.precision import weighted_layers
 
-from .nets import tiny_net
-
-
-def _data(n: int, seed: int) -> list[tuple[torch.Tensor]]:
-    g = torch.Generator().manual_seed(seed)
-    return [(torch.randn(4, 3, 16, 16, generator=g),) for _ in range(n)]
-
-
-def _prepared(bits: int, **kw):
-    net = tiny_net()
-    data = _data(3, 1)
-    return net, qat.prepare(net, (data[0][0][:1],), data, bits=bits, **kw)
+from .test_training import _data, _prepared
 
 
 def _layers(p) -> list[WeightedLayer]:
-    return [m for m in p.modules() if isinstance(m, WeightedLayer)]
+    return list(weighted_layers(p).values())
 
 
 @pytest.mark.parametrize("bits", [8, 4])
