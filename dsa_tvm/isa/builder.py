@@ -129,12 +129,13 @@ class ProgramBuilder:
                              use_imm, imm, deps(**dep)))
 
     def norm(self, op: NormOp, dst_base: int, src_base: int, param_base: int, rows: int,
-             length: int, in_zp: int = 0, in_wide: bool = False, **dep) -> int:
+             length: int, in_zp: int = 0, in_wide: bool = False, out_wide: bool = False,
+             **dep) -> int:
         """``rows`` rows of ``length`` codes through the [norm] units (``dst_base =
         src_base``: in place); parameters from row ``param_base`` (``isa.norm_unit``);
-        ``in_wide``: the rows hold int16 codes."""
+        ``in_wide`` / ``out_wide``: the rows hold / the results are int16 codes."""
         return self.emit(Norm(op, dst_base, src_base, param_base, rows, length, in_zp,
-                              deps(**dep), in_wide))
+                              deps(**dep), in_wide, out_wide))
 
     def sync(self, engine: Engine, **dep) -> int:
         return self.emit(Sync(engine, deps(**dep)))

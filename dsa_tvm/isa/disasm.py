@@ -75,7 +75,7 @@ def disassemble_one(ins: Instruction) -> str:
     elif isinstance(ins, Norm):
         text = (f"NORM   {ins.op.name:<9} acc[{ins.dst_base}] <- acc[{ins.src_base}] "
                 f"{ins.rows} rows x {ins.length}{' int16' if ins.in_wide else ''}, "
-                f"in_zp {ins.in_zp}, "
+                f"{'int16 out, ' if ins.out_wide else ''}in_zp {ins.in_zp}, "
                 f"params acc[{ins.param_base}...]")
     elif isinstance(ins, Sync):
         text = f"SYNC   {ins.on.name.lower()}"

@@ -79,17 +79,19 @@ Semantics (see `dsa_tvm/isa/instructions.py` and `dsa_tvm/isa/semantics.py`):
   `in_wide` int16 codes, clamped to int16, e.g. an ACC16-loaded residual stream,
   at the same cost; the integer math is exact in int64 for both; a row spans
   `ceil(length / block_out)` accumulator rows from `src_base`, the last one
-  padded) become their integer softmax, LayerNorm or RMSNorm (`dsa_tvm/isa/intnorm.py`:
-  I-BERT i-exp, table + Newton reciprocal and inverse square root), written in the
-  same layout from `dst_base` (equal to `src_base`: in place; otherwise disjoint),
-  lanes past `length` zero. The integer parameters are a block of int32 words from
-  row `param_base` on, packed `block_out` to a row (an ACC LOAD of a constant region
-  fills it; layout in `dsa_tvm/isa/norm_unit.py`): 8 header words (softmax: in_mult,
-  in_shift, out_mult, out_shift, out_zp; norms: eps_term low and high word, frac,
-  out_zp), then for the norms `ceil(length / block_out)` rows each of gamma (int32),
-  beta's low and beta's high words (int64). Cost: `ceil(rows / norm_units)` x
-  (passes x `ceil(length / norm_elements_per_cycle)` + `norm_row_latency_cycles`),
-  3 passes for softmax, 2 for the norms.
+  padded) become their integer softmax, LayerNorm or RMSNorm
+  (`dsa_tvm/isa/intnorm.py`: I-BERT i-exp, table + Newton reciprocal and inverse
+  square root), saturated at int8 (with `out_wide` at int16, for an ACC16 store:
+  attention probabilities on a grid finer than 1/256), written in the same layout from
+  `dst_base` (equal to `src_base`: in place; otherwise disjoint), lanes past `length`
+  zero. The integer parameters are a block of int32 words from row `param_base` on,
+  packed `block_out` to a row (an ACC LOAD of a constant region fills it; layout in
+  `dsa_tvm/isa/norm_unit.py`): 8 header words (softmax: in_mult, in_shift, out_mult,
+  out_shift, out_zp; norms: eps_term low and high word, frac, out_zp), then for the
+  norms `ceil(length / block_out)` rows each of gamma (int32), beta's low and beta's
+  high words (int64). Cost: `ceil(rows / norm_units)` x (passes x `ceil(length /
+  norm_elements_per_cycle)` + `norm_row_latency_cycles`), 3 passes for softmax, 2 for
+  the norms.
 - **SYNC** does nothing but pop/push tokens on its engine; **FINISH** ends the program.
 
 Dependency tokens: `pop_prev`/`pop_next` wait for and take a token from the

@@ -135,7 +135,7 @@ def from_fields(f: dict[str, int], index: int = 0) -> Instruction:
         return Norm(op=_enum(index, NormOp, f["norm_op"], "norm_op"), dst_base=f["dst_base"],
                     src_base=f["src_base"], param_base=f["param_base"], rows=f["rows"],
                     length=f["length"], in_zp=f["in_zp"], in_wide=bool(f["in_wide"]),
-                    deps=deps)
+                    deps=deps, out_wide=bool(f["out_wide"]))
     return Finish(deps=deps)
 
 

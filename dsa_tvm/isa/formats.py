@@ -194,6 +194,9 @@ NORM_FORMAT = Format(Opcode.NORM, (
     # last, so a NORM of int8 codes has the word it had before the field existed
     FieldDef("in_wide", _fixed(1), "rows hold int16 codes (clamped to int16, not int8; e.g. "
              "an ACC16-loaded residual stream)", width_rule="1"),
+    FieldDef("out_wide", _fixed(1), "results saturate at int16, not int8 (for an ACC16 "
+             "store; e.g. attention probabilities on a grid finer than 1/256)",
+             width_rule="1"),
 ), "softmax / LayerNorm / RMSNorm of accumulator rows on the [norm] units (compute engine)")
 
 FORMATS: dict[Opcode, Format] = {f.opcode: f for f in (

@@ -340,7 +340,8 @@ class Norm:
     ``length`` zero) to the same layout from ``dst_base`` (``dst_base = src_base``: in
     place). The integer parameters are the block at ``param_base`` (``isa.norm_unit``).
     ``in_wide``: the lanes hold int16 codes (clamped to int16 rather than int8), e.g. a
-    residual stream loaded by ACC16; the result is int8 codes either way."""
+    residual stream loaded by ACC16. ``out_wide``: the results saturate at int16 rather
+    than int8 (stored by ACC16), e.g. attention probabilities finer than 1/256."""
 
     op: NormOp
     dst_base: int
@@ -351,6 +352,7 @@ class Norm:
     in_zp: int = 0
     deps: Deps = NO_DEPS
     in_wide: bool = False
+    out_wide: bool = False
     opcode = Opcode.NORM
     engine = Engine.COMPUTE
 

@@ -131,9 +131,17 @@ def softmax_params(in_scale: float, out_scale: float, out_zp: int) -> SoftmaxPar
     return SoftmaxParams(im, ish, om, osh, int(out_zp))
 
 
-def int_softmax(q: np.ndarray, zp: int, p: SoftmaxParams) -> np.ndarray:
+def _saturate(y: np.ndarray, out_wide: bool) -> np.ndarray:
+    """The result codes: int8, or int16 with NORM's ``out_wide``."""
+    info = np.iinfo(np.int16 if out_wide else np.int8)
+    return np.clip(y, info.min, info.max).astype(info.dtype)
+
+
+def int_softmax(q: np.ndarray, zp: int, p: SoftmaxParams, out_wide: bool = False) -> np.ndarray:
     """int8 softmax of int8 (or int16) codes ``q`` over the last axis (the input zero point cancels
-    in ``q - max(q)``; kept in the signature for symmetry)."""
+    in ``q - max(q)``; kept in the signature for symmetry). ``out_wide``: int16 codes out
+    (the same integer math, saturated at int16: probabilities on a grid fine enough for a
+    long row's small weights, e.g. 1 / (127 * 256))."""
     q = np.asarray(q, np.int64)
     if q.shape[-1] > MAX_ROW:
         raise ValueError(f"softmax row of {q.shape[-1]} > {MAX_ROW}")
@@ -142,7 +150,7 @@ def int_softmax(q: np.ndarray, zp: int, p: SoftmaxParams) -> np.ndarray:
     ex = int_exp(x_w)
     r, e = int_reciprocal(ex.sum(axis=-1, keepdims=True))
     y = rshift_round(ex * r * p.out_mult, np.minimum(_RQ + e + p.out_shift, 62))
-    return np.clip(y + p.out_zp, -128, 127).astype(np.int8)
+    return _saturate(y + p.out_zp, out_wide)
 
 
 # ----------------------------------------------------------------------------- norms
@@ -193,8 +201,9 @@ def norm_params(n: int, in_scale: float, eps: float, gamma, beta, out_scale: flo
                       np.round(b * 2 ** (_UF + frac)).astype(np.int64), frac, int(out_zp))
 
 
-def int_norm(q: np.ndarray, zp: int, p: NormParams) -> np.ndarray:
-    """int8 LayerNorm (``p.center``) or RMSNorm of int8 (or int16) codes over the last axis."""
+def int_norm(q: np.ndarray, zp: int, p: NormParams, out_wide: bool = False) -> np.ndarray:
+    """int8 LayerNorm (``p.center``) or RMSNorm of int8 (or int16) codes over the last axis
+    (int16 codes out with ``out_wide``)."""
     c = np.asarray(q, np.int64) - np.int64(zp)
     n = c.shape[-1]
     s2 = (c * c).sum(axis=-1, keepdims=True)
@@ -206,4 +215,4 @@ def int_norm(q: np.ndarray, zp: int, p: NormParams) -> np.ndarray:
     r, e = int_rsqrt(v)
     u = rshift_round(num * r, _SQ - _UF + e)
     y = rshift_round(u * p.gamma + p.beta, _UF + p.frac)
-    return np.clip(y + p.out_zp, -128, 127).astype(np.int8)
+    return _saturate(y + p.out_zp, out_wide)

@@ -111,18 +111,20 @@ def unpack_params(op: NormOp, block: np.ndarray, n: int):
 CODE_RANGE = {False: (INT8_MIN, INT8_MAX), True: (INT16_MIN, INT16_MAX)}
 
 
-def apply(op: NormOp, x: np.ndarray, in_zp: int, params, in_wide: bool = False) -> np.ndarray:
+def apply(op: NormOp, x: np.ndarray, in_zp: int, params, in_wide: bool = False,
+          out_wide: bool = False) -> np.ndarray:
     """The unit's result on ``x`` (rows of int32 lanes holding codes; clamped to int8
     first, as the units read int8 codes, or to int16 with ``in_wide``):
     :mod:`dsa_tvm.isa.intnorm`, whose integer math is exact for int16 codes too (every
     intermediate stays inside int64 for rows up to ``intnorm.MAX_ROW``). Softmax takes
     wide rows as well (``q - max(q)`` then spans 17 bits; its product with ``in_mult``
-    stays below 2**48)."""
+    stays below 2**48). ``out_wide``: the results saturate at int16, not int8 (for an
+    ACC16 store)."""
     lo, hi = CODE_RANGE[bool(in_wide)]
     q = np.clip(np.asarray(x, np.int64), lo, hi).astype(np.int16 if in_wide else np.int8)
     if op == NormOp.SOFTMAX:
-        return inn.int_softmax(q, in_zp, params)
-    return inn.int_norm(q, in_zp, params)
+        return inn.int_softmax(q, in_zp, params, out_wide)
+    return inn.int_norm(q, in_zp, params, out_wide)
 
 
 def norm_cycles(cfg: "HardwareConfig", op: NormOp, n: int, rows: int) -> int:

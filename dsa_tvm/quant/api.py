@@ -263,6 +263,10 @@ def _split_outliers(fp32: onnx.ModelProto, feeds, show_progress: bool
 #: whatever the calibration saw (the [norm] units' natural grid; a calibrated max below 1
 #: would clip a sharper row at run time)
 SOFTMAX_OUT = ActQuant(1 / 256, -128)
+#: a softmax's int16 output (a wide tensor, NORM's ``out_wide``): probabilities in steps of
+#: 1 / (127 * 256), zero point 0, so 1.0 is code 32512 and the byte planes that read it
+#: (a matmul's int16 operand, ``relay_passes.kinds.dense_planes``) never saturate
+SOFTMAX_OUT_WIDE = ActQuant(1 / (127 * 256), 0, 16)
 def attention_operands(g: onnx.GraphProto) -> set[str]:
     """Second inputs of every MatMul of two activations (attention's K^T of Q @ K^T and V
     of P @ V): they get zero point 0, which lets the DSA compute the product from operands
@@ -320,7 +324,7 @@ def _build(fp32: onnx.ModelProto, opts: QuantOptions, ranges: dict[str, tuple[fl
         bits = 16 if opts.wide_tensors.intersection(members) else 8
         qparams[root] = activation_qparams(lo, hi, symmetric, floor, bits)
         if opts.quantize_norms and softmax_out.intersection(members):
-            qparams[root] = SOFTMAX_OUT
+            qparams[root] = SOFTMAX_OUT_WIDE if bits == 16 else SOFTMAX_OUT
     qmodel = insert_qdq(fp32, plan, qparams, opts.per_channel, means, opts.weight_bits)
     return QuantizedModel(qmodel, fp32, opts, plan, dict(ranges), qparams, list(folded),
                           input_means=means or {}, side_path=list(side))

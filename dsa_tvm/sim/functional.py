@@ -282,7 +282,8 @@ class Machine:
                     ins.op, self.acc[b, ins.param_base:ins.param_base + prow], n)
             x = self.acc[b, ins.src_base:ins.src_base + rows].reshape(ins.rows, span * bo)
             out = np.zeros((ins.rows, span * bo), np.int32)
-            out[:, :n] = norm_unit.apply(ins.op, x[:, :n], ins.in_zp, params, ins.in_wide)
+            out[:, :n] = norm_unit.apply(ins.op, x[:, :n], ins.in_zp, params, ins.in_wide,
+                                           ins.out_wide)
             self.acc[b, ins.dst_base:ins.dst_base + rows] = out.reshape(rows, bo)
 
     def gemm(self, ins: Gemm) -> None:

@@ -60,19 +60,23 @@ def layer_from_match(m: Match, name: str, inputs: list[QTensor], output: QTensor
     pre: list[Permute] = []
     for i, (op, t) in enumerate(zip(m.inputs, inputs)):
         if op.moves:
-            dst = QTensor(f"{t.name}>{name}.{i}", tuple(op.shape), t.scale, t.zero_point)
+            dst = QTensor(f"{t.name}>{name}.{i}", tuple(op.shape), t.scale, t.zero_point,
+                          t.dtype)
             (view, perm), *then = op.moves
             pre.append(Permute(f"{name}.move{i}", rows_view(t), dst, view, perm, tuple(then)))
             moved[i] = dst
     made = KINDS[m.kind].to_layer(m, name, moved, output)
     layers = list(made if isinstance(made, tuple) else (made,))
-    for j, ly in enumerate(layers):  # an on-device matmul's b: laid out as weight tiles
+    tiled_as: dict[str, QTensor] = {}  # an on-device matmul's b: laid out as weight tiles
+    for j, ly in enumerate(layers):    # once, however many matmuls read it (byte planes)
         if (isinstance(ly, BatchMatmul) and ly.on_device
                 and not any(p.output.name == ly.b.name for p in pre)):
-            tiles = dataclasses.replace(ly.b, name=f"{ly.b.name}>{name}.tiles")
-            pre.append(Permute(f"{name}.tiles", rows_view(ly.b), tiles, tuple(ly.b.shape),
-                               tuple(range(len(ly.b.shape)))))
-            layers[j] = dataclasses.replace(ly, b=tiles)
+            if ly.b.name not in tiled_as:
+                tiles = dataclasses.replace(ly.b, name=f"{ly.b.name}>{name}.tiles")
+                pre.append(Permute(f"{name}.tiles", rows_view(ly.b), tiles, tuple(ly.b.shape),
+                                   tuple(range(len(ly.b.shape)))))
+                tiled_as[ly.b.name] = tiles
+            layers[j] = dataclasses.replace(ly, b=tiled_as[ly.b.name])
     # b's movement lays it out as weight tiles and, when a has a zero point, writes the
     # matmul's column correction -zp_a * sum_k b
     tiled = {ly.b.name: -ly.a.zero_point for ly in layers

@@ -50,6 +50,18 @@ def join_factors(s_p: float, y_scale: float) -> tuple[float, float]:
     return PLANE * s_p / y_scale, s_p / y_scale
 
 
+def split_layers(name: str, x: QTensor) -> tuple[tuple[Layer, Layer], QTensor, QTensor]:
+    """``x = 256 hi + lo`` for int16 codes ``x`` (zero point 0): the Rescale making ``hi``
+    and the Add making ``lo``, and the two int8 planes (both carry ``x``'s label)."""
+    hi = QTensor(f"{name}/hi", x.shape, x.scale, 0)
+    lo = QTensor(f"{name}/lo", x.shape, x.scale, 0)
+    one = np.array([1], np.int32)
+    int8 = (sem.INT8_MIN, sem.INT8_MAX)
+    return (Rescale(f"{name}/hi", x, hi, Requant(one, np.array([PLANE_SHIFT], np.int32), 0, int8)),
+            Add(f"{name}/lo", x, hi, lo, 1, -PLANE, Requant(one, np.array([0], np.int32), 0,
+                                                            int8))), hi, lo
+
+
 def byte_plane_layers(name: str, x: QTensor, y: QTensor, weight: np.ndarray,
                       w_scales: np.ndarray, clip: tuple[int, int]) -> tuple[Layer, ...]:
     """The layers of ``y = x @ weight.T`` for an int16 ``x`` (rows of its last axis; zero
@@ -59,22 +71,19 @@ def byte_plane_layers(name: str, x: QTensor, y: QTensor, weight: np.ndarray,
     lead, k = tuple(x.shape[:-1]), x.shape[-1]
     n = weight.shape[0]
     doubled = lead[:rows] + (2 * lead[rows],)
-    hi = QTensor(f"{name}/hi", x.shape, x.scale, 0)     # both planes carry x's label:
-    lo = QTensor(f"{name}/lo", x.shape, x.scale, 0)     # the concat is a byte copy
+    split, hi, lo = split_layers(name, x)               # the concat is a byte copy
     planes = QTensor(f"{name}/planes", doubled + (k,), x.scale, 0)
     s_p = plane_scale(x, weight, w_scales)
     partial = QTensor(f"{name}/partial", doubled + (n,), s_p, 0, "int16")
     p_hi = QTensor(f"{name}/p_hi", lead + (n,), s_p, 0, "int16")
     p_lo = QTensor(f"{name}/p_lo", lead + (n,), s_p, 0, "int16")
     one = np.array([1], np.int32)
-    int8 = (sem.INT8_MIN, sem.INT8_MAX)
     factors = x.scale * np.broadcast_to(np.asarray(w_scales, np.float64), (n,)) / s_p
     mult, shift = sem.quantize_multipliers(factors)
     am, bm, sh = add_multipliers(*join_factors(s_p, y.scale),
                                  bits=(WIDE_ADD_MULT_BITS, WIDE_ADD_MULT_BITS))
     return (
-        Rescale(f"{name}/hi", x, hi, Requant(one, np.array([PLANE_SHIFT], np.int32), 0, int8)),
-        Add(f"{name}/lo", x, hi, lo, 1, -PLANE, Requant(one, np.array([0], np.int32), 0, int8)),
+        *split,
         Concat(f"{name}/planes", (hi, lo), planes, axis=rows),
         Dense(f"{name}/partial", planes, partial, weight, np.zeros(n, np.int32),
               Requant(mult, shift, 0, WIDE_CLIP)),

@@ -1,4 +1,5 @@
-"""softmax, layer_norm, rms_norm: int8 row operations over the last axis (the [norm] units).
+"""softmax, layer_norm, rms_norm: row operations over the last axis (the [norm] units), int8
+codes out (int16 when the output is an int16 tensor: NORM's ``out_wide``).
 
 * softmax ``quantize(softmax(dq(x), axis=-1))``;
 * layer_norm ``quantize(layer_norm(dq(x), gamma, beta))`` (TVM's ONNX importer for
@@ -236,8 +237,10 @@ def _to_layer(m: Match, name: str, inputs: list[QTensor], output: QTensor) -> La
 
 def _constraints(wide_inputs: bool = False) -> list[Constraint]:
     """``wide_inputs``: the norms read int16 rows too (a wide residual stream, NORM's
-    ``in_wide``)."""
-    base = [c for c in common_constraints(lambda m: np.array([1.0]), wide_inputs=wide_inputs)
+    ``in_wide``). Every kind may write int16 codes (NORM's ``out_wide``: attention
+    probabilities on a grid finer than 1/256)."""
+    base = [c for c in common_constraints(lambda m: np.array([1.0]), wide_output=True,
+                                          wide_inputs=wide_inputs)
             if c.name in ("dtypes", "per_tensor_activations", "positive_scales")]
     return base + [
         Constraint("same_shape", "output shape = input shape", _same_shape),

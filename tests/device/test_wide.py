@@ -353,16 +353,16 @@ def test_norm_wide_equals_int8_path_on_int8_codes_and_clamps_to_int16(op):
 
 
 def test_norm_in_wide_encodes_as_the_last_bit_and_disassembles():
-    """in_wide is NORM's last field: a NORM without it has the word it had before the
-    field existed (the bit above is zero), and the round trip keeps it."""
+    """in_wide is NORM's last field but out_wide: a NORM without either has the word it had
+    before the fields existed (the bits above are zero), and the round trip keeps it."""
     for preset in PRESETS:
         cfg = CFGS[preset]
         ins = Norm(NormOp.RMSNORM, 4, 4, 0, 3, 300, in_zp=-9)
         wide = Norm(NormOp.RMSNORM, 4, 4, 0, 3, 300, in_zp=-9, in_wide=True)
         fields = FORMATS[Opcode.NORM].widths(cfg)
-        fd, off, width = fields[-1]
+        fd, off, width = fields[-2]
         assert fd.name == "in_wide" and width == 1
-        assert off + 1 == FORMATS[Opcode.NORM].total_bits(cfg) <= cfg.instruction_bits
+        assert off + 2 == FORMATS[Opcode.NORM].total_bits(cfg) <= cfg.instruction_bits
         w0, w1 = encode_instruction(ins, cfg), encode_instruction(wide, cfg)
         assert w0 >> off == 0 and w1 == w0 | (1 << off)
         assert decode_instruction(w0, cfg) == ins and decode_instruction(w1, cfg) == wide

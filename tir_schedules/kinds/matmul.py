@@ -27,7 +27,7 @@ from dsa_tvm.hw.config import HardwareConfig
 from dsa_tvm.intmath import ceil_div
 from dsa_tvm.layers.checks import elements
 from dsa_tvm.layers.host_pack import COLSUM, PARAMS, ROWSUM, batch_dims
-from dsa_tvm.layers.ir import BatchMatmul
+from dsa_tvm.layers.ir import WIDE_CLIP, BatchMatmul
 from dsa_tvm.layers.reference import apply_requant, centered
 
 from ..intrinsics import alu_intrin, gemm_intrin, requant_intrin
@@ -92,9 +92,14 @@ def batch_matmul(s: MatmulShape) -> tirx.PrimFunc:
     rq = te.compute(acc.shape, lambda t, m, nb, o: tirx.call_pure_extern(
         "int32", SCALAR_REQUANT, acc2[t, m, nb, o], params[t, nb, 0, o], params[t, nb, 1, o],
         params[t, nb, 2, o], s.output_zp, lo, hi), name="requant")
-    out = te.compute(acc.shape, lambda *i: rq(*i).astype("int8"), name="y")
+    out = te.compute(acc.shape, lambda *i: rq(*i).astype(_out_dtype(s)), name="y")
     return te.create_prim_func([x, w, r, params, out] if s.corrected or s.columns
                                else [x, w, params, out])
+
+
+def _out_dtype(s: MatmulShape) -> str:
+    """int16 with REQUANT's wide clip (e.g. a byte plane's partial sums), else int8."""
+    return "int16" if tuple(s.clip) == WIDE_CLIP else "int8"
 
 
 def _fixes(s: MatmulShape) -> int:
@@ -138,7 +143,7 @@ def estimate_matmul_cycles(cfg: HardwareConfig, s: MatmulShape, k: MatmulKnobs) 
         + (2 + _fixes(s)) * cfg.alu_latency_cycles)
     w_bytes = k.tile_nb * s.kb * cfg.wgt_tile_bytes
     in_bytes = k.tile_m * (s.kb * cfg.block_in + 4 * cfg.block_out * s.corrected)
-    out_bytes = rows * cfg.block_out
+    out_bytes = rows * cfg.block_out * (2 if _out_dtype(s) == "int16" else 1)
     dma = s.batch * tiles_n * (w_bytes + tiles_m * (in_bytes + out_bytes)) / bw + tiles * lat * 0.1
     return max(compute, dma) if k.double_buffer else compute + dma
 

@@ -6,7 +6,8 @@ cost). A row of ``n`` codes is ``ceil(n / block)`` consecutive blocks in the cha
 layout ``[rows][CB][block]`` the DSA keeps every non-image tensor in, so the room emits
 its program itself, no TIR: the parameter block once (an ACC load of a constant region),
 then per tile of rows an ACC8 load (ACC16 for int16 rows, a wide residual stream: NORM's
-``in_wide``), one NORM in place and an ACC8 store; with double
+``in_wide``), one NORM in place and an ACC8 store (ACC16 for int16 results, NORM's
+``out_wide``: e.g. attention probabilities); with double
 buffering the loads are prefetched on the load engine into alternating halves, so the
 next tile's load overlaps this tile's NORM and store.
 
@@ -52,6 +53,7 @@ class NormShape:
     block: int
     in_zp: int = 0
     in_wide: bool = False   # int16 input rows (ACC16 loads, NORM's in_wide)
+    out_wide: bool = False  # int16 results (NORM's out_wide, ACC16 stores)
 
 @dataclass(frozen=True)
 class NormKnobs:
@@ -115,12 +117,13 @@ def emit_norm(b, cfg: HardwareConfig, s: NormShape, k: NormKnobs, regions: dict)
     span = _span(s)
     b.load(Buffer.ACC, 0, b.addr(regions["params"], Buffer.ACC), 1, prow)
     src = Buffer.ACC16 if s.in_wide else Buffer.ACC8
-    x, y = b.addr(regions["x"], src), b.addr(regions["y"], Buffer.ACC8)
+    dst = Buffer.ACC16 if s.out_wide else Buffer.ACC8
+    x, y = b.addr(regions["x"], src), b.addr(regions["y"], dst)
     for t, (r0, m) in enumerate(_tiles(s, k)):
         base = prow + (t % 2 if k.double_buffer else 0) * k.tile_rows * span
         b.load(src, base, x + r0 * span, 1, m * span, prefetch=k.double_buffer)
-        b.norm(s.op, base, base, 0, m, s.n, s.in_zp, in_wide=s.in_wide)
-        b.store(Buffer.ACC8, base, y + r0 * span, 1, m * span)
+        b.norm(s.op, base, base, 0, m, s.n, s.in_zp, in_wide=s.in_wide, out_wide=s.out_wide)
+        b.store(dst, base, y + r0 * span, 1, m * span)
 
 @lru_cache(maxsize=256)
 def estimate_norm_cycles(cfg: HardwareConfig, s: NormShape, k: NormKnobs) -> float:
@@ -128,7 +131,8 @@ def estimate_norm_cycles(cfg: HardwareConfig, s: NormShape, k: NormKnobs) -> flo
     rows = (s.rows * _span(s), s.block)
     return emitted_cycles(cfg, emit_norm, s, k, {
         "params": ("const", (nu.param_rows(s.op, s.n, s.block), s.block), "int32"),
-        "x": ("input", rows, "int16" if s.in_wide else "int8"), "y": ("output", rows, "int8")})
+        "x": ("input", rows, "int16" if s.in_wide else "int8"),
+        "y": ("output", rows, "int16" if s.out_wide else "int8")})
 
 # ----------------------------------------------------------------------------- layers
 def norm_recipe(layer, cfg: HardwareConfig, consts: bool) -> Recipe:
@@ -152,7 +156,8 @@ def norm_recipe(layer, cfg: HardwareConfig, consts: bool) -> Recipe:
     op = OPS[type(layer)]
     block = cfg.block_out
     r = Recipe(KIND, NormShape(op, rows, n, block, int(layer.input.zero_point),
-                               layer.input.dtype == "int16"), {"x": layer.input})
+                               layer.input.dtype == "int16", layer.output.dtype == "int16"),
+               {"x": layer.input})
     if consts:
         r.consts["params"] = nu.pack_params(op, layer.params, n, block)
     return r
@@ -162,10 +167,11 @@ def run_norm(layer, env: dict[str, np.ndarray]) -> np.ndarray:
     x = env[layer.input.name]
     centered(x, layer.input)  # shape check
     x = np.asarray(x).reshape(layer.input.shape)
+    wide = layer.output.dtype == "int16"
     if isinstance(layer, Softmax):
-        y = int_softmax(x, layer.input.zero_point, layer.params)
+        y = int_softmax(x, layer.input.zero_point, layer.params, wide)
     else:
-        y = int_norm(x, layer.input.zero_point, layer.params)
+        y = int_norm(x, layer.input.zero_point, layer.params, wide)
     return y.reshape(layer.output.shape)  # the output's view (rows of the same last axis)
 
 def norm_bounds(ly) -> tuple[int, int]:

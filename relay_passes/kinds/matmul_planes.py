@@ -1,0 +1,90 @@
+"""A batch matmul whose first operand is int16 (attention's P @ V with int16 probabilities)
+as two int8 byte planes on the int8 MAC array.
+
+A softmax row over a long context holds weights near ``1 / context``; on its int8 grid
+(steps of 1/256) most of them round to 0 or 1/256. SmolLM2's probabilities on an int16
+grid (``quant.api.SOFTMAX_OUT_WIDE``, NORM's ``out_wide``) cut the W8A8 step's KL
+divergence from FP32 by 29% (``benchmarks/llm_qdq_proxy.py``, docs/llm.md). The array
+multiplies int8 codes, so ``a`` is split exactly as a dense's int16 input is
+(``dense_planes.split_layers``: ``a = 256 hi + lo``) and each plane runs through its own
+batch matmul against ``b``, onto an int16 grid of its own:
+
+* ``hi @ b`` onto a grid spanning twice the output's range (``2 R``, ``R`` the largest
+  magnitude ``y``'s codes stand for): its rounding costs ``1/256`` of an output step at
+  most. A hi sum beyond ``2 R`` saturates, which changes ``y`` only where the lo plane's
+  sum is itself beyond ``R`` (never for probabilities, whose lo codes are rounding
+  residues of both signs).
+* ``lo @ b`` onto the grid that holds its largest sum, ``128 * 128 * K`` codes: it never
+  saturates.
+* ``y = Add(p_hi, p_lo)`` with the two grids' factors.
+
+Unlike a dense's planes, which share one matmul (the weights stream once), the two planes
+need different grids, which a per-column requantize cannot give rows of one matrix; at
+decode the second matmul reads ``b`` (the V cache) a second time. Every step is an
+existing layer, so the integer reference and the DSA agree by construction.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from dsa_tvm.isa import semantics as sem
+from dsa_tvm.layers.ir import WIDE_CLIP, Add, BatchMatmul, Layer, QTensor, Requant
+
+from .add import WIDE_ADD_MULT_BITS, add_multipliers
+from .dense_planes import PLANE, split_layers
+
+#: the largest |code| of an int8 plane or operand
+_CODE = 128
+
+
+def output_range(y: QTensor, clip: tuple[int, int]) -> float:
+    """``R``: the largest magnitude ``y``'s codes within ``clip`` stand for."""
+    return max(abs(clip[0] - y.zero_point), abs(clip[1] - y.zero_point)) * y.scale
+
+
+def plane_grids(a: QTensor, b: QTensor, y: QTensor, clip: tuple[int, int]
+                ) -> tuple[float, float]:
+    """The real steps ``(g_hi, g_lo)`` of the two planes' int16 partial sums (each the
+    plane's share of ``y``: ``256 s_a s_b sum(hi b)`` and ``s_a s_b sum(lo b)``)."""
+    most = _CODE * _CODE * int(a.shape[-1]) * a.scale * b.scale
+    g_hi = min(2 * output_range(y, clip), PLANE * most) / sem.INT16_MAX
+    return max(g_hi, 1e-30), max(most / sem.INT16_MAX, 1e-30)
+
+
+def join_factors(a: QTensor, b: QTensor, y: QTensor, clip: tuple[int, int]
+                 ) -> tuple[float, float]:
+    """The real factors of the add that joins the planes: ``(g_hi / s_y, g_lo / s_y)``."""
+    g_hi, g_lo = plane_grids(a, b, y, clip)
+    return g_hi / y.scale, g_lo / y.scale
+
+
+def join_fits(a: QTensor, b: QTensor, y: QTensor, clip: tuple[int, int]) -> str | None:
+    """None if the joining add's factors fit an int16 operand's multiplier bits."""
+    big = max(join_factors(a, b, y, clip))
+    if not 0 < big < 2.0 ** WIDE_ADD_MULT_BITS:
+        return (f"the byte planes' add factor {big:g} is not in (0, 2^{WIDE_ADD_MULT_BITS}) "
+                f"(output scale {y.scale:g})")
+    return None
+
+
+def matmul_plane_layers(name: str, a: QTensor, b: QTensor, y: QTensor, clip: tuple[int, int],
+                        on_device: bool) -> tuple[Layer, ...]:
+    """The layers of ``y = a @ b`` for an int16 ``a`` (B, M, K) with zero point 0 and an
+    int8 ``b`` (B, K, N), into ``y`` (B, M, N) with ``clip`` (int8 bounds or WIDE_CLIP)."""
+    split, hi, lo = split_layers(name, a)
+    g_hi, g_lo = plane_grids(a, b, y, clip)
+    out = tuple(y.shape)
+    p_hi = QTensor(f"{name}/p_hi", out, g_hi, 0, "int16")
+    p_lo = QTensor(f"{name}/p_lo", out, g_lo, 0, "int16")
+
+    def plane(t: QTensor, p: QTensor, factor: float) -> BatchMatmul:
+        mult, shift = sem.quantize_multipliers(np.array([factor]))
+        return BatchMatmul(p.name, t, b, p, Requant(mult, shift, 0, WIDE_CLIP), on_device)
+
+    s_ab = a.scale * b.scale
+    am, bm, sh = add_multipliers(*join_factors(a, b, y, clip),
+                                 bits=(WIDE_ADD_MULT_BITS, WIDE_ADD_MULT_BITS))
+    return (*split, plane(hi, p_hi, PLANE * s_ab / g_hi), plane(lo, p_lo, s_ab / g_lo),
+            Add(name, p_hi, p_lo, y, am, bm,
+                Requant(np.array([1], np.int32), np.array([sh], np.int32), y.zero_point, clip)))
