@@ -44,6 +44,25 @@ DEFAULT_CALIBRATION = (
     "told stories to the children every evening.",
     "Water boils at 100 degrees Celsius at sea level; at higher altitudes it boils at a "
     "lower temperature because the air pressure is lower.",
+    # eight more (2026-12-05): a wider range of text for the int8 grids of the activations
+    # that stay int8 (Q/K/V, the cache, the norms' outputs); on SmolLM2 they cut the W8A8
+    # step's KL divergence from FP32 by 17% (the proxy over 2,044 tokens, docs/llm.md)
+    "The committee met on Tuesday to discuss the budget for next year. After a long "
+    "debate, the members agreed to increase funding for the public library.",
+    "import numpy as np\n\nx = np.linspace(0, 1, 100)\ny = np.sin(2 * np.pi * x)\n"
+    "print(y.mean(), y.std())\n",
+    "Q: How many legs does a spider have?\nA: A spider has eight legs.\nQ: And an ant?\n"
+    "A: Six.",
+    "Photosynthesis converts light energy into chemical energy: plants take in carbon "
+    "dioxide and water and release oxygen and glucose.",
+    "1. Preheat the oven to 180 degrees.\n2. Mix the flour, sugar and eggs.\n3. Bake "
+    "for 25 minutes, until golden.",
+    "She opened the door slowly, unsure of what she would find. The room was dark, and "
+    "the only sound was the ticking of an old clock.",
+    "class Stack:\n    def __init__(self):\n        self.items = []\n\n    def push(self, "
+    "x):\n        self.items.append(x)\n",
+    "The French Revolution began in 1789 and led to the end of the monarchy, the rise "
+    "of Napoleon and deep changes across Europe.",
 )
 
 
@@ -140,7 +159,7 @@ class CompiledLLM:
                  rows_concat: str = "host", smooth: float | None = SMOOTH,
                  smooth_folds: tuple[str, ...] = SMOOTH_FOLDS,
                  wide_residual: bool = True, wide_down: bool | None = None,
-                 verbose: bool = False) -> None:
+                 wide_attention: bool = True, verbose: bool = False) -> None:
         from ..hw.config import load_config
 
         if quant not in QUANTS:
@@ -172,6 +191,10 @@ class CompiledLLM:
         #: digital part; a CIM part keeps int8, since its per-column bias correction would
         #: mix the two planes' rows, whose errors count 256 times apart
         self.wide_down = (not self.cfg.is_cim) if wide_down is None else bool(wide_down)
+        #: attention's probabilities on an int16 grid (NORM's ``out_wide``), P @ V run as
+        #: two int8 byte planes (``llm.residual.attention_probabilities``; False: int8).
+        #: A CIM part runs P @ V on its digital array too (V is no constant)
+        self.wide_attention = bool(wide_attention)
         self._step_hf = None   # the model the DSA's steps are exported from (step_model)
         self._calibrated = None
         self._steps: dict[tuple[int, int], Any] = {}   # bucket -> its quantized Relax step
@@ -255,10 +278,11 @@ class CompiledLLM:
         """The options :func:`~dsa_tvm.quant.api.quantize_onnx` calibrates the steps with
         (``step``: the calibration step as intake left it); a study overrides it to keep
         nodes FP32 or widen more tensors."""
-        from .residual import gate_products, residual_stream
+        from .residual import attention_probabilities, gate_products, residual_stream
 
-        wide = (residual_stream(step) if self.wide_residual else set()) | (
-            gate_products(step) if self.wide_down else set())
+        wide = ((residual_stream(step) if self.wide_residual else set())
+                | (gate_products(step) if self.wide_down else set())
+                | (attention_probabilities(step) if self.wide_attention else set()))
         return dict(show_progress=False, quantize_norms=self.cfg.norm_units >= 1,
                     split_outliers=False, bias_correction=False,
                     weight_bits=QUANT_WEIGHT_BITS.get(self.quant, 8), wide_tensors=wide)

@@ -1,5 +1,5 @@
-"""A decoder's residual stream and its SiLU-gate products in its exported step graph:
-the tensors that go int16.
+"""A decoder's residual stream, its SiLU-gate products and its attention probabilities in
+its exported step graph: the tensors that go int16.
 
 Rounding the residual stream to one int8 grid is the DSA's largest W8A8 error on
 SmolLM2 (``benchmarks/llm_quant_study.py --dsa``: +971% perplexity against +5% with
@@ -14,6 +14,12 @@ per-token int8, halves the W8A8 step's KL divergence from FP32 on SmolLM2). It g
 too; the compiler runs its dense as two int8 byte planes
 (``relay_passes.kinds.dense_planes``). Found by structure: a MatMul's input that is the
 product of two activations.
+
+The attention's probabilities (the softmax's output, P of P @ V) on their int8 grid, steps
+of 1/256, round a long row's small weights (near 1 / context) to 0 or 1/256; an int16 grid
+there cuts the step's KL divergence by 29% on SmolLM2 (the proxy, docs/llm.md). The
+softmax writes int16 codes (NORM's ``out_wide``) and P @ V runs as two byte planes
+(``relay_passes.kinds.matmul_planes``).
 """
 
 from __future__ import annotations
@@ -57,3 +63,10 @@ def gate_products(model: onnx.ModelProto) -> set[str]:
         if all(f is not None for f in factors) and any(f.op_type == "MatMul" for f in factors):
             out.add(n.input[0])
     return out
+
+
+def attention_probabilities(model: onnx.ModelProto) -> set[str]:
+    """Outputs of every Softmax that a MatMul reads (attention's P of P @ V)."""
+    made = {o: n for n in model.graph.node for o in n.output}
+    return {n.input[0] for n in model.graph.node if n.op_type == "MatMul" and n.input
+            and getattr(made.get(n.input[0]), "op_type", None) == "Softmax"}

@@ -281,7 +281,8 @@ def test_residual_stream_is_int16_on_the_dsa(w8a8):
     # the stream the quantizer widened: x, two adds a layer, their branch inputs
     stream = residual_stream(load_onnx(export_step(w8a8.step_model, 1, 16)).model)
     assert "x" in stream and len(stream) == 1 + 2 * 2 * w8a8.arch.layers
-    narrow = load("tiny", wide_residual=False, wide_down=False, **BUCKETS)
+    narrow = load("tiny", wide_residual=False, wide_down=False, wide_attention=False,
+                  **BUCKETS)
     narrow.generate(PROMPT, max_new_tokens=1)
     assert not [ly for crep in narrow.reports.values() for d in crep.regions
                 if d.target == "dsa" for ly in d.region.layers
@@ -321,3 +322,34 @@ def test_down_proj_reads_the_gate_product_on_int16(w8a8):
     assert not [ly for ly in layers_of(narrow) if ly.name.endswith("/partial")]
     assert all(ly.output.dtype == "int8" for ly in layers_of(narrow)
                if type(ly).__name__ == "Mul")
+
+
+def test_attention_probabilities_are_int16_and_p_at_v_runs_as_byte_planes(w8a8):
+    """The default W8A8 puts the softmax's output on an int16 grid
+    (``llm.residual.attention_probabilities``): the softmax writes int16 codes (NORM's
+    out_wide) and P @ V runs as two batch matmuls of int8 planes sharing V's tiles, in
+    the regions (bit-exact: the launch test above); ``wide_attention=False`` keeps int8
+    probabilities and one P @ V."""
+    from dsa_tvm.layers.ir import BatchMatmul, Softmax
+    from dsa_tvm.quant.api import SOFTMAX_OUT_WIDE
+
+    def regions_of(model):
+        model.generate(PROMPT, max_new_tokens=1)
+        return [d.region.layers for crep in model.reports.values() for d in crep.regions
+                if d.target == "dsa"]
+
+    regions = regions_of(w8a8)
+    soft = [ly for layers in regions for ly in layers if isinstance(ly, Softmax)]
+    assert soft and all(ly.output.dtype == "int16" for ly in soft)
+    assert all(ly.output.scale == pytest.approx(SOFTMAX_OUT_WIDE.scale) for ly in soft)
+    for layers in regions:
+        his = [ly for ly in layers if isinstance(ly, BatchMatmul) and ly.a.name.endswith("/hi")]
+        assert len(his) == sum(isinstance(ly, Softmax) for ly in layers)  # P @ V on planes
+        for hi in his:
+            lo = next(ly for ly in layers if isinstance(ly, BatchMatmul)
+                      and ly.a.name == hi.a.name[:-3] + "/lo")
+            assert lo.b == hi.b and hi.output.dtype == lo.output.dtype == "int16"
+    narrow = [ly for layers in regions_of(load("tiny", wide_attention=False, **BUCKETS))
+              for ly in layers]
+    assert all(ly.output.dtype == "int8" for ly in narrow if isinstance(ly, Softmax))
+    assert not [ly for ly in narrow if isinstance(ly, BatchMatmul) and ly.a.name.endswith("/hi")]
