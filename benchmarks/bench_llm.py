@@ -4,7 +4,8 @@ Per run and quantization (``--quants``): greedy tokens of the DSA model against 
 model's (the same step graphs in torch) over ``--prompts`` prompts x ``--tokens`` new
 tokens, position by position until the first disagreement and overall; perplexity of
 each on the first ``--ppl-tokens`` tokens of ``pydoc_data.topics`` (English text that
-ships with Python);
+ships with Python), scored token by token against FP32 (``dsa_tvm.llm.scoring``: the NLL
+increase with its standard error, the KL divergence);
 the prefill and decode steps' cycles, launches and DRAM bytes; compile and simulator
 wall times. Every number is measured in this run.
 
@@ -23,18 +24,22 @@ launches, DRAM bytes; compile and simulator wall time. Not in the default parts 
     python benchmarks/bench_llm.py [--model smollm2|tiny] [--hw default]
                                    [--quants w8a8,w4a8] [--parts accuracy,speed,prefill]
                                    [--prompts 8] [--tokens 32]
-                                   [--ppl-tokens 256] [--contexts 128,512,2048] [--smooth 0.5|none]
+                                   [--ppl-tokens 2048] [--contexts 128,512,2048] [--smooth 0.5|none]
                                    [--smooth-folds qkv,gate_up,down,o]
                                    [--plot bench_llm_decode.png] [--prefill 512]
-                                   [--rows-concat host|dsa]
+                                   [--rows-concat host|dsa] [--narrow-attention]
 """
 
 from __future__ import annotations
 
 import argparse
 import time
+from typing import TYPE_CHECKING
 
 import numpy as np
+
+if TYPE_CHECKING:
+    from dsa_tvm.llm.scoring import PairedScore
 
 PROMPTS = (
     "The capital of France is",
@@ -67,13 +72,18 @@ def agreement(a: list[int], b: list[int]) -> tuple[float, int]:
 
 def main() -> None:
     from dsa_tvm.llm import load
+    from dsa_tvm.llm.scoring import log_probs, perplexity_of
 
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--model", default="smollm2")
     ap.add_argument("--hw", default="default")
     ap.add_argument("--prompts", type=int, default=len(PROMPTS))
     ap.add_argument("--tokens", type=int, default=32)
-    ap.add_argument("--ppl-tokens", type=int, default=256)
+    ap.add_argument("--ppl-tokens", type=int, default=2048,
+                    help="tokens of pydoc_data.topics scored (256 is worth +-3%% of perplexity "
+                    "between two schemes; 2048 about +-1%%)")
+    ap.add_argument("--narrow-attention", action="store_true",
+                    help="the attention's probabilities on int8 grids (not int16)")
     ap.add_argument("--parts", default="accuracy,speed")
     ap.add_argument("--quants", default="w8a8,w4a8",
                     help="DSA quantizations, comma-separated (w8a8, w4a8)")
@@ -102,6 +112,8 @@ def main() -> None:
     if args.smooth_folds:
         opts["smooth_folds"] = tuple(args.smooth_folds.split(","))
     opts["rows_concat"] = args.rows_concat
+    if args.narrow_attention:
+        opts["wide_attention"] = False
     models = {q: load(args.model, hw=args.hw, quant=q, verbose=True, **opts, **buckets)
               for q in quants}
     if quants:
@@ -109,14 +121,13 @@ def main() -> None:
     print(f"loaded in {time.perf_counter() - t0:.0f} s")
     if "accuracy" in parts:
         ref = load(args.model, quant="fp32", **buckets)
-        ppl = {"fp32": None}
-        for q, dsa in models.items():
-            ppl[q] = accuracy(dsa, ref, args)
-        ids = ref.source.encode(pydoc_text())[:args.ppl_tokens]
-        base = ref.perplexity(ids)
-        print(f"\nperplexity over {len(ids)} tokens of pydoc_data.topics: FP32 {base:.3f}, "
-              + ", ".join(f"{q.upper()} {p:.3f} ({p / base - 1:+.1%})"
-                          for q, p in ppl.items() if p is not None)
+        want = log_probs(ref, ref.source.encode(pydoc_text())[:args.ppl_tokens])
+        scores = {q: accuracy(dsa, ref, want, args) for q, dsa in models.items()}
+        base = next(iter(scores.values())).ppl_fp32 if scores else perplexity_of(*want)
+        print(f"\nperplexity over {len(want[1])} tokens of pydoc_data.topics: FP32 {base:.3f}, "
+              + ", ".join(f"{q.upper()} {r.ppl:.3f} ({r.ppl / base - 1:+.1%}; NLL "
+                          f"+{r.dnll:.4f} +- {r.dnll_se:.4f}, KL {r.kl:.4f})"
+                          for q, r in scores.items())
               + " (goal: W8A8 within +3%)")
     if "speed" in parts:
         for dsa in models.values():
@@ -131,8 +142,11 @@ def main() -> None:
     print(f"total {time.perf_counter() - t0:.0f} s")
 
 
-def accuracy(dsa, ref, args) -> float:
-    """Greedy agreement and step costs of ``dsa`` against ``ref``; its perplexity."""
+def accuracy(dsa, ref, fp32: tuple[np.ndarray, np.ndarray], args) -> PairedScore:
+    """Greedy agreement and step costs of ``dsa`` against ``ref``; its perplexity scored
+    against ``fp32`` (``ref``'s log-probabilities and the tokens they predict)."""
+    from dsa_tvm.llm.scoring import log_probs, paired_score
+
     name = dsa.quant.upper()
     rows, gens = [], []
     for prompt in PROMPTS[:args.prompts]:
@@ -152,9 +166,8 @@ def accuracy(dsa, ref, args) -> float:
 
     ids = dsa.source.encode(pydoc_text())[:args.ppl_tokens]
     t1 = time.perf_counter()
-    p_dsa = dsa.perplexity(ids)
-    print(f"{name} perplexity over {len(ids)} tokens: {p_dsa:.3f} "
-          f"[{time.perf_counter() - t1:.0f} s]")
+    score = paired_score(log_probs(dsa, ids)[0], *fp32)
+    print(f"{name} {score} [{time.perf_counter() - t1:.0f} s]")
 
     steps = [s for g in gens for s in g.steps]
     for kind in ("prefill", "decode"):
@@ -166,7 +179,7 @@ def accuracy(dsa, ref, args) -> float:
               f"{np.mean([s.dram_read for s in ss]) / 1e6:.2f} MB DRAM read, "
               f"{sum(1 for s in ss if not s.launches)} without a DSA launch, "
               f"simulator {np.mean([s.wall_s for s in ss]):.2f} s/step")
-    return p_dsa
+    return score
 
 
 def prefill(dsa, tokens: int) -> None:

@@ -40,6 +40,7 @@ from bench_llm import PROMPTS, pydoc_text
 
 from dsa_tvm.llm.feeds import step_feeds
 from dsa_tvm.llm.model import SMOOTH, CompiledLLM, StepRecord
+from dsa_tvm.llm.scoring import log_probs, paired_score
 from dsa_tvm.llm.smooth import FOLDS
 from dsa_tvm.llm.source import load_source
 
@@ -143,34 +144,6 @@ def _topological(g) -> list:
     return done
 
 
-def log_probs(model: CompiledLLM, ids: list[int]) -> tuple[np.ndarray, np.ndarray]:
-    """Next-token log-probabilities (tokens, vocab) of ``ids`` and the tokens they predict,
-    in the windows ``CompiledLLM.perplexity`` scores (the largest context bucket, a fresh
-    cache each)."""
-    window, out, targets = model.context_buckets[-1], [], []
-    for w in range(0, len(ids), window):
-        chunk = ids[w:w + window]
-        if len(chunk) < 2:
-            break
-        z = model.prefill(chunk, model.new_cache())[0][:-1].astype(np.float64)
-        z -= z.max(-1, keepdims=True)
-        out.append(z - np.log(np.exp(z).sum(-1, keepdims=True)))
-        targets += chunk[1:]
-    return np.concatenate(out), np.asarray(targets)
-
-
-def paired_score(quant: np.ndarray, ref: np.ndarray, targets: np.ndarray) -> dict[str, float]:
-    """The quantized model against FP32 on the same tokens: perplexities, the mean NLL
-    increase and its standard error (paired over tokens), the mean KL(FP32 || quantized)."""
-    rows = np.arange(len(targets))
-    d = ref[rows, targets] - quant[rows, targets]          # NLL increase per token
-    kl = (np.exp(ref) * (ref - quant)).sum(-1)
-    return dict(ppl=float(np.exp(-quant[rows, targets].mean())),
-                ppl_fp32=float(np.exp(-ref[rows, targets].mean())),
-                dnll=float(d.mean()), dnll_se=float(d.std(ddof=1) / np.sqrt(len(d))),
-                kl=float(kl.mean()), kl_se=float(kl.std(ddof=1) / np.sqrt(len(kl))))
-
-
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--quant", default="w8a8", choices=("w8a8", "w4a8"))
@@ -179,6 +152,8 @@ def main() -> None:
     ap.add_argument("--smooth-folds", default=None, help="comma-separated, of "
                     f"{', '.join(FOLDS)} (default: the library's)")
     ap.add_argument("--narrow", action="store_true", help="the residual stream on int8 grids")
+    ap.add_argument("--narrow-attention", action="store_true",
+                    help="the attention's probabilities on int8 grids (not int16)")
     ap.add_argument("--narrow-down", action="store_true",
                     help="down_proj's input (the SiLU-gate product) on an int8 grid")
     ap.add_argument("--fp32", default="", help="comma-separated regexes of node names "
@@ -196,7 +171,7 @@ def main() -> None:
     src = load_source("smollm2")
     ref = CompiledLLM(src, quant="fp32", **BUCKETS)
     m = QdqProxy(src, quant=a.quant, smooth=smooth, wide_residual=not a.narrow,
-                 wide_down=not a.narrow_down,
+                 wide_down=not a.narrow_down, wide_attention=not a.narrow_attention,
                  fp32=tuple(filter(None, a.fp32.split(","))),
                  wide_extra=tuple(filter(None, a.wide_extra.split(","))),
                  per_token=tuple(filter(None, a.per_token.split(","))),
@@ -207,13 +182,11 @@ def main() -> None:
     want, targets = log_probs(ref, ids)
     r = paired_score(log_probs(m, ids)[0], want, targets)
     print(f"{a.quant} residual {'int8' if a.narrow else 'int16'} down_proj input "
-          f"{'int8' if a.narrow_down else 'int16'} smooth {smooth} "
+          f"{'int8' if a.narrow_down else 'int16'} probabilities "
+          f"{'int8' if a.narrow_attention else 'int16'} smooth {smooth} "
           f"folds {m.smooth_folds} fp32 {a.fp32 or '-'} wide+ {a.wide_extra or '-'} "
           f"wide inputs {a.wide_inputs or '-'} "
-          f"per-token {a.per_token or '-'}: "
-          f"perplexity {r['ppl']:.3f} ({r['ppl'] / r['ppl_fp32'] - 1:+.1%} against FP32 "
-          f"{r['ppl_fp32']:.3f}; NLL +{r['dnll']:.4f} +- {r['dnll_se']:.4f} over "
-          f"{len(targets)} tokens), KL {r['kl']:.4f} +- {r['kl_se']:.4f}"
+          f"per-token {a.per_token or '-'}: {r}"
           + (f", teacher-forced {np.mean(tf):.1%}" if tf else "")
           + f" [{time.perf_counter() - t0:.0f} s]")
 

@@ -464,22 +464,10 @@ class CompiledLLM:
         """exp(mean negative log-likelihood) of the text's tokens, each predicted from the
         ones before it in its window (windows of the largest context bucket, a fresh cache
         each; the host's float log-softmax of the step's logits)."""
+        from .scoring import log_probs, perplexity_of
+
         ids = self.token_ids(text)
-        ids = ids[:max_tokens] if max_tokens else ids
-        if len(ids) < 2:
-            raise ValueError("perplexity needs at least two tokens of text")
-        window, nll, count = self.context_buckets[-1], 0.0, 0
-        for w in range(0, len(ids), window):
-            chunk = ids[w:w + window]
-            if len(chunk) < 2:
-                break
-            logits, _ = self.prefill(chunk, self.new_cache())
-            z = logits[:-1].astype(np.float64)
-            z = z - z.max(-1, keepdims=True)
-            logp = z - np.log(np.exp(z).sum(-1, keepdims=True))
-            nll -= float(logp[np.arange(len(chunk) - 1), chunk[1:]].sum())
-            count += len(chunk) - 1
-        return float(np.exp(nll / count))
+        return perplexity_of(*log_probs(self, ids[:max_tokens] if max_tokens else ids))
 
 
 def _pick(logits: np.ndarray, greedy: bool, rng: np.random.Generator) -> int:
