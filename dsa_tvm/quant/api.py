@@ -265,7 +265,7 @@ def _split_outliers(fp32: onnx.ModelProto, feeds, show_progress: bool
 SOFTMAX_OUT = ActQuant(1 / 256, -128)
 #: a softmax's int16 output (a wide tensor, NORM's ``out_wide``): probabilities in steps of
 #: 1 / (127 * 256), zero point 0, so 1.0 is code 32512 and the byte planes that read it
-#: (a matmul's int16 operand, ``relay_passes.kinds.dense_planes``) never saturate
+#: (P @ V's int16 operand, ``relay_passes.kinds.matmul_planes``) never saturate
 SOFTMAX_OUT_WIDE = ActQuant(1 / (127 * 256), 0, 16)
 def attention_operands(g: onnx.GraphProto) -> set[str]:
     """Second inputs of every MatMul of two activations (attention's K^T of Q @ K^T and V

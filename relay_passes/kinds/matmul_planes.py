@@ -11,9 +11,10 @@ batch matmul against ``b``, onto an int16 grid of its own:
 
 * ``hi @ b`` onto a grid spanning twice the output's range (``2 R``, ``R`` the largest
   magnitude ``y``'s codes stand for): its rounding costs ``1/256`` of an output step at
-  most. A hi sum beyond ``2 R`` saturates, which changes ``y`` only where the lo plane's
-  sum is itself beyond ``R`` (never for probabilities, whose lo codes are rounding
-  residues of both signs).
+  most. A hi share beyond ``2 R`` saturates there; since ``y`` clips at ``R``, that
+  changes ``y`` only where the lo plane's share is itself beyond ``R``, against the hi
+  share's sign (weights below 1/254 of a row, whose hi code is 0, on values far beyond
+  the output's range).
 * ``lo @ b`` onto the grid that holds its largest sum, ``128 * 128 * K`` codes: it never
   saturates.
 * ``y = Add(p_hi, p_lo)`` with the two grids' factors.
