@@ -165,17 +165,20 @@ def main() -> None:
     ap.add_argument("--per-token", default="", help="comma-separated regexes of nodes "
                     "whose int8 input grid becomes per row (e.g. 'down_proj/MatMul')")
     ap.add_argument("--no-tf", action="store_true", help="skip the teacher-forced prompts")
+    ap.add_argument("--window", type=int, default=512, help="tokens a perplexity window "
+                    "holds (the largest context bucket; bench_llm.py scores in 2048)")
     a = ap.parse_args()
     smooth = SMOOTH if a.smooth is None else None if a.smooth == "none" else float(a.smooth)
     folds = {} if a.smooth_folds is None else {"smooth_folds": tuple(a.smooth_folds.split(","))}
     src = load_source("smollm2")
-    ref = CompiledLLM(src, quant="fp32", **BUCKETS)
+    buckets = {**BUCKETS, "context_buckets": tuple(sorted({128, a.window}))}
+    ref = CompiledLLM(src, quant="fp32", **buckets)
     m = QdqProxy(src, quant=a.quant, smooth=smooth, wide_residual=not a.narrow,
                  wide_down=not a.narrow_down, wide_attention=not a.narrow_attention,
                  fp32=tuple(filter(None, a.fp32.split(","))),
                  wide_extra=tuple(filter(None, a.wide_extra.split(","))),
                  per_token=tuple(filter(None, a.per_token.split(","))),
-                 wide_inputs=tuple(filter(None, a.wide_inputs.split(","))), **folds, **BUCKETS)
+                 wide_inputs=tuple(filter(None, a.wide_inputs.split(","))), **folds, **buckets)
     t0 = time.perf_counter()
     tf = [] if a.no_tf else [m.teacher_forced(p, ref.generate(p, 32).ids) for p in PROMPTS]
     ids = src.encode(pydoc_text())[:a.ppl_tokens]
