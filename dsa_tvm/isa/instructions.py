@@ -110,7 +110,7 @@ class NormOp(enum.IntEnum):
 
     SOFTMAX = 0    # dst = int_softmax(clamp(src, -128, 127)) per row (I-BERT i-exp, table +
     #                Newton reciprocal); parameters: in_mult, in_shift, out_mult, out_shift,
-    #                out_zp. in_wide: clamp(src, -32768, 32767)
+    #                out_zp. in_wide: clamp(src, -32768, 32767); out_wide: int16 results
     LAYERNORM = 1  # dst = int_norm(clamp(src, -128, 127) - in_zp), centred; parameters: eps_term
     #                (int64), frac, out_zp, per-channel gamma (int32) and beta (int64). in_wide:
     #                clamp(src, -32768, 32767), int16 codes (e.g. an ACC16-loaded residual)

@@ -14,7 +14,7 @@ a fixed working scale ``S_W = ln2 / 2**10`` (one multiply and rounding shift),
 range-reduced by ln2 (``z = -x >> 10``, ``p = x + 1024 z`` in (-ln2, 0]),
 ``exp(p) ~ 0.3585 (p + 1.353)**2 + 0.344`` in integers, then shifted right by
 ``z``. The row sum's reciprocal is a 16-entry table seed on the normalized sum
-plus two Newton steps; one more multiply and rounding shift gives the int8 code.
+plus two Newton steps; one more multiply and rounding shift gives the int8 (or int16) code.
 
 LayerNorm / RMSNorm: exact integer row sums ``S1 = sum(c)``, ``S2 = sum(c**2)`` of
 ``c = q - zp``; ``V = N*S2 - S1**2 + eps_term`` (LayerNorm, ``= N**2 (var + eps)``
