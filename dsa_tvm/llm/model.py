@@ -464,10 +464,10 @@ class CompiledLLM:
         """exp(mean negative log-likelihood) of the text's tokens, each predicted from the
         ones before it in its window (windows of the largest context bucket, a fresh cache
         each; the host's float log-softmax of the step's logits)."""
-        from .scoring import log_probs, perplexity_of
+        from .scoring import perplexity
 
         ids = self.token_ids(text)
-        return perplexity_of(*log_probs(self, ids[:max_tokens] if max_tokens else ids))
+        return perplexity(self, ids[:max_tokens] if max_tokens else ids)
 
 
 def _pick(logits: np.ndarray, greedy: bool, rng: np.random.Generator) -> int:

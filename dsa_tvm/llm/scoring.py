@@ -9,6 +9,7 @@ with its standard error, and the mean KL divergence of the next-token distributi
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
@@ -18,22 +19,38 @@ if TYPE_CHECKING:
     from .model import CompiledLLM
 
 
-def log_probs(model: "CompiledLLM", ids: list[int]) -> tuple[np.ndarray, np.ndarray]:
-    """Next-token log-probabilities (tokens, vocab) of ``ids`` and the tokens they predict,
-    in windows of the largest context bucket (a fresh cache each; the host's float
-    log-softmax of the step's logits)."""
-    window, out, targets = model.context_buckets[-1], [], []
+def window_log_probs(model: "CompiledLLM", ids: list[int]
+                     ) -> Iterator[tuple[np.ndarray, np.ndarray]]:
+    """Per window of the largest context bucket (a fresh cache each): the next-token
+    log-probabilities (tokens, vocab) of its tokens, the host's float log-softmax of the
+    step's logits, and the tokens they predict. A generator, so a long text's perplexity
+    holds one window's rows (2,048 x 49,152 float64 are 0.8 GB), not the text's."""
+    window, seen = model.context_buckets[-1], False
     for w in range(0, len(ids), window):
         chunk = ids[w:w + window]
         if len(chunk) < 2:
             break
         z = model.prefill(chunk, model.new_cache())[0][:-1].astype(np.float64)
         z -= z.max(-1, keepdims=True)
-        out.append(z - np.log(np.exp(z).sum(-1, keepdims=True)))
-        targets += chunk[1:]
-    if not out:
+        seen = True
+        yield z - np.log(np.exp(z).sum(-1, keepdims=True)), np.asarray(chunk[1:])
+    if not seen:
         raise ValueError("perplexity needs at least two tokens of text")
-    return np.concatenate(out), np.asarray(targets)
+
+
+def log_probs(model: "CompiledLLM", ids: list[int]) -> tuple[np.ndarray, np.ndarray]:
+    """:func:`window_log_probs` of every window, joined."""
+    rows, targets = zip(*window_log_probs(model, ids))
+    return np.concatenate(rows), np.concatenate(targets)
+
+
+def perplexity(model: "CompiledLLM", ids: list[int]) -> float:
+    """exp(mean negative log-likelihood) of ``ids``, one window at a time."""
+    nll, count = 0.0, 0
+    for logp, t in window_log_probs(model, ids):
+        nll -= float(logp[np.arange(len(t)), t].sum())
+        count += len(t)
+    return float(np.exp(nll / count))
 
 
 def perplexity_of(logp: np.ndarray, targets: np.ndarray) -> float:

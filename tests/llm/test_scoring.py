@@ -7,7 +7,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from dsa_tvm.llm.scoring import log_probs, paired_score, perplexity_of
+from dsa_tvm.llm.scoring import log_probs, paired_score, perplexity, perplexity_of
 
 
 def _logp(rng, n: int, v: int) -> np.ndarray:
@@ -57,5 +57,7 @@ def test_log_probs_reads_windows_of_the_largest_bucket():
     assert m.windows == [[0, 1, 2, 3], [4, 5, 6, 7], [8, 9]]
     assert targets.tolist() == [1, 2, 3, 5, 6, 7, 9]      # each window's own next tokens
     assert perplexity_of(logp, targets) == pytest.approx(10.0)
-    with pytest.raises(ValueError, match="at least two tokens"):
-        log_probs(_Uniform(5), [3])
+    assert perplexity(_Uniform(10), list(range(10))) == pytest.approx(10.0)
+    for score in (log_probs, perplexity):
+        with pytest.raises(ValueError, match="at least two tokens"):
+            score(_Uniform(5), [3])
