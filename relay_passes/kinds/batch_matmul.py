@@ -26,7 +26,7 @@ from dsa_tvm.layers.ir import BatchMatmul, Layer, QTensor
 from .common import MAX_DMA, Constraint, common_constraints
 from .dense import MATMUL_DTYPE
 from .match import Match, Reader, Root, qtensor
-from .matmul_planes import join_fits, matmul_plane_layers
+from .matmul_planes import matmul_plane_layers, planes_fit
 from .scales import clip_bounds, requant
 from .spec import HOST_PACKED, Kind, dq, moved, q
 
@@ -103,7 +103,7 @@ def _wide_input(m: Match, cfg: HardwareConfig) -> str | None:
     if int(a.qp.zero_point[0]) != 0:
         return f"an int16 first operand with zero point {int(a.qp.zero_point[0])} (the planes need 0)"
     ts = [qtensor(n, op.shape, op.qp) for n, op in (("a", a), ("b", b))]
-    return join_fits(*ts, qtensor("y", m.out_shape, m.out), clip_bounds(m))
+    return planes_fit(*ts, qtensor("y", m.out_shape, m.out), clip_bounds(m))
 
 
 _SHAPES = Constraint("shapes", "two int8 activations (..., M, K) x (..., K, N), same leading "

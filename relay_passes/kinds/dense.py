@@ -19,9 +19,8 @@ from dsa_tvm.intmath import ceil_div
 from dsa_tvm.isa.formats import DRAM_SIZE_BITS
 from dsa_tvm.layers.ir import Dense, Layer, QTensor
 
-from .add import WIDE_ADD_MULT_BITS
 from .common import MAX_DMA, Constraint, common_constraints
-from .dense_planes import byte_plane_layers, join_factors, plane_scale
+from .dense_planes import byte_plane_layers, join_factors, join_fits, plane_scale
 from .match import Match, NotAMatch, Operand, Reader, Root, qtensor, shape_of
 from .scales import clip_bounds, int32_bias, requant
 from .spec import ACTS, Kind, act, dq, q, variant_name
@@ -160,11 +159,7 @@ def _wide_input(m: Match, cfg: HardwareConfig) -> str | None:
         return f"an int16 input with zero point {int(x.zero_point[0])} (the planes need 0)"
     if m.bias is not None:
         return "an int16 input with a bias (the two byte planes would add it twice)"
-    big = max(_plane_factors(m))
-    if not 0 < big < 2.0 ** WIDE_ADD_MULT_BITS:
-        return (f"the byte planes' add factor {big:g} is not in (0, 2^{WIDE_ADD_MULT_BITS}) "
-                f"(output scale {float(m.out.scale[0]):g})")
-    return None
+    return join_fits(_plane_factors(m), float(m.out.scale[0]))
 
 
 def _to_layer(m: Match, name: str, inputs: list[QTensor], output: QTensor

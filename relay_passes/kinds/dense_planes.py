@@ -50,6 +50,17 @@ def join_factors(s_p: float, y_scale: float) -> tuple[float, float]:
     return PLANE * s_p / y_scale, s_p / y_scale
 
 
+def join_fits(factors: tuple[float, float], y_scale: float) -> str | None:
+    """None if the add joining two byte planes can take ``factors`` (each plane's real
+    factor onto the output grid ``y_scale``): both within an int16 operand's multiplier
+    bits; else why not."""
+    big = max(factors)
+    if not 0 < big < 2.0 ** WIDE_ADD_MULT_BITS:
+        return (f"the byte planes' add factor {big:g} is not in (0, 2^{WIDE_ADD_MULT_BITS}) "
+                f"(output scale {y_scale:g})")
+    return None
+
+
 def split_layers(name: str, x: QTensor) -> tuple[tuple[Layer, Layer], QTensor, QTensor]:
     """``x = 256 hi + lo`` for int16 codes ``x`` (zero point 0): the Rescale making ``hi``
     and the Add making ``lo``, and the two int8 planes (both carry ``x``'s label)."""

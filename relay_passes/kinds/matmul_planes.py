@@ -33,7 +33,7 @@ from dsa_tvm.isa import semantics as sem
 from dsa_tvm.layers.ir import WIDE_CLIP, Add, BatchMatmul, Layer, QTensor, Requant
 
 from .add import WIDE_ADD_MULT_BITS, add_multipliers
-from .dense_planes import PLANE, split_layers
+from .dense_planes import PLANE, join_fits, split_layers
 
 #: the largest |code| of an int8 plane or operand
 _CODE = 128
@@ -60,13 +60,9 @@ def join_factors(a: QTensor, b: QTensor, y: QTensor, clip: tuple[int, int]
     return g_hi / y.scale, g_lo / y.scale
 
 
-def join_fits(a: QTensor, b: QTensor, y: QTensor, clip: tuple[int, int]) -> str | None:
-    """None if the joining add's factors fit an int16 operand's multiplier bits."""
-    big = max(join_factors(a, b, y, clip))
-    if not 0 < big < 2.0 ** WIDE_ADD_MULT_BITS:
-        return (f"the byte planes' add factor {big:g} is not in (0, 2^{WIDE_ADD_MULT_BITS}) "
-                f"(output scale {y.scale:g})")
-    return None
+def planes_fit(a: QTensor, b: QTensor, y: QTensor, clip: tuple[int, int]) -> str | None:
+    """None if the joining add takes the planes' factors (``dense_planes.join_fits``)."""
+    return join_fits(join_factors(a, b, y, clip), y.scale)
 
 
 def matmul_plane_layers(name: str, a: QTensor, b: QTensor, y: QTensor, clip: tuple[int, int],
