@@ -220,7 +220,7 @@ def compile_for_dsa(mod: tvm.IRModule, cfg: HardwareConfig
         reasons = dsa_partition.pattern_decisions(prepared, memo)       # 2. match: verdicts
         notes: list[str] = []
         part = dsa_partition.fuse_and_merge(prepared, memo, notes)      # 3. fuse + merge
-        regions = dsa_partition.read_regions(part)                      # 4. regions -> layers
+        regions = dsa_partition.read_regions(part, cfg)                 # 4. regions -> layers
         report.partition = dsa_partition.partition_report(cfg, prepared, part, regions,
                                                           reasons, notes)
     except Exception as e:  # noqa: BLE001 - a bug in our partitioner: all on the CPU, said loudly

@@ -416,13 +416,14 @@ class RegionRead:
     error: str = ""
 
 
-def read_regions(part: tvm.IRModule) -> list[RegionRead]:
-    """Every region function of ``part`` (call order) as layers, each read once."""
+def read_regions(part: tvm.IRModule, cfg: HardwareConfig | None = None) -> list[RegionRead]:
+    """Every region function of ``part`` (call order) as layers, each read once (for
+    ``cfg``: fused where it runs them fused, ``region_from_function``)."""
     out = []
     for i, (gv, f) in enumerate(region_functions(part)):
         name = f"dsa_region{i}"
         try:
-            out.append(RegionRead(gv, name, region_from_function(f, name)))
+            out.append(RegionRead(gv, name, region_from_function(f, name, cfg)))
         except Exception as e:  # reported, and the region stays on the CPU
             out.append(RegionRead(gv, name, None, f"{type(e).__name__}: {e}"))
     return out
@@ -456,7 +457,8 @@ def partition_for_dsa(mod: tvm.IRModule, cfg: HardwareConfig | str | None = None
     reasons = pattern_decisions(prepared, memo)
     notes: list[str] = []
     part = fuse_and_merge(prepared, memo, notes)
-    return part, partition_report(cfg, prepared, part, read_regions(part), reasons, notes)
+    return part, partition_report(cfg, prepared, part, read_regions(part, cfg), reasons,
+                                  notes)
 
 
 def describe_layer(ly) -> str:

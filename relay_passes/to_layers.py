@@ -13,6 +13,7 @@ import dataclasses
 import numpy as np
 from tvm import relax
 
+from dsa_tvm.hw.config import HardwareConfig
 from dsa_tvm.layers.ir import (
     Add,
     AddConst,
@@ -36,6 +37,7 @@ from dsa_tvm.layers.layouts import same_bytes
 from .kinds import describe, layer_from_match
 from .kinds.dense import as_rows
 from .kinds.match import LoweringError, qtensor
+from .kinds.matmul_planes import fuse_softmax_planes
 
 
 def _bindings(body: relax.Expr) -> list[relax.Binding]:
@@ -44,8 +46,11 @@ def _bindings(body: relax.Expr) -> list[relax.Binding]:
     return [b for blk in body.blocks for b in blk.bindings]
 
 
-def region_from_function(func: relax.Function, name: str) -> Region:
-    """The Region of a merged ``Codegen="dsa"`` function (layers in topological order)."""
+def region_from_function(func: relax.Function, name: str,
+                         cfg: HardwareConfig | None = None) -> Region:
+    """The Region of a merged ``Codegen="dsa"`` function (layers in topological order);
+    with ``cfg``, layers that hardware runs better fused are fused (a softmax and the
+    byte planes of the matmul it feeds: ``matmul_planes.fuse_softmax_planes``)."""
     names: dict[relax.Var, str] = {}
     used: set[str] = set()
 
@@ -105,6 +110,8 @@ def region_from_function(func: relax.Function, name: str) -> Region:
             raise LoweringError(f"region {name}: output is not produced by a layer")
         outs.append(tensors[tname(r)])
     layers = _row_views(_height1_views(layers), name)
+    if cfg is not None:
+        layers = fuse_softmax_planes(layers, {t.name for t in outs}, cfg)
     inputs = {t.name: t for ly in layers for t in layer_inputs(ly) if t.name in params}
     tensors = {ly.output.name: ly.output for ly in layers}
     outs = [tensors[t.name] for t in outs]

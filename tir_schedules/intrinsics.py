@@ -310,3 +310,47 @@ def axpby_intrin(block_out: int, a_mult: int, b_mult: int, a_dtype: str = "int8"
 
     tvm.s_tir.TensorIntrin.register(name, desc, impl, override=True)
     return name
+
+
+@cache
+def join_rows_intrin(block_out: int, a_mult: int) -> str:
+    """``d[o] = a[0, 0, o] * a_mult + a[1, 0, o]``: two rows of one buffer (byte planes'
+    sums, ``a`` the GEMM result laid out rows, output blocks, lanes) joined into ``d`` as
+    MUL then MAC (immediate forms). Unlike :func:`axpby_intrin`, both operands are rows
+    of one buffer, ``s0`` apart (the middle axis, one output block, lets tensorize match
+    the row pair of a (batch, rows, blocks, lanes) accumulator)."""
+    bo = block_out
+    name = f"dsa.join_rows_{bo}_{a_mult}"
+
+    @_Script.prim_func(s_tir=True)
+    def desc(a: T.handle, d: T.handle):
+        s0, s1 = T.int32(), T.int32()
+        A = T.match_buffer(a, (2, 1, bo), "int32", strides=[s0, s1, 1], offset_factor=1,
+                           scope=SCOPE_ACC)
+        D = T.match_buffer(d, (bo,), "int32", offset_factor=1, scope=SCOPE_ACC)
+        with T.sblock("root"):
+            T.reads(A[0:2, 0:1, 0:bo])
+            T.writes(D[0:bo])
+            for o in T.serial(bo):
+                with T.sblock("join"):
+                    vo = T.axis.remap("S", [o])
+                    D[vo] = T.call_pure_extern("int32", SCALAR_AXPBY, A[0, 0, vo], A[1, 0, vo],
+                                               a_mult, 1)
+
+    @_Script.prim_func(s_tir=True)
+    def impl(a: T.handle, d: T.handle):
+        s0, s1 = T.int32(), T.int32()
+        A = T.match_buffer(a, (2, 1, bo), "int32", strides=[s0, s1, 1], offset_factor=1,
+                           scope=SCOPE_ACC)
+        D = T.match_buffer(d, (bo,), "int32", offset_factor=1, scope=SCOPE_ACC)
+        with T.sblock("root"):
+            T.reads(A[0:2, 0:1, 0:bo])
+            T.writes(D[0:bo])
+            T.evaluate(T.call_extern("int32", CALL_ALU, int(AluOp.MUL), D.data, D.elem_offset,
+                                     A.data, A.elem_offset, A.data, A.elem_offset, a_mult, 1))
+            T.evaluate(T.call_extern("int32", CALL_ALU, int(AluOp.MAC), D.data, D.elem_offset,
+                                     A.data, A.elem_offset + s0, A.data, A.elem_offset + s0,
+                                     1, 1))
+
+    tvm.s_tir.TensorIntrin.register(name, desc, impl, override=True)
+    return name

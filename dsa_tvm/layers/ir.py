@@ -131,6 +131,11 @@ class BatchMatmul:
     output: QTensor          # (B, M, N)
     requant: Requant
     on_device: bool = False
+    #: ``a`` is int16 codes as int8 byte planes, rows interleaved ((B, 2M, K): row 2m the
+    #: high byte ``hi``, row 2m + 1 the rest ``lo``, ``a = 256 hi + lo``, zero point 0, as
+    #: :class:`Softmax` with ``planes`` writes them): the planes' sums are joined exactly in
+    #: int32, ``acc = 256 (hi @ b) + lo @ b``, before the one requantize
+    planes: bool = False
 
     @property
     def macs(self) -> int:
@@ -441,6 +446,11 @@ class Softmax:
     input: QTensor
     output: QTensor          # same shape; typically scale 1/256, zero point -128
     params: object           # intnorm.SoftmaxParams
+    #: int16 results written as two int8 byte planes, rows interleaved: input row r gives
+    #: output rows 2r (``hi = clamp(rshift_round(y, 8))``) and 2r + 1 (``lo = clamp(y -
+    #: 256 hi)``), the operand of a :class:`BatchMatmul` with ``planes``; ``output`` is
+    #: int8 with twice the rows, on the int16 grid's scale
+    planes: bool = False
 
     @property
     def macs(self) -> int:

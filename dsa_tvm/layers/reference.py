@@ -15,7 +15,11 @@ from ..isa import semantics as sem
 from .ir import QTensor, Requant
 from .layouts import same_bytes
 
-__all__ = ["apply_requant", "centered", "pad", "windows"]
+__all__ = ["PLANE_SHIFT", "apply_requant", "byte_planes", "centered", "join_planes", "pad",
+           "windows"]
+
+#: int16 codes as two int8 byte planes: ``y = 2**PLANE_SHIFT * hi + lo``
+PLANE_SHIFT = 8
 
 
 def apply_requant(acc: np.ndarray, rq: Requant, axis: int) -> np.ndarray:
@@ -35,6 +39,25 @@ def apply_requant(acc: np.ndarray, rq: Requant, axis: int) -> np.ndarray:
     lo, hi = rq.clip
     y = sem.requantize(acc, m, s, rq.zero_point, lo, hi)
     return y.astype(np.int16 if rq.wide else np.int8)
+
+
+def byte_planes(y: np.ndarray) -> np.ndarray:
+    """int16 codes ``y`` (rows on the last axis) as int8 byte planes, rows interleaved: row
+    ``r`` becomes rows ``2r``, ``hi = clamp(rshift_round(y, 8), int8)``, and ``2r + 1``,
+    ``lo = clamp(y - 256 hi, int8)`` (``y`` from 32640 up counts as 32639). The ALU ops
+    SHR, CLIP, MUL, SUB, CLIP compute exactly this."""
+    y = np.asarray(y, np.int64)
+    hi = np.clip(sem.rshift_round(y, PLANE_SHIFT), sem.INT8_MIN, sem.INT8_MAX)
+    lo = np.clip(y - (hi << PLANE_SHIFT), sem.INT8_MIN, sem.INT8_MAX)
+    both = np.stack([hi, lo], axis=-2).astype(np.int8)     # (..., rows, 2, n)
+    return both.reshape(y.shape[:-2] + (2 * y.shape[-2] if y.ndim > 1 else 2, y.shape[-1]))
+
+
+def join_planes(acc: np.ndarray) -> np.ndarray:
+    """Sums of interleaved byte-plane rows (axis -2) joined as the DSA does (int32 wrap):
+    ``256 acc[2m] + acc[2m + 1]``."""
+    acc = sem.wrap_int32(np.asarray(acc, np.int64))
+    return sem.wrap_int32(sem.wrap_int32(acc[..., 0::2, :] << PLANE_SHIFT) + acc[..., 1::2, :])
 
 
 def centered(x: np.ndarray, t: QTensor) -> np.ndarray:

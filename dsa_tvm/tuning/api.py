@@ -73,7 +73,7 @@ def extract_tasks(mod, hw: "str | Path | HardwareConfig | None" = None,
     tasks: dict[Task, list[str]] = {}
     for i, (_gv, func) in enumerate(region_functions(part)):
         try:
-            region = region_from_function(func, f"dsa_region{i}")
+            region = region_from_function(func, f"dsa_region{i}", cfg)
         except Exception as e:  # noqa: BLE001 - stays on the CPU (the compile report says why)
             skipped[f"dsa_region{i}"] = f"lowering failed: {type(e).__name__}: {e}"
             continue

@@ -37,7 +37,7 @@ def scalar_softmax(row: list[int], p: inn.SoftmaxParams) -> list[int]:
         x = max(_rnd((v - mx) * p.in_mult, p.in_shift), -24 * 1024)
         z = (-x) // 1024
         pp = x + 1024 * z
-        ex.append(((pp + qb) ** 2 + qc) // 2 ** (z + 8))
+        ex.append(_rnd((pp + qb) ** 2 + qc, z + 8))      # a rounding shift
     s = sum(ex)
     e = s.bit_length() - 14
     m = _fl(s, e)

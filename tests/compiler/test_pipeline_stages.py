@@ -54,7 +54,7 @@ def test_each_stage_once_per_match_region_and_layer(small_cnn, monkeypatch):
     _count(monkeypatch, match_memo, "describe", root, calls)          # report + fusion checks
     _count(monkeypatch, match_memo, "check", lambda m, cfg: (m.kind, hash(m.root)), calls)
     _count(monkeypatch, to_layers, "describe", root, calls)           # reading region functions
-    _count(monkeypatch, partition, "region_from_function", lambda f, name: name, calls)
+    _count(monkeypatch, partition, "region_from_function", lambda f, name, *_: name, calls)
     alive: list = []  # the stand-in layers stay alive, so no two of them share an id
 
     def layer_id(ly) -> int:

@@ -14,7 +14,7 @@ from hypothesis import example, given, settings
 from hypothesis import strategies as st
 from onnx import helper
 
-from dsa_tvm.layers.ir import BatchMatmul, Permute, Softmax
+from dsa_tvm.layers.ir import BatchMatmul
 from dsa_tvm.quant.api import SOFTMAX_OUT, SOFTMAX_OUT_WIDE
 
 from .test_dense_planes import _one_launch_bit_exact, _ort, _run
@@ -61,11 +61,10 @@ def test_int16_probabilities_run_in_one_launch_as_byte_planes(b, m, k, n, seed, 
     ex, rep = _compile(model)
     layers = rep.regions[0].region.layers
     kinds = [type(ly).__name__ for ly in layers]
-    assert kinds.count("BatchMatmul") == 2 and kinds.count("Permute") == 1, kinds
-    soft = next(ly for ly in layers if isinstance(ly, Softmax))
-    assert soft.output.dtype == "int16"
-    tiles = next(ly for ly in layers if isinstance(ly, Permute))
-    assert {ly.b.name for ly in layers if isinstance(ly, BatchMatmul)} == {tiles.output.name}
+    assert kinds == ["Softmax", "Permute", "BatchMatmul"], kinds
+    soft, tiles, mm = layers
+    assert soft.planes and soft.output.dtype == "int8" and mm.planes   # the fused planes
+    assert soft.output.shape[-2] == 2 * m and mm.b.name == tiles.output.name
     s, v = _inputs(b, m, k, n, seed, spread)
     got = _one_launch_bit_exact(ex, rep, s, v)
     ref = _ort(model, s=s, v=v)

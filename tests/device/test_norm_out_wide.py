@@ -141,3 +141,23 @@ def test_the_int16_softmax_keeps_a_long_rows_small_weights(spread):
     assert err[16] < 0.6 * err[8]
     assert mass[16] < 0.01 < mass[8] or spread > 4   # sharp rows keep their mass either way
     assert mass[16] < 0.01
+
+
+@pytest.mark.parametrize("k", [512, 2048])
+def test_a_dominant_keys_neighbours_keep_their_mass(k):
+    """One key far above the rest (an LLM's attention sink): the other keys' exps are a
+    few units of the i-exp's scale each, so a floor shift would drop half a unit from
+    every one of them (4% of their mass at 2,048 keys, a bias every layer repeats); the
+    rounding shift keeps their mass within 1% of the exact softmax's."""
+    rng = np.random.default_rng(1)
+    s = rng.normal(0, 1.5, (64, k))
+    s[:, 0] += 9
+    s_in = 0.08
+    q = np.clip(np.round(s / s_in), -128, 127)
+    exact = np.exp((q - q.max(-1, keepdims=True)) * s_in)
+    exact /= exact.sum(-1, keepdims=True)
+    qp = SOFTMAX_OUT_WIDE
+    y = qp.dequantize(inn.int_softmax(q, 0, inn.softmax_params(s_in, qp.scale, 0), True))
+    tail = y[:, 1:].sum() / exact[:, 1:].sum()
+    assert abs(tail - 1) < 0.01, tail
+    assert abs(float(np.mean(y.sum(-1))) - 1) < 0.002

@@ -30,6 +30,9 @@ SHAPES = {
     "global_sum": GlobalSumShape(1, 49, 4, 16, 0, (-128, 127)),
     "eltwise": EltwiseShape("add", 36, 3, 16, 0, (-128, 127), 1, 1),
     "matmul": MatmulShape(2, 12, 2, 3, 16, 16, 0, (-128, 127)),
+    # attention's P @ V on byte planes: 2 x 6 GEMM rows, one output row per pair
+    "matmul_planes": MatmulShape(3, 6, 4, 2, 16, 16, 0, (-128, 127), corrected=False,
+                                 planes=True),
 }
 
 

@@ -13,6 +13,12 @@ correction row per input row. The DSA then computes
     y    = requant(acc2 + bias[bt, n])       (bias = -zp_a * sum_k b + K * zp_a * zp_b)
 
 which is ``sum_k (a - zp_a) * (b - zp_b)`` exactly (int32 wrap-around arithmetic).
+
+``planes`` (attention's P @ V with int16 probabilities, made by a softmax with
+``planes``): ``a`` holds int16 codes as int8 byte planes, rows interleaved; the GEMM runs
+over both rows of each pair against the same weight tiles (``b`` is read once) and a
+join stage adds them exactly before the requantize, ``acc = 256 acc[2m] + acc[2m + 1]``
+(one MUL and one MAC, ``join_rows_intrin``).
 """
 
 from __future__ import annotations
@@ -28,9 +34,15 @@ from dsa_tvm.intmath import ceil_div
 from dsa_tvm.layers.checks import elements
 from dsa_tvm.layers.host_pack import COLSUM, PARAMS, ROWSUM, batch_dims
 from dsa_tvm.layers.ir import WIDE_CLIP, BatchMatmul
-from dsa_tvm.layers.reference import apply_requant, centered
+from dsa_tvm.layers.reference import PLANE_SHIFT, apply_requant, centered, join_planes
 
-from ..intrinsics import alu_intrin, gemm_intrin, requant_intrin
+from ..intrinsics import (
+    SCALAR_AXPBY,
+    alu_intrin,
+    gemm_intrin,
+    join_rows_intrin,
+    requant_intrin,
+)
 from ..names import ANN_DOUBLE_BUFFER, SCALAR_REQUANT, SCOPE_ACC, SCOPE_INP, SCOPE_WGT
 from ..tiling import (
     divisors,
@@ -55,6 +67,12 @@ class MatmulShape:
     clip: tuple[int, int]
     corrected: bool = True  # host-packed operands: + the row corrections r (else none)
     columns: bool = False   # on the device with zp_a != 0: + a column correction c[t, nb]
+    planes: bool = False    # a: interleaved byte planes (2m rows), joined before the requant
+
+
+def _rows(s: "MatmulShape", m: int) -> int:
+    """Rows of ``a`` behind ``m`` output rows: two a row with byte planes."""
+    return 2 * m if s.planes else m
 
 
 @dataclass(frozen=True)
@@ -68,13 +86,13 @@ def batch_matmul(s: MatmulShape) -> tirx.PrimFunc:
     """Stages ``matmul`` (int32 GEMM), ``correct`` (+ r; host-packed operands only),
     ``requant``, ``y``."""
     bi, bo = s.block_in, s.block_out
-    x = te.placeholder((s.batch, s.m, s.kb, bi), "int8", name="x")
+    x = te.placeholder((s.batch, _rows(s, s.m), s.kb, bi), "int8", name="x")
     w = te.placeholder((s.batch, s.nb, s.kb, bo, bi), "int8", name="w")
     params = te.placeholder((s.batch, s.nb, 3, bo), "int32", name="params")
     rk = te.reduce_axis((0, s.kb), "kb")
     ri = te.reduce_axis((0, bi), "i")
     acc = te.compute(
-        (s.batch, s.m, s.nb, bo),
+        (s.batch, _rows(s, s.m), s.nb, bo),
         lambda t, m, nb, o: te.sum(x[t, m, rk, ri].astype("int32")
                                    * w[t, nb, rk, o, ri].astype("int32"), axis=[rk, ri]),
         name="matmul")
@@ -86,13 +104,17 @@ def batch_matmul(s: MatmulShape) -> tirx.PrimFunc:
         r = te.placeholder((s.batch, s.nb, bo), "int32", name="c")
         acc2 = te.compute(acc.shape, lambda t, m, nb, o: acc[t, m, nb, o] + r[t, nb, o],
                           name="correct")
+    elif s.planes:
+        acc2 = te.compute((s.batch, s.m, s.nb, bo), lambda t, m, nb, o: tirx.call_pure_extern(
+            "int32", SCALAR_AXPBY, acc[t, 2 * m, nb, o], acc[t, 2 * m + 1, nb, o],
+            1 << PLANE_SHIFT, 1), name="join")
     else:
         acc2 = acc
     lo, hi = s.clip
-    rq = te.compute(acc.shape, lambda t, m, nb, o: tirx.call_pure_extern(
+    rq = te.compute(acc2.shape, lambda t, m, nb, o: tirx.call_pure_extern(
         "int32", SCALAR_REQUANT, acc2[t, m, nb, o], params[t, nb, 0, o], params[t, nb, 1, o],
         params[t, nb, 2, o], s.output_zp, lo, hi), name="requant")
-    out = te.compute(acc.shape, lambda *i: rq(*i).astype(_out_dtype(s)), name="y")
+    out = te.compute(acc2.shape, lambda *i: rq(*i).astype(_out_dtype(s)), name="y")
     return te.create_prim_func([x, w, r, params, out] if s.corrected or s.columns
                                else [x, w, params, out])
 
@@ -107,15 +129,22 @@ def _fixes(s: MatmulShape) -> int:
     return int(s.corrected or s.columns)
 
 
+def _stages(s: MatmulShape) -> int:
+    """Stages between the GEMM and the requantize: a correction, or a join (planes)."""
+    return int(s.corrected or s.columns or s.planes)
+
+
 # ----------------------------------------------------------------------------- knobs
 def matmul_footprint(s: MatmulShape, k: MatmulKnobs) -> dict[str, int]:
     nbuf = 2 if k.double_buffer else 1
     tile = k.tile_m * k.tile_nb
-    return {"inp": nbuf * k.tile_m * s.kb,
+    return {"inp": nbuf * _rows(s, k.tile_m) * s.kb,
             "wgt": nbuf * k.tile_nb * s.kb,
-            # GEMM result, corrected sum, requantized rows, correction rows, table
+            # GEMM result, corrected sum, requantized rows, correction rows, table; planes:
+            # the GEMM's two rows a row, the joined rows, the requantized rows
             "acc": nbuf * ((3 * tile + k.tile_m) if s.corrected
-                           else (3 * tile + k.tile_nb) if s.columns else 2 * tile)
+                           else (3 * tile + k.tile_nb) if s.columns
+                           else 4 * tile if s.planes else 2 * tile)
             + nbuf * 3 * k.tile_nb}
 
 
@@ -125,7 +154,7 @@ def matmul_fits(cfg: HardwareConfig, s: MatmulShape, k: MatmulKnobs) -> str | No
 
 def matmul_gemm_levels(cfg: HardwareConfig, s: MatmulShape, k: MatmulKnobs) -> list[tuple]:
     """One tile's GEMM loop levels (extent, acc, inp, wgt strides) in schedule order."""
-    m = (k.tile_m, k.tile_nb, s.kb, 0)
+    m = (_rows(s, k.tile_m), k.tile_nb, s.kb, 0)
     nb = (k.tile_nb, 1, 0, s.kb)
     kb = (s.kb, 0, 1, 1)
     return [nb, kb, m] if pixels_inner(cfg) else [m, nb, kb]
@@ -139,10 +168,10 @@ def estimate_matmul_cycles(cfg: HardwareConfig, s: MatmulShape, k: MatmulKnobs) 
     rows = k.tile_m * k.tile_nb
     compute = tiles * output_stage_cycles(
         cfg, tile_gemm_cycles(cfg, matmul_gemm_levels(cfg, s, k)) + cfg.gemm_fill_drain_cycles,
-        (1 + _fixes(s)) * rows * cfg.alu_cycles_per_row
-        + (2 + _fixes(s)) * cfg.alu_latency_cycles)
+        (1 + _fixes(s) + 2 * s.planes) * rows * cfg.alu_cycles_per_row
+        + (2 + _fixes(s) + 2 * s.planes) * cfg.alu_latency_cycles)
     w_bytes = k.tile_nb * s.kb * cfg.wgt_tile_bytes
-    in_bytes = k.tile_m * (s.kb * cfg.block_in + 4 * cfg.block_out * s.corrected)
+    in_bytes = k.tile_m * (_rows(s, 1) * s.kb * cfg.block_in + 4 * cfg.block_out * s.corrected)
     out_bytes = rows * cfg.block_out * (2 if _out_dtype(s) == "int16" else 1)
     dma = s.batch * tiles_n * (w_bytes + tiles_m * (in_bytes + out_bytes)) / bw + tiles * lat * 0.1
     return max(compute, dma) if k.double_buffer else compute + dma
@@ -164,8 +193,9 @@ def default_matmul_knobs(cfg: HardwareConfig, s: MatmulShape) -> MatmulKnobs:
 def matmul_instructions(cfg: HardwareConfig, s: MatmulShape, k: MatmulKnobs) -> int:
     tiles_m, tiles_n = s.m // k.tile_m, s.nb // k.tile_nb
     # per output-block tile: weights, table; per row tile: rows, corrections, GEMM,
-    # correction add, REQUANT, store (no corrections: 4)
-    return s.batch * tiles_n * (2 + s.columns + tiles_m * (4 + s.corrected + _fixes(s))) + 1
+    # correction add, REQUANT, store (no corrections: 4; planes: + the join's MUL and MAC)
+    return s.batch * tiles_n * (2 + s.columns + tiles_m * (4 + s.corrected + _fixes(s)
+                                                           + 2 * s.planes)) + 1
 
 
 # ----------------------------------------------------------------------------- schedule
@@ -178,11 +208,12 @@ def schedule_batch_matmul(func: tirx.PrimFunc, cfg: HardwareConfig, s: MatmulSha
         raise ValueError(f"batch matmul tiling {k} does not fit '{cfg.name}': {problem}")
     sch = s_tir.Schedule(func)
     mm = sch.get_sblock("matmul")
-    corr = sch.get_sblock("correct") if _fixes(s) else None
+    corr = (sch.get_sblock("correct") if _fixes(s)
+            else sch.get_sblock("join") if s.planes else None)
     rq, y = sch.get_sblock("requant"), sch.get_sblock("y")
-    tails = (corr, rq) if _fixes(s) else (rq,)
+    tails = (corr, rq) if _stages(s) else (rq,)
     t, m, nb, o, kb, i = sch.get_loops(mm)
-    m_o, m_i = sch.split(m, [None, k.tile_m])
+    m_o, m_i = sch.split(m, [None, _rows(s, k.tile_m)])
     nb_o, nb_i = sch.split(nb, [None, k.tile_nb])
     ws = pixels_inner(cfg)  # weight-stationary: the rows stream past one weight tile
     sch.reorder(t, nb_o, m_o, *((nb_i, kb, m_i) if ws else (m_i, nb_i, kb)), o, i)
@@ -203,6 +234,8 @@ def schedule_batch_matmul(func: tirx.PrimFunc, cfg: HardwareConfig, s: MatmulSha
     sch.tensorize(o, gemm_intrin(cfg.block_in, cfg.block_out))
     if _fixes(s):
         sch.tensorize(sch.get_loops(corr)[-1], alu_intrin("add", s.block_out))
+    elif s.planes:
+        sch.tensorize(sch.get_loops(corr)[-1], join_rows_intrin(s.block_out, 1 << PLANE_SHIFT))
     sch.tensorize(sch.get_loops(rq)[-1],
                   requant_intrin(s.block_out, s.output_zp, s.clip[0], s.clip[1]))
     if k.double_buffer:
@@ -219,15 +252,22 @@ def matmul_recipe(layer: BatchMatmul, cfg: HardwareConfig, consts: bool) -> Reci
     if len(a) != 3 or len(b) != 3 or a[0] != b[0] or a[-1] != b[-2]:
         raise UnsupportedLayer(f"{layer.name}: batch matmul needs (B, M, K) x (B, K, N) "
                                f"operands (leading dimensions flattened), got {a} x {b}")
-    if tuple(layer.output.shape) != a[:-1] + b[-1:]:
-        raise UnsupportedLayer(f"{layer.name}: output {layer.output.shape} is not "
-                               f"{a[:-1] + b[-1:]}")
+    planes = layer.planes
+    if planes and (a[1] % 2 or not layer.on_device or layer.a.zero_point):
+        raise UnsupportedLayer(f"{layer.name}: byte planes need an even number of rows made "
+                               f"on the device with zero point 0, got {a} (zero point "
+                               f"{layer.a.zero_point})")
+    want = (a[0], a[1] // 2 if planes else a[1], b[-1])
+    if tuple(layer.output.shape) != want:
+        raise UnsupportedLayer(f"{layer.name}: output {layer.output.shape} is not {want}")
     bt, m, k = batch_dims(a)
+    m = m // 2 if planes else m
     rq = layer.requant
     nb = ceil_div(b[-1], cfg.block_out)
     columns = layer.on_device and layer.a.zero_point != 0
     shape = MatmulShape(bt, m, ceil_div(k, cfg.block_in), nb, cfg.block_in, cfg.block_out,
-                        rq.zero_point, rq.clip, corrected=not layer.on_device, columns=columns)
+                        rq.zero_point, rq.clip, corrected=not layer.on_device, columns=columns,
+                        planes=planes)
     if not layer.on_device:
         return Recipe(KIND, shape, {"x": layer.a},
                       host={"w": layer.b.name, "params": layer.b.name + PARAMS,
@@ -247,7 +287,7 @@ def matmul_recipe(layer: BatchMatmul, cfg: HardwareConfig, consts: bool) -> Reci
 
 def run_batch_matmul(ly: BatchMatmul, env: dict[str, np.ndarray]) -> np.ndarray:
     acc = np.matmul(centered(env[ly.a.name], ly.a), centered(env[ly.b.name], ly.b))
-    return apply_requant(acc, ly.requant, axis=-1)
+    return apply_requant(join_planes(acc) if ly.planes else acc, ly.requant, axis=-1)
 
 
 def matmul_fill(cfg: HardwareConfig, s: MatmulShape, k: MatmulKnobs) -> list[float]:
@@ -263,6 +303,8 @@ KIND = Kind(
     shape=MatmulShape, knobs=MatmulKnobs, build=batch_matmul, schedule=schedule_batch_matmul,
     fits=matmul_fits, candidates=candidate_matmul_knobs, default=default_matmul_knobs,
     estimate=estimate_matmul_cycles, instructions=matmul_instructions,
-    tiles=lambda s: {"tile_m": ("matmul", 1), "tile_nb": ("matmul", 2)},
+    # tile_m counts output rows: with planes the GEMM has two a row, the requantize one
+    tiles=lambda s: {"tile_m": ("requant" if s.planes else "matmul", 1),
+                     "tile_nb": ("matmul", 2)},
     extents=lambda s: {"tile_m": s.m, "tile_nb": s.nb}, fill=matmul_fill,
     perf_shape=lambda s: dataclasses.replace(s, output_zp=0, clip=(-128, 127)))
