@@ -24,6 +24,8 @@ that 256 tokens cannot.
     python benchmarks/llm_qdq_proxy.py --narrow-down --per-token down_proj/MatMul
                                           # down_proj's input int8 per token, not int16
     python benchmarks/llm_qdq_proxy.py --wide-inputs proj/MatMul          # every linear input int16
+    python benchmarks/llm_qdq_proxy.py --ppl-tokens 2048 --no-tf --window 2048 --dsa-down-planes
+                                          # down_proj as the DSA's byte planes compute it
 """
 
 from __future__ import annotations
@@ -51,10 +53,12 @@ class QdqProxy(CompiledLLM):
     """A CompiledLLM whose quantized steps run in onnxruntime instead of on the DSA."""
 
     def __init__(self, *args, fp32: tuple[str, ...] = (), wide_extra: tuple[str, ...] = (),
-                 per_token: tuple[str, ...] = (), wide_inputs: tuple[str, ...] = (), **kwargs):
+                 per_token: tuple[str, ...] = (), wide_inputs: tuple[str, ...] = (),
+                 down_planes: bool = False, **kwargs):
         super().__init__(*args, **kwargs)
         self.fp32_patterns, self.wide_extra, self.per_token = fp32, wide_extra, per_token
         self.wide_inputs = wide_inputs
+        self.down_planes = down_planes
         self._sessions: dict[tuple[int, int], ort.InferenceSession] = {}
 
     def quantize_options(self, step):
@@ -82,6 +86,8 @@ class QdqProxy(CompiledLLM):
             so.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL
             so.intra_op_num_threads = 1
             model = per_token_inputs(self._quantize(*shape).model, self.per_token)
+            if self.down_planes:
+                model = dsa_down_planes(model)
             self._sessions[shape] = ort.InferenceSession(model.SerializeToString(), so)
         feeds = step_feeds(self.hf, self.arch, ids, start, shape[0], shape[1], kv)
         outs = dict(zip(self.arch.output_names(), self._sessions[shape].run(
@@ -129,19 +135,85 @@ def per_token_inputs(model: onnx.ModelProto, patterns: tuple[str, ...]) -> onnx.
     return out
 
 
-def _topological(g) -> list:
-    """The graph's nodes in an order where every input is made before it is read."""
+def dsa_down_planes(model: onnx.ModelProto) -> onnx.ModelProto:
+    """``model`` with every int16-input down_proj MatMul computed as the DSA's byte planes
+    do (``relay_passes/kinds/dense_planes.py``): ``x = 256 hi + lo``, each plane's sums
+    rounded onto the shared int16 partial grid ``s_p`` (32767 at the largest sum a plane
+    could reach), joined as ``256 s_p p_hi + s_p p_lo``; the output's own Q/DQ follows."""
+    from onnx import helper as h
+
+    from relay_passes.kinds.dense_planes import plane_scale
+    g = model.graph
+    init = {i.name: onnx.numpy_helper.to_array(i) for i in g.initializer}
+    made = {o: n for n in g.node for o in n.output}
+    out, extra, consts = [], [], []
+    for n in g.node:
+        dqx, dqw = made.get(n.input[0]) if n.input else None, made.get(n.input[-1])
+        if not (n.op_type == "MatMul" and "down_proj" in n.name and dqx is not None
+                and dqx.op_type == "DequantizeLinear" and init[dqx.input[2]].dtype == np.int16):
+            out.append(n)
+            continue
+        s_x = float(init[dqx.input[1]])
+        w = init[dqw.input[0]]
+        s_w = init[dqw.input[1]].astype(np.float64).reshape(-1)
+        s_p = plane_scale(onnx_tensor(s_x), w.T, s_w)
+        t = n.name
+        c = {f"{t}/c_{k}": np.float32(v) for k, v in
+             (("sx", s_x), ("256", 256.0), ("lo", -128.0), ("hi", 127.0),
+              ("k", s_x / s_p), ("ph", 256 * s_p), ("pl", s_p))}
+        consts += [onnx.numpy_helper.from_array(v, k) for k, v in c.items()]
+        def k(nm: str, t: str = t) -> str:
+            return f"{t}/c_{nm}"
+
+        extra += [h.make_node("Div", [n.input[0], k("sx")], [f"{t}/xc"]),
+                  h.make_node("Div", [f"{t}/xc", k("256")], [f"{t}/xh"]),
+                  h.make_node("Round", [f"{t}/xh"], [f"{t}/xr"]),
+                  h.make_node("Clip", [f"{t}/xr", k("lo"), k("hi")], [f"{t}/hi"]),
+                  h.make_node("Mul", [f"{t}/hi", k("256")], [f"{t}/h256"]),
+                  h.make_node("Sub", [f"{t}/xc", f"{t}/h256"], [f"{t}/l0"]),
+                  h.make_node("Clip", [f"{t}/l0", k("lo"), k("hi")], [f"{t}/lo"])]
+        for plane, f in (("hi", "ph"), ("lo", "pl")):
+            extra += [h.make_node("MatMul", [f"{t}/{plane}", n.input[1]], [f"{t}/m{plane}"]),
+                      h.make_node("Mul", [f"{t}/m{plane}", k("k")], [f"{t}/q{plane}"]),
+                      h.make_node("Round", [f"{t}/q{plane}"], [f"{t}/r{plane}"]),
+                      h.make_node("Mul", [f"{t}/r{plane}", k(f)], [f"{t}/y{plane}"])]
+        extra.append(h.make_node("Add", [f"{t}/yhi", f"{t}/ylo"], [n.output[0]]))
+    if not extra:
+        raise SystemExit("--dsa-down-planes: no int16-input down_proj MatMul in the step")
+    m = onnx.ModelProto()
+    m.CopyFrom(model)
+    m.graph.initializer.extend(consts)
+    order = onnx.helper.make_graph(_topological_nodes(out + extra, m.graph), m.graph.name,
+                                   m.graph.input, m.graph.output, m.graph.initializer)
+    m.graph.CopyFrom(order)
+    return m
+
+
+def onnx_tensor(scale: float):
+    """An int16 input of ``scale``: what ``plane_scale`` reads of it."""
+    from dsa_tvm.layers.ir import QTensor
+    return QTensor("x", (1,), scale, 0, "int16")
+
+
+def _topological_nodes(nodes: list, g) -> list:
+    """``nodes`` in an order where every input is made (by them, or as ``g``'s input or
+    initializer) before it is read."""
     made = {i.name for i in g.input} | {i.name for i in g.initializer} | {""}
-    left, done = list(g.node), []
+    left, done = list(nodes), []
     while left:
         ready = [n for n in left if all(i in made for i in n.input)]
         if not ready:
-            raise SystemExit("per-token rewrite left a cycle")
+            raise SystemExit("a graph rewrite left a cycle")
         for n in ready:
             made.update(n.output)
         done += ready
         left = [n for n in left if n not in ready]
     return done
+
+
+def _topological(g) -> list:
+    """The graph's nodes in an order where every input is made before it is read."""
+    return _topological_nodes(list(g.node), g)
 
 
 def main() -> None:
@@ -165,6 +237,9 @@ def main() -> None:
     ap.add_argument("--per-token", default="", help="comma-separated regexes of nodes "
                     "whose int8 input grid becomes per row (e.g. 'down_proj/MatMul')")
     ap.add_argument("--no-tf", action="store_true", help="skip the teacher-forced prompts")
+    ap.add_argument("--dsa-down-planes", action="store_true", help="down_proj's int16 input "
+                    "as the DSA's byte planes compute it (each plane's sums on the shared "
+                    "int16 partial grid), not the exact product")
     ap.add_argument("--window", type=int, default=512, help="tokens a perplexity window "
                     "holds (the largest context bucket; bench_llm.py scores in 2048)")
     a = ap.parse_args()
@@ -178,7 +253,8 @@ def main() -> None:
                  fp32=tuple(filter(None, a.fp32.split(","))),
                  wide_extra=tuple(filter(None, a.wide_extra.split(","))),
                  per_token=tuple(filter(None, a.per_token.split(","))),
-                 wide_inputs=tuple(filter(None, a.wide_inputs.split(","))), **folds, **buckets)
+                 wide_inputs=tuple(filter(None, a.wide_inputs.split(","))),
+                 down_planes=a.dsa_down_planes, **folds, **buckets)
     t0 = time.perf_counter()
     tf = [] if a.no_tf else [m.teacher_forced(p, ref.generate(p, 32).ids) for p in PROMPTS]
     ids = src.encode(pydoc_text())[:a.ppl_tokens]
@@ -189,7 +265,7 @@ def main() -> None:
           f"{'int8' if a.narrow_attention else 'int16'} smooth {smooth} "
           f"folds {m.smooth_folds} fp32 {a.fp32 or '-'} wide+ {a.wide_extra or '-'} "
           f"wide inputs {a.wide_inputs or '-'} "
-          f"per-token {a.per_token or '-'}: {r}"
+          f"per-token {a.per_token or '-'}{' dsa-down-planes' if a.dsa_down_planes else ''}: {r}"
           + (f", teacher-forced {np.mean(tf):.1%}" if tf else "")
           + f" [{time.perf_counter() - t0:.0f} s]")
 

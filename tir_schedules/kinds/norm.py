@@ -15,7 +15,8 @@ A softmax with ``planes`` (its int16 results as two int8 byte planes, rows inter
 the operand of a planes batch matmul: attention's P @ V) splits each tile on the ALU
 before it leaves: ``hi = REQUANT(y)`` (multiplier 1, shift 8, int8 clip: three more
 parameter rows) into a second staging tile, stored to the even rows; ``y = CLIP(MAC(y,
-hi, -256))`` stored to the odd rows (two strided ACC8 stores). The int16 probabilities then never cross DRAM: the planes are as many bytes.
+hi, -256))`` stored to the odd rows (two strided ACC8 stores). The int16 probabilities
+then never cross DRAM: the planes are as many bytes.
 
 Cost: the estimate is the timing model run on exactly the instructions :func:`emit_norm`
 emits (the NORM's own cycles are ``norm_unit.norm_cycles``), so it equals the simulated
