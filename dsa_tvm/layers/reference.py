@@ -44,8 +44,8 @@ def apply_requant(acc: np.ndarray, rq: Requant, axis: int) -> np.ndarray:
 def byte_planes(y: np.ndarray) -> np.ndarray:
     """int16 codes ``y`` (rows on the last axis) as int8 byte planes, rows interleaved: row
     ``r`` becomes rows ``2r``, ``hi = clamp(rshift_round(y, 8), int8)``, and ``2r + 1``,
-    ``lo = clamp(y - 256 hi, int8)`` (``y`` from 32640 up counts as 32639). The ALU ops
-    SHR, CLIP, MUL, SUB, CLIP compute exactly this."""
+    ``lo = clamp(y - 256 hi, int8)`` (``y`` from 32640 up counts as 32639): what the
+    softmax room's REQUANT (shift 8), MAC (-256) and CLIP compute."""
     y = np.asarray(y, np.int64)
     hi = np.clip(sem.rshift_round(y, PLANE_SHIFT), sem.INT8_MIN, sem.INT8_MAX)
     lo = np.clip(y - (hi << PLANE_SHIFT), sem.INT8_MIN, sem.INT8_MAX)

@@ -30,11 +30,11 @@ import numpy as np
 
 from dsa_tvm.isa import semantics as sem
 from dsa_tvm.layers.ir import WIDE_CLIP, Add, Concat, Dense, Layer, QTensor, Requant, Rescale, Slice
+from dsa_tvm.layers.reference import PLANE_SHIFT
 
 from .add import WIDE_ADD_MULT_BITS, add_multipliers
 
-#: the planes' split: hi carries the codes' top byte
-PLANE_SHIFT = 8
+#: the planes' split: hi carries the codes' top byte (``layers.reference.PLANE_SHIFT``)
 PLANE = 1 << PLANE_SHIFT
 
 
