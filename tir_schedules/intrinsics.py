@@ -145,10 +145,12 @@ def _widen(x, dtype: str):
     return x if dtype == "int32" else T.Cast("int32", x)
 
 
-def _alu_call(op: str, d, a, b, imm: int = 0, use_imm: int = 0):
-
+def _alu_call(op: str, d, a, b, imm: int = 0, use_imm: int = 0, rows=0):
+    """One ALU call; ``rows``: elements past ``a``'s and ``b``'s offsets (a later row of
+    the same buffer)."""
     return T.call_extern("int32", CALL_ALU, int(AluOp[op.upper()]), d.data, d.elem_offset,
-                         a.data, a.elem_offset, b.data, b.elem_offset, imm, use_imm)
+                         a.data, a.elem_offset + rows, b.data, b.elem_offset + rows, imm,
+                         use_imm)
 
 
 @cache
@@ -346,11 +348,8 @@ def join_rows_intrin(block_out: int, a_mult: int) -> str:
         with T.sblock("root"):
             T.reads(A[0:2, 0:1, 0:bo])
             T.writes(D[0:bo])
-            T.evaluate(T.call_extern("int32", CALL_ALU, int(AluOp.MUL), D.data, D.elem_offset,
-                                     A.data, A.elem_offset, A.data, A.elem_offset, a_mult, 1))
-            T.evaluate(T.call_extern("int32", CALL_ALU, int(AluOp.MAC), D.data, D.elem_offset,
-                                     A.data, A.elem_offset + s0, A.data, A.elem_offset + s0,
-                                     1, 1))
+            T.evaluate(_alu_call("mul", D, A, A, a_mult, 1))
+            T.evaluate(_alu_call("mac", D, A, A, 1, 1, rows=s0))
 
     tvm.s_tir.TensorIntrin.register(name, desc, impl, override=True)
     return name
