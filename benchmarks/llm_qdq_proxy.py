@@ -137,12 +137,12 @@ def per_token_inputs(model: onnx.ModelProto, patterns: tuple[str, ...]) -> onnx.
 
 def dsa_down_planes(model: onnx.ModelProto) -> onnx.ModelProto:
     """``model`` with every int16-input down_proj MatMul computed as the DSA's byte planes
-    do (``relay_passes/kinds/dense_planes.py``): ``x = 256 hi + lo``, each plane's sums
-    rounded onto the shared int16 partial grid ``s_p`` (32767 at the largest sum a plane
-    could reach), joined as ``256 s_p p_hi + s_p p_lo``; the output's own Q/DQ follows."""
+    do (``relay_passes/kinds/dense_planes.py``): ``x = 256 hi + lo``, the lo plane's sums
+    rounded to 256 product units (``acc_hi + round(acc_lo / 256)``, per output channel's
+    weight step) before the requantize; the output's own Q/DQ follows. (ONNX's Round
+    breaks ties to even where the DSA rounds half up: a tie is one joined unit's half.)"""
     from onnx import helper as h
 
-    from relay_passes.kinds.dense_planes import plane_scale
     g = model.graph
     init = {i.name: onnx.numpy_helper.to_array(i) for i in g.initializer}
     made = {o: n for n in g.node for o in n.output}
@@ -154,14 +154,13 @@ def dsa_down_planes(model: onnx.ModelProto) -> onnx.ModelProto:
             out.append(n)
             continue
         s_x = float(init[dqx.input[1]])
-        w = init[dqw.input[0]]
         s_w = init[dqw.input[1]].astype(np.float64).reshape(-1)
-        s_p = plane_scale(onnx_tensor(s_x), w.T, s_w)
         t = n.name
-        c = {f"{t}/c_{k}": np.float32(v) for k, v in
+        c = {f"{t}/c_{k}": np.asarray(v, np.float32) for k, v in
              (("sx", s_x), ("256", 256.0), ("lo", -128.0), ("hi", 127.0),
-              ("k", s_x / s_p), ("ph", 256 * s_p), ("pl", s_p))}
+              ("unit", 256 * s_w), ("sxu", s_x * 256 * s_w))}
         consts += [onnx.numpy_helper.from_array(v, k) for k, v in c.items()]
+
         def k(nm: str, t: str = t) -> str:
             return f"{t}/c_{nm}"
 
@@ -171,13 +170,16 @@ def dsa_down_planes(model: onnx.ModelProto) -> onnx.ModelProto:
                   h.make_node("Clip", [f"{t}/xr", k("lo"), k("hi")], [f"{t}/hi"]),
                   h.make_node("Mul", [f"{t}/hi", k("256")], [f"{t}/h256"]),
                   h.make_node("Sub", [f"{t}/xc", f"{t}/h256"], [f"{t}/l0"]),
-                  h.make_node("Clip", [f"{t}/l0", k("lo"), k("hi")], [f"{t}/lo"])]
-        for plane, f in (("hi", "ph"), ("lo", "pl")):
-            extra += [h.make_node("MatMul", [f"{t}/{plane}", n.input[1]], [f"{t}/m{plane}"]),
-                      h.make_node("Mul", [f"{t}/m{plane}", k("k")], [f"{t}/q{plane}"]),
-                      h.make_node("Round", [f"{t}/q{plane}"], [f"{t}/r{plane}"]),
-                      h.make_node("Mul", [f"{t}/r{plane}", k(f)], [f"{t}/y{plane}"])]
-        extra.append(h.make_node("Add", [f"{t}/yhi", f"{t}/ylo"], [n.output[0]]))
+                  h.make_node("Clip", [f"{t}/l0", k("lo"), k("hi")], [f"{t}/lo"]),
+                  # sum(hi W) in units of 256 s_w: the joined grid's own
+                  h.make_node("MatMul", [f"{t}/hi", n.input[1]], [f"{t}/mhi"]),
+                  h.make_node("Div", [f"{t}/mhi", k("unit")], [f"{t}/qhi"]),
+                  h.make_node("Mul", [f"{t}/qhi", k("256")], [f"{t}/ahi"]),
+                  h.make_node("MatMul", [f"{t}/lo", n.input[1]], [f"{t}/mlo"]),
+                  h.make_node("Div", [f"{t}/mlo", k("unit")], [f"{t}/qlo"]),
+                  h.make_node("Round", [f"{t}/qlo"], [f"{t}/alo"]),
+                  h.make_node("Add", [f"{t}/ahi", f"{t}/alo"], [f"{t}/acc"]),
+                  h.make_node("Mul", [f"{t}/acc", k("sxu")], [n.output[0]])]
     if not extra:
         raise SystemExit("--dsa-down-planes: no int16-input down_proj MatMul in the step")
     m = onnx.ModelProto()
@@ -187,12 +189,6 @@ def dsa_down_planes(model: onnx.ModelProto) -> onnx.ModelProto:
                                    m.graph.input, m.graph.output, m.graph.initializer)
     m.graph.CopyFrom(order)
     return m
-
-
-def onnx_tensor(scale: float):
-    """An int16 input of ``scale``: what ``plane_scale`` reads of it."""
-    from dsa_tvm.layers.ir import QTensor
-    return QTensor("x", (1,), scale, 0, "int16")
 
 
 def _topological_nodes(nodes: list, g) -> list:
@@ -238,8 +234,8 @@ def main() -> None:
                     "whose int8 input grid becomes per row (e.g. 'down_proj/MatMul')")
     ap.add_argument("--no-tf", action="store_true", help="skip the teacher-forced prompts")
     ap.add_argument("--dsa-down-planes", action="store_true", help="down_proj's int16 input "
-                    "as the DSA's byte planes compute it (each plane's sums on the shared "
-                    "int16 partial grid), not the exact product")
+                    "as the DSA's byte planes compute it (the lo plane's sums rounded to 256 "
+                    "product units in the join), not the exact product")
     ap.add_argument("--window", type=int, default=512, help="tokens a perplexity window "
                     "holds (the largest context bucket; bench_llm.py scores in 2048)")
     a = ap.parse_args()

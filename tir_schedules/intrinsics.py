@@ -314,42 +314,64 @@ def axpby_intrin(block_out: int, a_mult: int, b_mult: int, a_dtype: str = "int8"
     return name
 
 
+#: scalar body of a dense's byte-plane join, ``hi + rshift_round(lo, shift)``: opaque, as
+#: ``SCALAR_AXPBY``
+SCALAR_JOIN_SHIFTED = "dsa.join_shifted_scalar"
+
+
 @cache
-def join_rows_intrin(block_out: int, a_mult: int) -> str:
-    """``d[o] = a[0, 0, o] * a_mult + a[1, 0, o]``: two rows of one buffer (byte planes'
-    sums, ``a`` the GEMM result laid out rows, output blocks, lanes) joined into ``d`` as
-    MUL then MAC (immediate forms). Unlike :func:`axpby_intrin`, both operands are rows
-    of one buffer, ``s0`` apart (the middle axis, one output block, lets tensorize match
-    the row pair of a (batch, rows, blocks, lanes) accumulator)."""
+def join_rows_intrin(block_out: int, a_mult: int = 1, lo_shift: int = 0,
+                     units: int = 1) -> str:
+    """Two rows of one buffer (byte planes' sums, ``s0`` apart on its first axis, then
+    ``units`` axes of extent 1 (the row's other loops, so tensorize matches a pair of a
+    larger accumulator) and the lanes) joined into ``d`` by two immediate-form ALU ops:
+
+    * ``lo_shift`` 0: ``d = a[0] * a_mult + a[1]``, MUL then MAC (the batch matmul's exact
+      join, ``layers.reference.join_planes``);
+    * else ``d = a[0] + rshift_round(a[1], lo_shift)``, SHR then MAC (the dense's join,
+      ``join_planes_shifted``)."""
     bo = block_out
-    name = f"dsa.join_rows_{bo}_{a_mult}"
+    name = f"dsa.join_rows_{bo}_{a_mult}_{lo_shift}_{units}"
+    shape = (2,) + (1,) * units + (bo,)
+    if units not in (1, 2) or (lo_shift and a_mult != 1):
+        raise ValueError(f"join_rows_intrin: units {units} (1 or 2), a_mult {a_mult} with "
+                         f"lo_shift {lo_shift} (a shifted join takes a_mult 1)")
+
+    def joined(hi, lo):
+        if lo_shift:
+            return T.call_pure_extern("int32", SCALAR_JOIN_SHIFTED, hi, lo, lo_shift)
+        return T.call_pure_extern("int32", SCALAR_AXPBY, hi, lo, a_mult, 1)
+
+    def calls(D, A, s0):
+        if lo_shift:
+            return (_alu_call("shr", D, A, A, lo_shift, 1, rows=s0), _alu_call("mac", D, A, A, 1, 1))
+        return (_alu_call("mul", D, A, A, a_mult, 1), _alu_call("mac", D, A, A, 1, 1, rows=s0))
 
     @_Script.prim_func(s_tir=True)
     def desc(a: T.handle, d: T.handle):
-        s0, s1 = T.int32(), T.int32()
-        A = T.match_buffer(a, (2, 1, bo), "int32", strides=[s0, s1, 1], offset_factor=1,
-                           scope=SCOPE_ACC)
+        s0, s1, s2 = T.int32(), T.int32(), T.int32()
+        A = T.match_buffer(a, shape, "int32", strides=[s0, s1, s2][:units + 1] + [1],
+                           offset_factor=1, scope=SCOPE_ACC)
         D = T.match_buffer(d, (bo,), "int32", offset_factor=1, scope=SCOPE_ACC)
         with T.sblock("root"):
-            T.reads(A[0:2, 0:1, 0:bo])
+            T.reads(A[0:2, *([0] * units), 0:bo])
             T.writes(D[0:bo])
             for o in T.serial(bo):
                 with T.sblock("join"):
                     vo = T.axis.remap("S", [o])
-                    D[vo] = T.call_pure_extern("int32", SCALAR_AXPBY, A[0, 0, vo], A[1, 0, vo],
-                                               a_mult, 1)
+                    D[vo] = joined(A[0, *([0] * units), vo], A[1, *([0] * units), vo])
 
     @_Script.prim_func(s_tir=True)
     def impl(a: T.handle, d: T.handle):
-        s0, s1 = T.int32(), T.int32()
-        A = T.match_buffer(a, (2, 1, bo), "int32", strides=[s0, s1, 1], offset_factor=1,
-                           scope=SCOPE_ACC)
+        s0, s1, s2 = T.int32(), T.int32(), T.int32()
+        A = T.match_buffer(a, shape, "int32", strides=[s0, s1, s2][:units + 1] + [1],
+                           offset_factor=1, scope=SCOPE_ACC)
         D = T.match_buffer(d, (bo,), "int32", offset_factor=1, scope=SCOPE_ACC)
         with T.sblock("root"):
-            T.reads(A[0:2, 0:1, 0:bo])
+            T.reads(A[0:2, *([0] * units), 0:bo])
             T.writes(D[0:bo])
-            T.evaluate(_alu_call("mul", D, A, A, a_mult, 1))
-            T.evaluate(_alu_call("mac", D, A, A, 1, 1, rows=s0))
+            T.evaluate(calls(D, A, s0)[0])
+            T.evaluate(calls(D, A, s0)[1])
 
     tvm.s_tir.TensorIntrin.register(name, desc, impl, override=True)
     return name

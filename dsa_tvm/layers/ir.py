@@ -100,14 +100,22 @@ class Conv2d:
 
 @dataclass(frozen=True)
 class Dense:
-    """acc[m, n] = bias[n] + sum_k (x[m, k] - x.zero_point) * w[n, k]; leading dims are rows."""
+    """acc[m, n] = bias[n] + sum_k (x[m, k] - x.zero_point) * w[n, k]; leading dims are rows.
+
+    ``planes``: the input holds int16 codes as two int8 byte planes (``x = 256 hi + lo``,
+    zero point 0) stacked on the rows axis, the second-to-last: (..., 2M, K), rows
+    ``0..M-1`` hi, ``M..2M-1`` lo; output (..., M, N). The two sums join in the
+    accumulator as ``acc = acc_hi + rshift_round(acc_lo, 8)`` (int32 wrap), the
+    product on the grid of 256 input steps, before the bias and requantize
+    (``layers.reference.join_planes_shifted``)."""
 
     name: str
-    input: QTensor           # (..., K)
-    output: QTensor          # (..., N)
+    input: QTensor           # (..., K); planes: (..., 2M, K)
+    output: QTensor          # (..., N); planes: (..., M, N)
     weight: np.ndarray       # int8 [N, K]
     bias: np.ndarray         # int32 [N]
     requant: Requant
+    planes: bool = False
 
     @property
     def macs(self) -> int:

@@ -15,8 +15,8 @@ from ..isa import semantics as sem
 from .ir import QTensor, Requant
 from .layouts import same_bytes
 
-__all__ = ["PLANE_SHIFT", "apply_requant", "byte_planes", "centered", "join_planes", "pad",
-           "windows"]
+__all__ = ["PLANE_SHIFT", "apply_requant", "byte_planes", "centered", "join_planes",
+           "join_planes_shifted", "pad", "windows"]
 
 #: int16 codes as two int8 byte planes: ``y = 2**PLANE_SHIFT * hi + lo``
 PLANE_SHIFT = 8
@@ -58,6 +58,16 @@ def join_planes(acc: np.ndarray) -> np.ndarray:
     ``256 acc[2m] + acc[2m + 1]``."""
     acc = sem.wrap_int32(np.asarray(acc, np.int64))
     return sem.wrap_int32(sem.wrap_int32(acc[..., 0::2, :] << PLANE_SHIFT) + acc[..., 1::2, :])
+
+
+def join_planes_shifted(acc: np.ndarray) -> np.ndarray:
+    """Sums of stacked byte planes (axis -2: the first half of the rows hi, the second lo)
+    joined as a dense's accumulator does (int32 wrap): ``acc_hi + rshift_round(acc_lo, 8)``,
+    the product on the grid of 256 input steps. Unlike ``256 acc_hi + acc_lo`` it cannot
+    leave int32 whenever the planes' own sums fit; it drops at most half a step."""
+    acc = sem.wrap_int32(np.asarray(acc, np.int64))
+    m = acc.shape[-2] // 2
+    return sem.wrap_int32(acc[..., :m, :] + sem.rshift_round(acc[..., m:, :], PLANE_SHIFT))
 
 
 def centered(x: np.ndarray, t: QTensor) -> np.ndarray:

@@ -20,9 +20,9 @@ from dsa_tvm.isa.formats import DRAM_SIZE_BITS
 from dsa_tvm.layers.ir import Dense, Layer, QTensor
 
 from .common import MAX_DMA, Constraint, common_constraints
-from .dense_planes import byte_plane_layers, join_factors, join_fits, plane_scale
-from .match import Match, NotAMatch, Operand, Reader, Root, qtensor, shape_of
-from .scales import clip_bounds, int32_bias, requant
+from .dense_planes import PLANE, byte_plane_layers, planes_fit
+from .match import Match, NotAMatch, Operand, Reader, Root, shape_of
+from .scales import int32_bias, requant
 from .spec import ACTS, Kind, act, dq, q, variant_name
 from .weights import weight_constraints
 
@@ -142,24 +142,20 @@ def _weight_nk(m: Match) -> np.ndarray:
     return w if m.weight_transposed else np.ascontiguousarray(w.T)
 
 
-def _plane_factors(m: Match) -> tuple[float, float]:
-    """The byte planes' add factors (256 s_p / s_y, s_p / s_y) of an int16-input dense."""
-    x = qtensor("x", m.inputs[0].shape, m.inputs[0].qp)
-    return join_factors(plane_scale(x, _weight_nk(m), m.weight.qp.scale),
-                        float(m.out.scale[0]))
-
-
 def _wide_input(m: Match, cfg: HardwareConfig) -> str | None:
-    """An int16 input runs as two byte planes (``dense_planes``): symmetric, no bias (the
-    planes would add it twice), the planes' add factors within an int16 operand's bits."""
+    """An int16 input runs as two byte planes joined in the accumulator (``dense_planes``):
+    symmetric, the joined sums within int32, the requantize's factors (256 times the plain
+    dense's) within REQUANT's range."""
     x = m.inputs[0].qp
     if x.dtype != "int16":
         return None
     if int(x.zero_point[0]) != 0:
         return f"an int16 input with zero point {int(x.zero_point[0])} (the planes need 0)"
-    if m.bias is not None:
-        return "an int16 input with a bias (the two byte planes would add it twice)"
-    return join_fits(_plane_factors(m), float(m.out.scale[0]))
+    big = PLANE * float(np.max(rescale_factors(m)))
+    if not big < 2.0 ** 31:
+        return (f"the byte planes' requantize factor {big:g} (256 s_x s_w / s_y) is not below "
+                f"2^31 (output scale {float(m.out.scale[0]):g})")
+    return planes_fit(_weight_nk(m), int32_bias(m, m.out_shape[-1]))
 
 
 def _to_layer(m: Match, name: str, inputs: list[QTensor], output: QTensor
@@ -167,7 +163,7 @@ def _to_layer(m: Match, name: str, inputs: list[QTensor], output: QTensor
     w = _weight_nk(m)
     if inputs[0].dtype == "int16":
         return byte_plane_layers(name, as_rows(inputs[0]), as_rows(output), w,
-                                 m.weight.qp.scale, clip_bounds(m))
+                                 int32_bias(m, w.shape[0]), requant(PLANE * rescale_factors(m), m))
     return Dense(name, as_rows(inputs[0]), as_rows(output), w, int32_bias(m, w.shape[0]),
                  requant(rescale_factors(m), m))
 
@@ -180,8 +176,8 @@ _CONSTRAINTS = common_constraints(rescale_factors, wide_output=True,
     Constraint("shapes", "2-D weight; ceil(K/block_in), ceil(N/block_out) within the DMA "
                "fields", _shapes),
     MATMUL_DTYPE,
-    Constraint("wide_input", "an int16 input: zero point 0, no bias, run as two int8 byte "
-               "planes", _wide_input),
+    Constraint("wide_input", "an int16 input: zero point 0, run as two int8 byte planes "
+               "joined in the accumulator", _wide_input),
 ]
 
 KINDS = (

@@ -5,23 +5,28 @@ codes: its rows differ by orders of magnitude. On SmolLM2 an int16 static grid t
 halves the W8A8 step's KL divergence from FP32, as much as per-token int8 grids do
 (``benchmarks/llm_qdq_proxy.py --wide-inputs down_proj/MatMul``). The array multiplies
 int8 codes, so the int16 input ``x`` (symmetric) is split exactly into two int8 planes,
-``x = 256 * hi + lo``, which run through the dense as rows of one matrix (the weights
-stream once), each plane's sums requantized onto one int16 grid and added with the
-factor 256 between them. Every step is an existing layer, so the integer reference and
-the DSA agree by construction:
+``x = 256 * hi + lo``, which run through one dense as rows of one matrix (the weights
+stream once) and join in its accumulator before the one requantize:
 
 * ``hi = Rescale(x)``: ``rshift_round(x, 8)`` (half up), int8; ``x >= 32640`` would give
   128, so it saturates: such an ``x`` counts as 32639.
 * ``lo = Add(x * 1 + hi * -256)``: int8, exact (in [-128, 127]).
 * ``planes = Concat(hi, lo)`` along the rows axis.
-* ``partial = Dense(planes)``: int16 on the grid ``s_p`` whose 32767 is the largest sum
-  any plane of codes in [-128, 128] can reach, ``128 * s_x * max_n(s_w[n] * sum|W[n]|)``:
-  no plane saturates, whatever the input.
-* ``p_hi, p_lo = Slice(partial)``: the two halves of the rows.
-* ``y = Add(p_hi * 256 s_p / s_y + p_lo * s_p / s_y)``: the output grid and its clip.
+* ``y = Dense(planes, planes=True)``: ``acc = acc_hi + rshift_round(acc_lo, 8)`` (SHR and
+  MAC on the accumulator rows), the product on the grid of 256 input steps, then the
+  bias (rounded onto that grid the same way) and the per-channel requantize, factor
+  ``256 s_x s_w[n] / s_y``.
 
-Against the exact int16 x int8 product the planes' rounding costs at most
-``129 * s_p / s_y`` output codes (the 256-times term's half step plus the other's).
+Against the exact int16 x int8 product the join drops at most half a joined unit, and
+the bias as much: ``256 s_x s_w[n] / s_y`` output steps at most (SmolLM2's down_proj:
+a few hundredths of a step). The exact join ``256 acc_hi + acc_lo`` (as attention's
+P @ V does) could leave int32 for a dense, whose sums of signed codes have no small
+bound; the shifted one stays within the planes' own sums.
+
+An earlier form requantized both planes' sums onto one int16 grid that held any plane's
+largest sum and added them: that grid's step was 34 to 450 output steps on SmolLM2's
+layers, and cost the W8A8 model 5.6 points of perplexity against the exact product
+(docs/llm.md).
 """
 
 from __future__ import annotations
@@ -29,25 +34,26 @@ from __future__ import annotations
 import numpy as np
 
 from dsa_tvm.isa import semantics as sem
-from dsa_tvm.layers.ir import WIDE_CLIP, Add, Concat, Dense, Layer, QTensor, Requant, Rescale, Slice
+from dsa_tvm.layers.ir import Add, Concat, Dense, Layer, QTensor, Requant, Rescale
 from dsa_tvm.layers.reference import PLANE_SHIFT
 
-from .add import WIDE_ADD_MULT_BITS, add_multipliers
+from .add import WIDE_ADD_MULT_BITS
 
 #: the planes' split: hi carries the codes' top byte (``layers.reference.PLANE_SHIFT``)
 PLANE = 1 << PLANE_SHIFT
 
 
-def plane_scale(x: QTensor, weight: np.ndarray, w_scales: np.ndarray) -> float:
-    """``s_p``: the partial sums' int16 grid, 32767 at the largest |sum| a plane reaches."""
-    col = np.abs(weight.astype(np.int64)).sum(axis=1) * np.broadcast_to(
-        np.asarray(w_scales, np.float64), (weight.shape[0],))
-    return max(float((PLANE // 2) * x.scale * col.max()), 1e-30) / sem.INT16_MAX
-
-
-def join_factors(s_p: float, y_scale: float) -> tuple[float, float]:
-    """The real factors of the add that joins the planes: (256 s_p / s_y, s_p / s_y)."""
-    return PLANE * s_p / y_scale, s_p / y_scale
+def planes_fit(weight: np.ndarray, bias: np.ndarray) -> str | None:
+    """None if every sum of a plane dense stays within int32: each plane's codes are in
+    [-128, 127] (hi saturates at 127), so ``|acc| <= 128 max_n sum_k |W[n, k]|``, the
+    joined one within 1/256 more plus the bias; else why not."""
+    col = int(np.abs(weight.astype(np.int64)).sum(axis=1).max(initial=0))
+    most = 128 * col + (128 * col) // PLANE + 1 + int(np.abs(np.asarray(bias, np.int64)).max(
+        initial=0)) // PLANE
+    if most > sem.INT32_MAX:
+        return (f"a byte-plane dense's sums reach {most} (128 x {col}, the largest row of "
+                f"|weights|), beyond int32")
+    return None
 
 
 def join_fits(factors: tuple[float, float], y_scale: float) -> str | None:
@@ -73,33 +79,22 @@ def split_layers(name: str, x: QTensor) -> tuple[tuple[Layer, Layer], QTensor, Q
                                                             int8))), hi, lo
 
 
+def joined_bias(bias: np.ndarray) -> np.ndarray:
+    """The bias on a plane dense's joined grid (256 product units), rounded as the join
+    rounds the lo plane's sums."""
+    return sem.rshift_round(np.asarray(bias, np.int64), PLANE_SHIFT).astype(np.int32)
+
+
 def byte_plane_layers(name: str, x: QTensor, y: QTensor, weight: np.ndarray,
-                      w_scales: np.ndarray, clip: tuple[int, int]) -> tuple[Layer, ...]:
-    """The layers of ``y = x @ weight.T`` for an int16 ``x`` (rows of its last axis; zero
-    point 0), ``weight`` int8 [N, K] with per-channel real scales ``w_scales``, into ``y``
-    (the same leading axes) with ``clip`` (int8 bounds or WIDE_CLIP)."""
+                      bias: np.ndarray, requant: Requant) -> tuple[Layer, ...]:
+    """The layers of ``y = x @ weight.T + bias`` for an int16 ``x`` (rows of its last axis;
+    zero point 0), ``weight`` int8 [N, K], ``bias`` int32 [N] in product units
+    (``s_x s_w[n]``), ``requant`` the REQUANT of the joined sums (factors ``256 s_x
+    s_w[n] / s_y``, :data:`PLANE` times the plain dense's)."""
     rows = len(x.shape) - 2
     lead, k = tuple(x.shape[:-1]), x.shape[-1]
-    n = weight.shape[0]
     doubled = lead[:rows] + (2 * lead[rows],)
     split, hi, lo = split_layers(name, x)               # the concat is a byte copy
     planes = QTensor(f"{name}/planes", doubled + (k,), x.scale, 0)
-    s_p = plane_scale(x, weight, w_scales)
-    partial = QTensor(f"{name}/partial", doubled + (n,), s_p, 0, "int16")
-    p_hi = QTensor(f"{name}/p_hi", lead + (n,), s_p, 0, "int16")
-    p_lo = QTensor(f"{name}/p_lo", lead + (n,), s_p, 0, "int16")
-    one = np.array([1], np.int32)
-    factors = x.scale * np.broadcast_to(np.asarray(w_scales, np.float64), (n,)) / s_p
-    mult, shift = sem.quantize_multipliers(factors)
-    am, bm, sh = add_multipliers(*join_factors(s_p, y.scale),
-                                 bits=(WIDE_ADD_MULT_BITS, WIDE_ADD_MULT_BITS))
-    return (
-        *split,
-        Concat(f"{name}/planes", (hi, lo), planes, axis=rows),
-        Dense(f"{name}/partial", planes, partial, weight, np.zeros(n, np.int32),
-              Requant(mult, shift, 0, WIDE_CLIP)),
-        Slice(f"{name}/p_hi", partial, p_hi, 0, axis=rows),
-        Slice(f"{name}/p_lo", partial, p_lo, lead[rows], axis=rows),
-        Add(name, p_hi, p_lo, y, am, bm, Requant(one, np.array([sh], np.int32), y.zero_point,
-                                                 clip)),
-    )
+    return (*split, Concat(f"{name}/planes", (hi, lo), planes, axis=rows),
+            Dense(name, planes, y, weight, joined_bias(bias), requant, planes=True))

@@ -62,9 +62,9 @@ def _wide_dense(m: int, k: int, n: int, seed: int, out_step: float, relu: bool =
     return model
 
 
-def _compile(model: onnx.ModelProto):
+def _compile(model: onnx.ModelProto, hw: str | None = None):
     with dsa_tvm.options(offload="all"):
-        ex = dsa_tvm.compile(model, verbose=False)
+        ex = dsa_tvm.compile(model, hw, verbose=False)
     return ex, dsa_tvm.last_compile_report()
 
 

@@ -33,6 +33,9 @@ SHAPES = {
     # attention's P @ V on byte planes: 2 x 6 GEMM rows, one output row per pair
     "matmul_planes": MatmulShape(3, 6, 4, 2, 16, 16, 0, (-128, 127), corrected=False,
                                  planes=True),
+    # down_proj on byte planes: a (2, 6) image of 5 input blocks, each pixel's pair joined
+    "dense_planes": ConvShape(1, 2, 6, 5, 3, 1, 1, (1, 1), (0,) * 4, (1, 1), 16, 16, 0, 0,
+                              (-32768, 32767), planes=True),
 }
 
 

@@ -34,10 +34,17 @@ from dsa_tvm.isa.instructions import GEMM_LEVELS
 from dsa_tvm.layers.checks import elements, window_input, with_weights
 from dsa_tvm.layers.ir import WIDE_CLIP, Conv2d, Dense, Layer
 from dsa_tvm.layers.layouts import image_dims, pack_conv_weights
-from dsa_tvm.layers.reference import apply_requant, centered, pad, windows
+from dsa_tvm.layers.reference import (
+    PLANE_SHIFT,
+    apply_requant,
+    centered,
+    join_planes_shifted,
+    pad,
+    windows,
+)
 
 from ..counts import copy_count, nest_count, tile_copy
-from ..intrinsics import gemm_intrin, requant_intrin
+from ..intrinsics import SCALAR_JOIN_SHIFTED, gemm_intrin, join_rows_intrin, requant_intrin
 from ..names import ANN_DOUBLE_BUFFER, SCALAR_REQUANT, SCOPE_ACC, SCOPE_INP, SCOPE_WGT
 from ..tiling import (
     divisors,
@@ -74,6 +81,10 @@ class ConvShape:
     #: depthwise on the array: input block ``ob`` only feeds output block ``ob`` through
     #: diagonal weight tiles (``icb`` = 1 block per group, the image has ``ocb`` blocks)
     depthwise: bool = False
+    #: a dense on byte planes (``Dense.planes``): the image is (n, 2, M), its two rows the
+    #: hi and lo planes; a ``join`` stage adds each pixel's pair before the requantize and
+    #: the output image is (n, 1, M)
+    planes: bool = False
 
     @property
     def out_hw(self) -> tuple[int, int]:
@@ -106,8 +117,9 @@ class ConvKnobs:
 
 
 def conv2d(s: ConvShape) -> tirx.PrimFunc:
-    """conv2d + output stage; a dense layer is the 1x1 case on an (M, 1) image, a
-    depthwise conv (``s.depthwise``) one whose weight tiles are diagonal."""
+    """conv2d + output stage; a dense layer is the 1x1 case on an (M, 1) image (byte planes:
+    a (2, M) one and a ``join`` stage), a depthwise conv (``s.depthwise``) one whose weight
+    tiles are diagonal."""
     bi, bo = s.block_in, s.block_out
     pt, pl, pb, pr = s.padding
     (sh, sw), (dh, dw) = s.strides, s.dilation
@@ -140,16 +152,25 @@ def conv2d(s: ConvShape) -> tirx.PrimFunc:
                ri].astype("int32")
             * w[ob, rkh, rkw, ric, o, ri].astype("int32"), axis=[rkh, rkw, ric, ri]),
         name="conv")
+    if s.planes:
+        acc = te.compute((s.n, 1, ow, s.ocb, bo), lambda n, y, x_, ob, o: tirx.call_pure_extern(
+            "int32", SCALAR_JOIN_SHIFTED, acc[n, 2 * y, x_, ob, o], acc[n, 2 * y + 1, x_, ob, o],
+            PLANE_SHIFT), name="join")
     lo, hi = s.clip
     rq = te.compute(
-        (s.n, oh, ow, s.ocb, bo),
+        acc.shape,
         lambda n, y, x_, ob, o: tirx.call_pure_extern(
             "int32", SCALAR_REQUANT, acc[n, y, x_, ob, o], params[ob, 0, o], params[ob, 1, o],
             params[ob, 2, o], s.output_zp, lo, hi),
         name="requant")
     out_dtype = "int16" if tuple(s.clip) == WIDE_CLIP else "int8"   # REQUANT's wide mode
-    out = te.compute((s.n, oh, ow, s.ocb, bo), lambda *i: rq(*i).astype(out_dtype), name="y")
+    out = te.compute(acc.shape, lambda *i: rq(*i).astype(out_dtype), name="y")
     return te.create_prim_func([x, w, params, out])
+
+
+def out_rows(s: ConvShape, rows: int) -> int:
+    """Output rows behind ``rows`` rows of the conv: half with byte planes (joined)."""
+    return rows // 2 if s.planes else rows
 
 
 def conv_input_tile(s: ConvShape, k: ConvKnobs) -> tuple[int, int]:
@@ -179,6 +200,8 @@ def _input_blocks(s: ConvShape, k: ConvKnobs) -> int:
 
 def fits(cfg: HardwareConfig, s: ConvShape, k: ConvKnobs) -> str | None:
     """None if the tiles fit the scratchpads and instruction fields, else why not."""
+    if s.planes and k.tile_oh != 2:
+        return f"tile_oh={k.tile_oh}: a byte-plane dense's tile holds both planes (2 rows)"
     if s.icb % k.tile_icb:
         return f"tile_icb={k.tile_icb} does not divide the {s.icb} input channel blocks"
     problem = scratchpads_fit(cfg, tile_footprint(s, k))
@@ -207,7 +230,7 @@ def estimate_cycles(cfg: HardwareConfig, s: ConvShape, k: ConvKnobs) -> float:
     in_rows, in_cols = conv_input_tile(s, k)
     in_bytes = in_rows * in_cols * _input_blocks(s, k) * cfg.block_in  # one chunk
     w_bytes = k.tile_ocb * s.kh * s.kw * s.icb * cfg.wgt_tile_bytes
-    out_bytes = k.tile_oh * k.tile_ow * k.tile_ocb * cfg.block_out
+    out_bytes = out_rows(s, k.tile_oh) * k.tile_ow * k.tile_ocb * cfg.block_out
     if k.weights_outer:
         dma = s.n * tiles_oc * (w_bytes + tiles_sp * (chunks * in_bytes + out_bytes))
     elif chunks > 1:  # the input chunks cannot stay resident across the channel tiles
@@ -215,7 +238,9 @@ def estimate_cycles(cfg: HardwareConfig, s: ConvShape, k: ConvKnobs) -> float:
     else:
         dma = s.n * tiles_sp * (in_bytes + tiles_oc * (w_bytes + out_bytes))
     tiles = s.n * tiles_sp * tiles_oc
-    alu = cfg.alu_latency_cycles + k.tile_oh * k.tile_ow * k.tile_ocb * cfg.alu_cycles_per_row
+    passes = 1 + 2 * s.planes                   # the requantize; planes: the join's two
+    alu = passes * (cfg.alu_latency_cycles
+                    + out_rows(s, k.tile_oh) * k.tile_ow * k.tile_ocb * cfg.alu_cycles_per_row)
     if cfg.dataflow == "matrix-vector" and chunks == 1:
         # the ranking formula the default picks were tuned with: the tile's points and two
         # fills/drains (a depthwise nest, which has more levels than a GEMM holds, one per
@@ -275,6 +300,7 @@ def schedule_conv2d(func: tirx.PrimFunc, cfg: HardwareConfig, s: ConvShape,
         raise ValueError(f"conv tiling {k} does not fit '{cfg.name}': {problem}")
     sch = s_tir.Schedule(func)
     pad, conv = sch.get_sblock("pad"), sch.get_sblock("conv")
+    join = sch.get_sblock("join") if s.planes else None
     rq, y = sch.get_sblock("requant"), sch.get_sblock("y")
     n, oh, ow, ob, o, kh, kw, icb, i = sch.get_loops(conv)
     oh_o, oh_i = sch.split(oh, [None, k.tile_oh])
@@ -297,6 +323,8 @@ def schedule_conv2d(func: tirx.PrimFunc, cfg: HardwareConfig, s: ConvShape,
     sch.set_scope(pad, 0, SCOPE_INP)
     sch.set_scope(conv, 0, SCOPE_ACC)
     sch.set_scope(rq, 0, SCOPE_ACC)
+    if join is not None:
+        sch.set_scope(join, 0, SCOPE_ACC)
     w_sram = sch.cache_read(conv, 1, SCOPE_WGT)
     sch.compute_at(pad, ic_o if chunked else ow_o)
     if chunked:  # each chunk's weight tiles contiguous per tap: its nest merges as unchunked
@@ -305,12 +333,17 @@ def schedule_conv2d(func: tirx.PrimFunc, cfg: HardwareConfig, s: ConvShape,
         sch.transform_layout(w_sram, ("write", 0), chunk_major)
         sch.transform_block_layout(w_sram, chunk_major)
     sch.compute_at(w_sram, w_at)
+    if join is not None:
+        sch.reverse_compute_at(join, tile_loop)
     sch.reverse_compute_at(rq, tile_loop)
     sch.reverse_compute_at(y, tile_loop)
     p_sram = sch.cache_read(rq, 1, SCOPE_ACC)
     sch.compute_at(p_sram, ob_o)
     sch.decompose_reduction(conv, ic_o if chunked else ob_i)
     sch.tensorize(o, gemm_intrin(cfg.block_in, cfg.block_out))
+    if join is not None:
+        sch.tensorize(sch.get_loops(join)[-1],
+                      join_rows_intrin(cfg.block_out, lo_shift=PLANE_SHIFT, units=2))
     sch.tensorize(sch.get_loops(rq)[-1],
                   requant_intrin(cfg.block_out, s.output_zp, s.clip[0], s.clip[1]))
     if k.double_buffer:  # the weight tile too: the next one loads during this one's tiles
@@ -362,18 +395,21 @@ def conv_instructions(cfg: HardwareConfig, s: ConvShape, k: ConvKnobs) -> int:
         chunk = tile_copy(in_rows, in_cols, blocks, s.w, image_blocks)
     gemm = nest_count(conv_gemm_levels(cfg, s, k), GEMM_LEVELS)
     chunks = ic_chunks(s, k)
-    stores = tile_copy(th, tw, toc, ow, s.ocb)
+    stores = tile_copy(out_rows(s, th), tw, toc, ow, s.ocb)
     tiles_sp, tiles_oc = s.n * (oh // th) * (ow // tw), s.ocb // toc
     taps, t = s.kh * s.kw, k.tile_icb
+    out_stage = 1 + 2 * s.planes
     weights = 1 if chunks == 1 else copy_count(  # chunk-major in the scratchpad
         [(toc, taps * s.icb, taps * s.icb), (chunks, taps * t, t), (s.kh, s.kw * t, s.kw * s.icb),
          (s.kw, t, s.icb), (t, 1, 1)])
     if k.weights_outer:  # weights and table per channel tile, input per spatial tile
-        per_tile = chunks * (chunk + gemm) + 1 + stores  # loads, GEMMs, REQUANT, stores
+        # loads, GEMMs, REQUANT (planes: after the join's SHR and MAC), stores
+        per_tile = chunks * (chunk + gemm) + out_stage + stores
         return tiles_oc * (weights + 1) + tiles_oc * tiles_sp * per_tile + 1
     if chunks > 1:       # the input chunks load again for every channel tile
-        return tiles_sp * tiles_oc * (weights + 1 + chunks * (chunk + gemm) + 1 + stores) + 1
-    return tiles_sp * (chunk + tiles_oc * (weights + 1 + gemm + 1 + stores)) + 1
+        return tiles_sp * tiles_oc * (weights + 1 + chunks * (chunk + gemm) + out_stage
+                                      + stores) + 1
+    return tiles_sp * (chunk + tiles_oc * (weights + 1 + gemm + out_stage + stores)) + 1
 
 
 def conv_extents(s: ConvShape) -> dict[str, int]:
@@ -406,10 +442,11 @@ def _recipe(layer: Conv2d | Dense, cfg: HardwareConfig, consts: bool) -> Recipe:
             raise UnsupportedLayer(f"{layer.name}: dense on 4-D {layer.input.shape}: the DSA "
                                    f"lays 4-D tensors out as NCHW images; give the layer the "
                                    f"(rows, K) view (relay_passes.to_layers does)")
-        _, k, rows, _ = image_dims(layer.input.shape)
-        shape = ConvShape(1, rows, 1, ceil_div(k, bi), ceil_div(layer.weight.shape[0], bo), 1, 1,
+        n, h, wd = _dense_image(layer)
+        k = layer.input.shape[-1]
+        shape = ConvShape(n, h, wd, ceil_div(k, bi), ceil_div(layer.weight.shape[0], bo), 1, 1,
                           (1, 1), (0, 0, 0, 0), (1, 1), bi, bo, layer.input.zero_point,
-                          rq.zero_point, rq.clip)
+                          rq.zero_point, rq.clip, planes=layer.planes)
         w = layer.weight[:, :, None, None]
     elif layer.groups == 1:
         n, c, h, wd = layer.input.shape
@@ -427,6 +464,21 @@ def _recipe(layer: Conv2d | Dense, cfg: HardwareConfig, consts: bool) -> Recipe:
     if consts:
         r.consts = {"w": pack_conv_weights(w, bi, bo), "params": _table(layer, w, bo)}
     return r
+
+
+def _dense_image(layer: Dense) -> tuple[int, int, int]:
+    """(n, h, w) of the image a dense reads: (1, rows, 1), or with byte planes (the rows'
+    leading axes, 2, M), its two rows the planes."""
+    if not layer.planes:
+        return 1, image_dims(layer.input.shape)[2], 1
+    shape, out = tuple(layer.input.shape), tuple(layer.output.shape)
+    m = shape[-2] // 2 if len(shape) >= 2 else 0
+    want = shape[:-2] + (m, layer.weight.shape[0])
+    if len(shape) < 2 or shape[-2] % 2 or out != want or layer.input.zero_point:
+        raise UnsupportedLayer(f"{layer.name}: a byte-plane dense needs an even rows axis (hi "
+                               f"rows then lo rows), zero point 0 and output {want}; got "
+                               f"{shape} (zero point {layer.input.zero_point}) -> {out}")
+    return int(np.prod(shape[:-2], dtype=np.int64)), 2, m
 
 
 def depthwise_recipe(layer: Conv2d, cfg: HardwareConfig, consts: bool) -> Recipe:
@@ -488,8 +540,10 @@ def _run(ly: Conv2d | Dense, env: dict[str, np.ndarray]) -> np.ndarray:
     x = env[ly.input.name]
     if isinstance(ly, Conv2d):
         return run_conv2d(ly, x)
-    acc = centered(x, ly.input) @ ly.weight.astype(np.int64).T + ly.bias.astype(np.int64)
-    return apply_requant(acc, ly.requant, axis=-1)
+    acc = centered(x, ly.input) @ ly.weight.astype(np.int64).T
+    if ly.planes:
+        acc = join_planes_shifted(acc)
+    return apply_requant(acc + ly.bias.astype(np.int64), ly.requant, axis=-1)
 
 
 def conv_bounds(ly: Conv2d | Dense) -> tuple[int, int]:
