@@ -309,6 +309,23 @@ class Slice:
 
 
 @dataclass(frozen=True)
+class BytePlanes:
+    """int16 codes (zero point 0) as two int8 byte planes stacked on the rows axis (the
+    second-to-last), a plane dense's input (``Dense.planes``): (..., M, K) -> (..., 2M, K);
+    for each leading index rows ``0..M-1`` hold ``hi = clamp(rshift_round(x, 8), int8)``
+    and rows ``M..2M-1`` ``lo = clamp(x - 256 hi, int8)``, so ``x = 256 hi + lo`` (an
+    ``x`` from 32640 up counts as 32639). Output int8, zero point 0, the input's scale."""
+
+    name: str
+    input: QTensor           # int16 (..., M, K)
+    output: QTensor          # int8 (..., 2M, K)
+
+    @property
+    def macs(self) -> int:
+        return 0
+
+
+@dataclass(frozen=True)
 class Dilate:
     """Zero insertion by integer factors, the first half of a transposed conv:
     y = x.zero_point everywhere but y[n, c, i * sh, j * sw] = x[n, c, i, j]; output
@@ -342,7 +359,7 @@ class Interleave:
 
 Layer = (Conv2d | Dense | BatchMatmul | Pool2d | GlobalAvgPool | Add | BiasAdd | AddConst
          | Rescale
-         | Concat | Resize | Slice | Dilate | Interleave)
+         | Concat | Resize | Slice | BytePlanes | Dilate | Interleave)
 
 
 @dataclass

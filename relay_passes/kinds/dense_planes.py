@@ -8,10 +8,10 @@ int8 codes, so the int16 input ``x`` (symmetric) is split exactly into two int8 
 ``x = 256 * hi + lo``, which run through one dense as rows of one matrix (the weights
 stream once) and join in its accumulator before the one requantize:
 
-* ``hi = Rescale(x)``: ``rshift_round(x, 8)`` (half up), int8; ``x >= 32640`` would give
-  128, so it saturates: such an ``x`` counts as 32639.
-* ``lo = Add(x * 1 + hi * -256)``: int8, exact (in [-128, 127]).
-* ``planes = Concat(hi, lo)`` along the rows axis.
+* ``planes = BytePlanes(x)``: the hi rows, ``rshift_round(x, 8)`` (half up, int8; ``x >=
+  32640`` would give 128, so it saturates: such an ``x`` counts as 32639), then the lo
+  rows, ``x - 256 hi`` (exact, in [-128, 127]), stacked on the rows axis; one pass that
+  reads each code once (the ``planes`` room).
 * ``y = Dense(planes, planes=True)``: ``acc = acc_hi + rshift_round(acc_lo, 8)`` (SHR and
   MAC on the accumulator rows), the product on the grid of 256 input steps, then the
   bias (rounded onto that grid the same way) and the per-channel requantize, factor
@@ -34,7 +34,7 @@ from __future__ import annotations
 import numpy as np
 
 from dsa_tvm.isa import semantics as sem
-from dsa_tvm.layers.ir import Add, Concat, Dense, Layer, QTensor, Requant, Rescale
+from dsa_tvm.layers.ir import Add, BytePlanes, Dense, Layer, QTensor, Requant, Rescale
 from dsa_tvm.layers.reference import PLANE_SHIFT
 
 from .add import WIDE_ADD_MULT_BITS
@@ -91,10 +91,7 @@ def byte_plane_layers(name: str, x: QTensor, y: QTensor, weight: np.ndarray,
     zero point 0), ``weight`` int8 [N, K], ``bias`` int32 [N] in product units
     (``s_x s_w[n]``), ``requant`` the REQUANT of the joined sums (factors ``256 s_x
     s_w[n] / s_y``, :data:`PLANE` times the plain dense's)."""
-    rows = len(x.shape) - 2
-    lead, k = tuple(x.shape[:-1]), x.shape[-1]
-    doubled = lead[:rows] + (2 * lead[rows],)
-    split, hi, lo = split_layers(name, x)               # the concat is a byte copy
-    planes = QTensor(f"{name}/planes", doubled + (k,), x.scale, 0)
-    return (*split, Concat(f"{name}/planes", (hi, lo), planes, axis=rows),
+    shape = tuple(x.shape)
+    planes = QTensor(f"{name}/planes", shape[:-2] + (2 * shape[-2], shape[-1]), x.scale, 0)
+    return (BytePlanes(f"{name}/planes", x, planes),
             Dense(name, planes, y, weight, joined_bias(bias), requant, planes=True))

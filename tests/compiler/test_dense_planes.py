@@ -17,7 +17,7 @@ from hypothesis import strategies as st
 from onnx import helper
 from tvm import relax
 
-from dsa_tvm.layers.ir import Concat, Dense
+from dsa_tvm.layers.ir import Dense
 from dsa_tvm.runtime import take_launches
 from tir_schedules.kinds import run_layer, run_region
 
@@ -98,7 +98,7 @@ def test_int16_input_dense_runs_as_byte_planes(lead, k, n, seed, out16, y_step, 
     ex, rep = _compile(model)
     layers = rep.regions[0].region.layers
     kinds = [type(ly).__name__ for ly in layers]
-    assert kinds == ["Rescale", "Add", "Concat", "Dense"] and layers[-1].planes, kinds
+    assert kinds == ["BytePlanes", "Dense"] and layers[-1].planes, kinds
     # inside the grid (|x| < 32640 codes: beyond, the split saturates; see below)
     x = np.random.default_rng(seed).uniform(-32000, 32000, (*lead, k)).astype(np.float32)
     got = _one_launch_bit_exact(ex, rep, x * np.float32(X_STEP))
@@ -115,13 +115,10 @@ def test_the_planes_read_the_weights_once_and_split_exactly():
     dense = [ly for ly in layers if isinstance(ly, Dense)]
     assert len(dense) == 1 and dense[0].input.shape == (8, 48) and dense[0].planes
     assert dense[0].output.shape == (4, 24)
-    assert any(isinstance(ly, Concat) for ly in layers)
     xq = np.random.default_rng(1).integers(-32768, 32640, (4, 48)).astype(np.int16)
     xq[0, :3] = (-32768, 32639, -129)
-    env = {layers[0].input.name: xq}
-    for ly in layers[:2]:
-        env[ly.output.name] = run_layer(ly, env)
-    hi, lo = (env[ly.output.name].astype(np.int64) for ly in layers[:2])
+    planes = run_layer(layers[0], {layers[0].input.name: xq}).astype(np.int64)
+    hi, lo = planes[:4], planes[4:]
     np.testing.assert_array_equal(256 * hi + lo, xq)
     assert lo.min() >= -128 and lo.max() <= 127
 
@@ -242,8 +239,8 @@ def test_a_prefill_chunk_of_down_proj_past_the_dma_stride_field():
     (98,112 blocks, past the 16-bit DMA stride): one group needs no stride, so it runs."""
     model = _planes_model((1, 511), 1536, 16, 5, 0.05)
     ex, rep = _compile(model)
-    cat = next(ly for ly in rep.regions[0].region.layers if isinstance(ly, Concat))
-    assert cat.output.shape[-2] * cat.output.shape[-1] // 16 > 65535
+    split = rep.regions[0].region.layers[0]
+    assert split.output.shape[-2] * split.output.shape[-1] // 16 > 65535
     x = np.random.default_rng(4).uniform(-32, 32, (1, 511, 1536)).astype(np.float32)
     got = _one_launch_bit_exact(ex, rep, x)
     assert np.abs(got - _ort(model, x=x)).max() <= _tolerance(rep, 0.05)
