@@ -54,8 +54,9 @@ class QdqProxy(CompiledLLM):
 
     def __init__(self, *args, fp32: tuple[str, ...] = (), wide_extra: tuple[str, ...] = (),
                  per_token: tuple[str, ...] = (), wide_inputs: tuple[str, ...] = (),
-                 down_planes: bool = False, **kwargs):
+                 down_planes: bool = False, method: str = "minmax", **kwargs):
         super().__init__(*args, **kwargs)
+        self.method = method
         self.fp32_patterns, self.wide_extra, self.per_token = fp32, wide_extra, per_token
         self.wide_inputs = wide_inputs
         self.down_planes = down_planes
@@ -73,7 +74,7 @@ class QdqProxy(CompiledLLM):
                   if any(re.search(p, n.name) for p in self.wide_inputs)}
         if self.wide_inputs and not inputs:
             raise SystemExit(f"--wide-inputs matches no node: {self.wide_inputs}")
-        return {**opts, "keep_fp32": keep,
+        return {**opts, "keep_fp32": keep, "method": self.method,
                 "wide_tensors": set(opts["wide_tensors"]) | set(self.wide_extra) | inputs}
 
     def run_step(self, ids, kv, kind="decode"):
@@ -220,6 +221,8 @@ def main() -> None:
     ap.add_argument("--smooth-folds", default=None, help="comma-separated, of "
                     f"{', '.join(FOLDS)} (default: the library's)")
     ap.add_argument("--narrow", action="store_true", help="the residual stream on int8 grids")
+    ap.add_argument("--narrow-logits", action="store_true",
+                    help="the logits on an int8 grid (the default: int16)")
     ap.add_argument("--narrow-attention", action="store_true",
                     help="the attention's probabilities on int8 grids (not int16)")
     ap.add_argument("--narrow-down", action="store_true",
@@ -236,6 +239,8 @@ def main() -> None:
     ap.add_argument("--dsa-down-planes", action="store_true", help="down_proj's int16 input "
                     "as the DSA's byte planes compute it (the lo plane's sums rounded to 256 "
                     "product units in the join), not the exact product")
+    ap.add_argument("--method", default="minmax", help="the activation calibration "
+                    "method (minmax, the DSA's; percentile, entropy, mse)")
     ap.add_argument("--window", type=int, default=512, help="tokens a perplexity window "
                     "holds (the largest context bucket; bench_llm.py scores in 2048)")
     a = ap.parse_args()
@@ -246,11 +251,12 @@ def main() -> None:
     ref = CompiledLLM(src, quant="fp32", **buckets)
     m = QdqProxy(src, quant=a.quant, smooth=smooth, wide_residual=not a.narrow,
                  wide_down=not a.narrow_down, wide_attention=not a.narrow_attention,
+                 wide_logits=not a.narrow_logits,
                  fp32=tuple(filter(None, a.fp32.split(","))),
                  wide_extra=tuple(filter(None, a.wide_extra.split(","))),
                  per_token=tuple(filter(None, a.per_token.split(","))),
                  wide_inputs=tuple(filter(None, a.wide_inputs.split(","))),
-                 down_planes=a.dsa_down_planes, **folds, **buckets)
+                 down_planes=a.dsa_down_planes, method=a.method, **folds, **buckets)
     t0 = time.perf_counter()
     tf = [] if a.no_tf else [m.teacher_forced(p, ref.generate(p, 32).ids) for p in PROMPTS]
     ids = src.encode(pydoc_text())[:a.ppl_tokens]
@@ -261,7 +267,8 @@ def main() -> None:
           f"{'int8' if a.narrow_attention else 'int16'} smooth {smooth} "
           f"folds {m.smooth_folds} fp32 {a.fp32 or '-'} wide+ {a.wide_extra or '-'} "
           f"wide inputs {a.wide_inputs or '-'} "
-          f"per-token {a.per_token or '-'}{' dsa-down-planes' if a.dsa_down_planes else ''}: {r}"
+          f"per-token {a.per_token or '-'} method {a.method}"
+          f"{' dsa-down-planes' if a.dsa_down_planes else ''}: {r}"
           + (f", teacher-forced {np.mean(tf):.1%}" if tf else "")
           + f" [{time.perf_counter() - t0:.0f} s]")
 

@@ -159,7 +159,8 @@ class CompiledLLM:
                  rows_concat: str = "host", smooth: float | None = SMOOTH,
                  smooth_folds: tuple[str, ...] = SMOOTH_FOLDS,
                  wide_residual: bool = True, wide_down: bool | None = None,
-                 wide_attention: bool = True, verbose: bool = False) -> None:
+                 wide_attention: bool = True, wide_logits: bool = True,
+                 verbose: bool = False) -> None:
         from ..hw.config import load_config
 
         if quant not in QUANTS:
@@ -195,6 +196,8 @@ class CompiledLLM:
         #: two int8 byte planes (``llm.residual.attention_probabilities``; False: int8).
         #: A CIM part runs P @ V on its digital array too (V is no constant)
         self.wide_attention = bool(wide_attention)
+        #: the logits (the head's output) on an int16 grid (``llm.residual.logits``)
+        self.wide_logits = bool(wide_logits)
         self._step_hf = None   # the model the DSA's steps are exported from (step_model)
         self._calibrated = None
         self._steps: dict[tuple[int, int], Any] = {}   # bucket -> its quantized Relax step
@@ -278,11 +281,12 @@ class CompiledLLM:
         """The options :func:`~dsa_tvm.quant.api.quantize_onnx` calibrates the steps with
         (``step``: the calibration step as intake left it); a study overrides it to keep
         nodes FP32 or widen more tensors."""
-        from .residual import attention_probabilities, gate_products, residual_stream
+        from .residual import attention_probabilities, gate_products, logits, residual_stream
 
         wide = ((residual_stream(step) if self.wide_residual else set())
                 | (gate_products(step) if self.wide_down else set())
-                | (attention_probabilities(step) if self.wide_attention else set()))
+                | (attention_probabilities(step) if self.wide_attention else set())
+                | (logits(step) if self.wide_logits else set()))
         return dict(show_progress=False, quantize_norms=self.cfg.norm_units >= 1,
                     split_outliers=False, bias_correction=False,
                     weight_bits=QUANT_WEIGHT_BITS.get(self.quant, 8), wide_tensors=wide)

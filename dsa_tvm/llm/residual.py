@@ -1,5 +1,5 @@
-"""A decoder's residual stream, its SiLU-gate products and its attention probabilities in
-its exported step graph: the tensors that go int16.
+"""A decoder's residual stream, its SiLU-gate products, its attention probabilities and its
+logits in its exported step graph: the tensors that go int16.
 
 Rounding the residual stream to one int8 grid is the DSA's largest W8A8 error on
 SmolLM2 (``benchmarks/llm_quant_study.py --dsa``: +971% perplexity against +5% with
@@ -70,3 +70,15 @@ def attention_probabilities(model: onnx.ModelProto) -> set[str]:
     made = {o: n for n in model.graph.node for o in n.output}
     return {n.input[0] for n in model.graph.node if n.op_type == "MatMul" and n.input
             and getattr(made.get(n.input[0]), "op_type", None) == "Softmax"}
+
+
+#: the step graph's logits output (``llm.step``)
+LOGITS = "logits"
+
+
+def logits(model: onnx.ModelProto) -> set[str]:
+    """The logits, when a node makes them: the head's output, which an int8 grid rounds by
+    a tenth of a logit or more (SmolLM2: the head in FP32 takes the proxy's KL from 0.046
+    to 0.042)."""
+    return {LOGITS} & {o for n in model.graph.node for o in n.output}
+

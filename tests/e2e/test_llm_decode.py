@@ -282,7 +282,7 @@ def test_residual_stream_is_int16_on_the_dsa(w8a8):
     stream = residual_stream(load_onnx(export_step(w8a8.step_model, 1, 16)).model)
     assert "x" in stream and len(stream) == 1 + 2 * 2 * w8a8.arch.layers
     narrow = load("tiny", wide_residual=False, wide_down=False, wide_attention=False,
-                  **BUCKETS)
+                  wide_logits=False, **BUCKETS)
     narrow.generate(PROMPT, max_new_tokens=1)
     assert not [ly for crep in narrow.reports.values() for d in crep.regions
                 if d.target == "dsa" for ly in d.region.layers
@@ -352,3 +352,20 @@ def test_attention_probabilities_are_int16_and_p_at_v_runs_as_byte_planes(w8a8):
     assert all(ly.output.dtype == "int8" and not ly.planes for ly in narrow
                if isinstance(ly, Softmax))
     assert not [ly for ly in narrow if isinstance(ly, BatchMatmul) and ly.planes]
+
+
+def test_the_logits_are_int16_unless_asked(w8a8):
+    """The default W8A8 puts the head's output on an int16 grid (``llm.residual.logits``):
+    the head's dense writes int16 (REQUANT's wide mode) and the host reads the logits on
+    that grid; ``wide_logits=False`` keeps them int8."""
+    from dsa_tvm.layers.ir import Dense
+
+    def heads(model):
+        model.generate(PROMPT, max_new_tokens=1)
+        return [ly for crep in model.reports.values() for d in crep.regions
+                if d.target == "dsa" for ly in d.region.layers
+                if isinstance(ly, Dense) and ly.output.shape[-1] == model.arch.vocab]
+
+    assert heads(w8a8) and all(ly.output.dtype == "int16" for ly in heads(w8a8))
+    narrow = load("tiny", wide_logits=False, **BUCKETS)
+    assert heads(narrow) and all(ly.output.dtype == "int8" for ly in heads(narrow))
