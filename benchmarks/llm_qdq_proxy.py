@@ -264,7 +264,8 @@ def main() -> None:
     r = paired_score(log_probs(m, ids)[0], want, targets)
     print(f"{a.quant} residual {'int8' if a.narrow else 'int16'} down_proj input "
           f"{'int8' if a.narrow_down else 'int16'} probabilities "
-          f"{'int8' if a.narrow_attention else 'int16'} smooth {smooth} "
+          f"{'int8' if a.narrow_attention else 'int16'} logits "
+          f"{'int8' if a.narrow_logits else 'int16'} smooth {smooth} "
           f"folds {m.smooth_folds} fp32 {a.fp32 or '-'} wide+ {a.wide_extra or '-'} "
           f"wide inputs {a.wide_inputs or '-'} "
           f"per-token {a.per_token or '-'} method {a.method}"

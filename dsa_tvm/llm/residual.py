@@ -81,4 +81,3 @@ def logits(model: onnx.ModelProto) -> set[str]:
     a tenth of a logit or more (SmolLM2: the head in FP32 takes the proxy's KL from 0.046
     to 0.042)."""
     return {LOGITS} & {o for n in model.graph.node for o in n.output}
-
