@@ -110,6 +110,9 @@ def test_refusals_name_the_cause():
     x8 = L.QTensor("x", (4, 16), 1e-3, 0)
     assert "int16 codes with zero point 0" in lowering_supports(
         L.BytePlanes("bp", x8, L.QTensor("p", (8, 16), 1e-3, 0)), cfg)
+    empty = L.QTensor("x", (0, 16), 1e-3, 0, "int16")
+    assert "empty tensor" in lowering_supports(
+        L.BytePlanes("bp", empty, L.QTensor("p", (0, 16), 1e-3, 0)), cfg)
     x = L.QTensor("x", (4, 16), 1e-3, 0, "int16")
     assert "(..., 2M, K)" in lowering_supports(
         L.BytePlanes("bp", x, L.QTensor("p", (4, 32), 1e-3, 0)), cfg)

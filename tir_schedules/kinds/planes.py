@@ -144,6 +144,8 @@ def planes_recipe(layer: BytePlanes, cfg: HardwareConfig, consts: bool) -> Recip
     if len(shape) not in (2, 3) or tuple(y.shape) != want:
         raise UnsupportedLayer(f"{layer.name}: byte planes of a (..., M, K) rows tensor of "
                                f"rank 2 or 3 into (..., 2M, K); got {shape} -> {tuple(y.shape)}")
+    if elements(shape) == 0:
+        raise UnsupportedLayer(f"{layer.name}: an empty tensor {shape} has no planes to make")
     if (x.dtype, x.zero_point, y.dtype, y.zero_point) != ("int16", 0, "int8", 0):
         raise UnsupportedLayer(f"{layer.name}: byte planes take int16 codes with zero point 0 "
                                f"into int8 with zero point 0; got {x.dtype} (zero point "
