@@ -136,13 +136,17 @@ def per_token_inputs(model: onnx.ModelProto, patterns: tuple[str, ...]) -> onnx.
     return out
 
 
-def dsa_down_planes(model: onnx.ModelProto) -> onnx.ModelProto:
+def dsa_down_planes(model: onnx.ModelProto, lo_shift: int | None = None) -> onnx.ModelProto:
     """``model`` with every int16-input down_proj MatMul computed as the DSA's byte planes
     do (``relay_passes/kinds/dense_planes.py``): ``x = 256 hi + lo``, the lo plane's sums
-    rounded to 256 product units (``acc_hi + round(acc_lo / 256)``, per output channel's
-    weight step) before the requantize; the output's own Q/DQ follows. (ONNX's Round
-    breaks ties to even where the DSA rounds half up: a tie is one joined unit's half.)"""
+    rounded to ``2**s`` product units (``2**(8 - s) acc_hi + round(acc_lo / 2**s)``, ``s``
+    the layer's ``plane_lo_shift``; 0 is the exact product) before the requantize; the
+    output's own Q/DQ follows. (ONNX's Round breaks ties to even where the DSA rounds
+    half up: a tie is one joined unit's half.) ``lo_shift`` forces one ``s`` everywhere
+    (8: the join's first form)."""
     from onnx import helper as h
+
+    from relay_passes.kinds.dense_planes import plane_lo_shift
 
     g = model.graph
     init = {i.name: onnx.numpy_helper.to_array(i) for i in g.initializer}
@@ -156,10 +160,11 @@ def dsa_down_planes(model: onnx.ModelProto) -> onnx.ModelProto:
             continue
         s_x = float(init[dqx.input[1]])
         s_w = init[dqw.input[1]].astype(np.float64).reshape(-1)
+        s = plane_lo_shift(init[dqw.input[0]].T, np.zeros(1)) if lo_shift is None else lo_shift
         t = n.name
         c = {f"{t}/c_{k}": np.asarray(v, np.float32) for k, v in
              (("sx", s_x), ("256", 256.0), ("lo", -128.0), ("hi", 127.0),
-              ("unit", 256 * s_w), ("sxu", s_x * 256 * s_w))}
+              ("unit", (1 << s) * s_w), ("sxu", s_x * (1 << s) * s_w))}
         consts += [onnx.numpy_helper.from_array(v, k) for k, v in c.items()]
 
         def k(nm: str, t: str = t) -> str:
@@ -172,7 +177,7 @@ def dsa_down_planes(model: onnx.ModelProto) -> onnx.ModelProto:
                   h.make_node("Mul", [f"{t}/hi", k("256")], [f"{t}/h256"]),
                   h.make_node("Sub", [f"{t}/xc", f"{t}/h256"], [f"{t}/l0"]),
                   h.make_node("Clip", [f"{t}/l0", k("lo"), k("hi")], [f"{t}/lo"]),
-                  # sum(hi W) in units of 256 s_w: the joined grid's own
+                  # 256 sum(hi W) in units of 2^s s_w: the joined grid's own
                   h.make_node("MatMul", [f"{t}/hi", n.input[1]], [f"{t}/mhi"]),
                   h.make_node("Div", [f"{t}/mhi", k("unit")], [f"{t}/qhi"]),
                   h.make_node("Mul", [f"{t}/qhi", k("256")], [f"{t}/ahi"]),

@@ -314,37 +314,37 @@ def axpby_intrin(block_out: int, a_mult: int, b_mult: int, a_dtype: str = "int8"
     return name
 
 
-#: scalar body of a dense's byte-plane join, ``hi + rshift_round(lo, shift)``: opaque, as
-#: ``SCALAR_AXPBY``
+#: scalar body of a dense's byte-plane join, ``hi * mult + rshift_round(lo, shift)``:
+#: opaque, as ``SCALAR_AXPBY``
 SCALAR_JOIN_SHIFTED = "dsa.join_shifted_scalar"
 
 
 @cache
-def join_rows_intrin(block_out: int, a_mult: int = 1, lo_shift: int = 0,
+def join_rows_intrin(block_out: int, a_mult: int = 1, lo_shift: int | None = None,
                      units: int = 1) -> str:
     """Two rows of one buffer (byte planes' sums, ``s0`` apart on its first axis, then
     ``units`` axes of extent 1 (the row's other loops, so tensorize matches a pair of a
     larger accumulator) and the lanes) joined into ``d`` by two immediate-form ALU ops:
 
-    * ``lo_shift`` 0: ``d = a[0] * a_mult + a[1]``, MUL then MAC (the batch matmul's exact
-      join, ``layers.reference.join_planes``);
-    * else ``d = a[0] + rshift_round(a[1], lo_shift)``, SHR then MAC (the dense's join,
-      ``join_planes_shifted``)."""
+    * ``lo_shift`` None: ``d = a[0] * a_mult + a[1]``, MUL then MAC (the batch matmul's
+      exact join, ``layers.reference.join_planes``);
+    * else ``d = rshift_round(a[1], lo_shift) + a[0] * a_mult``, SHR then MAC (the dense's
+      join, ``join_planes_shifted``)."""
     bo = block_out
     name = f"dsa.join_rows_{bo}_{a_mult}_{lo_shift}_{units}"
     shape = (2,) + (1,) * units + (bo,)
-    if units not in (1, 2) or (lo_shift and a_mult != 1):
-        raise ValueError(f"join_rows_intrin: units {units} (1 or 2), a_mult {a_mult} with "
-                         f"lo_shift {lo_shift} (a shifted join takes a_mult 1)")
+    if units not in (1, 2):
+        raise ValueError(f"join_rows_intrin: units {units} (1 or 2)")
 
     def joined(hi, lo):
-        if lo_shift:
-            return T.call_pure_extern("int32", SCALAR_JOIN_SHIFTED, hi, lo, lo_shift)
+        if lo_shift is not None:
+            return T.call_pure_extern("int32", SCALAR_JOIN_SHIFTED, hi, lo, a_mult, lo_shift)
         return T.call_pure_extern("int32", SCALAR_AXPBY, hi, lo, a_mult, 1)
 
     def calls(D, A, s0):
-        if lo_shift:
-            return (_alu_call("shr", D, A, A, lo_shift, 1, rows=s0), _alu_call("mac", D, A, A, 1, 1))
+        if lo_shift is not None:
+            return (_alu_call("shr", D, A, A, lo_shift, 1, rows=s0),
+                    _alu_call("mac", D, A, A, a_mult, 1))
         return (_alu_call("mul", D, A, A, a_mult, 1), _alu_call("mac", D, A, A, 1, 1, rows=s0))
 
     @_Script.prim_func(s_tir=True)

@@ -105,9 +105,9 @@ class Dense:
     ``planes``: the input holds int16 codes as two int8 byte planes (``x = 256 hi + lo``,
     zero point 0) stacked on the rows axis, the second-to-last: (..., 2M, K), rows
     ``0..M-1`` hi, ``M..2M-1`` lo; output (..., M, N). The two sums join in the
-    accumulator as ``acc = acc_hi + rshift_round(acc_lo, 8)`` (int32 wrap), the
-    product on the grid of 256 input steps, before the bias and requantize
-    (``layers.reference.join_planes_shifted``)."""
+    accumulator as ``acc = (acc_hi << (8 - lo_shift)) + rshift_round(acc_lo, lo_shift)``
+    (int32 wrap), the product on the grid of ``2**lo_shift`` input steps (0: exact),
+    before the bias and requantize (``layers.reference.join_planes_shifted``)."""
 
     name: str
     input: QTensor           # (..., K); planes: (..., 2M, K)
@@ -116,6 +116,7 @@ class Dense:
     bias: np.ndarray         # int32 [N]
     requant: Requant
     planes: bool = False
+    lo_shift: int = 0        # planes: the lo sums' right shift in the join (0..8)
 
     @property
     def macs(self) -> int:

@@ -73,14 +73,16 @@ def join_planes(acc: np.ndarray) -> np.ndarray:
     return sem.wrap_int32(sem.wrap_int32(acc[..., 0::2, :] << PLANE_SHIFT) + acc[..., 1::2, :])
 
 
-def join_planes_shifted(acc: np.ndarray) -> np.ndarray:
+def join_planes_shifted(acc: np.ndarray, lo_shift: int) -> np.ndarray:
     """Sums of stacked byte planes (axis -2: the first half of the rows hi, the second lo)
-    joined as a dense's accumulator does (int32 wrap): ``acc_hi + rshift_round(acc_lo, 8)``,
-    the product on the grid of 256 input steps. Unlike ``256 acc_hi + acc_lo`` it cannot
-    leave int32 whenever the planes' own sums fit; it drops at most half a step."""
+    joined as a dense's accumulator does (int32 wrap): ``(acc_hi << (8 - lo_shift)) +
+    rshift_round(acc_lo, lo_shift)``, the product on the grid of ``2**lo_shift`` input
+    steps: exact at 0, and at most half a step off otherwise, where the exact
+    ``256 acc_hi`` could leave int32 (``Dense.lo_shift``)."""
     acc = sem.wrap_int32(np.asarray(acc, np.int64))
     m = acc.shape[-2] // 2
-    return sem.wrap_int32(acc[..., :m, :] + sem.rshift_round(acc[..., m:, :], PLANE_SHIFT))
+    hi = sem.wrap_int32(acc[..., :m, :] << (PLANE_SHIFT - lo_shift))
+    return sem.wrap_int32(hi + sem.rshift_round(acc[..., m:, :], lo_shift))
 
 
 def centered(x: np.ndarray, t: QTensor) -> np.ndarray:

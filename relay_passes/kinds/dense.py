@@ -20,8 +20,8 @@ from dsa_tvm.isa.formats import DRAM_SIZE_BITS
 from dsa_tvm.layers.ir import Dense, Layer, QTensor
 
 from .common import MAX_DMA, Constraint, common_constraints
-from .dense_planes import PLANE, byte_plane_layers, planes_fit
-from .match import Match, NotAMatch, Operand, Reader, Root, shape_of
+from .dense_planes import byte_plane_layers, plane_lo_shift
+from .match import LoweringError, Match, NotAMatch, Operand, Reader, Root, shape_of
 from .scales import int32_bias, requant
 from .spec import ACTS, Kind, act, dq, q, variant_name
 from .weights import weight_constraints
@@ -144,26 +144,33 @@ def _weight_nk(m: Match) -> np.ndarray:
 
 def _wide_input(m: Match, cfg: HardwareConfig) -> str | None:
     """An int16 input runs as two byte planes joined in the accumulator (``dense_planes``):
-    symmetric, the joined sums within int32, the requantize's factors (256 times the plain
-    dense's) within REQUANT's range."""
+    symmetric, the joined sums within int32, the requantize's factors (``2**lo_shift``
+    times the plain dense's) within REQUANT's range."""
     x = m.inputs[0].qp
     if x.dtype != "int16":
         return None
     if int(x.zero_point[0]) != 0:
         return f"an int16 input with zero point {int(x.zero_point[0])} (the planes need 0)"
-    big = PLANE * float(np.max(rescale_factors(m)))
+    shift = plane_lo_shift(_weight_nk(m), int32_bias(m, m.out_shape[-1]))
+    if shift is None:
+        return "a byte-plane dense's sums pass int32 (the weights' rows sum too large)"
+    big = (1 << shift) * float(np.max(rescale_factors(m)))
     if not big < 2.0 ** 31:
-        return (f"the byte planes' requantize factor {big:g} (256 s_x s_w / s_y) is not below "
-                f"2^31 (output scale {float(m.out.scale[0]):g})")
-    return planes_fit(_weight_nk(m), int32_bias(m, m.out_shape[-1]))
+        return (f"the byte planes' requantize factor {big:g} (2^{shift} s_x s_w / s_y) is not "
+                f"below 2^31 (output scale {float(m.out.scale[0]):g})")
+    return None
 
 
 def _to_layer(m: Match, name: str, inputs: list[QTensor], output: QTensor
               ) -> Layer | tuple[Layer, ...]:
     w = _weight_nk(m)
     if inputs[0].dtype == "int16":
-        return byte_plane_layers(name, as_rows(inputs[0]), as_rows(output), w,
-                                 int32_bias(m, w.shape[0]), requant(PLANE * rescale_factors(m), m))
+        bias = int32_bias(m, w.shape[0])
+        shift = plane_lo_shift(w, bias)
+        if shift is None:       # the wide_input constraint refuses these
+            raise LoweringError(f"{name}: a byte-plane dense's sums pass int32 (unchecked)")
+        return byte_plane_layers(name, as_rows(inputs[0]), as_rows(output), w, bias,
+                                 requant((1 << shift) * rescale_factors(m), m), shift)
     return Dense(name, as_rows(inputs[0]), as_rows(output), w, int32_bias(m, w.shape[0]),
                  requant(rescale_factors(m), m))
 

@@ -83,10 +83,12 @@ def test_byte_planes_are_bit_exact_and_cost_what_they_estimate(preset, lead, m, 
 @pytest.mark.parametrize("preset", list(CFGS))
 @settings(max_examples=3, deadline=None, suppress_health_check=list(HealthCheck))
 @given(lead=_LEAD, m=st.integers(1, 40), k=st.integers(1, 130), n=st.integers(1, 70),
-       bias=st.booleans(), seed=st.integers(0, 2**31))
-def test_a_plane_dense_joins_its_planes_bit_exactly(preset, lead, m, k, n, bias, seed):
+       bias=st.booleans(), lo_shift=st.integers(0, 8), seed=st.integers(0, 2**31))
+def test_a_plane_dense_joins_its_planes_bit_exactly(preset, lead, m, k, n, bias, lo_shift,
+                                                    seed):
     """BytePlanes then the plane dense in one program (several row and channel tiles, each
-    with both planes of its rows); the join is ``acc_hi + rshift_round(acc_lo, 8)``."""
+    with both planes of its rows); the join is ``(acc_hi << (8 - lo_shift)) +
+    rshift_round(acc_lo, lo_shift)``."""
     cfg = CFGS[preset]
     rng = np.random.default_rng(seed)
     bp = _planes(lead, m, k)
@@ -94,15 +96,18 @@ def test_a_plane_dense_joins_its_planes_bit_exactly(preset, lead, m, k, n, bias,
     b = rng.integers(-5000, 5000, n).astype(np.int32) if bias else np.zeros(n, np.int32)
     mult, shift = sem.quantize_multipliers(rng.uniform(0.001, 0.05, n))
     y = L.QTensor("y", (*lead, m, n), 0.05, 0, "int16")
-    d = L.Dense("d", bp.output, y, w, b, L.Requant(mult, shift, 0, L.WIDE_CLIP), planes=True)
+    d = L.Dense("d", bp.output, y, w, b, L.Requant(mult, shift, 0, L.WIDE_CLIP), planes=True,
+                lo_shift=lo_shift)
     _simulate(region([bp.input], [bp, d]), cfg, {"x": _codes(rng, bp.input.shape)})
 
 
-def test_the_join_rounds_the_lo_sums_half_up():
-    acc = np.array([[[10, -3]], [[128, -129]]], np.int64).reshape(2, 2)   # rows: hi, lo
-    np.testing.assert_array_equal(join_planes_shifted(acc), [[11, -4]])
-    big = np.array([[2**31 - 1], [128]], np.int64)                           # int32 wraps
-    assert join_planes_shifted(big)[0, 0] == sem.wrap_int32(2**31)
+def test_the_join_shifts_hi_left_and_rounds_the_lo_sums_half_up():
+    acc = np.array([[10, -3], [128, -129]], np.int64)                     # rows: hi, lo
+    np.testing.assert_array_equal(join_planes_shifted(acc, 8), [[11, -4]])
+    np.testing.assert_array_equal(join_planes_shifted(acc, 0), [[2688, -897]])   # exact
+    np.testing.assert_array_equal(join_planes_shifted(acc, 3), [[336, -112]])
+    big = np.array([[2**31 - 1], [128]], np.int64)                        # int32 wraps
+    assert join_planes_shifted(big, 8)[0, 0] == sem.wrap_int32(2**31)
 
 
 def test_refusals_name_the_cause():

@@ -135,10 +135,10 @@ def test_codes_past_32639_saturate_there():
 
 @pytest.mark.parametrize("what,reason", [
     ("zero_point", "an int16 input with zero point 5"),
-    ("tiny_output", "the byte planes' requantize factor"),      # an output step of 1e-13
+    ("tiny_output", "requant_range"),                # an output step of 1e-15
 ])
 def test_what_the_planes_cannot_take_stays_on_the_cpu(what, reason):
-    model = _planes_model((3,), 16, 8, 0, 1e-13 if what == "tiny_output" else 5e-3,
+    model = _planes_model((3,), 16, 8, 0, 1e-15 if what == "tiny_output" else 5e-3,
                           x_zp=5 if what == "zero_point" else 0)
     ex, rep = _compile(model)
     assert not [r for r in rep.regions if r.target == "dsa"]
@@ -191,28 +191,36 @@ def test_prefill_sized_planes_are_bit_exact_on_every_preset(preset):
     assert np.abs(got - _ort(model, x=x)).max() <= _tolerance(rep, 0.05)
 
 
-def test_the_join_is_the_exact_product_within_its_stated_rounding():
-    """Against the int16 codes' exact product (int64, no planes), the layers' integer
-    result differs by at most the join's rounding: half a joined unit (the lo plane's
-    sums) plus half the requantize's own step; the old int16 partial grid missed by tens
-    of steps where it was coarse."""
+@pytest.mark.parametrize("spread,lo_shift", [(127, 1), (40, 0)])
+def test_the_join_is_the_exact_product_within_its_stated_rounding(spread, lo_shift):
+    """The join's lo shift is the smallest that keeps int32 for any input: 0 (the exact
+    product) for weights whose rows sum as SmolLM2's down_proj's do, 1 for K = 1,536
+    uniform int8 weights. Against the int16 codes' exact product (int64, no planes) the
+    layers' integer result differs by at most half a joined unit (the lo plane's sums)
+    plus half the requantize's own step; with the shift of 8 (the join's first form) it
+    misses by up to 128 product units."""
     from dsa_tvm.isa import semantics as sem
     from dsa_tvm.layers.ir import QTensor, Requant
-    from relay_passes.kinds.dense_planes import byte_plane_layers
+    from relay_passes.kinds.dense_planes import byte_plane_layers, plane_lo_shift
 
     rng = np.random.default_rng(9)
     k, n, m = 1536, 40, 64
-    w = rng.integers(-127, 128, (n, k), dtype=np.int8)
+    w = rng.integers(-spread, spread + 1, (n, k), dtype=np.int8)
+    assert plane_lo_shift(w, np.zeros(n)) == lo_shift
     x = QTensor("x", (m, k), 1e-4, 0, "int16")
-    y = QTensor("y", (m, n), 2e-3, 0, "int16")
-    factors = np.full(n, 256 * 1e-4 * 3e-3 / 2e-3)
-    mult, shift = sem.quantize_multipliers(factors)
-    layers = byte_plane_layers("d", x, y, w, np.zeros(n, np.int32),
-                               Requant(mult, shift, 0, (-32768, 32767)))
+    y = QTensor("y", (m, n), 2e-5, 0, "int16")
+    unit = 1e-4 * 3e-3 / 2e-5                         # product units, in output steps
     xq = rng.integers(-32640, 32640, (m, k)).astype(np.int16)
-    got = run_region_layers(layers, {"x": xq})
-    exact = (xq.astype(np.int64) @ w.astype(np.int64).T) * (1e-4 * 3e-3 / 2e-3)
-    assert np.abs(got - np.clip(exact, -32768, 32767)).max() <= 0.5 * factors[0] + 0.5 + 1e-6
+    xq[:8] //= 300                                    # rows of small codes: all lo plane
+    exact = np.clip((xq.astype(np.int64) @ w.astype(np.int64).T) * unit, -32768, 32767)
+    for s in (lo_shift, 8):
+        mult, shift = sem.quantize_multipliers(np.full(n, (1 << s) * unit))
+        layers = byte_plane_layers("d", x, y, w, np.zeros(n, np.int32),
+                                   Requant(mult, shift, 0, (-32768, 32767)), s)
+        err = np.abs(run_region_layers(layers, {"x": xq}) - exact).max()
+        assert err <= 0.5 * (1 << s) * unit + 0.5 + 1e-6
+        if s == 0:
+            assert err <= 0.5 + 1e-6                  # exact up to the requantize's rounding
 
 
 def run_region_layers(layers, env: dict) -> np.ndarray:

@@ -85,6 +85,7 @@ class ConvShape:
     #: hi and lo planes; a ``join`` stage adds each pixel's pair before the requantize and
     #: the output image is (n, 1, M)
     planes: bool = False
+    lo_shift: int = 0   # planes: the join's ``(hi << (8 - lo_shift)) + (lo >> lo_shift)``
 
     @property
     def out_hw(self) -> tuple[int, int]:
@@ -155,7 +156,7 @@ def conv2d(s: ConvShape) -> tirx.PrimFunc:
     if s.planes:
         acc = te.compute((s.n, 1, ow, s.ocb, bo), lambda n, y, x_, ob, o: tirx.call_pure_extern(
             "int32", SCALAR_JOIN_SHIFTED, acc[n, 2 * y, x_, ob, o], acc[n, 2 * y + 1, x_, ob, o],
-            PLANE_SHIFT), name="join")
+            1 << (PLANE_SHIFT - s.lo_shift), s.lo_shift), name="join")
     lo, hi = s.clip
     rq = te.compute(
         acc.shape,
@@ -343,7 +344,8 @@ def schedule_conv2d(func: tirx.PrimFunc, cfg: HardwareConfig, s: ConvShape,
     sch.tensorize(o, gemm_intrin(cfg.block_in, cfg.block_out))
     if join is not None:
         sch.tensorize(sch.get_loops(join)[-1],
-                      join_rows_intrin(cfg.block_out, lo_shift=PLANE_SHIFT, units=2))
+                      join_rows_intrin(cfg.block_out, 1 << (PLANE_SHIFT - s.lo_shift),
+                                       s.lo_shift, units=2))
     sch.tensorize(sch.get_loops(rq)[-1],
                   requant_intrin(cfg.block_out, s.output_zp, s.clip[0], s.clip[1]))
     if k.double_buffer:  # the weight tile too: the next one loads during this one's tiles
@@ -425,7 +427,7 @@ def conv_fill(cfg: HardwareConfig, s: ConvShape, k: ConvKnobs) -> list[float]:
 
 def conv_perf_shape(s: ConvShape) -> ConvShape:
     clip = s.clip if tuple(s.clip) == WIDE_CLIP else (-128, 127)   # int16 stores cost more
-    return dataclasses.replace(s, input_zp=0, output_zp=0, clip=clip)
+    return dataclasses.replace(s, input_zp=0, output_zp=0, clip=clip, lo_shift=0)
 
 
 # ----------------------------------------------------------------------------- layers
@@ -446,7 +448,7 @@ def _recipe(layer: Conv2d | Dense, cfg: HardwareConfig, consts: bool) -> Recipe:
         k = layer.input.shape[-1]
         shape = ConvShape(n, h, wd, ceil_div(k, bi), ceil_div(layer.weight.shape[0], bo), 1, 1,
                           (1, 1), (0, 0, 0, 0), (1, 1), bi, bo, layer.input.zero_point,
-                          rq.zero_point, rq.clip, planes=layer.planes)
+                          rq.zero_point, rq.clip, planes=layer.planes, lo_shift=layer.lo_shift)
         w = layer.weight[:, :, None, None]
     elif layer.groups == 1:
         n, c, h, wd = layer.input.shape
@@ -478,6 +480,9 @@ def _dense_image(layer: Dense) -> tuple[int, int, int]:
         raise UnsupportedLayer(f"{layer.name}: a byte-plane dense needs an even rows axis (hi "
                                f"rows then lo rows), zero point 0 and output {want}; got "
                                f"{shape} (zero point {layer.input.zero_point}) -> {out}")
+    if not 0 <= layer.lo_shift <= PLANE_SHIFT:
+        raise UnsupportedLayer(f"{layer.name}: a byte-plane join's lo_shift {layer.lo_shift} "
+                               f"is not in 0..{PLANE_SHIFT}")
     return int(np.prod(shape[:-2], dtype=np.int64)), 2, m
 
 
@@ -542,7 +547,7 @@ def _run(ly: Conv2d | Dense, env: dict[str, np.ndarray]) -> np.ndarray:
         return run_conv2d(ly, x)
     acc = centered(x, ly.input) @ ly.weight.astype(np.int64).T
     if ly.planes:
-        acc = join_planes_shifted(acc)
+        acc = join_planes_shifted(acc, ly.lo_shift)
     return apply_requant(acc + ly.bias.astype(np.int64), ly.requant, axis=-1)
 
 
