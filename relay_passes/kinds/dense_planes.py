@@ -21,11 +21,10 @@ stream once) and join in its accumulator before the one requantize:
   down_proj: every layer).
 
 Against the exact int16 x int8 product a join with ``s > 0`` drops at most half a joined
-unit, and the bias as much: ``2**s s_x s_w[n] / s_y`` output steps. That matters: with
-``s = 8`` on every layer (the first form of this join) SmolLM2 scored +4.7% perplexity
-where the exact product scores +3.2% (``llm_qdq_proxy.py --dsa-down-planes``): a row of
-small gate products lives almost all in the lo plane, and 256-step rounding of its sums
-is a percent of the row's output.
+unit, and the bias as much: ``2**s s_x s_w[n] / s_y`` output steps, relatively most on a
+row of small gate products, which lives almost all in the lo plane. (On SmolLM2 the
+first form of this join, ``s = 8`` everywhere, and the exact one score the same
+perplexity on the DSA, +4.7%: docs/llm.md.)
 
 An earlier form requantized both planes' sums onto one int16 grid that held any plane's
 largest sum and added them: that grid's step was 34 to 450 output steps on SmolLM2's
