@@ -18,12 +18,15 @@ import math
 
 from dsa_tvm.hw.config import HardwareConfig
 from dsa_tvm.isa.builder import ProgramBuilder
-from dsa_tvm.isa.formats import DRAM_SIZE_BITS
+from dsa_tvm.isa.formats import DRAM_SIZE_BITS, EXTENT_BITS
 from dsa_tvm.isa.sync import insert_dependencies
 from dsa_tvm.sim.timing import schedule
 
 #: the largest count a 16-bit DMA size or stride field holds
 MAX_DMA = (1 << DRAM_SIZE_BITS) - 1
+#: the most accumulator rows one tile of a staged room spans: one DMA transfer's size
+#: field and one ALU loop's extent field
+MAX_TILE_ROWS = min(MAX_DMA, (1 << EXTENT_BITS) - 1)
 
 
 def acc_fits(cfg: HardwareConfig, need: int) -> str | None:
@@ -55,6 +58,34 @@ def staged_rows_knobs(make, fits):
         return k
 
     return candidates, default
+
+
+def staged_tile_problem(cfg: HardwareConfig, tile: int, rows: int, span: int, need: int,
+                        what: str) -> str | None:
+    """None if a tile of ``tile`` of ``rows`` rows, ``span`` accumulator rows each, fits a
+    room that stages whole rows (one DMA and one ALU loop a tile, ``need`` accumulator
+    rows in all, ``what`` they hold for the message); else why not."""
+    if not 1 <= tile <= rows:
+        return f"tile of {tile} rows for {rows} rows"
+    if tile * span > MAX_TILE_ROWS:
+        return f"a tile of {tile * span} accumulator rows exceeds the DMA fields"
+    if need > cfg.acc_depth:
+        return f"{need} accumulator rows ({what}) exceed the {cfg.acc_depth}-row accumulator"
+    return None
+
+
+def staged_tile_knobs(cfg: HardwareConfig, rows: int, fixed: int, staged: int, span: int,
+                      make, fits) -> list:
+    """A staged room's tile candidates: powers of two up to the largest tile of ``rows``
+    that fits (``fixed`` accumulator rows besides ``staged`` tiles of ``span`` rows a row,
+    twice when double-buffered), and that one, single and double buffered; ``make(tile,
+    double_buffer)`` builds the knobs, ``fits`` filters them."""
+    out = []
+    for db in (True, False):
+        most = min(rows, (cfg.acc_depth - fixed) // ((2 if db else 1) * staged * span),
+                   MAX_TILE_ROWS // span)
+        out += [k for t in tile_sizes(most) for k in [make(t, db)] if fits(cfg, k) is None]
+    return out
 
 
 def no_tiling(cfg: HardwareConfig, s, problem: str | None) -> ValueError:

@@ -13,32 +13,11 @@ from hypothesis import strategies as st
 
 from dsa_tvm.isa import semantics as sem
 from dsa_tvm.layers import ir as L
-from dsa_tvm.layers.host_pack import pack_region_input
-from dsa_tvm.layers.layouts import unpack_activation
 from dsa_tvm.layers.reference import join_planes_shifted, stacked_byte_planes
 from dsa_tvm.lowering.region import compile_region, lowering_supports
-from dsa_tvm.sim.simulator import Simulator
-from tir_schedules.kinds import run_region
 from tir_schedules.kinds.planes import estimate_planes_cycles
 
-from .test_lowering import CFGS, region
-
-
-def _simulate(reg: L.Region, cfg, xs: dict[str, np.ndarray]):
-    """Compile and simulate ``reg``; every output compared with the integer reference.
-    (the compiled region, the simulator result)."""
-    want = run_region(reg, xs)
-    compiled = compile_region(reg, cfg)
-    prog = compiled.program
-    feeds = {}
-    for k, v in xs.items():
-        feeds.update(pack_region_input(k, v, prog.meta["io"][k], cfg.block_in, cfg.block_out))
-    res = Simulator(cfg).run(prog, feeds)
-    for t in reg.outputs:
-        got = unpack_activation(res.outputs[t.name], t.shape)
-        bad = np.argwhere(got != want[t.name])
-        assert not len(bad), f"{cfg.name}: {t.name} differs at {len(bad)} points, first {bad[0]}"
-    return compiled, res
+from .test_lowering import CFGS, check, region
 
 
 def _planes(lead: tuple[int, ...], m: int, k: int) -> L.BytePlanes:
@@ -68,11 +47,12 @@ def test_byte_planes_are_bit_exact_and_cost_what_they_estimate(preset, lead, m, 
         return
     rng = np.random.default_rng(seed)
     x = _codes(rng, ly.input.shape)
-    prog, res = _simulate(region([ly.input], [ly]), cfg, {"x": x})
+    reg = region([ly.input], [ly])
+    res = check(reg, cfg, rng, xs={"x": x})
     planes = stacked_byte_planes(x).astype(np.int64)
     hi, lo = planes[..., :m, :], planes[..., m:, :]
     np.testing.assert_array_equal(256 * hi + lo, np.minimum(x, 32639))   # x rebuilt
-    plan = prog.plans[0]
+    plan = compile_region(reg, cfg).plans[0]
     assert res.counters["cycles"] == estimate_planes_cycles(cfg, plan.shape, plan.knobs)
     codes = x.size
     assert res.counters["dram_read_bytes"] >= 2 * codes        # each int16 code once
@@ -98,7 +78,7 @@ def test_a_plane_dense_joins_its_planes_bit_exactly(preset, lead, m, k, n, bias,
     y = L.QTensor("y", (*lead, m, n), 0.05, 0, "int16")
     d = L.Dense("d", bp.output, y, w, b, L.Requant(mult, shift, 0, L.WIDE_CLIP), planes=True,
                 lo_shift=lo_shift)
-    _simulate(region([bp.input], [bp, d]), cfg, {"x": _codes(rng, bp.input.shape)})
+    check(region([bp.input], [bp, d]), cfg, rng, xs={"x": _codes(rng, bp.input.shape)})
 
 
 def test_the_join_shifts_hi_left_and_rounds_the_lo_sums_half_up():

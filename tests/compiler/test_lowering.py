@@ -135,9 +135,12 @@ def region(inputs: list[L.QTensor], layers: list[L.Layer],
     return L.Region("r", inputs, outputs or [layers[-1].output], layers)
 
 
-def check(reg: L.Region, cfg: HardwareConfig, rng: np.random.Generator, choose_knobs=None):
-    """Compile, simulate, compare every output with the reference; the simulator result."""
-    xs = {t.name: rng.integers(-128, 128, t.shape, dtype=np.int8) for t in reg.inputs}
+def check(reg: L.Region, cfg: HardwareConfig, rng: np.random.Generator, choose_knobs=None,
+          xs: dict[str, np.ndarray] | None = None):
+    """Compile, simulate, compare every output with the reference; the simulator result.
+    ``xs``: the inputs (default: random int8 codes)."""
+    if xs is None:
+        xs = {t.name: rng.integers(-128, 128, t.shape, dtype=np.int8) for t in reg.inputs}
     want = run_region(reg, xs)
     prog = compile_region(reg, cfg, choose_knobs).program
     feeds = {}

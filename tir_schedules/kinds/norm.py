@@ -33,7 +33,6 @@ import numpy as np
 from dsa_tvm.hw.config import HardwareConfig
 from dsa_tvm.isa import norm_unit as nu
 from dsa_tvm.isa import semantics as sem
-from dsa_tvm.isa.formats import DRAM_SIZE_BITS, EXTENT_BITS
 from dsa_tvm.isa.instructions import AluOp, Buffer, NormOp
 from dsa_tvm.layers.checks import elements, tensor_bytes, with_weights
 from dsa_tvm.layers.intnorm import MAX_ROW, int_norm, int_softmax
@@ -42,14 +41,13 @@ from dsa_tvm.layers.layouts import same_bytes
 from dsa_tvm.layers.reference import PLANE_SHIFT, byte_planes, centered
 
 from ..tiling import chunks, lowest_estimate
-from ..vector_unit import emitted_cycles, tile_sizes
+from ..vector_unit import emitted_cycles, staged_tile_knobs, staged_tile_problem
 from .base import Kind, Recipe, UnsupportedLayer
 
 OPS: dict[type, NormOp] = {Softmax: NormOp.SOFTMAX, LayerNorm: NormOp.LAYERNORM,
                            RMSNorm: NormOp.RMSNORM}
 #: passes a unit makes over each row, per layer type (the ISA's definition)
 PASSES: dict[type, int] = {t: nu.PASSES[op] for t, op in OPS.items()}
-_MAX_FIELD = min((1 << DRAM_SIZE_BITS) - 1, (1 << EXTENT_BITS) - 1)
 
 @dataclass(frozen=True)
 class NormShape:
@@ -100,27 +98,12 @@ def acc_rows(s: NormShape, k: NormKnobs) -> int:
 def norm_fits(cfg: HardwareConfig, s: NormShape, k: NormKnobs) -> str | None:
     if cfg.norm_units < 1:
         return f"'{cfg.name}' has no [norm] units (norm_units = 0)"
-    if not 1 <= k.tile_rows <= s.rows:
-        return f"tile of {k.tile_rows} rows for {s.rows} rows"
-    if k.tile_rows * _span(s) > _MAX_FIELD:
-        return f"a tile of {k.tile_rows * _span(s)} accumulator rows exceeds the DMA fields"
-    need = acc_rows(s, k)
-    if need > cfg.acc_depth:
-        return (f"{need} accumulator rows (parameters and {k.tile_rows}-row tiles of "
-                f"{s.n} codes) exceed the {cfg.acc_depth}-row accumulator")
-    return None
+    return staged_tile_problem(cfg, k.tile_rows, s.rows, _span(s), acc_rows(s, k),
+                               f"parameters and {k.tile_rows}-row tiles of {s.n} codes")
 
 def candidate_norm_knobs(cfg: HardwareConfig, s: NormShape) -> list[NormKnobs]:
-    """Powers of two up to the largest tile that fits, and that one, single and double
-    buffered."""
-    out = []
-    for db in (True, False):
-        free = cfg.acc_depth - param_rows(s)
-        most = min(s.rows, free // ((2 if db else 1) * _staged(s) * _span(s)),
-                   _MAX_FIELD // _span(s))
-        out += [k for t in tile_sizes(most) for k in [NormKnobs(t, db)]
-                if norm_fits(cfg, s, k) is None]
-    return out
+    return staged_tile_knobs(cfg, s.rows, param_rows(s), _staged(s), _span(s), NormKnobs,
+                             lambda cfg, k: norm_fits(cfg, s, k))
 
 def default_norm_knobs(cfg: HardwareConfig, s: NormShape) -> NormKnobs:
     """The candidate with the lowest estimate (larger tiles on ties: fewer instructions)."""

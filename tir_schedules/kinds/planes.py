@@ -24,19 +24,17 @@ import numpy as np
 from dsa_tvm.hw.config import HardwareConfig
 from dsa_tvm.intmath import ceil_div
 from dsa_tvm.isa import semantics as sem
-from dsa_tvm.isa.formats import DRAM_SIZE_BITS, EXTENT_BITS
 from dsa_tvm.isa.instructions import AluOp, Buffer
 from dsa_tvm.layers.checks import elements, tensor_bytes, with_weights
 from dsa_tvm.layers.ir import BytePlanes
 from dsa_tvm.layers.reference import PLANE_SHIFT, centered, stacked_byte_planes
 
 from ..tiling import chunks, lowest_estimate
-from ..vector_unit import emitted_cycles, tile_sizes
+from ..vector_unit import emitted_cycles, staged_tile_knobs, staged_tile_problem
 from .base import Kind, Recipe, UnsupportedLayer
 
 #: the hi plane's REQUANT parameter rows: bias 0, multiplier 1, shift 8
 PARAMS = (0, 1, PLANE_SHIFT)
-_MAX_FIELD = min((1 << DRAM_SIZE_BITS) - 1, (1 << EXTENT_BITS) - 1)
 
 
 @dataclass(frozen=True)
@@ -62,27 +60,13 @@ def acc_rows(s: PlanesShape, k: PlanesKnobs) -> int:
 
 
 def planes_fits(cfg: HardwareConfig, s: PlanesShape, k: PlanesKnobs) -> str | None:
-    if not 1 <= k.tile_rows <= s.m:
-        return f"tile of {k.tile_rows} rows for {s.m} rows"
-    if k.tile_rows * s.span > _MAX_FIELD:
-        return f"a tile of {k.tile_rows * s.span} accumulator rows exceeds the DMA fields"
-    need = acc_rows(s, k)
-    if need > cfg.acc_depth:
-        return (f"{need} accumulator rows ({k.tile_rows}-row tiles of {s.span} blocks and "
-                f"their hi planes) exceed the {cfg.acc_depth}-row accumulator")
-    return None
+    return staged_tile_problem(cfg, k.tile_rows, s.m, s.span, acc_rows(s, k),
+                               f"{k.tile_rows}-row tiles of {s.span} blocks and their hi planes")
 
 
 def candidate_planes_knobs(cfg: HardwareConfig, s: PlanesShape) -> list[PlanesKnobs]:
-    """Powers of two up to the largest tile that fits, and that one, single and double
-    buffered."""
-    out = []
-    for db in (True, False):
-        most = min(s.m, (cfg.acc_depth - len(PARAMS)) // ((2 if db else 1) * 2 * s.span),
-                   _MAX_FIELD // s.span)
-        out += [k for t in tile_sizes(most) for k in [PlanesKnobs(t, db)]
-                if planes_fits(cfg, s, k) is None]
-    return out
+    return staged_tile_knobs(cfg, s.m, len(PARAMS), 2, s.span, PlanesKnobs,
+                             lambda cfg, k: planes_fits(cfg, s, k))
 
 
 def default_planes_knobs(cfg: HardwareConfig, s: PlanesShape) -> PlanesKnobs:

@@ -26,7 +26,6 @@ import numpy as np
 
 from dsa_tvm.hw.config import HardwareConfig
 from dsa_tvm.isa import semantics as sem
-from dsa_tvm.isa.formats import DRAM_SIZE_BITS, EXTENT_BITS
 from dsa_tvm.isa.instructions import AluOp, Buffer
 from dsa_tvm.layers.checks import elements, with_weights
 from dsa_tvm.layers.ir import Rope
@@ -35,10 +34,8 @@ from dsa_tvm.layers.reference import apply_requant, centered
 from dsa_tvm.layers.rope_tables import layer_tables
 
 from ..tiling import chunks, lowest_estimate
-from ..vector_unit import emitted_cycles, tile_sizes
+from ..vector_unit import MAX_TILE_ROWS, emitted_cycles, tile_sizes
 from .base import Kind, Recipe, UnsupportedLayer
-
-_MAX_FIELD = min((1 << DRAM_SIZE_BITS) - 1, (1 << EXTENT_BITS) - 1)
 
 
 @dataclass(frozen=True)
@@ -71,7 +68,7 @@ def acc_rows(s: RopeShape, k: RopeKnobs) -> int:
 def rope_fits(cfg: HardwareConfig, s: RopeShape, k: RopeKnobs) -> str | None:
     if not 1 <= k.tile_groups <= s.groups:
         return f"tile of {k.tile_groups} groups for {s.groups}"
-    if k.tile_groups * _table_rows(s) > _MAX_FIELD:
+    if k.tile_groups * _table_rows(s) > MAX_TILE_ROWS:
         return "a tile exceeds the DMA and loop fields"
     need = acc_rows(s, k)
     if need > cfg.acc_depth:
