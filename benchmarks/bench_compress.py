@@ -17,7 +17,9 @@ same test crops (top-1 agreement, logit cosine) and compiled for the ``default``
   weight scale at its least-squares clip, learn it, and match every layer's output to
   FP32: ``--weight-clip``, ``--features``), all 4-bit, and mixed (``qat.choose_bits``
   keeps the most sensitive layers at 8 bits for a target cosine); "before" is the
-  prepared module untrained. The exported model is run on the DSA and checked equal to
+  prepared module untrained, "AdaRound" the same with its 4-bit layers' rounding learned
+  on the calibration crops (``qat.adaround``, ``--adaround``), which training then starts
+  from. The exported model is run on the DSA and checked equal to
   the prepared module (bit for bit) on two test crops.
 
 The transformer rows (all-MiniLM-L6-v2 on English sentences: embedding cosine and
@@ -120,6 +122,13 @@ def qat_rows(label: str, net, bits: int, mixed_target: float | None, train, held
         note = (f"{wide}/{len(widths)} layers 8-bit, {share:.0%} of weights {bits}-bit (cosine "
                 f"{reached:.4f} >= {base:.4f} - {mixed_target})")
     before = scores(batched(p, test), ref)
+    rounded = []
+    if low and args.adaround:
+        ta = time.perf_counter()
+        rep = qat.adaround(p, cal, iters=args.adaround, seed=0, show_progress=True)
+        top1, cos = scores(batched(p, test), ref)
+        rounded = [dict(label=f"{label} AdaRound", top1=top1, cos=cos,
+                        note=f"{time.perf_counter() - ta:.0f} s, {rep.summary()}")]
     res = qat.distill(p, net, train, heldout, steps=steps, batch_size=args.batch, lr=args.lr,
                       scale_lr=args.scale_lr, loss="kl", eval_every=args.eval_every,
                       patience=args.patience, seed=0, show_progress=True,
@@ -135,6 +144,7 @@ def qat_rows(label: str, net, bits: int, mixed_target: float | None, train, held
     common = dict(cycles=cycles, bytes=nbytes, exact="bit-exact" if exact else "MISMATCH")
     return [dict(label=f"{label} before training", top1=before[0], cos=before[1], note=note,
                  **common),
+            *[dict(r, **common) for r in rounded],
             dict(label=f"{label} QAT", top1=after[0], cos=after[1], note=took, **common)]
 
 
@@ -241,6 +251,9 @@ def main() -> None:
                          "training loss (0: the logits alone; default 1)")
     ap.add_argument("--mixup", type=float, default=0.0,
                     help="share of each training batch mixed with another crop (default 0)")
+    ap.add_argument("--adaround", type=int, default=150, metavar="ITERS",
+                    help="4-bit rows: learn the weights' rounding (qat.adaround) for ITERS "
+                         "steps a layer before training (0: nearest; default 150)")
     ap.add_argument("--eval-every", type=int, default=20)
     ap.add_argument("--patience", type=int, default=4)
     ap.add_argument("--target-drop", type=float, default=0.02,

@@ -23,6 +23,8 @@ from .quant.data import PREPROCESS
 
 PRETRAINED = {"efficientnet-lite0": ("efficientnet", 224)}
 BITS = ("w8a8", "w4a8", "mixed")
+#: AdaRound's steps a layer when 4-bit layers are trained (--adaround's default)
+ADAROUND_ITERS = 150
 
 
 def add_parser(sub) -> None:
@@ -55,6 +57,10 @@ def add_parser(sub) -> None:
                    help="also match every layer's output to FP32, at this weight in the loss")
     q.add_argument("--mixup", type=float, default=0.0, metavar="SHARE",
                    help="share of each training batch mixed with another image (and flipped)")
+    q.add_argument("--adaround", type=int, default=None, metavar="ITERS",
+                   help="learn the 4-bit layers' weight rounding (AdaRound) for ITERS steps "
+                        f"a layer before training (default: {ADAROUND_ITERS} with w4a8 and "
+                        "mixed, 0: off; docs/qat.md)")
     q.add_argument("--heldout", type=float, default=0.2, help="share of images held out")
     q.add_argument("--target-drop", type=float, default=0.005,
                    help="mixed: output cosine allowed below all-8-bit on the held-out images")
@@ -138,6 +144,11 @@ def cmd_qat(args: argparse.Namespace) -> int:
         raise CliError(f"--heldout {args.heldout}: pass a share between 0 and 1, e.g. 0.2")
     if not args.features >= 0:
         raise CliError(f"--features {args.features}: pass a weight of 0 or more, e.g. 1")
+    rounding = args.adaround if args.adaround is not None else (
+        0 if args.bits == "w8a8" else ADAROUND_ITERS)
+    if rounding < 0:
+        raise CliError(f"--adaround {rounding}: pass 0 (off) or a number of steps a layer, "
+                       f"e.g. {ADAROUND_ITERS}")
     try:
         augment = qat.mixup(args.mixup) if args.mixup else None
     except qat.QatError as e:
@@ -173,6 +184,10 @@ def cmd_qat(args: argparse.Namespace) -> int:
         wide = sorted(n for n, b in widths.items() if b == 8)
         print(f"mixed: {len(wide)} of {len(widths)} layers keep 8-bit weights (held-out cosine "
               f"{reached:.4f}, all-8-bit {base:.4f}): {', '.join(wide)}")
+    if rounding:   # after the widths: it learns the 4-bit layers' codes
+        rep = qat.adaround(p, cal, bits=(8,) if args.bits == "w8a8" else (4,),
+                           iters=rounding, show_progress=not args.quiet)
+        print(f"adaround: {rep.summary()}")
     before = output_cosine(p, heldout, ref)
     if args.analog:   # the chips' seeds follow --seed; the cosines are the exact integers'
         print(qat.enable_analog(p, args.analog, seed=args.seed,

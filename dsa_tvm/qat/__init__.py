@@ -6,6 +6,7 @@ straight-through gradients; ``export(prepared)`` writes the QDQ ONNX model the
 compiler takes. torch is imported only when this package is.
 """
 
+from .adaround import RoundingReport, adaround
 from .analog import AnalogReport, analog_noise, disable_analog, enable_analog
 from .augment import mixup
 from .errors import QatError
@@ -21,4 +22,4 @@ __all__ = ["AnalogReport", "QatError", "QatReport", "SparsityReport", "TrainResu
            "analog_noise", "calibrate", "choose_bits", "disable_analog",
            "distill", "enable_analog", "export", "prepare", "prune", "sensitivity", "set_bits",
            "set_mode"]
-__all__ += ["choose_sparse_layers", "mixup", "sparse_sensitivity"]
+__all__ += ["RoundingReport", "adaround", "choose_sparse_layers", "mixup", "sparse_sensitivity"]

@@ -223,6 +223,9 @@ class WeightedLayer(_Integer):
         # every mode, so a pruned weight computes as zero, gets no gradient and exports as
         # code 0 whatever an optimizer does to the parameter behind it
         self.register_buffer("mask", None)
+        # qat.adaround: True where a weight's code is floor(w / s) + 1, False where it is
+        # floor(w / s) (a learned rounding); None: nearest, as PTQ rounds
+        self.register_buffer("round_up", None)
         # qat.outliers: output channels computed in FP32 on the host beside the integer
         # layer (PTQ's outlier split); the integer layer's weights are zero there
         self.register_buffer("side_rows", None)
@@ -276,11 +279,22 @@ class WeightedLayer(_Integer):
         b = None if qb is None else qb.detach().numpy()
         if b is not None:
             s_w = np.maximum(s_w, bias_weight_scale_floor(b, s_x, w[0].size))
-        wq = quantize_weight(w, s_w, 0, self.bits)
+        wq = self.weight_codes(w, s_w)
         if b is None:
             return s_w, wq, None, None
         s_b = bias_qparams(s_x, s_w, w.shape[0])
         return s_w, wq, s_b, quantize_bias(b, s_b)
+
+    def weight_codes(self, w: np.ndarray, s_w: np.ndarray) -> np.ndarray:
+        """The int8-held codes of ``w`` on the scales ``s_w``: nearest, or the learned
+        rounding (``round_up``), clipped to [-qmax, qmax]."""
+        if self.round_up is None:
+            return quantize_weight(w, s_w, 0, self.bits)
+        shape = (-1,) + (1,) * (w.ndim - 1)
+        q = np.floor(w.astype(np.float64) / s_w.astype(np.float64).reshape(shape))
+        q += self.round_up.numpy()
+        qmax = weight_qmax(self.bits)
+        return np.clip(q, -qmax, qmax).astype(np.int8)
 
     def unfloored_weight_scales(self, w: np.ndarray) -> np.ndarray:
         """max|w| / qmax per output channel times ``1 + weight_gain`` (float32)."""
@@ -298,6 +312,7 @@ class WeightedLayer(_Integer):
         is small already, and its largest weights matter)."""
         if how not in WEIGHT_CLIPS:
             raise QatError(f"weight_clip={how!r}: choose one of {WEIGHT_CLIPS}")
+        self.round_up = None   # a learned rounding belongs to the old grid
         if how == "max" or self.bits == 8:
             self.weight_gain.data.zero_()
             return

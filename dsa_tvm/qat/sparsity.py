@@ -242,6 +242,7 @@ def _set_mask(layer: WeightedLayer, mask: torch.Tensor) -> None:
     """Set ``layer``'s mask and zero the pruned parameters too (so the state dict holds
     what the layer computes)."""
     layer.mask = mask
+    layer.round_up = None   # a learned rounding (qat.adaround) was for the dense weights
     with torch.no_grad():
         layer.weight.mul_(mask)
 
