@@ -37,6 +37,7 @@ def test_qat_cli_trains_exports_and_names_skipped_files(tmp_path, capsys, recipe
     assert "skipped broken.jpg" in cap.err and "readme" not in cap.err
     assert "integer layers: 7" in cap.out, cap.out
     assert "training: 4 steps" in cap.out, cap.out
+    assert "adaround: 5 layers: relative output error" in cap.out, cap.out   # w4a8's default
     model = onnx.load(str(out))
     assert sum(n.op_type == "QuantizeLinear" for n in model.graph.node) >= 5
 
@@ -93,6 +94,8 @@ def test_qat_cli_hostile_input(tmp_path, capsys):
         (["qat", str(tmp_path / "tiny.pt"), "--data", ".", "--heldout", "1.5"], "--heldout"),
         (["qat", str(tmp_path / "tiny.pt"), "--data", ".", "--features", "-1"], "--features -1"),
         (["qat", str(tmp_path / "tiny.pt"), "--data", ".", "--mixup", "nan"], "--mixup nan"),
+        (["qat", str(tmp_path / "tiny.pt"), "--data", ".", "--adaround", "-1"],
+         "--adaround -1: pass 0 (off) or a number of steps"),
         (["qat", str(tmp_path / "tiny.pt"), "--data", ".", "--sparsity", "2-4"],
          "--sparsity '2-4' is not N:M; pass"),
         (["qat", str(tmp_path / "tiny.pt"), "--data", ".", "--sparsity", "4:4"],
