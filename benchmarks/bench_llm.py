@@ -38,6 +38,8 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
+from dsa_tvm.llm.source import pydoc_text  # noqa: F401  (also the sibling scripts' import)
+
 if TYPE_CHECKING:
     from dsa_tvm.llm.scoring import PairedScore
 
@@ -53,12 +55,6 @@ PROMPTS = (
 )
 #: buckets small enough that the run compiles four steps
 BUCKETS = dict(prefill_buckets=(16,), context_buckets=(128, 512))
-
-
-def pydoc_text() -> str:
-    from pydoc_data.topics import topics
-
-    return "\n".join(topics[k] for k in sorted(topics))
 
 
 def agreement(a: list[int], b: list[int]) -> tuple[float, int]:
@@ -100,6 +96,11 @@ def main() -> None:
                     help="the inputs smoothed, comma-separated (qkv, gate_up, down, o; default: "
                          "the library's, dsa_tvm.llm.model.SMOOTH_FOLDS)")
     args = ap.parse_args()
+    from dsa_tvm.llm.gptq import TEXT_START
+
+    if args.ppl_tokens > TEXT_START:   # W4A8's GPTQ calibrates on pydoc from there on
+        ap.error(f"--ppl-tokens {args.ppl_tokens}: at most {TEXT_START}, the token where "
+                 f"GPTQ's calibration text starts (dsa_tvm.llm.gptq.TEXT_START)")
     parts = set(args.parts.split(","))
     contexts = tuple(int(c) for c in args.contexts.split(","))
 
@@ -117,7 +118,8 @@ def main() -> None:
     models = {q: load(args.model, hw=args.hw, quant=q, verbose=True, **opts, **buckets)
               for q in quants}
     if quants:
-        print(f"smooth: {models[quants[0]].smooth} {models[quants[0]].smooth_folds}")
+        print(f"smooth: {models[quants[0]].smooth} {models[quants[0]].smooth_folds}; GPTQ: "
+              f"{', '.join(q for q, m in models.items() if m.gptq) or 'none'}")
     print(f"loaded in {time.perf_counter() - t0:.0f} s")
     if "accuracy" in parts:
         ref = load(args.model, quant="fp32", **buckets)

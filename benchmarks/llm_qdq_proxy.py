@@ -246,6 +246,9 @@ def main() -> None:
                     "product units in the join), not the exact product")
     ap.add_argument("--method", default="minmax", help="the activation calibration "
                     "method (minmax, the DSA's; percentile, entropy, mse)")
+    ap.add_argument("--gptq", choices=("on", "off"), default=None, help="the linear "
+                    "layers' weights rounded by GPTQ (dsa_tvm.llm.gptq) or to nearest "
+                    "(default: the library's, GPTQ for w4a8)")
     ap.add_argument("--window", type=int, default=512, help="tokens a perplexity window "
                     "holds (the largest context bucket; bench_llm.py scores in 2048)")
     a = ap.parse_args()
@@ -261,7 +264,8 @@ def main() -> None:
                  wide_extra=tuple(filter(None, a.wide_extra.split(","))),
                  per_token=tuple(filter(None, a.per_token.split(","))),
                  wide_inputs=tuple(filter(None, a.wide_inputs.split(","))),
-                 down_planes=a.dsa_down_planes, method=a.method, **folds, **buckets)
+                 down_planes=a.dsa_down_planes, method=a.method,
+                 gptq=None if a.gptq is None else a.gptq == "on", **folds, **buckets)
     t0 = time.perf_counter()
     tf = [] if a.no_tf else [m.teacher_forced(p, ref.generate(p, 32).ids) for p in PROMPTS]
     ids = src.encode(pydoc_text())[:a.ppl_tokens]
@@ -274,7 +278,7 @@ def main() -> None:
           f"folds {m.smooth_folds} fp32 {a.fp32 or '-'} wide+ {a.wide_extra or '-'} "
           f"wide inputs {a.wide_inputs or '-'} "
           f"per-token {a.per_token or '-'} method {a.method}"
-          f"{' dsa-down-planes' if a.dsa_down_planes else ''}: {r}"
+          f"{' dsa-down-planes' if a.dsa_down_planes else ''}{' gptq' if m.gptq else ''}: {r}"
           + (f", teacher-forced {np.mean(tf):.1%}" if tf else "")
           + f" [{time.perf_counter() - t0:.0f} s]")
 

@@ -19,17 +19,12 @@ from typing import Any
 import numpy as np
 
 from ..hw.config import HardwareConfig, load_config
+from ..llm.source import pydoc_text
 from .grid import DIGITAL, measure_points, plan
 from .result import CimStudy, Measured
 
 PROMPTS = ("The capital of France is", "Water is made of",
            "The largest planet in the solar system is", "To make a cup of tea, you")
-
-
-def pydoc_text() -> str:
-    from pydoc_data.topics import topics
-
-    return "\n".join(topics[k] for k in sorted(topics))
 
 
 def _agreement(a: list[int], b: list[int]) -> float:

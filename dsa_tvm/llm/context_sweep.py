@@ -43,10 +43,9 @@ class DecodePoint:
 
 def filler_ids(model, count: int) -> list[int]:
     """``count`` token ids of English text that ships with Python (pydoc's topics)."""
-    from pydoc_data.topics import topics
+    from .source import pydoc_text
 
-    text = "\n".join(topics[k] for k in sorted(topics))
-    ids = model.source.encode(text[: 8 * count + 64])
+    ids = model.source.encode(pydoc_text()[: 8 * count + 64])
     while len(ids) < count:
         ids = ids + ids
     return ids[:count]

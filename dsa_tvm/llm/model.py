@@ -17,6 +17,7 @@ from tir_schedules.options import CompileOptions, options
 
 from .buckets import CONTEXT, PREFILL, bucket, check_buckets
 from .feeds import KVCache, step_feeds
+from .gptq import default_texts, gptq_llama
 from .smooth import check_alpha, check_folds, smooth_llama
 from .source import Source, load_source
 from .step import Arch, export_step, run_step_fp32
@@ -160,7 +161,7 @@ class CompiledLLM:
                  smooth_folds: tuple[str, ...] = SMOOTH_FOLDS,
                  wide_residual: bool = True, wide_down: bool | None = None,
                  wide_attention: bool = True, wide_logits: bool = True,
-                 verbose: bool = False) -> None:
+                 gptq: bool | None = None, verbose: bool = False) -> None:
         from ..hw.config import load_config
 
         if quant not in QUANTS:
@@ -198,6 +199,10 @@ class CompiledLLM:
         self.wide_attention = bool(wide_attention)
         #: the logits (the head's output) on an int16 grid (``llm.residual.logits``)
         self.wide_logits = bool(wide_logits)
+        #: the linear layers' weight codes rounded by GPTQ (``llm.gptq``) on pydoc's text;
+        #: False: nearest, as the quantizer rounds. None: GPTQ for W4A8 only (at W8A8 it
+        #: measured no gain on SmolLM2)
+        self.gptq = (quant == "w4a8") if gptq is None else bool(gptq)
         self._step_hf = None   # the model the DSA's steps are exported from (step_model)
         self._calibrated = None
         self._steps: dict[tuple[int, int], Any] = {}   # bucket -> its quantized Relax step
@@ -218,13 +223,20 @@ class CompiledLLM:
         folded in (``smooth``; built on first use), else ``hf``. The sink step runs it too,
         since the cache it starts holds v_proj's smoothed outputs. ``hf`` stays the
         unsmoothed reference (quant "fp32", the embeddings)."""
-        if self.smooth is None or self.quant == "fp32":
+        if (self.smooth is None and not self.gptq) or self.quant == "fp32":
             return self.hf
         if self._step_hf is None:
+            import copy
+
             t0 = time.perf_counter()
             texts = [self.source.encode(t)[:CALIBRATION_TOKENS] for t in self._calibration]
-            self._step_hf = smooth_llama(self.hf, texts, self.smooth, self.smooth_folds)
-            self._log(f"smoothed (a = {self.smooth:g}) in {time.perf_counter() - t0:.1f} s")
+            model = (copy.deepcopy(self.hf) if self.smooth is None else
+                     smooth_llama(self.hf, texts, self.smooth, self.smooth_folds))
+            if self.gptq:
+                gptq_llama(model, default_texts(self.source), QUANT_WEIGHT_BITS[self.quant])
+            self._step_hf = model
+            self._log(f"smoothed (a = {self.smooth}), GPTQ {self.gptq} in "
+                      f"{time.perf_counter() - t0:.1f} s")
         return self._step_hf
 
     def calibration_feeds(self) -> list[dict[str, np.ndarray]]:

@@ -41,6 +41,14 @@ class Source:
         return self.tokenizer.decode(ids)
 
 
+def pydoc_text() -> str:
+    """English text that ships with Python (``pydoc_data.topics``, about 600,000
+    characters): the benchmarks' perplexity text and GPTQ's default calibration."""
+    from pydoc_data.topics import topics
+
+    return "\n".join(topics[k] for k in sorted(topics))
+
+
 def tiny_llama(seed: int = 0, layers: int = 2, hidden: int = 64, heads: int = 4,
                kv_heads: int = 2, ffn: int = 128, vocab: int = TINY_VOCAB):
     """A seeded random ``LlamaForCausalLM`` (tied embeddings, as SmolLM2)."""
