@@ -202,6 +202,9 @@ class CompiledLLM:
         #: the linear layers' weight codes rounded by GPTQ (``llm.gptq``) on pydoc's text;
         #: False: nearest, as the quantizer rounds. None: GPTQ for W4A8 only (at W8A8 it
         #: measured no gain on SmolLM2)
+        if gptq not in (None, True, False):
+            raise ValueError(f"gptq must be True, False or None (GPTQ for W4A8 only), got "
+                             f"{gptq!r}")
         self.gptq = (quant == "w4a8") if gptq is None else bool(gptq)
         self._step_hf = None   # the model the DSA's steps are exported from (step_model)
         self._calibrated = None
@@ -220,7 +223,8 @@ class CompiledLLM:
     @property
     def step_model(self):
         """The FP32 model the quantized steps come from: ``hf`` with SmoothQuant's factors
-        folded in (``smooth``; built on first use), else ``hf``. The sink step runs it too,
+        folded in (``smooth``) and its weights on GPTQ's codes (``gptq``), built on first
+        use; else ``hf``. The sink step runs it too,
         since the cache it starts holds v_proj's smoothed outputs. ``hf`` stays the
         unsmoothed reference (quant "fp32", the embeddings)."""
         if (self.smooth is None and not self.gptq) or self.quant == "fp32":

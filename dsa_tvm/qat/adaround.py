@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 import numpy as np
 import torch
@@ -105,6 +105,20 @@ def _order(module: nn.Module, batch: Batch, layers: dict[str, WeightedLayer]) ->
     return list(dict.fromkeys(order))
 
 
+def _check_batches(batches: list[Batch]) -> None:
+    """Float tensors, not empty, finite: a NaN would make every layer's error NaN and
+    leave nearest rounding everywhere without a word."""
+    for i, b in enumerate(batches):
+        for t in b:
+            if not isinstance(t, torch.Tensor) or not t.is_floating_point():
+                raise QatError(f"batch {i} holds a {type(t).__name__}, not a float tensor; "
+                               f"pass batches as tuples of input tensors, e.g. [(x,)]")
+            if t.dim() == 0 or len(t) == 0:
+                raise QatError(f"batch {i} is empty; pass at least one input in every batch")
+            if not torch.isfinite(t).all():
+                raise QatError(f"batch {i} holds NaN or infinite values; pass finite inputs")
+
+
 def _soft(v: torch.Tensor) -> torch.Tensor:
     return torch.clamp(torch.sigmoid(v) * (ZETA - GAMMA) + GAMMA, 0.0, 1.0)
 
@@ -178,8 +192,14 @@ def adaround(module: nn.Module, batches: Sequence[Batch], *, bits: Sequence[int]
                        "data)")
     if iters < 1 or batch_size < 1:
         raise QatError(f"iters={iters!r}, batch_size={batch_size!r}: pass whole numbers >= 1")
+    _check_batches(batches)
     layers = weighted_layers(module)
-    names = [n for n in _order(module, batches[0], layers) if layers[n].bits in bits]
+    try:
+        order = _order(module, batches[0], layers)
+    except (RuntimeError, TypeError, ValueError) as e:
+        raise QatError(f"the module does not run on the given batches ({type(e).__name__}: "
+                       f"{e}); pass inputs shaped as prepare's example inputs") from None
+    names = [n for n in order if layers[n].bits in bits]
     gen = torch.Generator().manual_seed(seed)
     report = RoundingReport()
     was_training = module.training
@@ -193,8 +213,8 @@ def adaround(module: nn.Module, batches: Sequence[Batch], *, bits: Sequence[int]
             xq = _inputs_of(module, layer, batches, "quant")
             xf = _inputs_of(module, layer, batches, "float")
             t1 = time.perf_counter()
-            report.layers.append(_round_layer(layer, xq, xf, iters, batch_size, lr, reg, gen))
-            report.layers[-1].seconds = (t1 - t0, time.perf_counter() - t1)
+            r = _round_layer(layer, xq, xf, iters, batch_size, lr, reg, gen)
+            report.layers.append(replace(r, seconds=(t1 - t0, time.perf_counter() - t1)))
             layer.rederive_bias_correction()   # the mean error left by the chosen codes
     finally:
         module.train(was_training)

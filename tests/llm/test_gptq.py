@@ -125,6 +125,8 @@ def test_w4a8_rounds_by_gptq_by_default_on_4_bit_codes():
     model = load("tiny", quant="w4a8", **BUCKETS)
     assert model.gptq
     assert not load("tiny", quant="w4a8", gptq=False, **BUCKETS).gptq
+    with pytest.raises(ValueError, match="gptq must be True, False or None"):
+        load("tiny", gptq="yes", **BUCKETS)
     w = model.step_model.model.layers[1].self_attn.k_proj.weight.detach().numpy()
     s = weight_qparams(w, 0, 4)
     codes = quantize_weight(w, s, 0, 4)

@@ -107,9 +107,15 @@ def test_only_the_named_widths_are_rounded():
     assert all(ly.round_up is None for ly in weighted_layers(p).values())
 
 
-@pytest.mark.parametrize("kw, needle", [(dict(batches=[]), "at least one batch"),
-                                        (dict(iters=0), "iters=0"),
-                                        (dict(batch_size=0), "batch_size=0")])
+@pytest.mark.parametrize("kw, needle", [
+    (dict(batches=[]), "at least one batch"),
+    (dict(iters=0), "iters=0"),
+    (dict(batch_size=0), "batch_size=0"),
+    (dict(batches=[(torch.full((2, 3, 16, 16), float("nan")),)]), "NaN or infinite"),
+    (dict(batches=[(torch.zeros(0, 3, 16, 16),)]), "batch 0 is empty"),
+    (dict(batches=[(torch.zeros(2, 5, 16, 16),)]), "does not run on the given batches"),
+    (dict(batches=[("image.png",)]), "not a float tensor"),
+])
 def test_bad_arguments_are_refused_with_the_fix(kw, needle):
     _net, p, cal = _prepared()
     args = dict(batches=cal, show_progress=False) | kw
