@@ -22,7 +22,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 from ..quant.qparams import weight_qmax
-from .smooth import LINEARS
+from .smooth import LINEARS, linear_inputs
 
 if TYPE_CHECKING:
     import torch
@@ -51,32 +51,11 @@ def default_texts(source) -> list[list[int]]:
 def input_moments(hf, texts: list[list[int]]) -> dict[str, "torch.Tensor"]:
     """Per linear layer (``"{i}.mlp.down_proj"``, ...), ``X^T X`` (float64) of its input
     rows over ``texts``' positions 1.. (position 0 is the host's FP32 sink token)."""
-    import torch
+    def fold(so_far, rows):
+        x = rows.double()
+        return x.T @ x if so_far is None else so_far + x.T @ x
 
-    moments: dict[str, torch.Tensor] = {}
-
-    def hook(name: str):
-        def record(_m, inputs, _out) -> None:
-            x = inputs[0][:, 1:].detach().reshape(-1, inputs[0].shape[-1]).double()
-            if len(x):
-                h = x.T @ x
-                moments[name] = moments[name] + h if name in moments else h
-        return record
-
-    handles = [layer.get_submodule(lin).register_forward_hook(hook(f"{i}.{lin}"))
-               for i, layer in enumerate(hf.model.layers) for lin in LINEARS]
-    try:
-        with torch.no_grad():
-            for ids in texts:
-                if len(ids) > 1:
-                    hf(torch.tensor([list(ids)]))
-    finally:
-        for h in handles:
-            h.remove()
-    if len(moments) != len(handles):
-        raise ValueError("GPTQ needs calibration text of at least two tokens (position 0 is "
-                         "the host's sink token and is not recorded)")
-    return moments
+    return linear_inputs(hf, texts, fold, "GPTQ")
 
 
 def gptq_codes(w: "torch.Tensor", h: "torch.Tensor", bits: int = 8,
@@ -120,12 +99,14 @@ def gptq_codes(w: "torch.Tensor", h: "torch.Tensor", bits: int = 8,
     return q[:, where], scale
 
 
-def gptq_llama(hf, texts: list[list[int]], bits: int = 8) -> dict[str, float]:
+def gptq_llama(hf, texts: list[list[int]], bits: int = 8,
+               measure: bool = False) -> dict[str, float]:
     """Round every decoder linear layer of ``hf`` (in place: pass a copy) by GPTQ at
     ``bits`` on calibration ``texts`` and write the dequantized codes back as its FP32
-    weights. lm_head (tied to the embeddings the host reads) is left alone. Returns each
-    layer's output error on the calibration inputs relative to nearest rounding's
-    (``tr(dW H dW^T)``; below 1 is better)."""
+    weights. lm_head (tied to the embeddings the host reads) is left alone. With
+    ``measure``, returns each layer's output error on the calibration inputs relative to
+    nearest rounding's (``tr(dW H dW^T)``; below 1 is better); it costs as much again as
+    the rounding, so ``load`` does not ask for it."""
     import torch
 
     moments = input_moments(hf, texts)
@@ -138,9 +119,10 @@ def gptq_llama(hf, texts: list[list[int]], bits: int = 8) -> dict[str, float]:
                 w = mod.weight.detach().double()
                 q, s = gptq_codes(w, h, bits)
                 new = q * s[:, None]
-                near = torch.clamp(torch.round(w / s[:, None]), -qmax, qmax) * s[:, None]
-                ratios[f"{i}.{lin}"] = float(_output_error(w - new, h) /
-                                             max(_output_error(w - near, h), 1e-30))
+                if measure:
+                    near = torch.clamp(torch.round(w / s[:, None]), -qmax, qmax) * s[:, None]
+                    ratios[f"{i}.{lin}"] = float(_output_error(w - new, h) /
+                                                 max(_output_error(w - near, h), 1e-30))
                 mod.weight.copy_(new.to(mod.weight.dtype))
     return ratios
 

@@ -63,21 +63,21 @@ def check_folds(folds: Any) -> tuple[str, ...]:
     return folds
 
 
-def input_maxima(hf, texts: list[list[int]]) -> dict[str, Any]:
-    """Per linear layer of every decoder layer (``"{i}.self_attn.q_proj"``, ...), the
-    absolute maximum of each input channel over ``texts``' positions 1.. (one FP32
-    forward per text; position 0 is the host's sink token)."""
+def linear_inputs(hf, texts: list[list[int]], fold, purpose: str) -> dict[str, Any]:
+    """Per linear layer of every decoder layer (``"{i}.self_attn.q_proj"``, ...), its
+    input rows over ``texts``' positions 1.. (one FP32 forward per text; position 0 is the
+    host's sink token) folded by ``fold(so_far, rows)`` (``so_far`` None at first; rows
+    (tokens, channels), detached). ``purpose`` names the caller in the error for text
+    too short."""
     import torch
 
-    amax: dict[str, torch.Tensor] = {}
+    acc: dict[str, Any] = {}
 
     def hook(name: str):
         def record(_m, inputs, _out) -> None:
             x = inputs[0][:, 1:]          # not the sink token
-            if x.numel() == 0:
-                return
-            m = x.detach().abs().reshape(-1, x.shape[-1]).amax(0).float()
-            amax[name] = torch.maximum(amax[name], m) if name in amax else m
+            if x.numel():
+                acc[name] = fold(acc.get(name), x.detach().reshape(-1, x.shape[-1]))
         return record
 
     handles = [layer.get_submodule(lin).register_forward_hook(hook(f"{i}.{lin}"))
@@ -90,10 +90,22 @@ def input_maxima(hf, texts: list[list[int]]) -> dict[str, Any]:
     finally:
         for h in handles:
             h.remove()
-    if len(amax) != len(handles):
-        raise ValueError("smoothing needs calibration text of at least two tokens (position "
-                         "0 is the host's sink token and is not recorded)")
-    return amax
+    if len(acc) != len(handles):
+        raise ValueError(f"{purpose} needs calibration text of at least two tokens (position "
+                         f"0 is the host's sink token and is not recorded)")
+    return acc
+
+
+def input_maxima(hf, texts: list[list[int]]) -> dict[str, Any]:
+    """Per linear layer, the absolute maximum of each input channel over ``texts``'
+    positions 1.. (:func:`linear_inputs`)."""
+    import torch
+
+    def fold(so_far, rows):
+        m = rows.abs().amax(0).float()
+        return m if so_far is None else torch.maximum(so_far, m)
+
+    return linear_inputs(hf, texts, fold, "smoothing")
 
 
 def _factor(amax, wmax, alpha: float):

@@ -87,7 +87,7 @@ def test_the_quantizer_rounds_the_written_back_weights_to_the_same_codes(bits):
     for i, layer in enumerate(hf.model.layers):
         want[i] = gptq_codes(layer.self_attn.q_proj.weight, moments[f"{i}.self_attn.q_proj"],
                              bits)[0]
-    ratios = gptq_llama(hf, TEXTS, bits)
+    ratios = gptq_llama(hf, TEXTS, bits, measure=True)
     assert len(ratios) == 7 * len(hf.model.layers)
     assert all(r <= 1.0 + 1e-9 for r in ratios.values())
     assert np.mean(list(ratios.values())) < 0.9
