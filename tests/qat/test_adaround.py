@@ -21,6 +21,13 @@ def _prepared(bits: int = 4, **kw):
     return net, qat.prepare(net, (cal[0][0][:1],), cal, bits=bits, **kw), cal
 
 
+def _dsa_equals_module(p, x: torch.Tensor) -> None:
+    """The exported model on the DSA gives the prepared module's outputs, bit for bit."""
+    with torch.no_grad():
+        want = p(x).numpy()
+    np.testing.assert_array_equal(run_on_dsa(qat.export(p), x.numpy()), want)
+
+
 def _layer_output_error(p, name: str, x: torch.Tensor) -> float:
     """``name``'s output against the FP32 network's, relative to its mean square."""
     from dsa_tvm.qat.features import captured, fp32_copy
@@ -73,10 +80,7 @@ def test_the_dsa_runs_the_rounded_module_bit_for_bit(bits):
     _net, p, cal = _prepared(bits)
     rep = qat.adaround(p, cal, bits=(bits,), iters=60, show_progress=False)
     assert any(r.flipped > 0 for r in rep.layers)
-    x = torch.randn(1, 3, 16, 16, generator=torch.Generator().manual_seed(5)) * 2
-    with torch.no_grad():
-        want = p(x).numpy()
-    np.testing.assert_array_equal(run_on_dsa(qat.export(p), x.numpy()), want)
+    _dsa_equals_module(p, torch.randn(1, 3, 16, 16, generator=torch.Generator().manual_seed(5)) * 2)
 
 
 def test_training_after_rounding_keeps_the_export_exact():
@@ -84,10 +88,7 @@ def test_training_after_rounding_keeps_the_export_exact():
     qat.adaround(p, cal, iters=60, show_progress=False)
     qat.distill(p, net, _data(4, 2), _data(1, 3), steps=8, lr=1e-4, eval_every=4,
                 show_progress=False)
-    x = torch.randn(1, 3, 16, 16, generator=torch.Generator().manual_seed(6))
-    with torch.no_grad():
-        want = p(x).numpy()
-    np.testing.assert_array_equal(run_on_dsa(qat.export(p), x.numpy()), want)
+    _dsa_equals_module(p, torch.randn(1, 3, 16, 16, generator=torch.Generator().manual_seed(6)))
 
 
 def test_changing_a_layers_width_or_mask_drops_its_rounding():
