@@ -24,6 +24,7 @@ that 256 tokens cannot.
     python benchmarks/llm_qdq_proxy.py --narrow-down --per-token down_proj/MatMul
                                           # down_proj's input int8 per token, not int16
     python benchmarks/llm_qdq_proxy.py --wide-inputs proj/MatMul          # every linear input int16
+    python benchmarks/llm_qdq_proxy.py --wide-outputs 'up_proj/MatMul$'   # up_proj's output int16
     python benchmarks/llm_qdq_proxy.py --ppl-tokens 2048 --no-tf --window 2048 --dsa-down-planes
                                           # down_proj as the DSA's byte planes compute it
 """
@@ -54,11 +55,12 @@ class QdqProxy(CompiledLLM):
 
     def __init__(self, *args, fp32: tuple[str, ...] = (), wide_extra: tuple[str, ...] = (),
                  per_token: tuple[str, ...] = (), wide_inputs: tuple[str, ...] = (),
-                 down_planes: bool = False, method: str = "minmax", **kwargs):
+                 wide_outputs: tuple[str, ...] = (), down_planes: bool = False,
+                 method: str = "minmax", **kwargs):
         super().__init__(*args, **kwargs)
         self.method = method
         self.fp32_patterns, self.wide_extra, self.per_token = fp32, wide_extra, per_token
-        self.wide_inputs = wide_inputs
+        self.wide_inputs, self.wide_outputs = wide_inputs, wide_outputs
         self.down_planes = down_planes
         self._sessions: dict[tuple[int, int], ort.InferenceSession] = {}
 
@@ -74,8 +76,15 @@ class QdqProxy(CompiledLLM):
                   if any(re.search(p, n.name) for p in self.wide_inputs)}
         if self.wide_inputs and not inputs:
             raise SystemExit(f"--wide-inputs matches no node: {self.wide_inputs}")
+        outputs = {o for n in step.graph.node if any(re.search(p, n.name)
+                                                      for p in self.wide_outputs)
+                   for o in n.output} | {i.name for i in step.graph.input if any(
+                       re.search(p, i.name) for p in self.wide_outputs)}
+        if self.wide_outputs and not outputs:
+            raise SystemExit(f"--wide-outputs matches no node: {self.wide_outputs}")
         return {**opts, "keep_fp32": keep, "method": self.method,
-                "wide_tensors": set(opts["wide_tensors"]) | set(self.wide_extra) | inputs}
+                "wide_tensors": (set(opts["wide_tensors"]) | set(self.wide_extra) | inputs
+                                 | outputs)}
 
     def run_step(self, ids, kv, kind="decode"):
         if self.quant == "fp32" or kv.length == 0:      # the sink: FP32 on the host
@@ -238,6 +247,9 @@ def main() -> None:
     ap.add_argument("--ppl-tokens", type=int, default=256)
     ap.add_argument("--wide-inputs", default="", help="comma-separated regexes of nodes "
                     "whose first input is also int16 (e.g. 'down_proj/MatMul')")
+    ap.add_argument("--wide-outputs", default="", help="comma-separated regexes of node "
+                    "(or graph input) names whose outputs are also int16 (e.g. "
+                    "'k_proj/MatMul$,rope_k/,^k[0-9]+$' for K and its cache)")
     ap.add_argument("--per-token", default="", help="comma-separated regexes of nodes "
                     "whose int8 input grid becomes per row (e.g. 'down_proj/MatMul')")
     ap.add_argument("--no-tf", action="store_true", help="skip the teacher-forced prompts")
@@ -264,6 +276,7 @@ def main() -> None:
                  wide_extra=tuple(filter(None, a.wide_extra.split(","))),
                  per_token=tuple(filter(None, a.per_token.split(","))),
                  wide_inputs=tuple(filter(None, a.wide_inputs.split(","))),
+                 wide_outputs=tuple(filter(None, a.wide_outputs.split(","))),
                  down_planes=a.dsa_down_planes, method=a.method,
                  gptq=None if a.gptq is None else a.gptq == "on", **folds, **buckets)
     t0 = time.perf_counter()
@@ -276,7 +289,7 @@ def main() -> None:
           f"{'int8' if a.narrow_attention else 'int16'} logits "
           f"{'int8' if a.narrow_logits else 'int16'} smooth {smooth} "
           f"folds {m.smooth_folds} fp32 {a.fp32 or '-'} wide+ {a.wide_extra or '-'} "
-          f"wide inputs {a.wide_inputs or '-'} "
+          f"wide inputs {a.wide_inputs or '-'} wide outputs {a.wide_outputs or '-'} "
           f"per-token {a.per_token or '-'} method {a.method}"
           f"{' dsa-down-planes' if a.dsa_down_planes else ''}{' gptq' if m.gptq else ''}: {r}"
           + (f", teacher-forced {np.mean(tf):.1%}" if tf else "")
