@@ -6,16 +6,20 @@ from __future__ import annotations
 from contextlib import contextmanager
 
 import numpy as np
+import pytest
 
+from dsa_tvm.hw.config import load_config
 from dsa_tvm.isa.program import Program
 from dsa_tvm.sim import int8_gemm
 from dsa_tvm.sim.simulator import Simulator
 from dsa_tvm.sim.timing import Schedule
 
-from .reference_machine import reference_outputs
+from .reference_machine import reference_outputs, wrap32
 
 #: the bundled hardware presets the suite is written for
 PRESETS = ("default", "edge", "large")
+#: the presets the property tests draw from (two array shapes)
+PROPERTY_CFGS = {n: load_config(n) for n in ("default", "edge")}
 
 
 def run(cfg, program: Program, inputs=None, **kw):
@@ -90,3 +94,22 @@ def gemm_path(float32: bool):
         yield
     finally:
         int8_gemm._STATE.update(saved)
+
+
+def wrap32_np(x: np.ndarray) -> np.ndarray:
+    x = np.asarray(x, dtype=object)
+    return np.vectorize(wrap32, otypes=[np.int64])(x).astype(np.int32)
+
+
+def identity_tile(cfg) -> np.ndarray:
+    """A block_out x block_in weight tile whose GEMM copies an input row to the accumulator."""
+    assert cfg.block_in == cfg.block_out  # true for every bundled preset
+    return np.eye(cfg.block_out, cfg.block_in, dtype=np.int8)
+
+
+@pytest.fixture(scope="module", params=["int8", "float32"])
+def both_gemm_paths(request):
+    """A module's every test on the exact int8 GEMM path (where this CPU proves it exact)
+    and on the float32 path a CPU without it takes (``pytestmark`` uses it)."""
+    with gemm_path(float32=request.param == "float32"):
+        yield request.param
