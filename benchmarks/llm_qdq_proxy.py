@@ -227,6 +227,18 @@ def _topological(g) -> list:
     return _topological_nodes(list(g.node), g)
 
 
+def regexes(text: str) -> tuple[str, ...]:
+    """A comma-separated list of regexes (argparse type): each must compile."""
+    out = tuple(filter(None, text.split(",")))
+    for r in out:
+        try:
+            re.compile(r)
+        except re.error as e:
+            raise argparse.ArgumentTypeError(f"{r!r} is not a regex ({e}); separate "
+                                             f"several with commas") from None
+    return out
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--quant", default="w8a8", choices=("w8a8", "w4a8"))
@@ -241,16 +253,16 @@ def main() -> None:
                     help="the attention's probabilities on int8 grids (not int16)")
     ap.add_argument("--narrow-down", action="store_true",
                     help="down_proj's input (the SiLU-gate product) on an int8 grid")
-    ap.add_argument("--fp32", default="", help="comma-separated regexes of node names "
+    ap.add_argument("--fp32", default="", type=regexes, help="comma-separated regexes of node names "
                     "kept FP32 (e.g. 'down_proj/MatMul,attend/')")
     ap.add_argument("--wide-extra", default="", help="comma-separated tensors also int16")
     ap.add_argument("--ppl-tokens", type=int, default=256)
-    ap.add_argument("--wide-inputs", default="", help="comma-separated regexes of nodes "
+    ap.add_argument("--wide-inputs", default="", type=regexes, help="comma-separated regexes of nodes "
                     "whose first input is also int16 (e.g. 'down_proj/MatMul')")
-    ap.add_argument("--wide-outputs", default="", help="comma-separated regexes of node "
+    ap.add_argument("--wide-outputs", default="", type=regexes, help="comma-separated regexes of node "
                     "(or graph input) names whose outputs are also int16 (e.g. "
                     "'k_proj/MatMul$,rope_k/,^k[0-9]+$' for K and its cache)")
-    ap.add_argument("--per-token", default="", help="comma-separated regexes of nodes "
+    ap.add_argument("--per-token", default="", type=regexes, help="comma-separated regexes of nodes "
                     "whose int8 input grid becomes per row (e.g. 'down_proj/MatMul')")
     ap.add_argument("--no-tf", action="store_true", help="skip the teacher-forced prompts")
     ap.add_argument("--dsa-down-planes", action="store_true", help="down_proj's int16 input "
@@ -272,11 +284,11 @@ def main() -> None:
     m = QdqProxy(src, quant=a.quant, smooth=smooth, wide_residual=not a.narrow,
                  wide_down=not a.narrow_down, wide_attention=not a.narrow_attention,
                  wide_logits=not a.narrow_logits,
-                 fp32=tuple(filter(None, a.fp32.split(","))),
+                 fp32=a.fp32,
                  wide_extra=tuple(filter(None, a.wide_extra.split(","))),
-                 per_token=tuple(filter(None, a.per_token.split(","))),
-                 wide_inputs=tuple(filter(None, a.wide_inputs.split(","))),
-                 wide_outputs=tuple(filter(None, a.wide_outputs.split(","))),
+                 per_token=a.per_token,
+                 wide_inputs=a.wide_inputs,
+                 wide_outputs=a.wide_outputs,
                  down_planes=a.dsa_down_planes, method=a.method,
                  gptq=None if a.gptq is None else a.gptq == "on", **folds, **buckets)
     t0 = time.perf_counter()
@@ -288,9 +300,9 @@ def main() -> None:
           f"{'int8' if a.narrow_down else 'int16'} probabilities "
           f"{'int8' if a.narrow_attention else 'int16'} logits "
           f"{'int8' if a.narrow_logits else 'int16'} smooth {smooth} "
-          f"folds {m.smooth_folds} fp32 {a.fp32 or '-'} wide+ {a.wide_extra or '-'} "
-          f"wide inputs {a.wide_inputs or '-'} wide outputs {a.wide_outputs or '-'} "
-          f"per-token {a.per_token or '-'} method {a.method}"
+          f"folds {m.smooth_folds} fp32 {','.join(a.fp32) or '-'} wide+ {a.wide_extra or '-'} "
+          f"wide inputs {','.join(a.wide_inputs) or '-'} wide outputs {','.join(a.wide_outputs) or '-'} "
+          f"per-token {','.join(a.per_token) or '-'} method {a.method}"
           f"{' dsa-down-planes' if a.dsa_down_planes else ''}{' gptq' if m.gptq else ''}: {r}"
           + (f", teacher-forced {np.mean(tf):.1%}" if tf else "")
           + f" [{time.perf_counter() - t0:.0f} s]")
