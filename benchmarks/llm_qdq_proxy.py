@@ -42,10 +42,11 @@ import onnxruntime as ort
 from bench_llm import PROMPTS, pydoc_text
 
 from dsa_tvm.llm.feeds import step_feeds
-from dsa_tvm.llm.model import SMOOTH, CompiledLLM, StepRecord
+from dsa_tvm.llm.model import QUANT_WEIGHT_BITS, SMOOTH, CompiledLLM, StepRecord
 from dsa_tvm.llm.scoring import log_probs, paired_score
 from dsa_tvm.llm.smooth import FOLDS
 from dsa_tvm.llm.source import load_source
+from dsa_tvm.llm.step import export_step
 
 BUCKETS = dict(prefill_buckets=(16,), context_buckets=(128, 512))
 
@@ -56,12 +57,14 @@ class QdqProxy(CompiledLLM):
     def __init__(self, *args, fp32: tuple[str, ...] = (), wide_extra: tuple[str, ...] = (),
                  per_token: tuple[str, ...] = (), wide_inputs: tuple[str, ...] = (),
                  wide_outputs: tuple[str, ...] = (), down_planes: bool = False,
-                 method: str = "minmax", **kwargs):
+                 method: str = "minmax", weight_groups: int = 0, weight_min: bool = False,
+                 **kwargs):
         super().__init__(*args, **kwargs)
         self.method = method
         self.fp32_patterns, self.wide_extra, self.per_token = fp32, wide_extra, per_token
         self.wide_inputs, self.wide_outputs = wide_inputs, wide_outputs
         self.down_planes = down_planes
+        self.weight_groups, self.weight_min = weight_groups, weight_min
         self._sessions: dict[tuple[int, int], ort.InferenceSession] = {}
 
     def quantize_options(self, step):
@@ -98,12 +101,72 @@ class QdqProxy(CompiledLLM):
             model = per_token_inputs(self._quantize(*shape).model, self.per_token)
             if self.down_planes:
                 model = dsa_down_planes(model)
+            if self.weight_groups:
+                model = grouped_weights(model, export_step(self.step_model, *shape),
+                                        self.weight_groups, QUANT_WEIGHT_BITS[self.quant],
+                                        self.weight_min)
             self._sessions[shape] = ort.InferenceSession(model.SerializeToString(), so)
         feeds = step_feeds(self.hf, self.arch, ids, start, shape[0], shape[1], kv)
         outs = dict(zip(self.arch.output_names(), self._sessions[shape].run(
             None, {k: feeds[k] for k in self.arch.input_names(shape[1])})))
         kv.append(outs, n)
         return outs["logits"][0, :n], StepRecord(kind, n, shape, start)
+
+
+def group_quantized(w: np.ndarray, group: int, bits: int, with_min: bool) -> np.ndarray:
+    """``w`` (in, out), a MatMul's constant weight, rounded on ``bits``-bit grids of its own
+    per ``group`` consecutive input rows of each output column: symmetric (scale
+    ``max|w| / (2^(bits-1) - 1)``) or, ``with_min``, from the group's minimum in
+    ``2^bits - 1`` steps to its maximum (GGUF Q4_1's form: ``w = d * q + min``)."""
+    out = np.empty_like(w)
+    for a in range(0, w.shape[0], group):
+        g = w[a:a + group].astype(np.float64)
+        if with_min:
+            lo, hi = g.min(0), g.max(0)
+            d = np.where(hi > lo, (hi - lo) / (2 ** bits - 1), 1.0)
+            out[a:a + group] = np.round((g - lo) / d) * d + lo
+        else:
+            qmax = 2 ** (bits - 1) - 1
+            d = np.maximum(np.abs(g).max(0) / qmax, 1e-30)
+            out[a:a + group] = np.clip(np.round(g / d), -qmax, qmax) * d
+    return out
+
+
+def grouped_weights(model: onnx.ModelProto, fp32: onnx.ModelProto, group: int, bits: int,
+                    with_min: bool) -> onnx.ModelProto:
+    """``model`` with every MatMul whose weight is a dequantized constant reading instead
+    ``fp32``'s weight (the same-named node's) rounded per group of input rows
+    (:func:`group_quantized`): what an array with per-group weight scales computes."""
+    g = model.graph
+    dq = {n.output[0]: n for n in g.node if n.op_type == "DequantizeLinear"}
+    consts = {i.name for i in g.initializer}
+    weights = {n.name: onnx.numpy_helper.to_array(next(i for i in fp32.graph.initializer
+                                                       if i.name == n.input[1]))
+               for n in fp32.graph.node if n.op_type == "MatMul"
+               and any(i.name == n.input[1] for i in fp32.graph.initializer)}
+    dead, new = set(), []
+    for n in g.node:
+        w = dq.get(n.input[1]) if n.op_type == "MatMul" and len(n.input) > 1 else None
+        if w is None or w.input[0] not in consts or n.name not in weights:
+            continue
+        name = f"{n.name}/grouped_weight"
+        codes = next(i for i in g.initializer if i.name == w.input[0])
+        if tuple(codes.dims) != weights[n.name].shape:
+            raise SystemExit(f"{n.name}: quantized weight {tuple(codes.dims)} is not the FP32 "
+                             f"weight's {weights[n.name].shape}")
+        new.append(onnx.numpy_helper.from_array(
+            group_quantized(weights[n.name], group, bits, with_min).astype(np.float32), name))
+        dead.add(n.input[1])
+        n.input[1] = name
+    if not new:
+        raise SystemExit("--weight-groups found no MatMul with a quantized constant weight")
+    print(f"[{len(new)} MatMul weights rounded per group of {group}]", flush=True)
+    still_read = {i for n in g.node for i in n.input}
+    keep = [n for n in g.node if not (n.output[0] in dead and n.output[0] not in still_read)]
+    del g.node[:]
+    g.node.extend(keep)
+    g.initializer.extend(new)
+    return model
 
 
 def per_token_inputs(model: onnx.ModelProto, patterns: tuple[str, ...]) -> onnx.ModelProto:
@@ -273,6 +336,11 @@ def main() -> None:
     ap.add_argument("--gptq", choices=("on", "off"), default=None, help="the linear "
                     "layers' weights rounded by GPTQ (dsa_tvm.llm.gptq) or to nearest "
                     "(default: the library's, GPTQ for w4a8)")
+    ap.add_argument("--weight-groups", type=int, default=0, metavar="G", help="the linear "
+                    "layers' and the head's weights rounded per group of G input rows "
+                    "(the weight bits of --quant; 0: per output channel, the DSA's)")
+    ap.add_argument("--weight-min", action="store_true", help="with --weight-groups: each "
+                    "group from its minimum to its maximum (GGUF Q4_1's form), not symmetric")
     ap.add_argument("--window", type=int, default=512, help="tokens a perplexity window "
                     "holds (the largest context bucket; bench_llm.py scores in 2048)")
     a = ap.parse_args()
@@ -290,6 +358,7 @@ def main() -> None:
                  wide_inputs=a.wide_inputs,
                  wide_outputs=a.wide_outputs,
                  down_planes=a.dsa_down_planes, method=a.method,
+                 weight_groups=a.weight_groups, weight_min=a.weight_min,
                  gptq=None if a.gptq is None else a.gptq == "on", **folds, **buckets)
     t0 = time.perf_counter()
     tf = [] if a.no_tf else [m.teacher_forced(p, ref.generate(p, 32).ids) for p in PROMPTS]
@@ -303,7 +372,9 @@ def main() -> None:
           f"folds {m.smooth_folds} fp32 {','.join(a.fp32) or '-'} wide+ {a.wide_extra or '-'} "
           f"wide inputs {','.join(a.wide_inputs) or '-'} wide outputs {','.join(a.wide_outputs) or '-'} "
           f"per-token {','.join(a.per_token) or '-'} method {a.method}"
-          f"{' dsa-down-planes' if a.dsa_down_planes else ''}{' gptq' if m.gptq else ''}: {r}"
+          f"{' dsa-down-planes' if a.dsa_down_planes else ''}{' gptq' if m.gptq else ''}"
+          + (f" weights per group of {a.weight_groups}{' with min' if a.weight_min else ''}"
+             if a.weight_groups else "") + f": {r}"
           + (f", teacher-forced {np.mean(tf):.1%}" if tf else "")
           + f" [{time.perf_counter() - t0:.0f} s]")
 
