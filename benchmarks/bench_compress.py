@@ -290,12 +290,17 @@ def main() -> None:
     unknown = sorted(set(wanted) - set(groups))
     if unknown:
         raise SystemExit(f"--rows: unknown group(s) {unknown}; choose from {sorted(groups)}")
-    rows = [r for name in groups if name in wanted for r in groups[name]()]
-    head = f"{'':<28} {'agree':>7} {'cosine':>8} {'M cycles':>9} {'MB DRAM':>8}  {'DSA':<10} note"
-    print(head)
-    for r in rows:
-        print(f"{r['label']:<28} {100 * r['top1']:6.1f}% {r['cos']:8.4f} {r['cycles'] / 1e6:9.3f} "
-              f"{r['bytes'] / 1e6:8.2f}  {r['exact']:<10} {r['note']}")
+    rows: list[dict] = []
+    for name in (n for n in groups if n in wanted):   # each group's rows as soon as measured
+        got = groups[name]()
+        if not rows:
+            print(f"{'':<28} {'agree':>7} {'cosine':>8} {'M cycles':>9} {'MB DRAM':>8}  "
+                  f"{'DSA':<10} note")
+        for r in got:
+            print(f"{r['label']:<28} {100 * r['top1']:6.1f}% {r['cos']:8.4f} "
+                  f"{r['cycles'] / 1e6:9.3f} {r['bytes'] / 1e6:8.2f}  {r['exact']:<10} "
+                  f"{r['note']}", flush=True)
+        rows += got
     plot(rows, args.png)
     print(f"wrote {args.png}; total {time.perf_counter() - t0:.0f} s")
 
