@@ -341,6 +341,9 @@ def main() -> None:
                     "(the weight bits of --quant; 0: per output channel, the DSA's)")
     ap.add_argument("--weight-min", action="store_true", help="with --weight-groups: each "
                     "group from its minimum to its maximum (GGUF Q4_1's form), not symmetric")
+    ap.add_argument("--smooth-group", type=int, default=1, metavar="G", help="one "
+                    "smoothing factor per run of G input channels (with --weight-groups G "
+                    "--weight-min a Q4_1 weight stays on its grid)")
     ap.add_argument("--window", type=int, default=512, help="tokens a perplexity window "
                     "holds (the largest context bucket; bench_llm.py scores in 2048)")
     a = ap.parse_args()
@@ -359,6 +362,7 @@ def main() -> None:
                  wide_outputs=a.wide_outputs,
                  down_planes=a.dsa_down_planes, method=a.method,
                  weight_groups=a.weight_groups, weight_min=a.weight_min,
+                 smooth_group=a.smooth_group,
                  gptq=None if a.gptq is None else a.gptq == "on", **folds, **buckets)
     t0 = time.perf_counter()
     tf = [] if a.no_tf else [m.teacher_forced(p, ref.generate(p, 32).ids) for p in PROMPTS]
@@ -374,7 +378,9 @@ def main() -> None:
           f"per-token {','.join(a.per_token) or '-'} method {a.method}"
           f"{' dsa-down-planes' if a.dsa_down_planes else ''}{' gptq' if m.gptq else ''}"
           + (f" weights per group of {a.weight_groups}{' with min' if a.weight_min else ''}"
-             if a.weight_groups else "") + f": {r}"
+             if a.weight_groups else "")
+          + (f" smoothing per {a.smooth_group} channels" if a.smooth_group > 1 else "")
+          + f": {r}"
           + (f", teacher-forced {np.mean(tf):.1%}" if tf else "")
           + f" [{time.perf_counter() - t0:.0f} s]")
 

@@ -18,7 +18,7 @@ from tir_schedules.options import CompileOptions, options
 from .buckets import CONTEXT, PREFILL, bucket, check_buckets
 from .feeds import KVCache, step_feeds
 from .gptq import default_texts, gptq_llama
-from .smooth import check_alpha, check_folds, smooth_llama
+from .smooth import check_alpha, check_folds, check_group, smooth_llama
 from .source import Source, load_source
 from .step import Arch, export_step, run_step_fp32
 
@@ -158,7 +158,7 @@ class CompiledLLM:
                  prefill_buckets: tuple[int, ...] = PREFILL,
                  context_buckets: tuple[int, ...] = CONTEXT, offload: str = "all",
                  rows_concat: str = "host", smooth: float | None = SMOOTH,
-                 smooth_folds: tuple[str, ...] = SMOOTH_FOLDS,
+                 smooth_folds: tuple[str, ...] = SMOOTH_FOLDS, smooth_group: int = 1,
                  wide_residual: bool = True, wide_down: bool | None = None,
                  wide_attention: bool = True, wide_logits: bool = True,
                  gptq: bool | None = None, verbose: bool = False) -> None:
@@ -186,6 +186,8 @@ class CompiledLLM:
         #: SmoothQuant's alpha (None: no smoothing); it changes nothing at quant "fp32"
         self.smooth = None if smooth is None else check_alpha(smooth)
         self.smooth_folds = check_folds(smooth_folds)   # which inputs (llm.smooth.FOLDS)
+        #: input channels sharing one smoothing factor (``smooth_llama``'s ``group``)
+        self.smooth_group = check_group(smooth_group)
         #: the residual stream on int16 grids (``llm.residual``; False: int8, as before)
         self.wide_residual = bool(wide_residual)
         #: down_proj's input (the SiLU-gate product) on an int16 grid, its dense run as two
@@ -235,7 +237,8 @@ class CompiledLLM:
             t0 = time.perf_counter()
             texts = [self.source.encode(t)[:CALIBRATION_TOKENS] for t in self._calibration]
             model = (copy.deepcopy(self.hf) if self.smooth is None else
-                     smooth_llama(self.hf, texts, self.smooth, self.smooth_folds))
+                     smooth_llama(self.hf, texts, self.smooth, self.smooth_folds,
+                                  self.smooth_group))
             if self.gptq:
                 gptq_llama(model, default_texts(self.source), QUANT_WEIGHT_BITS[self.quant])
             self._step_hf = model

@@ -199,3 +199,40 @@ def test_generate_cli_takes_smooth(capsys):
     assert "smooth" in capsys.readouterr().err
     with pytest.raises(SystemExit):
         main(["generate", "tiny", "--prompt", "Hi", "--smooth", "half"])
+
+
+@pytest.mark.parametrize("group", [4, 5])
+def test_grouped_factors_are_constant_over_each_run_of_input_channels(hf, group):
+    """group > 1: every folded weight's input columns scaled alike within each run of
+    ``group`` (a shorter last run included), so a per-group weight grid stays one."""
+    folds = ("qkv", "gate_up", "down") if group == 5 else sq.FOLDS   # 5 does not divide hd
+    smoothed = sq.smooth_llama(hf, TEXTS, 0.5, folds, group=group)
+    assert rel_err(logits(hf), logits(smoothed)) < 1e-4
+    for a, b in zip(hf.model.layers, smoothed.model.layers):
+        for lin in ("self_attn.q_proj", "mlp.up_proj", "mlp.down_proj", "self_attn.o_proj"):
+            if lin == "self_attn.o_proj" and "o" not in folds:
+                continue
+            ratio = (b.get_submodule(lin).weight / a.get_submodule(lin).weight)[0].detach()
+            for s in range(0, ratio.numel(), group):
+                run = ratio[s:s + group]
+                torch.testing.assert_close(run, run[:1].expand_as(run), rtol=1e-5, atol=0)
+        assert float(ratio.max() / ratio.min()) > 1.5   # still far from uniform
+
+
+@pytest.mark.parametrize("group", [0, -2, 2.5, True, "32"])
+def test_hostile_group_is_a_clear_error(hf, group):
+    with pytest.raises(ValueError, match="group"):
+        sq.smooth_llama(hf, TEXTS, 0.5, group=group)
+
+
+def test_a_group_straddling_heads_is_refused_with_the_o_fold(hf):
+    with pytest.raises(ValueError, match="straddle heads"):
+        sq.smooth_llama(hf, TEXTS, 0.5, sq.FOLDS, group=5)
+
+
+def test_hostile_group_is_refused_by_the_model_at_once():
+    from dsa_tvm.llm.model import CompiledLLM
+    from dsa_tvm.llm.source import load_source
+
+    with pytest.raises(ValueError, match="group"):
+        CompiledLLM(load_source("tiny"), smooth_group=0, **BUCKETS)
