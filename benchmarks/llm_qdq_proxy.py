@@ -58,13 +58,14 @@ class QdqProxy(CompiledLLM):
                  per_token: tuple[str, ...] = (), wide_inputs: tuple[str, ...] = (),
                  wide_outputs: tuple[str, ...] = (), down_planes: bool = False,
                  method: str = "minmax", weight_groups: int = 0, weight_min: bool = False,
-                 **kwargs):
+                 head_bits: int | None = None, **kwargs):
         super().__init__(*args, **kwargs)
         self.method = method
         self.fp32_patterns, self.wide_extra, self.per_token = fp32, wide_extra, per_token
         self.wide_inputs, self.wide_outputs = wide_inputs, wide_outputs
         self.down_planes = down_planes
         self.weight_groups, self.weight_min = weight_groups, weight_min
+        self.head_bits = head_bits
         self._sessions: dict[tuple[int, int], ort.InferenceSession] = {}
 
     def quantize_options(self, step):
@@ -104,7 +105,7 @@ class QdqProxy(CompiledLLM):
             if self.weight_groups:
                 model = grouped_weights(model, export_step(self.step_model, *shape),
                                         self.weight_groups, QUANT_WEIGHT_BITS[self.quant],
-                                        self.weight_min)
+                                        self.weight_min, self.head_bits)
             self._sessions[shape] = ort.InferenceSession(model.SerializeToString(), so)
         feeds = step_feeds(self.hf, self.arch, ids, start, shape[0], shape[1], kv)
         outs = dict(zip(self.arch.output_names(), self._sessions[shape].run(
@@ -133,10 +134,11 @@ def group_quantized(w: np.ndarray, group: int, bits: int, with_min: bool) -> np.
 
 
 def grouped_weights(model: onnx.ModelProto, fp32: onnx.ModelProto, group: int, bits: int,
-                    with_min: bool) -> onnx.ModelProto:
+                    with_min: bool, head_bits: int | None = None) -> onnx.ModelProto:
     """``model`` with every MatMul whose weight is a dequantized constant reading instead
     ``fp32``'s weight (the same-named node's) rounded per group of input rows
-    (:func:`group_quantized`): what an array with per-group weight scales computes."""
+    (:func:`group_quantized`): what an array with per-group weight scales computes. The
+    head (the MatMul making ``logits``) at ``head_bits`` if given."""
     g = model.graph
     dq = {n.output[0]: n for n in g.node if n.op_type == "DequantizeLinear"}
     consts = {i.name for i in g.initializer}
@@ -144,6 +146,7 @@ def grouped_weights(model: onnx.ModelProto, fp32: onnx.ModelProto, group: int, b
                                                        if i.name == n.input[1]))
                for n in fp32.graph.node if n.op_type == "MatMul"
                and any(i.name == n.input[1] for i in fp32.graph.initializer)}
+    head = {n.name for n in fp32.graph.node if "logits" in n.output}
     dead, new = set(), []
     for n in g.node:
         w = dq.get(n.input[1]) if n.op_type == "MatMul" and len(n.input) > 1 else None
@@ -155,7 +158,8 @@ def grouped_weights(model: onnx.ModelProto, fp32: onnx.ModelProto, group: int, b
             raise SystemExit(f"{n.name}: quantized weight {tuple(codes.dims)} is not the FP32 "
                              f"weight's {weights[n.name].shape}")
         new.append(onnx.numpy_helper.from_array(
-            group_quantized(weights[n.name], group, bits, with_min).astype(np.float32), name))
+            group_quantized(weights[n.name], group, head_bits if head_bits and n.name in head
+                            else bits, with_min).astype(np.float32), name))
         dead.add(n.input[1])
         n.input[1] = name
     if not new:
@@ -341,6 +345,8 @@ def main() -> None:
                     "(the weight bits of --quant; 0: per output channel, the DSA's)")
     ap.add_argument("--weight-min", action="store_true", help="with --weight-groups: each "
                     "group from its minimum to its maximum (GGUF Q4_1's form), not symmetric")
+    ap.add_argument("--head-bits", type=int, choices=(4, 8), default=None, help="with "
+                    "--weight-groups: the head's (the logits') weight bits (default: --quant's)")
     ap.add_argument("--smooth-group", type=int, default=1, metavar="G", help="one "
                     "smoothing factor per run of G input channels (with --weight-groups G "
                     "--weight-min a Q4_1 weight stays on its grid)")
@@ -362,7 +368,7 @@ def main() -> None:
                  wide_outputs=a.wide_outputs,
                  down_planes=a.dsa_down_planes, method=a.method,
                  weight_groups=a.weight_groups, weight_min=a.weight_min,
-                 smooth_group=a.smooth_group,
+                 smooth_group=a.smooth_group, head_bits=a.head_bits,
                  gptq=None if a.gptq is None else a.gptq == "on", **folds, **buckets)
     t0 = time.perf_counter()
     tf = [] if a.no_tf else [m.teacher_forced(p, ref.generate(p, 32).ids) for p in PROMPTS]
@@ -380,6 +386,7 @@ def main() -> None:
           + (f" weights per group of {a.weight_groups}{' with min' if a.weight_min else ''}"
              if a.weight_groups else "")
           + (f" smoothing per {a.smooth_group} channels" if a.smooth_group > 1 else "")
+          + (f" head {a.head_bits}-bit" if a.head_bits else "")
           + f": {r}"
           + (f", teacher-forced {np.mean(tf):.1%}" if tf else "")
           + f" [{time.perf_counter() - t0:.0f} s]")
