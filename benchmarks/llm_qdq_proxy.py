@@ -119,6 +119,8 @@ def group_quantized(w: np.ndarray, group: int, bits: int, with_min: bool) -> np.
     per ``group`` consecutive input rows of each output column: symmetric (scale
     ``max|w| / (2^(bits-1) - 1)``) or, ``with_min``, from the group's minimum in
     ``2^bits - 1`` steps to its maximum (GGUF Q4_1's form: ``w = d * q + min``)."""
+    if group < 1:
+        raise ValueError(f"a weight group must hold at least one input row, got {group}")
     out = np.empty_like(w)
     for a in range(0, w.shape[0], group):
         g = w[a:a + group].astype(np.float64)
@@ -353,6 +355,10 @@ def main() -> None:
     ap.add_argument("--window", type=int, default=512, help="tokens a perplexity window "
                     "holds (the largest context bucket; bench_llm.py scores in 2048)")
     a = ap.parse_args()
+    if a.weight_groups < 0:
+        ap.error(f"--weight-groups must be >= 0 (0: per output channel), got {a.weight_groups}")
+    if (a.weight_min or a.head_bits) and not a.weight_groups:
+        ap.error("--weight-min and --head-bits round per group: give --weight-groups G too")
     smooth = SMOOTH if a.smooth is None else None if a.smooth == "none" else float(a.smooth)
     folds = {} if a.smooth_folds is None else {"smooth_folds": tuple(a.smooth_folds.split(","))}
     src = load_source("smollm2")

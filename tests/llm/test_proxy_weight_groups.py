@@ -70,6 +70,11 @@ def test_symmetric_groups_stay_on_their_grid_and_finer_groups_err_less(proxy, bi
     assert errs[0] < errs[1] < errs[2]
 
 
+def test_a_group_of_no_rows_is_refused(proxy):
+    with pytest.raises(ValueError, match="at least one input row"):
+        proxy.group_quantized(np.ones((4, 2), np.float32), 0, 4, False)
+
+
 def test_grouped_weights_rewrites_the_matmul_to_the_rounded_fp32_weight(proxy):
     rng = np.random.default_rng(2)
     w = rng.standard_normal((40, 6)).astype(np.float32)
