@@ -140,7 +140,8 @@ def grouped_weights(model: onnx.ModelProto, fp32: onnx.ModelProto, group: int, b
     """``model`` with every MatMul whose weight is a dequantized constant reading instead
     ``fp32``'s weight (the same-named node's) rounded per group of input rows
     (:func:`group_quantized`): what an array with per-group weight scales computes. The
-    head (the MatMul making ``logits``) at ``head_bits`` if given."""
+    head (the MatMul making ``logits``) at ``head_bits`` if given. ``model`` (a fresh
+    quantization of one bucket) is rewritten in place and returned."""
     g = model.graph
     dq = {n.output[0]: n for n in g.node if n.op_type == "DequantizeLinear"}
     consts = {i.name for i in g.initializer}
