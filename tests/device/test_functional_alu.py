@@ -14,7 +14,7 @@ from dsa_tvm.isa.builder import ProgramBuilder
 from dsa_tvm.isa.instructions import AluOp, Buffer
 from dsa_tvm.isa.semantics import pack_clip_imm, pack_requant_imm
 
-from .harness import rand_int32, run, run_and_check
+from .harness import PROPERTY_CFGS, rand_int32, run, run_and_check, wrap32_np
 from .reference_machine import (
     PARAM_ROWS,
     build_sequential,
@@ -23,7 +23,7 @@ from .reference_machine import (
     rshift_round_py,
     wrap32,
 )
-from .test_functional import CFGS, _nest, _span, wrap32_np  # shared helpers
+from .test_functional import _nest, _span  # the property tests' loop nests
 
 I64 = np.int64
 
@@ -298,10 +298,10 @@ PARAM0 = 30   # REQUANT parameter groups (bias, mult, shift) live in rows [30, 4
 
 
 @settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
-@given(data=st.data(), cfg_name=st.sampled_from(sorted(CFGS)), op=st.sampled_from(TENSOR_OPS),
+@given(data=st.data(), cfg_name=st.sampled_from(sorted(PROPERTY_CFGS)), op=st.sampled_from(TENSOR_OPS),
        seed=st.integers(0, 2**32 - 1))
 def test_property_alu_tile_matches_loop_reference(data, cfg_name, op, seed):
-    cfg = CFGS[cfg_name]
+    cfg = PROPERTY_CFGS[cfg_name]
     bo = cfg.block_out
     use_imm = False if op == AluOp.REQUANT else data.draw(st.booleans(), label="use_imm")
     loops = _nest(data.draw, 3, "dab", 3, 2)
