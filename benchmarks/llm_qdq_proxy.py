@@ -46,7 +46,7 @@ from dsa_tvm.llm.model import QUANT_WEIGHT_BITS, SMOOTH, CompiledLLM, StepRecord
 from dsa_tvm.llm.scoring import log_probs, paired_score
 from dsa_tvm.llm.smooth import FOLDS
 from dsa_tvm.llm.source import load_source
-from dsa_tvm.llm.step import export_step
+from dsa_tvm.quant.qparams import quantize_weight, weight_qparams
 
 BUCKETS = dict(prefill_buckets=(16,), context_buckets=(128, 512))
 
@@ -99,13 +99,14 @@ class QdqProxy(CompiledLLM):
             so = ort.SessionOptions()
             so.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL
             so.intra_op_num_threads = 1
-            model = per_token_inputs(self._quantize(*shape).model, self.per_token)
+            quantized = self._quantize(*shape)
+            model = per_token_inputs(quantized.model, self.per_token)
             if self.down_planes:
                 model = dsa_down_planes(model)
-            if self.weight_groups:
-                model = grouped_weights(model, export_step(self.step_model, *shape),
-                                        self.weight_groups, QUANT_WEIGHT_BITS[self.quant],
-                                        self.weight_min, self.head_bits)
+            if self.weight_groups:   # the FP32 graph the QDQ one was made from
+                model = grouped_weights(model, quantized.fp32, self.weight_groups,
+                                        QUANT_WEIGHT_BITS[self.quant], self.weight_min,
+                                        self.head_bits)
             self._sessions[shape] = ort.InferenceSession(model.SerializeToString(), so)
         feeds = step_feeds(self.hf, self.arch, ids, start, shape[0], shape[1], kv)
         outs = dict(zip(self.arch.output_names(), self._sessions[shape].run(
@@ -128,10 +129,9 @@ def group_quantized(w: np.ndarray, group: int, bits: int, with_min: bool) -> np.
             lo, hi = g.min(0), g.max(0)
             d = np.where(hi > lo, (hi - lo) / (2 ** bits - 1), 1.0)
             out[a:a + group] = np.round((g - lo) / d) * d + lo
-        else:
-            qmax = 2 ** (bits - 1) - 1
-            d = np.maximum(np.abs(g).max(0) / qmax, 1e-30)
-            out[a:a + group] = np.clip(np.round(g / d), -qmax, qmax) * d
+        else:                      # the DSA's symmetric rule, per column of the group
+            d = weight_qparams(g, 1, bits)
+            out[a:a + group] = quantize_weight(g, d, 1, bits) * d
     return out
 
 
@@ -144,11 +144,10 @@ def grouped_weights(model: onnx.ModelProto, fp32: onnx.ModelProto, group: int, b
     quantization of one bucket) is rewritten in place and returned."""
     g = model.graph
     dq = {n.output[0]: n for n in g.node if n.op_type == "DequantizeLinear"}
-    consts = {i.name for i in g.initializer}
-    weights = {n.name: onnx.numpy_helper.to_array(next(i for i in fp32.graph.initializer
-                                                       if i.name == n.input[1]))
-               for n in fp32.graph.node if n.op_type == "MatMul"
-               and any(i.name == n.input[1] for i in fp32.graph.initializer)}
+    consts = {i.name: i for i in g.initializer}
+    fp32_consts = {i.name: i for i in fp32.graph.initializer}
+    weights = {n.name: onnx.numpy_helper.to_array(fp32_consts[n.input[1]])
+               for n in fp32.graph.node if n.op_type == "MatMul" and n.input[1] in fp32_consts}
     head = {n.name for n in fp32.graph.node if "logits" in n.output}
     dead, new = set(), []
     for n in g.node:
@@ -156,7 +155,7 @@ def grouped_weights(model: onnx.ModelProto, fp32: onnx.ModelProto, group: int, b
         if w is None or w.input[0] not in consts or n.name not in weights:
             continue
         name = f"{n.name}/grouped_weight"
-        codes = next(i for i in g.initializer if i.name == w.input[0])
+        codes = consts[w.input[0]]
         if tuple(codes.dims) != weights[n.name].shape:
             raise SystemExit(f"{n.name}: quantized weight {tuple(codes.dims)} is not the FP32 "
                              f"weight's {weights[n.name].shape}")
