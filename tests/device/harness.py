@@ -7,6 +7,7 @@ from contextlib import contextmanager
 
 import numpy as np
 import pytest
+from hypothesis import strategies as st
 
 from dsa_tvm.hw.config import load_config
 from dsa_tvm.isa.program import Program
@@ -113,3 +114,18 @@ def both_gemm_paths(request):
     and on the float32 path a CPU without it takes (``pytestmark`` uses it)."""
     with gemm_path(float32=request.param == "float32"):
         yield request.param
+
+
+def draw_nest(draw, levels: int, names: str, max_ext: int, max_stride: int) -> list[tuple]:
+    """A random loop nest for the property tests: ``levels`` loops of (extent, one stride
+    per operand in ``names``)."""
+    loops = []
+    for _ in range(levels):
+        e = draw(st.integers(1, max_ext))
+        loops.append((e,) + tuple(draw(st.integers(0, max_stride)) for _ in names))
+    return loops
+
+
+def nest_span(loops: list[tuple], k: int) -> int:
+    """The largest offset operand ``k`` (1-based in each loop tuple) reaches in ``loops``."""
+    return sum((lp[0] - 1) * lp[k] for lp in loops)

@@ -20,6 +20,8 @@ from dsa_tvm.isa.instructions import Buffer, Gemm, Load
 from .harness import (  # noqa: F401 (both_gemm_paths: a fixture, used by name)
     PROPERTY_CFGS,
     both_gemm_paths,
+    draw_nest,
+    nest_span,
     rand_int8,
     rand_int32,
     run,
@@ -308,18 +310,6 @@ def test_weight_cache_dropped_only_for_overwritten_tiles(default_cfg):
 
 # ----------------------------------------------------------------------------- properties
 
-def _nest(draw, levels, names, max_ext, max_stride):
-    loops = []
-    for _ in range(levels):
-        e = draw(st.integers(1, max_ext))
-        loops.append((e,) + tuple(draw(st.integers(0, max_stride)) for _ in names))
-    return loops
-
-
-def _span(loops, k):
-    return sum((lp[0] - 1) * lp[k] for lp in loops)
-
-
 ROWS = 32
 
 
@@ -329,8 +319,8 @@ ROWS = 32
 def test_property_gemm_tile_matches_loop_reference(data, cfg_name, reset, seed, extreme):
     cfg = PROPERTY_CFGS[cfg_name]
     bi, bo = cfg.block_in, cfg.block_out
-    loops = _nest(data.draw, 4, "aiw", 3, 3)
-    spans = [_span(loops, k) for k in (1, 2, 3)]
+    loops = draw_nest(data.draw, 4, "aiw", 3, 3)
+    spans = [nest_span(loops, k) for k in (1, 2, 3)]
     assume(max(spans) < ROWS)
     bases = [data.draw(st.integers(0, ROWS - 1 - s)) for s in spans]
     rng = np.random.default_rng(seed)

@@ -14,7 +14,15 @@ from dsa_tvm.isa.builder import ProgramBuilder
 from dsa_tvm.isa.instructions import AluOp, Buffer
 from dsa_tvm.isa.semantics import pack_clip_imm, pack_requant_imm
 
-from .harness import PROPERTY_CFGS, rand_int32, run, run_and_check, wrap32_np
+from .harness import (
+    PROPERTY_CFGS,
+    draw_nest,
+    nest_span,
+    rand_int32,
+    run,
+    run_and_check,
+    wrap32_np,
+)
 from .reference_machine import (
     PARAM_ROWS,
     build_sequential,
@@ -23,7 +31,6 @@ from .reference_machine import (
     rshift_round_py,
     wrap32,
 )
-from .test_functional import _nest, _span  # the property tests' loop nests
 
 I64 = np.int64
 
@@ -304,7 +311,7 @@ def test_property_alu_tile_matches_loop_reference(data, cfg_name, op, seed):
     cfg = PROPERTY_CFGS[cfg_name]
     bo = cfg.block_out
     use_imm = False if op == AluOp.REQUANT else data.draw(st.booleans(), label="use_imm")
-    loops = _nest(data.draw, 3, "dab", 3, 2)
+    loops = draw_nest(data.draw, 3, "dab", 3, 2)
     rng = np.random.default_rng(seed)
     acc = rand_int32(rng, (ALU_ROWS, bo))
     if data.draw(st.booleans(), label="small values"):
@@ -320,7 +327,7 @@ def test_property_alu_tile_matches_loop_reference(data, cfg_name, op, seed):
         limit_da = ALU_ROWS
         if op == AluOp.SHR:
             acc[::3] = rng.integers(-70, 70, acc[::3].shape)       # plausible shift amounts
-    sd, sa, sb = (_span(loops, k) for k in (1, 2, 3))
+    sd, sa, sb = (nest_span(loops, k) for k in (1, 2, 3))
     extra = PARAM_ROWS.get(op, 1) - 1
     if op == AluOp.REQUANT:
         assume(sd < PARAM0 and sa < PARAM0 and sb <= ALU_ROWS - PARAM0 - 3)
