@@ -41,6 +41,7 @@ import onnx.numpy_helper
 import onnxruntime as ort
 from bench_llm import PROMPTS, pydoc_text
 
+from dsa_tvm.layers.group_grid import group_grid
 from dsa_tvm.llm.feeds import step_feeds
 from dsa_tvm.llm.model import QUANT_WEIGHT_BITS, SMOOTH, CompiledLLM, StepRecord
 from dsa_tvm.llm.scoring import log_probs, paired_score
@@ -122,16 +123,13 @@ def group_quantized(w: np.ndarray, group: int, bits: int, with_min: bool) -> np.
     ``2^bits - 1`` steps to its maximum (GGUF Q4_1's form: ``w = d * q + min``)."""
     if group < 1:
         raise ValueError(f"a weight group must hold at least one input row, got {group}")
+    if with_min:                   # the grid the DSA's grouped dense runs (layers.group_grid)
+        return group_grid(w.T, group, bits).values().T.astype(w.dtype)
     out = np.empty_like(w)
-    for a in range(0, w.shape[0], group):
+    for a in range(0, w.shape[0], group):  # the DSA's symmetric rule, per column of the group
         g = w[a:a + group].astype(np.float64)
-        if with_min:
-            lo, hi = g.min(0), g.max(0)
-            d = np.where(hi > lo, (hi - lo) / (2 ** bits - 1), 1.0)
-            out[a:a + group] = np.round((g - lo) / d) * d + lo
-        else:                      # the DSA's symmetric rule, per column of the group
-            d = weight_qparams(g, 1, bits)
-            out[a:a + group] = quantize_weight(g, d, 1, bits) * d
+        d = weight_qparams(g, 1, bits)
+        out[a:a + group] = quantize_weight(g, d, 1, bits) * d
     return out
 
 

@@ -571,3 +571,42 @@ class Rope:
 
 
 Layer = Layer | Rope
+
+
+@dataclass(frozen=True)
+class GroupedDense:
+    """A dense whose weights carry one scale and one offset per group of ``group``
+    consecutive input rows of each output channel (GGUF Q4_1's ``d * q + min``, the form
+    int4 LLM weights ship in): one scale per output channel cannot hold that grid.
+
+    Per row ``m``, channel ``n`` and group ``g`` (raw codes, zero points in ``bias``)::
+
+        P = sum_{k in g} x[m, k] * w[n, k]          S = sum_{k in g} x[m, k]
+        V = rshift_round(wrap32(wrap32(P * scales[n, g]) + S * offsets[n, g]), shift)
+        acc[m, n] = wrap32(sum_g V + bias[n]);   y = requant(acc)
+
+    ``scales`` and ``offsets`` are int16 fixed-point factors (``layers.group_grid`` makes
+    them from real weights); a partial last group is allowed here, not on the device."""
+
+    name: str
+    input: QTensor           # (..., K)
+    output: QTensor          # (..., N)
+    weight: np.ndarray       # int8 [N, K] (int4 codes for Q4_1)
+    group: int               # input rows per group
+    scales: np.ndarray       # int16 [N, ceil(K / group)]
+    offsets: np.ndarray      # int16 [N, ceil(K / group)]
+    shift: int               # the right shift of each group's V (0..31)
+    bias: np.ndarray         # int32 [N]
+    requant: Requant
+
+    @property
+    def groups_per_row(self) -> int:
+        return -(-int(self.weight.shape[1]) // self.group)
+
+    @property
+    def macs(self) -> int:
+        rows = int(np.prod(self.input.shape[:-1]))
+        return rows * self.weight.shape[0] * self.weight.shape[1]
+
+
+Layer = Layer | GroupedDense

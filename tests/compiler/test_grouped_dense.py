@@ -1,0 +1,137 @@
+"""The grouped dense (``layers.ir.GroupedDense``, GGUF Q4_1's per-group grid): the grid
+found in real weights, the integer layer against float math, the device bit-exact against
+the integer reference on every preset, the physics bounds, and what stays on the CPU."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from hypothesis import HealthCheck, example, given, settings
+from hypothesis import strategies as st
+
+from dsa_tvm.layers import ir as L
+from dsa_tvm.layers.checks import violations
+from dsa_tvm.layers.group_grid import FACTOR_MAX, group_grid, grouped_dense
+from dsa_tvm.lowering.region import compile_region, lowering_supports
+from tir_schedules.kinds import run_layer
+
+from .test_lowering import CFGS, check, region
+
+
+def _q4_1(rng, n: int, k: int, group: int) -> np.ndarray:
+    """Weights on a Q4_1 grid (fp16 steps and minima, as GGUF stores them)."""
+    ng = -(-k // group)
+    d = rng.uniform(0.001, 0.02, (n, ng)).astype(np.float16).astype(np.float64)
+    lo = (-d * rng.uniform(0, 15, (n, ng))).astype(np.float16).astype(np.float64)
+    q = rng.integers(0, 16, (n, ng * group))
+    q[:, ::group] = 0                      # every group spans its whole grid
+    q[:, 1::group] = 15
+    w = np.repeat(d, group, 1) * q + np.repeat(lo, group, 1)
+    return w[:, :k]
+
+
+def _float_output(ly: L.GroupedDense, x: np.ndarray, w: np.ndarray, bias: np.ndarray):
+    """The layer's real output for int8 ``x``, clamped to the output's codes."""
+    t, y = ly.input, ly.output
+    ref = ((x.astype(np.float64) - t.zero_point) * t.scale) @ w.T + bias
+    lo, hi = ly.requant.clip
+    return np.clip(ref / y.scale + y.zero_point, lo, hi)
+
+
+@settings(max_examples=20, deadline=None)
+@given(n=st.integers(1, 9), k=st.integers(1, 100), group=st.sampled_from([1, 8, 32, 33]),
+       seed=st.integers(0, 2**31))
+def test_a_q4_1_grid_is_found_exactly(n, k, group, seed):
+    """Weights on a grid of that form come back exactly (codes, steps, offsets), partial
+    last group included; the codes are centred int4."""
+    w = _q4_1(np.random.default_rng(seed), n, k, group)
+    g = group_grid(w, group)
+    np.testing.assert_allclose(g.values(), w, rtol=0, atol=1e-12)
+    assert g.codes.dtype == np.int8 and g.codes.min() >= -8 and g.codes.max() <= 7
+
+
+def test_a_constant_group_and_hostile_weights():
+    g = group_grid(np.full((2, 4), 0.5), 4)
+    assert (g.step == 0).all() and np.allclose(g.values(), 0.5)
+    with pytest.raises(ValueError, match="NaN or infinity"):
+        group_grid(np.array([[1.0, np.nan]]), 2)
+    with pytest.raises(ValueError, match="group 0"):
+        group_grid(np.ones((2, 2)), 0)
+    with pytest.raises(ValueError, match="non-empty"):
+        group_grid(np.ones((0, 4)), 2)
+
+
+@settings(max_examples=25, deadline=None, suppress_health_check=list(HealthCheck))
+@given(m=st.integers(1, 5), k=st.integers(1, 130), n=st.integers(1, 20),
+       group=st.sampled_from([4, 16, 32]), zp=st.integers(-128, 127),
+       w_scale=st.sampled_from([1e-6, 0.05, 30.0]), offset=st.sampled_from([0.0, 0.3, -2.0]),
+       wide=st.booleans(), seed=st.integers(0, 2**31))
+@example(m=2, k=1536, n=3, group=32, zp=0, w_scale=0.05, offset=0.0, wide=False, seed=0)
+def test_the_integer_layer_is_the_float_dense_rounded_once(m, k, n, group, zp, w_scale,
+                                                          offset, wide, seed):
+    """Against float64 math on the grid's own weights: at most about one output step off
+    (the requantize's rounding plus the int16 factors'), for any zero point, tiny or huge
+    weights, groups all of one sign (``offset``) and saturating outputs; and no
+    intermediate int32 ever wraps (the reference equals unwrapped int64 math)."""
+    rng = np.random.default_rng(seed)
+    w = rng.normal(offset, 1.0, (n, k)) * w_scale
+    bias = rng.normal(0, 1.0, n) * w_scale
+    x_t = L.QTensor("x", (m, k), 0.02, zp)
+    y_scale = float(np.abs(w).sum(1).max()) * 0.02 * 128 / (3000 if wide else 100) + 1e-30
+    y_t = L.QTensor("y", (m, n), y_scale, 0 if wide else 3, "int16" if wide else "int8")
+    grid = group_grid(w, group)
+    ly = grouped_dense("gd", x_t, y_t, grid, bias, L.WIDE_CLIP if wide else (-128, 127))
+    assert np.abs(ly.scales).max() <= FACTOR_MAX and np.abs(ly.offsets).max() <= FACTOR_MAX
+    x = rng.integers(-128, 128, (m, k)).astype(np.int8)
+    x[0] = -128 if m > 1 else x[0]                   # the worst-case input row
+    got = run_layer(ly, {"x": x}).astype(np.float64)
+    want = _float_output(ly, x, grid.values(), bias)
+    assert np.abs(got - want).max() <= 1.0, np.abs(got - want).max()
+    xs = x.astype(np.int64)
+    for g0 in range(0, k, group):
+        p = xs[:, g0:g0 + group] @ ly.weight[:, g0:g0 + group].T.astype(np.int64)
+        s = xs[:, g0:g0 + group].sum(1, keepdims=True)
+        v = p * ly.scales[:, g0 // group] + s * ly.offsets[:, g0 // group].astype(np.int64)
+        assert np.abs(v).max() < 2**31 and np.abs(p * ly.scales[:, g0 // group]).max() < 2**31
+
+
+def _layer(rng, m: int, k: int, n: int, group: int, zp: int, wide: bool = False):
+    x = L.QTensor("x", (m, k), 0.02, zp)
+    y = L.QTensor("y", (m, n), 0.04, 0 if wide else -3, "int16" if wide else "int8")
+    return grouped_dense("gd", x, y, group_grid(rng.normal(0, 0.05, (n, k)), group),
+                         rng.normal(0, 0.2, n), L.WIDE_CLIP if wide else (-128, 127))
+
+
+@pytest.mark.parametrize("preset", list(CFGS))
+@settings(max_examples=3, deadline=None, suppress_health_check=list(HealthCheck))
+@given(m=st.integers(1, 6), groups=st.integers(1, 5), n=st.integers(1, 40),
+       zp=st.integers(-128, 127), wide=st.booleans(), seed=st.integers(0, 2**31))
+def test_the_device_is_bit_exact_and_physical(preset, m, groups, n, zp, wide, seed):
+    """Several row and output-block tiles, groups of two K blocks (Q4_1's 32 on
+    ``default``), channels off the block, int8 and int16 outputs; the program reads every
+    weight (int4, two a byte), factor and input once at least and takes no fewer cycles
+    than its MACs need."""
+    cfg = CFGS[preset]
+    rng = np.random.default_rng(seed)
+    ly = _layer(rng, m, 2 * cfg.block_in * groups, n, 2 * cfg.block_in, zp, wide)
+    res = check(region([ly.input], [ly]), cfg, rng)
+    (entry,) = compile_region(region([ly.input], [ly]), cfg).program.meta["layers"]
+    assert entry.get("int4_weights")                     # the codes move at 4 bits
+    c = res.counters
+    bad = violations(ly.macs, c["cycles"], c["dram_read_bytes"], c["dram_write_bytes"],
+                     entry["min_read_bytes"], entry["min_write_bytes"],
+                     cfg.block_in * cfg.block_out)
+    assert not bad, bad
+    assert entry["min_read_bytes"] >= ly.weight.size // 2 + 4 * ly.scales.size
+
+
+def test_what_the_device_cannot_take_stays_on_the_cpu():
+    """Groups not made of whole K blocks, or not tiling K, are refused by name (the CPU
+    reference still runs them)."""
+    cfg = CFGS["default"]
+    rng = np.random.default_rng(0)
+    for k, group in ((40, 8), (40, 32)):
+        ly = _layer(rng, 2, k, 5, group, 0)
+        why = lowering_supports(ly, cfg)
+        assert why and f"groups of {group} input rows over K={k}" in why, why
+        assert run_layer(ly, {"x": np.zeros((2, k), np.int8)}).shape == (2, 5)
