@@ -308,7 +308,7 @@ def regexes(text: str) -> tuple[str, ...]:
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    ap.add_argument("--quant", default="w8a8", choices=("w8a8", "w4a8"))
+    ap.add_argument("--quant", default="w8a8", choices=("w8a8", "w4a8", "w4g32"))
     ap.add_argument("--smooth", default=None, help="SmoothQuant's alpha, or 'none' "
                     "(default: the library's, dsa_tvm.llm.model.SMOOTH)")
     ap.add_argument("--smooth-folds", default=None, help="comma-separated, of "
@@ -347,9 +347,10 @@ def main() -> None:
                     "group from its minimum to its maximum (GGUF Q4_1's form), not symmetric")
     ap.add_argument("--head-bits", type=int, choices=(4, 8), default=None, help="with "
                     "--weight-groups: the head's (the logits') weight bits (default: --quant's)")
-    ap.add_argument("--smooth-group", type=int, default=1, metavar="G", help="one "
+    ap.add_argument("--smooth-group", type=int, default=None, metavar="G", help="one "
                     "smoothing factor per run of G input channels (with --weight-groups G "
-                    "--weight-min a Q4_1 weight stays on its grid)")
+                    "--weight-min a Q4_1 weight stays on its grid; default: the library's, "
+                    "32 for w4g32, else 1)")
     ap.add_argument("--window", type=int, default=512, help="tokens a perplexity window "
                     "holds (the largest context bucket; bench_llm.py scores in 2048)")
     a = ap.parse_args()
@@ -389,7 +390,7 @@ def main() -> None:
           f"{' dsa-down-planes' if a.dsa_down_planes else ''}{' gptq' if m.gptq else ''}"
           + (f" weights per group of {a.weight_groups}{' with min' if a.weight_min else ''}"
              if a.weight_groups else "")
-          + (f" smoothing per {a.smooth_group} channels" if a.smooth_group > 1 else "")
+          + (f" smoothing per {m.smooth_group} channels" if m.smooth_group > 1 else "")
           + (f" head {a.head_bits}-bit" if a.head_bits else "")
           + f": {r}"
           + (f", teacher-forced {np.mean(tf):.1%}" if tf else "")

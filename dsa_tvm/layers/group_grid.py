@@ -126,3 +126,42 @@ def _sums(codes: np.ndarray, group: int) -> np.ndarray:
     pad = np.zeros((n, ng * group), np.int64)
     pad[:, :k] = codes
     return pad.reshape(n, ng, group).sum(axis=2)
+
+
+#: the grids :func:`find_grid` tries, in order: 4 bits before 8, larger groups first
+#: (fewer factors to move); GGUF's Q4_1 and Q8_1 use 32
+GRID_BITS = (4, 8)
+GRID_GROUPS = (128, 64, 32, 16)
+#: how close (relative to the weight's largest magnitude) a weight must be to the grid
+GRID_TOLERANCE = 4e-6
+_FOUND: dict[bytes, GroupGrid | None] = {}
+
+
+def find_grid(w: np.ndarray) -> GroupGrid | None:
+    """The grid a float [N, K] weight lies on (within float32 rounding), or None: a
+    weight quantized per group (``quantize_onnx(..., weight_group=...)``, a GGUF file)
+    keeps its grid however it was stored. Remembered by content: the front end asks
+    about each weight several times."""
+    import hashlib
+
+    w = np.ascontiguousarray(w, np.float32)
+    key = hashlib.blake2b(w.tobytes(), digest_size=16).digest() + repr(w.shape).encode()
+    if key not in _FOUND:
+        if len(_FOUND) > 4096:
+            _FOUND.clear()
+        _FOUND[key] = _search(w)
+    return _FOUND[key]
+
+
+def _search(w: np.ndarray) -> GroupGrid | None:
+    if w.ndim != 2 or not w.size or not np.isfinite(w).all():
+        return None
+    tol = GRID_TOLERANCE * float(np.abs(w).max())
+    for bits in GRID_BITS:
+        for group in GRID_GROUPS:
+            if group > w.shape[1]:
+                continue
+            g = group_grid(w, group, bits)
+            if np.abs(g.values() - w).max() <= tol:
+                return g
+    return None

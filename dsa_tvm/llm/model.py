@@ -25,15 +25,19 @@ from .step import Arch, export_step, run_step_fp32
 if TYPE_CHECKING:
     import onnx
 
-QUANTS = ("w8a8", "w4a8", "fp32")
+QUANTS = ("w8a8", "w4a8", "w4g32", "fp32")
 #: SmoothQuant's migration strength folded into the quantized steps' weights by default
 #: (llm.smooth), and the inputs it smooths: the two folds into the RMSNorm weights. On the
 #: int16 residual stream they help; the folds into up_proj's and v_proj's rows hurt
 #: (their outputs have int8 grids of their own). Measured on SmolLM2, docs/llm.md.
 SMOOTH: float | None = 0.5
 SMOOTH_FOLDS: tuple[str, ...] = ("qkv", "gate_up")
-#: weight bits of each quantization (fp32: nothing simulated)
-QUANT_WEIGHT_BITS = {"w8a8": 8, "w4a8": 4}
+#: weight bits of each quantization (fp32: nothing simulated). w4g32: int4 codes with a
+#: scale and a minimum per group of 32 input rows (GGUF Q4_1's grid, the DSA's grouped
+#: dense), the head at 8 bits on the same kind of grid
+QUANT_WEIGHT_BITS = {"w8a8": 8, "w4a8": 4, "w4g32": 4}
+#: input rows per weight group of each grouped quantization
+QUANT_WEIGHT_GROUP = {"w4g32": 32}
 #: calibration: decode steps at these many positions of each calibration text
 CALIBRATION_TOKENS = 48
 CALIBRATION_CACHE = 64
@@ -158,7 +162,7 @@ class CompiledLLM:
                  prefill_buckets: tuple[int, ...] = PREFILL,
                  context_buckets: tuple[int, ...] = CONTEXT, offload: str = "all",
                  rows_concat: str = "host", smooth: float | None = SMOOTH,
-                 smooth_folds: tuple[str, ...] = SMOOTH_FOLDS, smooth_group: int = 1,
+                 smooth_folds: tuple[str, ...] = SMOOTH_FOLDS, smooth_group: int | None = None,
                  wide_residual: bool = True, wide_down: bool | None = None,
                  wide_attention: bool = True, wide_logits: bool = True,
                  gptq: bool | None = None, verbose: bool = False) -> None:
@@ -186,8 +190,11 @@ class CompiledLLM:
         #: SmoothQuant's alpha (None: no smoothing); it changes nothing at quant "fp32"
         self.smooth = None if smooth is None else check_alpha(smooth)
         self.smooth_folds = check_folds(smooth_folds)   # which inputs (llm.smooth.FOLDS)
-        #: input channels sharing one smoothing factor (``smooth_llama``'s ``group``)
-        self.smooth_group = check_group(smooth_group)
+        #: input channels sharing one smoothing factor (``smooth_llama``'s ``group``). None:
+        #: the weight group of a grouped quantization (per-channel factors would take its
+        #: weights off their grid), else 1
+        self.smooth_group = check_group(QUANT_WEIGHT_GROUP.get(quant, 1) if smooth_group is None
+                                        else smooth_group)
         #: the residual stream on int16 grids (``llm.residual``; False: int8, as before)
         self.wide_residual = bool(wide_residual)
         #: down_proj's input (the SiLU-gate product) on an int16 grid, its dense run as two
@@ -207,6 +214,10 @@ class CompiledLLM:
         if gptq not in (None, True, False):
             raise ValueError(f"gptq must be True, False or None (GPTQ for W4A8 only), got "
                              f"{gptq!r}")
+        if gptq and quant in QUANT_WEIGHT_GROUP:
+            raise ValueError(f"gptq rounds each output channel on one grid; {quant}'s weights "
+                             f"keep a grid per group of {QUANT_WEIGHT_GROUP[quant]} rows: "
+                             f"leave gptq off")
         self.gptq = (quant == "w4a8") if gptq is None else bool(gptq)
         self._step_hf = None   # the model the DSA's steps are exported from (step_model)
         self._calibrated = None
@@ -270,8 +281,11 @@ class CompiledLLM:
     @property
     def dram_weight_bits(self) -> int:
         """Bits each weight takes in DRAM: 4 for W4A8 on a part that unpacks int4 weights
-        on LOAD (``dram.int4_weights``), else 8."""
-        return 4 if self.quant == "w4a8" and self.cfg.packs_int4_weights else 8
+        on LOAD (``dram.int4_weights``), 5 for w4g32 (its two int16 factors per 32 weights
+        add one), else 8."""
+        if QUANT_WEIGHT_BITS.get(self.quant) != 4 or not self.cfg.packs_int4_weights:
+            return 8
+        return 4 + 32 // QUANT_WEIGHT_GROUP[self.quant] if self.quant in QUANT_WEIGHT_GROUP else 4
 
     def on_hardware(self, hw: Any) -> "CompiledLLM":
         """This model compiled for other hardware ``hw``: the int8 calibration and the
@@ -300,7 +314,13 @@ class CompiledLLM:
         """The options :func:`~dsa_tvm.quant.api.quantize_onnx` calibrates the steps with
         (``step``: the calibration step as intake left it); a study overrides it to keep
         nodes FP32 or widen more tensors."""
-        from .residual import attention_probabilities, gate_products, logits, residual_stream
+        from .residual import (
+            attention_probabilities,
+            gate_products,
+            head_matmuls,
+            logits,
+            residual_stream,
+        )
 
         wide = ((residual_stream(step) if self.wide_residual else set())
                 | (gate_products(step) if self.wide_down else set())
@@ -308,7 +328,9 @@ class CompiledLLM:
                 | (logits(step) if self.wide_logits else set()))
         return dict(show_progress=False, quantize_norms=self.cfg.norm_units >= 1,
                     split_outliers=False, bias_correction=False,
-                    weight_bits=QUANT_WEIGHT_BITS.get(self.quant, 8), wide_tensors=wide)
+                    weight_bits=QUANT_WEIGHT_BITS.get(self.quant, 8), wide_tensors=wide,
+                    weight_group=QUANT_WEIGHT_GROUP.get(self.quant, 0),
+                    wide_weights=head_matmuls(step))
 
     def _quantize(self, tokens: int, cache: int):
         from ..frontend.intake import load_onnx

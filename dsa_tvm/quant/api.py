@@ -42,6 +42,8 @@ class QuantOptions:
     quantize_norms: bool = False
     weight_bits: int = 8      # 4: int4 weight codes (W4A8), 8: int8
     wide_tensors: frozenset[str] = frozenset()   # activations quantized to int16
+    weight_group: int = 0     # > 0: MatMul weights per group of that many input rows
+    wide_weights: frozenset[str] = frozenset()   # grouped MatMuls whose grid takes 8 bits
 
 
 @dataclass
@@ -85,13 +87,18 @@ class QuantizedModel:
     def quantized_layers(self) -> list[str]:
         return [] if self.plan is None else list(self.plan.anchors)
 
+    def _weights_kind(self) -> str:
+        if self.options.weight_group:
+            return f"per-{self.options.weight_group}-row-group (MatMul)"
+        return "per-channel" if self.options.per_channel else "per-tensor"
+
     def summary(self) -> str:
         lines = [f"intake: {n}" for n in self.intake]
         if self.passthrough:
             return "\n".join(lines + ["model is already quantized (QDQ): passed through, not re-quantized"])
         p = self.plan
         lines += [f"quantized {len(p.anchors)} weighted layers and {len(p.followers)} other ops "
-                 f"({self.options.method}, {'per-channel' if self.options.per_channel else 'per-tensor'} "
+                 f"({self.options.method}, {self._weights_kind()} "
                  f"int{self.options.weight_bits} weights, "
                  f"{'symmetric' if self.options.symmetric_activations else 'asymmetric'} "
                  f"activations); {len(p.tensors)} activation tensors in "
@@ -151,7 +158,8 @@ def quantize_onnx(model: onnx.ModelProto | str | Path | Intake, calibration_data
                   split_outliers: bool = True, show_progress: bool = True,
                   verbose: bool = False, shapes: Shapes | None = None,
                   quantize_norms: bool = False, weight_bits: int = 8,
-                  wide_tensors: Iterable[str] = ()) -> QuantizedModel:
+                  wide_tensors: Iterable[str] = (), weight_group: int = 0,
+                  wide_weights: Iterable[str] = ()) -> QuantizedModel:
     """Post-training int8 quantization of an FP32 ONNX model into QDQ form.
 
     ``calibration_data``: feeds, arrays, an ``.npz`` or a folder of images (see
@@ -169,6 +177,11 @@ def quantize_onnx(model: onnx.ModelProto | str | Path | Intake, calibration_data
     residual stream: the DSA adds int16 codes, its norms read them, a dense writes them);
     the model is upgraded to opset 21 for their int16 Q/DQ, and each one is kept quantized
     even where no int8 op reads it.
+    ``weight_group``: MatMul weights on a ``weight_bits``-bit grid per group of that many
+    input rows, from each group's minimum to its maximum (GGUF Q4_1's ``d * q + min``),
+    left as float32 on the grid (QDQ's int8 codes cannot carry an offset per group); the
+    DSA's grouped dense finds the grid again. ``wide_weights``: MatMul node names whose
+    groups take 8 bits (an LLM's head). Other weighted layers stay per channel.
     ``shapes``: fixed shapes for dynamic inputs, e.g. ``{"x": (1, 3, 48, 320)}``; the model goes
     through :func:`dsa_tvm.load_onnx` first (any opset it can upgrade; notes in ``summary()``).
     """
@@ -178,13 +191,18 @@ def quantize_onnx(model: onnx.ModelProto | str | Path | Intake, calibration_data
     check_preprocess(preprocess)
     check_percentile(percentile)
     weight_qmax(weight_bits)  # refuses any other width, naming the choices
+    if not isinstance(weight_group, int) or weight_group < 0:
+        raise ValueError(f"weight_group must be a whole number of input rows (0: per channel), "
+                         f"got {weight_group!r}")
     taken = load_onnx(model, shapes)
     src = taken.model
     opts = QuantOptions(method, per_channel, symmetric_activations, frozenset(keep_fp32),
                         quantize_adds, percentile, bias_correction, split_outliers,
                         quantize_norms, weight_bits,
                         frozenset({wide_tensors} if isinstance(wide_tensors, str)
-                                  else wide_tensors))   # one name is one tensor
+                                  else wide_tensors),   # one name is one tensor
+                        weight_group, frozenset({wide_weights} if isinstance(wide_weights, str)
+                                                else wide_weights))
     if is_qdq(src):  # intake has rewritten a QOperator model into QDQ already
         if verbose:
             print("dsa-tvm quantize: model is already quantized (QDQ); passing it through",
@@ -325,7 +343,8 @@ def _build(fp32: onnx.ModelProto, opts: QuantOptions, ranges: dict[str, tuple[fl
         qparams[root] = activation_qparams(lo, hi, symmetric, floor, bits)
         if opts.quantize_norms and softmax_out.intersection(members):
             qparams[root] = SOFTMAX_OUT_WIDE if bits == 16 else SOFTMAX_OUT
-    qmodel = insert_qdq(fp32, plan, qparams, opts.per_channel, means, opts.weight_bits)
+    qmodel = insert_qdq(fp32, plan, qparams, opts.per_channel, means, opts.weight_bits,
+                        opts.weight_group, opts.wide_weights)
     return QuantizedModel(qmodel, fp32, opts, plan, dict(ranges), qparams, list(folded),
                           input_means=means or {}, side_path=list(side))
 

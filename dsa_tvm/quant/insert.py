@@ -20,6 +20,7 @@ import onnx
 from onnx import helper, numpy_helper
 
 from ..frontend.onnx_graph import Graph
+from ..layers.group_grid import group_grid
 from .bias_correction import conv_shift, dense_shift
 from .plan import Anchor, Plan
 from .qparams import (
@@ -40,10 +41,13 @@ def _add_init(model: onnx.ModelProto, name: str, value: np.ndarray) -> str:
 
 def insert_qdq(model: onnx.ModelProto, plan: Plan, act_qparams: dict[str, ActQuant],
                per_channel: bool = True, input_means: dict[str, np.ndarray] | None = None,
-               weight_bits: int = 8) -> onnx.ModelProto:
+               weight_bits: int = 8, weight_group: int = 0,
+               wide_weights: frozenset[str] = frozenset()) -> onnx.ModelProto:
     """A new model: ``model`` with the plan's QDQ pairs. ``act_qparams`` maps group roots
     (see :meth:`Plan.root`) to their int8 qparams. ``input_means`` (anchor input tensor ->
-    per-channel mean) turns on bias correction (``bias_correction.py``)."""
+    per-channel mean) turns on bias correction (``bias_correction.py``). ``weight_group``:
+    MatMul weights rounded per group of that many input rows instead (:func:`_grouped`;
+    ``wide_weights`` names the MatMuls whose groups take 8 bits)."""
     q = onnx.ModelProto()
     q.CopyFrom(model)
     g = Graph(q)
@@ -82,6 +86,9 @@ def insert_qdq(model: onnx.ModelProto, plan: Plan, act_qparams: dict[str, ActQua
     by_name = {n.name: n for n in nodes}  # the plan names nodes of ``model``; edit the copy's
     for a in plan.anchors.values():
         n = by_name[a.node.name]
+        if weight_group and _grouped(q, g, a, n, weight_group,
+                                     8 if n.name in wide_weights else weight_bits):
+            continue
         ints = anchor_ints(g, a, per_channel, input_means, qp_of(n.input[0]).scale,
                            weight_bits)
         ws, axis, base = ints.w_scales, ints.axis, n.name
@@ -135,6 +142,24 @@ def insert_qdq(model: onnx.ModelProto, plan: Plan, act_qparams: dict[str, ActQua
     _drop_unused(q)
     _ensure_opset(q)
     return q
+
+
+def _grouped(q: onnx.ModelProto, g: Graph, a: Anchor, n: onnx.NodeProto, group: int,
+             bits: int) -> bool:
+    """A MatMul's 2-D weight replaced by its float32 values on a ``bits``-bit grid per
+    ``group`` input rows with a minimum (GGUF Q4_1's form, ``layers.group_grid``): a QDQ
+    graph's int8 codes cannot carry a scale and an offset per group, so the weight stays
+    float and the DSA's grouped dense finds the grid again. False (untouched) for any
+    other anchor."""
+    w = g.const(a.weight)
+    if n.op_type != "MatMul" or w is None or w.ndim != 2:
+        return False
+    grid = group_grid(np.asarray(w, np.float64).T, group, bits)
+    n.input[1] = _add_init(q, f"{n.name}/W_grouped", grid.values().T.astype(np.float32))
+    if a.bias_add is not None:   # the matmul's result first: the order the pattern matches
+        add = next(x for x in q.graph.node if x.name == a.bias_add.name)
+        add.input[0], add.input[1] = n.output[0], a.bias
+    return True
 
 
 @dataclass(frozen=True)

@@ -135,3 +135,98 @@ def test_what_the_device_cannot_take_stays_on_the_cpu():
         why = lowering_supports(ly, cfg)
         assert why and f"groups of {group} input rows over K={k}" in why, why
         assert run_layer(ly, {"x": np.zeros((2, k), np.int8)}).shape == (2, 5)
+
+
+# ----------------------------------------------------------------------------- end to end
+def _mlp():
+    """MatMul -> Relu -> MatMul + bias, K = 64 and 96 (two and three groups of 32)."""
+    from .. import qdq_models as Q
+
+    rng = np.random.default_rng(0)
+    inits = {"W1": Q.rand(rng, 64, 96), "W2": Q.rand(rng, 96, 40), "B2": Q.rand(rng, 40)}
+    nodes = [Q.node("MatMul", ["x", "W1"], ["h"], name="mm1"), Q.node("Relu", ["h"], ["r"]),
+             Q.node("MatMul", ["r", "W2"], ["m2"], name="mm2"),
+             Q.node("Add", ["m2", "B2"], ["out"])]
+    fp32 = Q.make_model(nodes, inits, {"x": (3, 64)}, {"out": None})
+    return fp32, [rng.standard_normal((3, 64)).astype(np.float32) for _ in range(4)]
+
+
+def _on_dsa(qm):
+    import tvm
+    from tvm import relax
+
+    import dsa_tvm
+    from dsa_tvm.runtime import take_launches
+    from dsa_tvm.target import target
+    from tir_schedules.options import options
+
+    with options(offload="all"):
+        ex = tvm.compile(qm.to_relax(), target=target("default"))
+    rep = dsa_tvm.last_compile_report()
+    take_launches()
+    vm = relax.VirtualMachine(ex, tvm.cpu())
+    return rep, lambda x: (vm["main"](tvm.runtime.tensor(x)).numpy(), take_launches())
+
+
+def test_quantized_per_group_the_model_runs_on_the_dsa_as_onnxruntime_runs_it():
+    """``quantize_onnx(weight_group=32)`` leaves each MatMul's weight in float32 on its
+    Q4_1 grid (``wide_weights``: 8 bits); the compiler finds the grids, both MatMuls run
+    as grouped denses on the DSA, each launch bit-exact against the integer reference and
+    the output within one step of onnxruntime on the same graph."""
+    import onnx
+    import onnxruntime as ort
+
+    from dsa_tvm.quant.api import quantize_onnx
+    from tir_schedules.kinds import run_region
+
+    fp32, cal = _mlp()
+    qm = quantize_onnx(fp32, cal, show_progress=False, weight_bits=4, weight_group=32,
+                       wide_weights={"mm2"})
+    inits = {i.name: onnx.numpy_helper.to_array(i) for i in qm.model.graph.initializer}
+    for node, bits in (("mm1", 4), ("mm2", 8)):
+        w = inits[f"{node}/W_grouped"]
+        assert w.dtype == np.float32
+        np.testing.assert_allclose(group_grid(w.T, 32, bits).values(), w.T, rtol=0, atol=1e-6)
+    assert "per-32-row-group" in qm.summary()
+    rep, run = _on_dsa(qm)
+    (region,) = rep.regions
+    assert region.target == "dsa"
+    kinds = [type(ly).__name__ for ly in region.region.layers]
+    assert kinds == ["GroupedDense", "GroupedDense"], kinds
+    so = ort.SessionOptions()
+    so.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL
+    sess = ort.InferenceSession(qm.model.SerializeToString(), so)
+    step = float(inits["out/scale"])
+    for x in cal:
+        y, (launch,) = run(x)
+        want = run_region(region.region, launch.inputs)
+        for name, got in launch.outputs.items():
+            np.testing.assert_array_equal(got, want[name])
+        assert np.abs(y - sess.run(None, {"x": x})[0]).max() <= step * 1.01
+
+
+def test_a_float_weight_on_no_grid_stays_on_the_cpu_named():
+    import onnx
+
+    from dsa_tvm.quant.api import quantize_onnx
+
+    fp32, cal = _mlp()
+    qm = quantize_onnx(fp32, cal, show_progress=False, weight_bits=4, weight_group=32)
+    for init in qm.model.graph.initializer:
+        if init.name == "mm1/W_grouped":      # off the grid: the codes no longer fit
+            w = onnx.numpy_helper.to_array(init)
+            w = w + np.random.default_rng(0).normal(0, 1e-3, w.shape).astype(np.float32)
+            init.CopyFrom(onnx.numpy_helper.from_array(w, init.name))
+    rep, _ = _on_dsa(qm)
+    text = str(rep)
+    assert "grid: the float32 weight (64, 96) is on no per-group grid" in text, text
+    assert "GroupedDense" in text               # the other MatMul still runs on the DSA
+
+
+@pytest.mark.parametrize("bad", [-1, 2.5, "32"])
+def test_a_bad_weight_group_is_refused_naming_it(bad):
+    from dsa_tvm.quant.api import quantize_onnx
+
+    fp32, cal = _mlp()
+    with pytest.raises(ValueError, match="weight_group must be a whole number"):
+        quantize_onnx(fp32, cal, show_progress=False, weight_group=bad)
