@@ -383,48 +383,50 @@ SCALAR_GROUP_SCALE = "dsa.group_scale_scalar"
 
 
 @cache
-def group_scale_intrin(block_out: int, shift: int) -> str:
+def group_scale_intrin(block_out: int) -> str:
     """One row of a group's partial sums ``p`` scaled by the group's factors: ``d =
-    rshift_round(p * g[0] + s * g[1], shift)`` with ``s`` the group's input sum (every
-    lane) and ``g`` the group's two int16 factor rows. Three vector ops into ``d``: MUL,
-    MAC, SHR (``tir_schedules.kinds.grouped_dense``)."""
+    rshift_round(p * g[0] + s * g[1], h)`` with ``s`` the group's input sum (every lane),
+    ``g`` the group's two int16 factor rows and ``h`` a row of shifts (a byte plane's).
+    Three vector ops into ``d``: MUL, MAC, SHR (``tir_schedules.kinds.grouped_dense``)."""
     bo = block_out
-    name = f"dsa.group_scale_{bo}_{shift}"
+    name = f"dsa.group_scale_{bo}"
 
     @_Script.prim_func(s_tir=True)
-    def desc(p: T.handle, s: T.handle, g: T.handle, d: T.handle):
+    def desc(p: T.handle, s: T.handle, g: T.handle, h: T.handle, d: T.handle):
         s0 = T.int32()
         P = T.match_buffer(p, (bo,), "int32", offset_factor=1, scope=SCOPE_ACC)
         S = T.match_buffer(s, (bo,), "int32", offset_factor=1, scope=SCOPE_ACC)
         G = T.match_buffer(g, (2, bo), "int16", strides=[s0, 1], offset_factor=1,
                            scope=SCOPE_ACC)
+        H = T.match_buffer(h, (bo,), "int32", offset_factor=1, scope=SCOPE_ACC)
         D = T.match_buffer(d, (bo,), "int32", offset_factor=1, scope=SCOPE_ACC)
         with T.sblock("root"):
-            T.reads(P[0:bo], S[0:bo], G[0:2, 0:bo])
+            T.reads(P[0:bo], S[0:bo], G[0:2, 0:bo], H[0:bo])
             T.writes(D[0:bo])
             for o in T.serial(bo):
                 with T.sblock("group_scale"):
                     vo = T.axis.remap("S", [o])
                     D[vo] = T.call_pure_extern("int32", SCALAR_GROUP_SCALE, P[vo], S[vo],
                                                T.Cast("int32", G[0, vo]),
-                                               T.Cast("int32", G[1, vo]), shift)
+                                               T.Cast("int32", G[1, vo]), H[vo])
 
     @_Script.prim_func(s_tir=True)
-    def impl(p: T.handle, s: T.handle, g: T.handle, d: T.handle):
+    def impl(p: T.handle, s: T.handle, g: T.handle, h: T.handle, d: T.handle):
         s0 = T.int32()
         P = T.match_buffer(p, (bo,), "int32", offset_factor=1, scope=SCOPE_ACC)
         S = T.match_buffer(s, (bo,), "int32", offset_factor=1, scope=SCOPE_ACC)
         G = T.match_buffer(g, (2, bo), "int16", strides=[s0, 1], offset_factor=1,
                            scope=SCOPE_ACC)
+        H = T.match_buffer(h, (bo,), "int32", offset_factor=1, scope=SCOPE_ACC)
         D = T.match_buffer(d, (bo,), "int32", offset_factor=1, scope=SCOPE_ACC)
         with T.sblock("root"):
-            T.reads(P[0:bo], S[0:bo], G[0:2, 0:bo])
+            T.reads(P[0:bo], S[0:bo], G[0:2, 0:bo], H[0:bo])
             T.writes(D[0:bo])
             T.evaluate(T.call_extern("int32", CALL_ALU, int(AluOp.MUL), D.data, D.elem_offset,
                                      P.data, P.elem_offset, G.data, G.elem_offset, 0, 0))
             T.evaluate(T.call_extern("int32", CALL_ALU, int(AluOp.MAC), D.data, D.elem_offset,
                                      S.data, S.elem_offset, G.data, G.elem_offset + s0, 0, 0))
-            T.evaluate(_alu_call("shr", D, D, D, shift, 1))
+            T.evaluate(_alu_call("shr", D, D, H))
 
     tvm.s_tir.TensorIntrin.register(name, desc, impl, override=True)
     return name

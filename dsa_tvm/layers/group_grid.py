@@ -15,7 +15,8 @@ from dataclasses import dataclass
 import numpy as np
 
 from ..isa import semantics as sem
-from .ir import GroupedDense, QTensor, Requant
+from .ir import BytePlanes, GroupedDense, QTensor, Requant
+from .reference import PLANE_SHIFT
 
 #: the int16 factors' bound (the table rows are loaded from int16 DRAM)
 FACTOR_MAX = 32767
@@ -75,16 +76,22 @@ def _group_sizes(k: int, group: int) -> np.ndarray:
 
 
 def grouped_dense(name: str, x: QTensor, y: QTensor, grid: GroupGrid,
-                  bias: np.ndarray | None = None,
-                  clip: tuple[int, int] = (-128, 127)) -> GroupedDense:
+                  bias: np.ndarray | None = None, clip: tuple[int, int] = (-128, 127)
+                  ) -> GroupedDense | tuple[BytePlanes, GroupedDense]:
     """The integer layer computing ``y = x @ grid.values().T + bias`` (reals) from int8
-    ``x`` (any zero point) into ``y`` (int8, or int16 with REQUANT's wide clip).
+    ``x`` (any zero point) into ``y`` (int8, or int16 with REQUANT's wide clip); an int16
+    ``x`` (zero point 0) becomes its byte planes and a plane grouped dense.
 
     Per channel, the factors ``scales = round(u * step)`` and ``offsets = round(u *
     offset)`` take the largest ``u`` that keeps both within int16 and every group's
-    ``P * scale + S * offset`` within int32 for any int8 input; the layer's ``shift`` is
-    the smallest that keeps the sum over groups and the bias within int32 too. One
-    accumulator unit is then ``s_x * 2^shift / u`` of the output's reals."""
+    ``P * scale + S * offset`` within int32 for any int8 input (each byte plane is one);
+    the layer's ``shift`` is the smallest that keeps the sum over groups (and planes) and
+    the bias within int32 too. One accumulator unit is then ``s_x * 2^shift / u`` of the
+    output's reals (``s_x * 256 * 2^shift / u`` with planes)."""
+    planes = x.dtype == "int16"
+    if planes and x.zero_point:
+        raise ValueError(f"{name}: an int16 input needs zero point 0 (its byte planes), got "
+                         f"{x.zero_point}")
     codes, step, offset = grid.codes.astype(np.int64), grid.step, grid.offset
     n, k = codes.shape
     sizes = _group_sizes(k, grid.group)
@@ -106,7 +113,10 @@ def grouped_dense(name: str, x: QTensor, y: QTensor, grid: GroupGrid,
     reals_of_zp = s_x * x.zero_point * (step * _sums(codes, grid.group)
                                         + offset * sizes).sum(axis=1)
     v_worst = (np.abs(scales) * p_max + np.abs(offsets) * s_max).sum(axis=1)
-    for shift in range(32):
+    if planes:                                  # the lo plane's sums add 1/256 as much
+        v_worst = v_worst * (1 + 2.0**-PLANE_SHIFT)
+        s_x *= 2**PLANE_SHIFT                   # a hi code is 256 input steps
+    for shift in range(32 - PLANE_SHIFT * planes):
         unit = s_x * 2.0**shift / u                              # reals per accumulator unit
         acc_bias = np.rint((b - reals_of_zp) / unit)
         if (v_worst / 2.0**shift + np.abs(acc_bias) + 1).max() <= INT32_LIMIT:
@@ -115,8 +125,14 @@ def grouped_dense(name: str, x: QTensor, y: QTensor, grid: GroupGrid,
         raise ValueError(f"{name}: the bias does not fit int32 at any shift")
     mult, rshift = sem.quantize_multipliers(unit / float(y.scale))
     rq = Requant(mult, rshift, int(y.zero_point), tuple(clip))
-    return GroupedDense(name, x, y, grid.codes, grid.group, scales.astype(np.int16),
-                        offsets.astype(np.int16), shift, acc_bias.astype(np.int32), rq)
+    ints = (grid.codes, grid.group, scales.astype(np.int16), offsets.astype(np.int16), shift,
+            acc_bias.astype(np.int32), rq)
+    if not planes:
+        return GroupedDense(name, x, y, *ints)
+    rows = tuple(x.shape)
+    split = QTensor(f"{name}/planes", rows[:-2] + (2 * rows[-2], rows[-1]), x.scale, 0)
+    return (BytePlanes(f"{name}/planes", x, split),
+            GroupedDense(name, split, y, *ints, planes=True))
 
 
 def _sums(codes: np.ndarray, group: int) -> np.ndarray:

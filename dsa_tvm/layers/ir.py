@@ -586,11 +586,15 @@ class GroupedDense:
         acc[m, n] = wrap32(sum_g V + bias[n]);   y = requant(acc)
 
     ``scales`` and ``offsets`` are int16 fixed-point factors (``layers.group_grid`` makes
-    them from real weights); a partial last group is allowed here, not on the device."""
+    them from real weights); a partial last group is allowed here, not on the device.
+
+    ``planes``: the input holds int16 codes as two int8 byte planes (``BytePlanes``:
+    (..., 2M, K), hi rows then lo rows); each plane's ``V`` as above, the lo plane's
+    shifted by ``shift + 8``, all of them summed (``x = 256 hi + lo``)."""
 
     name: str
-    input: QTensor           # (..., K)
-    output: QTensor          # (..., N)
+    input: QTensor           # (..., K); planes: (..., 2M, K)
+    output: QTensor          # (..., N); planes: (..., M, N)
     weight: np.ndarray       # int8 [N, K] (int4 codes for Q4_1)
     group: int               # input rows per group
     scales: np.ndarray       # int16 [N, ceil(K / group)]
@@ -598,6 +602,7 @@ class GroupedDense:
     shift: int               # the right shift of each group's V (0..31)
     bias: np.ndarray         # int32 [N]
     requant: Requant
+    planes: bool = False
 
     @property
     def groups_per_row(self) -> int:
@@ -605,7 +610,7 @@ class GroupedDense:
 
     @property
     def macs(self) -> int:
-        rows = int(np.prod(self.input.shape[:-1]))
+        rows = int(np.prod(self.input.shape[:-1]))   # planes: both planes' rows
         return rows * self.weight.shape[0] * self.weight.shape[1]
 
 

@@ -27,7 +27,7 @@ from .spec import ACTS, Kind, act, dq, q, variant_name
 from .weights import weight_constraints
 
 
-def _merged_heads() -> DFPattern:
+def merged_heads() -> DFPattern:
     """permute_dims then reshape (attention's head merge), a permute_dims alone, or a
     reshape alone of an attention matmul's output (the head merge of one token, where the
     transpose moves an axis of extent 1)."""
@@ -53,7 +53,7 @@ def _pattern(bias: bool, act_name: str | None, flat: bool = False,
              merged: bool = False) -> DFPattern:
     w = dq(is_const())
     x = (dq(is_op("relax.reshape")(wildcard(), wildcard())) if flat
-         else dq(_merged_heads()) if merged else dq())
+         else dq(merged_heads()) if merged else dq())
     mm = is_op("relax.matmul")(x, w | is_op("relax.permute_dims")(w))
     if bias:
         mm = is_op("relax.add")(mm, dq(is_const()))
@@ -82,6 +82,16 @@ def _flat_input(r: Reader, dq_expr) -> Operand:
     return Operand(rs.args[0], r.qparams(dq_call), flat)
 
 
+def check_head_merge(r: Reader, x: Operand) -> None:
+    """NotAMatch unless ``x`` arrives through attention's head merge."""
+    if not x.moves:
+        raise NotAMatch("no head merge before the dense")
+    if len(x.moves) == 1 and x.moves[0][1] == tuple(range(len(x.moves[0][1]))) \
+            and not _attention_output(r, x.expr):
+        raise NotAMatch("a reshape alone before a dense is a head merge only after an "
+                        "attention matmul")
+
+
 def _read(r: Reader, root: Root, flat: bool = False, merged: bool = False) -> Match:
     fused, body = r.activation(root.body)
     bias, body = r.bias_add(body)
@@ -89,12 +99,8 @@ def _read(r: Reader, root: Root, flat: bool = False, merged: bool = False) -> Ma
     perm = r.call(op.args[1], "relax.permute_dims")
     w = r.operand(perm.args[0] if perm is not None else op.args[1])
     x = _flat_input(r, op.args[0]) if flat else r.operand(op.args[0], moves=merged)
-    if merged and not x.moves:
-        raise NotAMatch("no head merge before the dense")
-    if merged and len(x.moves) == 1 and x.moves[0][1] == tuple(range(len(x.moves[0][1]))) \
-            and not _attention_output(r, x.expr):
-        raise NotAMatch("a reshape alone before a dense is a head merge only after an "
-                        "attention matmul")
+    if merged:
+        check_head_merge(r, x)
     kind = "dense_flat" if flat else "dense_merged" if merged else "dense"
     return root.match(kind, op, [x], weight=w,
                       weight_transposed=perm is not None, bias=bias, act=fused)

@@ -30,7 +30,7 @@ from dsa_tvm.isa import semantics as sem
 from dsa_tvm.layers.checks import elements, with_weights
 from dsa_tvm.layers.ir import WIDE_CLIP, GroupedDense
 from dsa_tvm.layers.layouts import image_dims, pack_conv_weights
-from dsa_tvm.layers.reference import apply_requant
+from dsa_tvm.layers.reference import PLANE_SHIFT, apply_requant
 
 from ..intrinsics import (
     SCALAR_GROUP_SCALE,
@@ -59,13 +59,19 @@ class GroupedShape:
     gk: int             # input blocks per group
     block_in: int
     block_out: int
-    shift: int          # each group's right shift
+    shift: int          # each group's right shift (the lo plane's: 8 more)
     output_zp: int
     clip: tuple[int, int]
+    planes: bool = False  # the input rows are int16 codes' byte planes: hi rows, lo rows
 
     @property
     def groups(self) -> int:
         return self.kb // self.gk
+
+    @property
+    def p(self) -> int:
+        """Planes of input rows behind each output row."""
+        return 2 if self.planes else 1
 
 
 @dataclass(frozen=True)
@@ -77,41 +83,44 @@ class GroupedKnobs:
 
 def grouped_dense(s: GroupedShape) -> tirx.PrimFunc:
     """Stages ``part``, ``xsum`` (GEMMs), ``scaled`` (the group stage), ``acc`` (the sum
-    over groups), ``requant``, ``y``."""
-    bi, bo, gk, ng = s.block_in, s.block_out, s.gk, s.groups
-    x = te.placeholder((s.m, s.kb, bi), "int8", name="x")
+    over groups and planes), ``requant``, ``y``. Each plane's shift is a row of
+    ``shifts`` (SHR's tensor form: the lo plane shifts 8 more)."""
+    bi, bo, gk, ng, np_ = s.block_in, s.block_out, s.gk, s.groups, s.p
+    x = te.placeholder((np_, s.m, s.kb, bi), "int8", name="x")
     w = te.placeholder((s.nb, s.kb, bo, bi), "int8", name="w")
     ones = te.placeholder((bo, bi), "int8", name="ones")
     factors = te.placeholder((s.nb, ng, 2, bo), "int16", name="factors")
+    shifts = te.placeholder((np_, bo), "int32", name="shifts")
     params = te.placeholder((s.nb, 3, bo), "int32", name="params")
     r, i = te.reduce_axis((0, gk), "r"), te.reduce_axis((0, bi), "i")
     part = te.compute(
-        (s.m, ng, s.nb, bo),
-        lambda m, g, n, o: te.sum(x[m, g * gk + r, i].astype("int32")
-                                  * w[n, g * gk + r, o, i].astype("int32"), axis=[r, i]),
+        (np_, s.m, ng, s.nb, bo),
+        lambda p, m, g, n, o: te.sum(x[p, m, g * gk + r, i].astype("int32")
+                                     * w[n, g * gk + r, o, i].astype("int32"), axis=[r, i]),
         name="part")
     r2, i2 = te.reduce_axis((0, gk), "r2"), te.reduce_axis((0, bi), "i2")
     xsum = te.compute(
-        (s.m, ng, bo),
-        lambda m, g, o: te.sum(x[m, g * gk + r2, i2].astype("int32")
-                               * ones[o, i2].astype("int32"), axis=[r2, i2]),
+        (np_, s.m, ng, bo),
+        lambda p, m, g, o: te.sum(x[p, m, g * gk + r2, i2].astype("int32")
+                                  * ones[o, i2].astype("int32"), axis=[r2, i2]),
         name="xsum")
     scaled = te.compute(
-        (s.m, ng, s.nb, bo),
-        lambda m, g, n, o: tirx.call_pure_extern(
-            "int32", SCALAR_GROUP_SCALE, part[m, g, n, o], xsum[m, g, o],
+        (np_, s.m, ng, s.nb, bo),
+        lambda p, m, g, n, o: tirx.call_pure_extern(
+            "int32", SCALAR_GROUP_SCALE, part[p, m, g, n, o], xsum[p, m, g, o],
             factors[n, g, 0, o].astype("int32"), factors[n, g, 1, o].astype("int32"),
-            s.shift),
+            shifts[p, o]),
         name="scaled")
-    rg = te.reduce_axis((0, ng), "g")
-    acc = te.compute((s.m, s.nb, bo), lambda m, n, o: te.sum(scaled[m, rg, n, o], axis=rg),
+    rp, rg = te.reduce_axis((0, np_), "p"), te.reduce_axis((0, ng), "g")
+    acc = te.compute((s.m, s.nb, bo),
+                     lambda m, n, o: te.sum(scaled[rp, m, rg, n, o], axis=[rp, rg]),
                      name="acc")
     lo, hi = s.clip
     rq = te.compute(acc.shape, lambda m, n, o: tirx.call_pure_extern(
         "int32", SCALAR_REQUANT, acc[m, n, o], params[n, 0, o], params[n, 1, o],
         params[n, 2, o], s.output_zp, lo, hi), name="requant")
     y = te.compute(acc.shape, lambda *idx: rq(*idx).astype(_out_dtype(s)), name="y")
-    return te.create_prim_func([x, w, ones, factors, params, y])
+    return te.create_prim_func([x, w, ones, factors, shifts, params, y])
 
 
 def _out_dtype(s: GroupedShape) -> str:
@@ -122,11 +131,13 @@ def _out_dtype(s: GroupedShape) -> str:
 def grouped_footprint(s: GroupedShape, k: GroupedKnobs) -> dict[str, int]:
     nbuf = 2 if k.double_buffer else 1
     tm, tn, ng = k.tile_m, k.tile_nb, s.groups
-    return {"inp": nbuf * tm * s.kb,
+    rows = s.p * tm                       # input rows behind the tile's output rows
+    return {"inp": nbuf * rows * s.kb,
             "wgt": nbuf * tn * s.kb + 1,
             # part and scaled per group, xsum per group, the sum and its requantize; the
-            # factor rows (two a group) and the output-stage table
-            "acc": nbuf * (2 * tm * ng * tn + tm * ng + 2 * tm * tn + 2 * ng * tn + 3 * tn)}
+            # factor rows (two a group), the shifts and the output-stage table
+            "acc": nbuf * (2 * rows * ng * tn + rows * ng + 2 * tm * tn + 2 * ng * tn
+                           + s.p + 3 * tn)}
 
 
 def grouped_fits(cfg: HardwareConfig, s: GroupedShape, k: GroupedKnobs) -> str | None:
@@ -141,12 +152,12 @@ def _part_levels(cfg: HardwareConfig, s: GroupedShape, k: GroupedKnobs) -> list[
     nb = (tn, 1, 0, s.kb)
     g = (ng, tn, s.gk, s.gk)
     r = (s.gk, 0, 1, 1)
-    m = (k.tile_m, ng * tn, s.kb, 0)
+    m = (s.p * k.tile_m, ng * tn, s.kb, 0)      # the planes' rows: one level
     return [nb, g, r, m] if pixels_inner(cfg) else [m, g, nb, r]
 
 
 def _xsum_levels(s: GroupedShape, k: GroupedKnobs) -> list[tuple]:
-    return [(k.tile_m, s.groups, s.kb, 0), (s.groups, 1, s.gk, 0), (s.gk, 0, 1, 0)]
+    return [(s.p * k.tile_m, s.groups, s.kb, 0), (s.groups, 1, s.gk, 0), (s.gk, 0, 1, 0)]
 
 
 def estimate_grouped_cycles(cfg: HardwareConfig, s: GroupedShape, k: GroupedKnobs) -> float:
@@ -158,10 +169,11 @@ def estimate_grouped_cycles(cfg: HardwareConfig, s: GroupedShape, k: GroupedKnob
     rows = k.tile_m * k.tile_nb
     gemm = (tile_gemm_cycles(cfg, _part_levels(cfg, s, k))
             + tile_gemm_cycles(cfg, _xsum_levels(s, k)) + 2 * cfg.gemm_fill_drain_cycles)
-    alu = (4 * s.groups + 1) * rows * cfg.alu_cycles_per_row + 5 * cfg.alu_latency_cycles
+    alu = ((4 * s.groups * s.p + 1) * rows * cfg.alu_cycles_per_row
+           + 5 * cfg.alu_latency_cycles)
     compute = tiles * output_stage_cycles(cfg, gemm, alu)
     w_bytes = k.tile_nb * (s.kb * cfg.wgt_tile_bytes + s.groups * 4 * s.block_out)
-    in_bytes = k.tile_m * s.kb * s.block_in
+    in_bytes = s.p * k.tile_m * s.kb * s.block_in
     out_bytes = rows * s.block_out * (2 if _out_dtype(s) == "int16" else 1)
     dma = tiles_n * (w_bytes + tiles_m * (in_bytes + out_bytes)) / bw + tiles * lat * 0.1
     return max(compute, dma) if k.double_buffer else compute + dma
@@ -207,23 +219,24 @@ def schedule_grouped_dense(func: tirx.PrimFunc, cfg: HardwareConfig, s: GroupedS
         sch.set_scope(blk, 0, SCOPE_ACC)
     for blk in (rq, acc, scaled, xsum, part):     # consumers first: each lands under m_o
         sch.compute_at(blk, m_o, preserve_unit_loops=True)
-    pm, g, pn, o, r, _ = sch.get_loops(part)[-6:]
+    pp, pm, g, pn, o, r, _ = sch.get_loops(part)[-7:]
     ws = pixels_inner(cfg)
-    sch.reorder(*((pn, g, r, pm) if ws else (pm, g, pn, r)), o)
+    sch.reorder(*((pn, g, r, pp, pm) if ws else (pp, pm, g, pn, r)), o)
     x_s = sch.cache_read(part, 0, SCOPE_INP, consumer_blocks=[part, xsum])
     sch.compute_at(x_s, m_o)
     for blk, index, scope in ((part, 1, SCOPE_WGT), (xsum, 1, SCOPE_WGT),
-                              (scaled, 2, SCOPE_ACC), (rq, 1, SCOPE_ACC)):
+                              (scaled, 2, SCOPE_ACC), (scaled, 3, SCOPE_ACC),
+                              (rq, 1, SCOPE_ACC)):
         sch.compute_at(sch.cache_read(blk, index, scope), nb_o)
-    sch.decompose_reduction(part, pn if ws else pm)
+    sch.decompose_reduction(part, pn if ws else pp)
     sch.tensorize(o, gemm_intrin(cfg.block_in, cfg.block_out))
-    xm, xg, xo, xr, xi = sch.get_loops(xsum)[-5:]
+    xp, _, _, xo, xr, _ = sch.get_loops(xsum)[-6:]
     sch.reorder(xr, xo)
-    sch.decompose_reduction(xsum, xm)
+    sch.decompose_reduction(xsum, xp)
     sch.tensorize(xo, gemm_intrin(cfg.block_in, cfg.block_out))
-    sch.tensorize(sch.get_loops(scaled)[-1], group_scale_intrin(cfg.block_out, s.shift))
-    am, an, ao, ag = sch.get_loops(acc)[-4:]
-    sch.reorder(ag, ao)
+    sch.tensorize(sch.get_loops(scaled)[-1], group_scale_intrin(cfg.block_out))
+    am, _, ao, ap, ag = sch.get_loops(acc)[-5:]
+    sch.reorder(ap, ag, ao)
     sch.decompose_reduction(acc, am)
     sch.tensorize(sch.get_loops(sch.get_sblock("acc_update"))[-1],
                   acc_intrin("add", cfg.block_out))
@@ -244,8 +257,16 @@ def device_problem(layer: GroupedDense, block_in: int) -> str | None:
                 f"groups of whole {block_in}-row blocks")
     if layer.input.dtype != "int8":
         return f"an {layer.input.dtype} input (the grouped dense reads int8 rows)"
-    if not 0 <= layer.shift <= 31:
-        return f"group shift {layer.shift} outside 0..31"
+    if not 0 <= layer.shift <= 31 - PLANE_SHIFT * layer.planes:
+        return f"group shift {layer.shift} outside 0..{31 - PLANE_SHIFT * layer.planes}"
+    if layer.planes:
+        shape = tuple(layer.input.shape)
+        want = shape[:-2] + (shape[-2] // 2, layer.weight.shape[0])
+        if (len(shape) < 2 or shape[-2] % 2 or int(np.prod(shape[:-2], dtype=np.int64)) != 1
+                or tuple(layer.output.shape) != want or layer.input.zero_point):
+            return (f"byte planes need one matrix of an even number of rows (hi rows, then "
+                    f"lo rows), zero point 0 and output {want}; got {shape} (zero point "
+                    f"{layer.input.zero_point}) -> {tuple(layer.output.shape)}")
     return None
 
 
@@ -255,10 +276,10 @@ def grouped_recipe(layer: GroupedDense, cfg: HardwareConfig, consts: bool) -> Re
     if problem:
         raise UnsupportedLayer(f"{layer.name}: {problem}")
     n_out, k = (int(d) for d in layer.weight.shape)
-    rows = image_dims(layer.input.shape)[2]
+    rows = image_dims(layer.output.shape)[2]
     rq = layer.requant
     shape = GroupedShape(rows, k // bi, ceil_div(n_out, bo), layer.group // bi, bi, bo,
-                         layer.shift, rq.zero_point, rq.clip)
+                         layer.shift, rq.zero_point, rq.clip, layer.planes)
     r = Recipe(KIND, shape, {"x": layer.input})
     if consts:
         nb, ng = shape.nb, shape.groups
@@ -269,6 +290,8 @@ def grouped_recipe(layer: GroupedDense, cfg: HardwareConfig, consts: bool) -> Re
                 nb, k // bi, bo, bi),
             "ones": np.ones((bo, bi), np.int8),
             "factors": np.ascontiguousarray(f.reshape(nb, bo, ng, 2).transpose(0, 2, 3, 1)),
+            "shifts": np.repeat(layer.shift + PLANE_SHIFT * np.arange(shape.p, dtype=np.int32),
+                                bo).reshape(shape.p, bo),
             "params": requant_table(layer, layer.bias, n_out, bo)}
     return r
 
@@ -276,18 +299,22 @@ def grouped_recipe(layer: GroupedDense, cfg: HardwareConfig, consts: bool) -> Re
 def run_grouped_dense(ly: GroupedDense, env: dict[str, np.ndarray]) -> np.ndarray:
     """The integer reference (``layers.ir.GroupedDense``), in the ALU's own arithmetic."""
     x = env[ly.input.name].astype(np.int64)
-    rows = x.reshape(-1, x.shape[-1])
     w = ly.weight.astype(np.int64)
-    acc = np.zeros((rows.shape[0], w.shape[0]), np.int64)
-    for g in range(ly.groups_per_row):
-        ks = slice(g * ly.group, (g + 1) * ly.group)
-        p = rows[:, ks] @ w[:, ks].T
-        s = rows[:, ks].sum(axis=1, keepdims=True)
-        v = sem.wrap_int32(sem.wrap_int32(p * ly.scales[:, g].astype(np.int64))
-                           + s * ly.offsets[:, g].astype(np.int64))
-        acc += sem.rshift_round(v, ly.shift)
+    lead, m = x.shape[:-2], x.shape[-2] // (2 if ly.planes else 1)
+    planes = ([(x[..., :m, :], ly.shift), (x[..., m:, :], ly.shift + PLANE_SHIFT)]
+              if ly.planes else [(x, ly.shift)])
+    acc = np.zeros((int(np.prod(lead, dtype=np.int64)) * m, w.shape[0]), np.int64)
+    for plane, shift in planes:
+        rows = plane.reshape(-1, x.shape[-1])
+        for g in range(ly.groups_per_row):
+            ks = slice(g * ly.group, (g + 1) * ly.group)
+            p = rows[:, ks] @ w[:, ks].T
+            s = rows[:, ks].sum(axis=1, keepdims=True)
+            v = sem.wrap_int32(sem.wrap_int32(p * ly.scales[:, g].astype(np.int64))
+                               + s * ly.offsets[:, g].astype(np.int64))
+            acc += sem.rshift_round(v, shift)
     out = apply_requant(acc + ly.bias.astype(np.int64), ly.requant, axis=-1)
-    return out.reshape(*x.shape[:-1], w.shape[0])
+    return out.reshape(*lead, m, w.shape[0])
 
 
 def grouped_bounds(ly: GroupedDense) -> tuple[int, int]:
