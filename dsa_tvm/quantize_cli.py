@@ -45,6 +45,10 @@ def add_parser(sub) -> None:
     q.add_argument("--weight-bits", type=int, default=8, choices=[4, 8],
                    help="4: W4A8, int4 weight codes (half the DRAM bytes on a part with "
                         "dram.int4_weights); 8: int8 (default)")
+    q.add_argument("--weight-group", type=_positive_int, default=None, metavar="G",
+                   help="MatMul weights on a --weight-bits grid per group of G input rows with "
+                        "a minimum (GGUF Q4_1's form; the DSA's grouped dense), not per "
+                        "output channel")
     q.add_argument("--no-bias-correction", action="store_true")
     q.add_argument("--no-outlier-split", action="store_true")
     q.add_argument("--sensitivity", action="store_true", help="rank layers by what FP32 would buy")
@@ -120,13 +124,14 @@ def _quantize(args: argparse.Namespace) -> int:
                      what="evaluation data" if args.eval else "calibration data")
     qm = quantize_onnx(taken, _data(args.calib, model, "calibration data"), method=args.method,
                        keep_fp32=keep, per_channel=not args.per_tensor_weights,
-                       weight_bits=args.weight_bits,
+                       weight_bits=args.weight_bits, weight_group=args.weight_group or 0,
                        symmetric_activations=args.symmetric_activations,
                        num_batches=args.num_batches, preprocess=args.preprocess,
                        percentile=args.percentile, bias_correction=not args.no_bias_correction,
                        split_outliers=not args.no_outlier_split, show_progress=not args.quiet)
     print(qm.summary())
-    suffix = "_w4a8.onnx" if args.weight_bits == 4 else "_int8.onnx"
+    suffix = (f"_w{args.weight_bits}g{args.weight_group}.onnx" if args.weight_group
+              else "_w4a8.onnx" if args.weight_bits == 4 else "_int8.onnx")
     out = Path(args.output) if args.output else src.with_name(src.stem + suffix)
     notes = []
     if not args.eval:

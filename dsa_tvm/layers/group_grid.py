@@ -173,11 +173,16 @@ def _search(w: np.ndarray) -> GroupGrid | None:
     if w.ndim != 2 or not w.size or not np.isfinite(w).all():
         return None
     tol = GRID_TOLERANCE * float(np.abs(w).max())
+    sample = w[:64]            # a grid that misses these channels misses: try them first
+
+    def fits(x: np.ndarray, group: int, bits: int) -> GroupGrid | None:
+        g = group_grid(x, group, bits)
+        return g if np.abs(g.values() - x).max() <= tol else None
+
     for bits in GRID_BITS:
         for group in GRID_GROUPS:
-            if group > w.shape[1]:
-                continue
-            g = group_grid(w, group, bits)
-            if np.abs(g.values() - w).max() <= tol:
-                return g
+            if group <= w.shape[1] and fits(sample, group, bits) is not None:
+                found = fits(w, group, bits)
+                if found is not None:
+                    return found
     return None

@@ -125,6 +125,35 @@ def test_the_device_is_bit_exact_and_physical(preset, m, groups, n, zp, wide, se
     assert entry["min_read_bytes"] >= ly.weight.size // 2 + 4 * ly.scales.size
 
 
+@pytest.mark.parametrize("preset", list(CFGS))
+@settings(max_examples=3, deadline=None, suppress_health_check=list(HealthCheck))
+@given(m=st.integers(1, 5), groups=st.integers(1, 4), n=st.integers(1, 40),
+       seed=st.integers(0, 2**31))
+def test_an_int16_input_runs_as_byte_planes_bit_exact(preset, m, groups, n, seed):
+    """An int16 input (an LLM's down_proj: the SiLU-gate product) becomes BytePlanes and a
+    plane grouped dense; on the device bit-exact, and within about one output step of the
+    float dense on the exact int16 codes (codes at both ends of int16 included)."""
+    cfg = CFGS[preset]
+    rng = np.random.default_rng(seed)
+    k = 2 * cfg.block_in * groups
+    x = L.QTensor("x", (1, m, k), 1e-4, 0, "int16")
+    w = rng.normal(0, 0.05, (n, k))
+    bias = rng.normal(0, 0.05, n)
+    y_scale = float(np.abs(w).sum(1).max()) * 1e-4 * 32768 / 100
+    y = L.QTensor("y", (1, m, n), y_scale, 1)
+    grid = group_grid(w, 2 * cfg.block_in)
+    split, ly = grouped_dense("gd", x, y, grid, bias)
+    assert ly.planes and split.output is ly.input
+    codes = rng.integers(-32768, 32768, (1, m, k)).astype(np.int16)
+    codes.flat[:2] = (32767, -32768)
+    reg = region([x], [split, ly])
+    check(reg, cfg, rng, xs={"x": codes})
+    got = run_layer(ly, {ly.input.name: run_layer(split, {"x": codes})}).astype(np.float64)
+    want = (np.minimum(codes, 32639).astype(np.float64) * x.scale) @ grid.values().T + bias
+    want = np.clip(want / y.scale + y.zero_point, -128, 127)
+    assert np.abs(got - want).max() <= 1.0
+
+
 def test_what_the_device_cannot_take_stays_on_the_cpu():
     """Groups not made of whole K blocks, or not tiling K, are refused by name (the CPU
     reference still runs them)."""
@@ -135,6 +164,13 @@ def test_what_the_device_cannot_take_stays_on_the_cpu():
         why = lowering_supports(ly, cfg)
         assert why and f"groups of {group} input rows over K={k}" in why, why
         assert run_layer(ly, {"x": np.zeros((2, k), np.int8)}).shape == (2, 5)
+    x = L.QTensor("x", (2, 3, 32), 1e-4, 0, "int16")       # planes of two matrices
+    _, ly = grouped_dense("gd", x, L.QTensor("y", (2, 3, 4), 0.1, 0),
+                          group_grid(rng.normal(0, 1, (4, 32)), 32))
+    assert "byte planes need one matrix" in lowering_supports(ly, cfg)
+    with pytest.raises(ValueError, match="int16 input needs zero point 0"):
+        grouped_dense("gd", L.QTensor("x", (2, 32), 1e-4, 5, "int16"), ly.output,
+                      group_grid(rng.normal(0, 1, (4, 32)), 32))
 
 
 # ----------------------------------------------------------------------------- end to end
@@ -230,3 +266,25 @@ def test_a_bad_weight_group_is_refused_naming_it(bad):
     fp32, cal = _mlp()
     with pytest.raises(ValueError, match="weight_group must be a whole number"):
         quantize_onnx(fp32, cal, show_progress=False, weight_group=bad)
+
+
+def test_cli_quantize_weight_group_writes_the_grids(tmp_path, capsys):
+    import onnx
+
+    from dsa_tvm.cli import main
+
+    fp32, cal = _mlp()
+    src = tmp_path / "mlp.onnx"
+    onnx.save(fp32, src)
+    np.savez(tmp_path / "cal.npz", x=np.stack(cal))
+    assert main(["quantize", str(src), "--calib", str(tmp_path / "cal.npz"), "--weight-bits",
+                 "4", "--weight-group", "32", "--quiet"]) == 0
+    assert "per-32-row-group (MatMul) int4 weights" in capsys.readouterr().out
+    q = onnx.load(str(tmp_path / "mlp_w4g32.onnx"))      # the default name says what it is
+    grids = [onnx.numpy_helper.to_array(i) for i in q.graph.initializer
+             if i.name.endswith("/W_grouped")]
+    assert len(grids) == 2 and all(np.allclose(group_grid(w.T, 32, 4).values(), w.T,
+                                               rtol=0, atol=1e-6) for w in grids)
+    with pytest.raises(SystemExit):
+        main(["quantize", str(src), "--calib", str(tmp_path / "cal.npz"), "--weight-group", "0"])
+    assert "--weight-group: must be a positive integer" in capsys.readouterr().err

@@ -138,6 +138,32 @@ def test_w4a8_reads_half_the_weight_bytes_and_stays_bit_exact(w8a8):
     assert np.isfinite(w4.perplexity(w4.source.encode("The quick brown fox jumps")))
 
 
+def test_w4g32_runs_every_projection_as_a_grouped_dense(w8a8):
+    """w4g32 (int4 codes with a scale and a minimum per 32 input rows, the head at 8
+    bits): every projection and the head are grouped denses, the decode step in W8A8's
+    launches (down_proj's int16 input as byte planes), bit-exact; a token reads the codes
+    (the head's at 8 bits) and two int16 factors per 32 weights, less than W8A8."""
+    from dsa_tvm.layers.ir import GroupedDense
+
+    g = load("tiny", quant="w4g32", **BUCKETS)
+    assert g.dram_weight_bits == 5 and g.smooth_group == 32 and not g.gptq
+    gg, g8 = (m.generate(PROMPT, max_new_tokens=2) for m in (g, w8a8))
+    assert [s.launches for s in gg.decode] == [s.launches for s in g8.decode]
+    arch = g.arch
+    layers = [ly for d in g.reports[(1, 16)].regions if d.target == "dsa"
+              for ly in d.region.layers]
+    assert sum(isinstance(ly, GroupedDense) for ly in layers) == 7 * arch.layers + 1
+    sg, s8 = gg.decode[-1], g8.decode[-1]
+    head = arch.vocab * arch.hidden
+    codes = arch.weight_bytes(4) + head // 2                   # the head's codes at 8 bits
+    factors = 4 * (arch.weight_bytes(8) // 32)
+    assert codes + factors <= sg.read_weights < s8.read_weights, (sg.read_weights, codes)
+    assert sg.read_kv == s8.read_kv
+    assert_steps_bit_exact(g, gg.ids[:1])
+    with pytest.raises(ValueError, match="leave gptq off"):
+        load("tiny", quant="w4g32", gptq=True, **BUCKETS)
+
+
 @pytest.mark.parametrize("call, match", [
     (lambda m: m.generate("", 4), "empty prompt"),
     (lambda m: m.run_step([1, 2], m.new_cache()), "first token runs alone"),

@@ -50,6 +50,10 @@ def describe_layer(layer: Layer) -> str:
         extra += f" groups={layer.groups}"
     if hasattr(layer, "kind"):
         extra += f" {layer.kind}"
+    if hasattr(layer, "group"):    # a grouped dense: a scale and an offset per group
+        extra += f" scaled per {layer.group} rows"
+    if getattr(layer, "planes", False):
+        extra += " on byte planes"
     ins_s = " + ".join(str(tuple(s)) for s in ins)
     return f"{type(layer).__name__} {layer.name}: {ins_s}{extra} -> {tuple(layer.output.shape)}"
 
