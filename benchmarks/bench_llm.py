@@ -82,7 +82,7 @@ def main() -> None:
                     help="the attention's probabilities on int8 grids (not int16)")
     ap.add_argument("--parts", default="accuracy,speed")
     ap.add_argument("--quants", default="w8a8,w4a8",
-                    help="DSA quantizations, comma-separated (w8a8, w4a8)")
+                    help="DSA quantizations, comma-separated (w8a8, w4a8, w4g32)")
     ap.add_argument("--contexts", default="128,512,2048")
     ap.add_argument("--smooth", default=None,
                     help="SmoothQuant's alpha folded into the DSA steps' weights (default: "
@@ -95,6 +95,9 @@ def main() -> None:
     ap.add_argument("--smooth-folds", default=None,
                     help="the inputs smoothed, comma-separated (qkv, gate_up, down, o; default: "
                          "the library's, dsa_tvm.llm.model.SMOOTH_FOLDS)")
+    ap.add_argument("--gptq", choices=("on", "off"), default=None,
+                    help="W4A8's weight rounding (default: the library's, GPTQ); 'off' for a "
+                         "speed-only run (the codes change, the programs and cycles do not)")
     args = ap.parse_args()
     from dsa_tvm.llm.gptq import TEXT_START
 
@@ -115,7 +118,9 @@ def main() -> None:
     opts["rows_concat"] = args.rows_concat
     if args.narrow_attention:
         opts["wide_attention"] = False
-    models = {q: load(args.model, hw=args.hw, quant=q, verbose=True, **opts, **buckets)
+    gptq = None if args.gptq is None else args.gptq == "on"
+    models = {q: load(args.model, hw=args.hw, quant=q, verbose=True, **opts, **buckets,
+                      **({"gptq": gptq} if gptq is not None and q == "w4a8" else {}))
               for q in quants}
     if quants:
         print(f"smooth: {models[quants[0]].smooth} {models[quants[0]].smooth_folds}; GPTQ: "
@@ -223,10 +228,9 @@ def transformers_tokens_per_s(model, tokens: int = 32) -> float:
 def speed(dsa, contexts: tuple[int, ...], args) -> None:
     from dsa_tvm.llm.context_sweep import decode_point, plot_decode
 
-    bits = dsa.dram_weight_bits
     print(f"\n{dsa.quant.upper()} decode on {args.hw} ({dsa.cfg.mhz:g} MHz, DRAM "
           f"{dsa.cfg.bandwidth_bytes_per_cycle * dsa.cfg.mhz / 1e3:g} GB/s), "
-          f"{dsa.arch.weight_bytes(bits) / 1e6:.1f} MB of int{bits} weights per token")
+          f"{dsa.dram_weight_bytes / 1e6:.1f} MB of weights per token")
     print(f"{'context':>8} {'cycles/tok':>11} {'tok/s':>8} {'roofline':>9} {'frac':>5} "
           f"{'weights MB':>10} {'KV MB':>6} {'act MB':>6} {'bw use':>6} {'launch':>6} "
           f"{'host us':>7} {'sim s/tok':>9} {'(first)':>7}")

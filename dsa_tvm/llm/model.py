@@ -279,13 +279,19 @@ class CompiledLLM:
         return feeds
 
     @property
-    def dram_weight_bits(self) -> int:
-        """Bits each weight takes in DRAM: 4 for W4A8 on a part that unpacks int4 weights
-        on LOAD (``dram.int4_weights``), 5 for w4g32 (its two int16 factors per 32 weights
-        add one), else 8."""
-        if QUANT_WEIGHT_BITS.get(self.quant) != 4 or not self.cfg.packs_int4_weights:
-            return 8
-        return 4 + 32 // QUANT_WEIGHT_GROUP[self.quant] if self.quant in QUANT_WEIGHT_GROUP else 4
+    def dram_weight_bytes(self) -> int:
+        """Weight bytes one token must read from DRAM (the roofline's): every weight's
+        code, int4 codes two a byte on a part that unpacks them on LOAD (``dram.int4_weights``),
+        and for a grouped quantization the head's codes at 8 bits and two int16 factors
+        per group of every channel."""
+        a = self.arch
+        packs = QUANT_WEIGHT_BITS.get(self.quant) == 4 and self.cfg.packs_int4_weights
+        group = QUANT_WEIGHT_GROUP.get(self.quant)
+        if group is None:
+            return a.weight_bytes(4 if packs else 8)
+        head = a.vocab * a.hidden
+        codes = (a.weight_bytes(8) - head) // (2 if packs else 1) + head
+        return codes + 4 * (a.weight_bytes(8) // group)
 
     def on_hardware(self, hw: Any) -> "CompiledLLM":
         """This model compiled for other hardware ``hw``: the int8 calibration and the

@@ -127,7 +127,8 @@ def test_w4a8_reads_half_the_weight_bytes_and_stays_bit_exact(w8a8):
     """W4A8 on a part that unpacks int4 on LOAD: every linear layer's weights (the tied
     lm_head too) are read two codes a byte, and every launch is still bit-exact."""
     w4 = load("tiny", quant="w4a8", **BUCKETS)
-    assert w4.dram_weight_bits == 4 and w8a8.dram_weight_bits == 8
+    assert w4.dram_weight_bytes == w4.arch.weight_bytes(4)
+    assert w8a8.dram_weight_bytes == w8a8.arch.weight_bytes(8)
     g4, g8 = (m.generate(PROMPT, max_new_tokens=2) for m in (w4, w8a8))
     s4, s8 = g4.decode[-1], g8.decode[-1]
     assert s4.bucket == s8.bucket and s4.read_kv == s8.read_kv
@@ -146,7 +147,7 @@ def test_w4g32_runs_every_projection_as_a_grouped_dense(w8a8):
     from dsa_tvm.layers.ir import GroupedDense
 
     g = load("tiny", quant="w4g32", **BUCKETS)
-    assert g.dram_weight_bits == 5 and g.smooth_group == 32 and not g.gptq
+    assert g.smooth_group == 32 and not g.gptq
     gg, g8 = (m.generate(PROMPT, max_new_tokens=2) for m in (g, w8a8))
     assert [s.launches for s in gg.decode] == [s.launches for s in g8.decode]
     arch = g.arch
@@ -157,6 +158,7 @@ def test_w4g32_runs_every_projection_as_a_grouped_dense(w8a8):
     head = arch.vocab * arch.hidden
     codes = arch.weight_bytes(4) + head // 2                   # the head's codes at 8 bits
     factors = 4 * (arch.weight_bytes(8) // 32)
+    assert g.dram_weight_bytes == codes + factors
     assert codes + factors <= sg.read_weights < s8.read_weights, (sg.read_weights, codes)
     assert sg.read_kv == s8.read_kv
     assert_steps_bit_exact(g, gg.ids[:1])
