@@ -9,6 +9,7 @@ from dsa_tvm.tuning import Task
 from tir_schedules.kinds.conv2d import ConvShape
 from tir_schedules.kinds.eltwise import EltwiseShape
 from tir_schedules.kinds.global_pool import GlobalSumShape
+from tir_schedules.kinds.grouped_dense import GroupedShape
 from tir_schedules.kinds.matmul import MatmulShape
 from tir_schedules.kinds.space import sample_knobs
 from tir_schedules.kinds.window import WindowShape
@@ -36,6 +37,9 @@ SHAPES = {
     # down_proj on byte planes: a (2, 6) image of 5 input blocks, each pixel's pair joined
     "dense_planes": ConvShape(1, 2, 6, 5, 3, 1, 1, (1, 1), (0,) * 4, (1, 1), 16, 16, 0, 0,
                               (-32768, 32767), planes=True),
+    # Q4_1 weights: 4 rows, three groups of two K blocks, 3 output blocks; and on planes
+    "grouped_dense": GroupedShape(4, 6, 3, 2, 16, 16, 3, 0, (-128, 127)),
+    "grouped_planes": GroupedShape(3, 4, 2, 2, 16, 16, 5, 0, (-128, 127), planes=True),
 }
 
 

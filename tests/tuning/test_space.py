@@ -34,6 +34,7 @@ from dsa_tvm.tuning.search import (
 from dsa_tvm.tuning.task import measure_knobs
 from tir_schedules.kinds import kind_of
 from tir_schedules.kinds.conv2d import ConvShape
+from tir_schedules.kinds.grouped_dense import GroupedShape
 from tir_schedules.kinds.matmul import MatmulShape
 from tir_schedules.kinds.space import check_knobs, knobs_from_mod, perf_shape, sample_knobs
 from tir_schedules.kinds.window import WindowShape
@@ -98,7 +99,7 @@ def test_instruction_counts_match_the_lowered_programs(data):
 
 def _with_block(shape, cfg):
     """``shape`` with the block sizes of ``cfg``."""
-    if isinstance(shape, (ConvShape, MatmulShape)):
+    if isinstance(shape, (ConvShape, MatmulShape, GroupedShape)):
         return dataclasses.replace(shape, block_in=cfg.block_in, block_out=cfg.block_out)
     return dataclasses.replace(shape, block=cfg.block_out)
 

@@ -27,11 +27,13 @@ from tvm import s_tir, te, tirx
 from dsa_tvm.hw.config import HardwareConfig
 from dsa_tvm.intmath import ceil_div
 from dsa_tvm.isa import semantics as sem
+from dsa_tvm.isa.instructions import ALU_LEVELS, GEMM_LEVELS
 from dsa_tvm.layers.checks import elements, with_weights
 from dsa_tvm.layers.ir import WIDE_CLIP, GroupedDense
 from dsa_tvm.layers.layouts import image_dims, pack_conv_weights
 from dsa_tvm.layers.reference import PLANE_SHIFT, apply_requant
 
+from ..counts import copy_count, nest_count, reduction_count
 from ..intrinsics import (
     SCALAR_GROUP_SCALE,
     acc_intrin,
@@ -147,17 +149,20 @@ def grouped_fits(cfg: HardwareConfig, s: GroupedShape, k: GroupedKnobs) -> str |
 
 
 def _part_levels(cfg: HardwareConfig, s: GroupedShape, k: GroupedKnobs) -> list[tuple]:
-    """One tile's ``part`` GEMM loop levels (extent, acc, inp, wgt strides)."""
-    tn, ng = k.tile_nb, s.groups
+    """One tile's ``part`` GEMM loop levels (extent, acc, inp, wgt strides), in the order
+    :func:`schedule_grouped_dense` gives them."""
+    tm, tn, ng = k.tile_m, k.tile_nb, s.groups
     nb = (tn, 1, 0, s.kb)
     g = (ng, tn, s.gk, s.gk)
     r = (s.gk, 0, 1, 1)
-    m = (s.p * k.tile_m, ng * tn, s.kb, 0)      # the planes' rows: one level
-    return [nb, g, r, m] if pixels_inner(cfg) else [m, g, nb, r]
+    p = (s.p, tm * ng * tn, tm * s.kb, 0)
+    m = (tm, ng * tn, s.kb, 0)
+    return [nb, g, r, p, m] if pixels_inner(cfg) else [p, m, g, nb, r]
 
 
 def _xsum_levels(s: GroupedShape, k: GroupedKnobs) -> list[tuple]:
-    return [(s.p * k.tile_m, s.groups, s.kb, 0), (s.groups, 1, s.gk, 0), (s.gk, 0, 1, 0)]
+    tm, ng = k.tile_m, s.groups
+    return [(s.p, tm * ng, tm * s.kb, 0), (tm, ng, s.kb, 0), (ng, 1, s.gk, 0), (s.gk, 0, 1, 0)]
 
 
 def estimate_grouped_cycles(cfg: HardwareConfig, s: GroupedShape, k: GroupedKnobs) -> float:
@@ -193,11 +198,27 @@ def default_grouped_knobs(cfg: HardwareConfig, s: GroupedShape) -> GroupedKnobs:
 
 
 def grouped_instructions(cfg: HardwareConfig, s: GroupedShape, k: GroupedKnobs) -> int:
-    """Per output-block tile: weights, ones, factors, table; per row tile: rows, the two
-    GEMMs, the group stage's three ops, the sum (its first step and the rest), REQUANT,
-    store (an estimate: the walker may peel a GEMM nest into more)."""
-    tiles_m, tiles_n = s.m // k.tile_m, s.nb // k.tile_nb
-    return tiles_n * (4 + tiles_m * 9) + 1
+    """Per output-block tile its five loads (weights, ones, factors, shifts, table); per
+    row tile the input load, both GEMMs, the group stage's three ops, the sum over groups
+    (its first step apart), REQUANT and the store, each counted with the walker's nest
+    geometry (``tir_schedules.counts``)."""
+    tm, tn, ng, p, kb = k.tile_m, k.tile_nb, s.groups, s.p, s.kb
+    part = (tm * ng * tn, ng * tn, tn, 1)                # p, m, g, n strides of a tile
+    xs = (tm * ng, ng, 1, 0)
+    gemm = (nest_count(_part_levels(cfg, s, k), GEMM_LEVELS)
+            + nest_count(_xsum_levels(s, k), GEMM_LEVELS))
+    stage = [[(e, d, a, b) for e, d, a, b in zip((p, tm, ng, tn), part, src, row)]
+             for src, row in ((part, (0, 0, 2, 2 * ng)),      # MUL: part x factors
+                              (xs, (0, 0, 2, 2 * ng)),        # MAC: xsum x factors
+                              (part, (1, 0, 0, 0)))]          # SHR: by the plane's shift
+    alu = sum(nest_count(lv, ALU_LEVELS) for lv in stage)
+    total = reduction_count([(tm, tn, tn, ng * tn), (tn, 1, 1, 1),
+                             (p, 0, 0, part[0]), (ng, 0, 0, tn)])
+    out = nest_count([(tm, tn, tn, 0), (tn, 1, 1, 3)], ALU_LEVELS) + copy_count(
+        [(tm, tn, s.nb), (tn, 1, 1)])
+    rows = copy_count([(p, tm * kb, s.m * kb), (tm, kb, kb), (kb, 1, 1)])
+    per_row_tile = rows + gemm + alu + total + out
+    return (s.nb // tn) * (5 + (s.m // tm) * per_row_tile) + 1
 
 
 # ----------------------------------------------------------------------------- schedule
