@@ -20,7 +20,9 @@ What happens:
 5. decode speed at each cache bucket against the DRAM roofline, as a table and a PNG;
 6. W4A8: int4 weight codes, which a part with ``[dram] int4_weights`` (every bundled digital
    preset) keeps two a byte and unpacks on LOAD: what half the weight bytes buy in decode
-   speed, and cost in perplexity.
+   speed, and cost in perplexity;
+7. W4G32: int4 codes with a scale and a minimum per 32 input rows (GGUF Q4_1's grid, the
+   DSA's grouped dense), the head at 8 bits: W8A8's accuracy on SmolLM2 (docs/llm.md).
 """
 
 import argparse
@@ -104,3 +106,11 @@ print(f"\nW4A8 at context {p4.bucket}: {p4.tokens_per_s:,.1f} tokens/s against W
       f"{p8.tokens_per_s:,.1f} ({p4.tokens_per_s / p8.tokens_per_s:.2f}x); weights read per "
       f"token {p4.read_weights / 1e6:.3f} MB against {p8.read_weights / 1e6:.3f} MB; "
       f"perplexity {w4.perplexity(text):.2f} (W8A8 {model.perplexity(text):.2f})")
+
+# 7. W4G32: int4 codes on a grid per group of 32 input rows (a scale and a minimum each)
+g4 = load(args.model, hw=args.hw, quant="w4g32", **BUCKETS)
+pg = decode_point(g4, model.context_buckets[0])
+print(f"W4G32 at context {pg.bucket}: {pg.tokens_per_s:,.1f} tokens/s "
+      f"({pg.tokens_per_s / p8.tokens_per_s:.2f}x W8A8's); weights read per token "
+      f"{pg.read_weights / 1e6:.3f} MB (codes and two int16 factors per group); perplexity "
+      f"{g4.perplexity(text):.2f}")

@@ -117,6 +117,8 @@ def test_llm_decode_tutorial(tmp_path):
                                             out, re.M)]
     assert len(fractions) == 2 and all(0 < f <= 100 for f in fractions), out
     assert (tmp_path / "llm" / "decode.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    assert re.search(r"W4G32 at context \d+: [\d,.]+ tokens/s .*perplexity [\d.]+$", out,
+                     re.M), out
 
 
 
