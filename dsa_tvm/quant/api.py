@@ -191,7 +191,7 @@ def quantize_onnx(model: onnx.ModelProto | str | Path | Intake, calibration_data
     check_preprocess(preprocess)
     check_percentile(percentile)
     weight_qmax(weight_bits)  # refuses any other width, naming the choices
-    if not isinstance(weight_group, int) or weight_group < 0:
+    if isinstance(weight_group, bool) or not isinstance(weight_group, int) or weight_group < 0:
         raise ValueError(f"weight_group must be a whole number of input rows (0: per channel), "
                          f"got {weight_group!r}")
     taken = load_onnx(model, shapes)
@@ -218,6 +218,9 @@ def quantize_onnx(model: onnx.ModelProto | str | Path | Intake, calibration_data
                      - {i.name for i in fp32.graph.input})
     if unknown:
         raise ValueError(f"wide_tensors names no tensor of the model: {unknown[:5]}")
+    unknown = sorted(opts.wide_weights - {n.name for n in fp32.graph.node if n.op_type == "MatMul"})
+    if unknown:
+        raise ValueError(f"wide_weights names no MatMul node of the model: {unknown[:5]}")
     g = Graph(fp32)
     plan = make_plan(g, opts.keep_fp32 | set(side), None, quantize_adds,
                      quantize_norms=quantize_norms, wide=opts.wide_tensors)

@@ -259,13 +259,15 @@ def test_a_float_weight_on_no_grid_stays_on_the_cpu_named():
     assert "GroupedDense" in text               # the other MatMul still runs on the DSA
 
 
-@pytest.mark.parametrize("bad", [-1, 2.5, "32"])
+@pytest.mark.parametrize("bad", [-1, 2.5, "32", True])
 def test_a_bad_weight_group_is_refused_naming_it(bad):
     from dsa_tvm.quant.api import quantize_onnx
 
     fp32, cal = _mlp()
     with pytest.raises(ValueError, match="weight_group must be a whole number"):
         quantize_onnx(fp32, cal, show_progress=False, weight_group=bad)
+    with pytest.raises(ValueError, match=r"wide_weights names no MatMul node.*'head'"):
+        quantize_onnx(fp32, cal, show_progress=False, weight_group=32, wide_weights={"head"})
 
 
 def test_cli_quantize_weight_group_writes_the_grids(tmp_path, capsys):
