@@ -44,7 +44,9 @@ class GroupGrid:
 def group_grid(w: np.ndarray, group: int, bits: int = 4) -> GroupGrid:
     """The ``bits``-bit grid from each group's minimum to its maximum in ``2^bits - 1``
     steps, per output channel (``w`` is [N, K], groups run along K; a partial last group
-    keeps its own grid). A constant group has step 0 and codes at the grid's middle."""
+    keeps its own grid). A group already on a coarser uniform grid of at most ``2^bits``
+    levels (GGUF Q4_0's symmetric one, an integer zero point's) keeps that grid, exactly.
+    A constant group has step 0 and codes at the grid's middle."""
     w = np.asarray(w, np.float64)
     if w.ndim != 2 or not w.size:
         raise ValueError(f"group_grid needs a non-empty [N, K] weight, got shape {w.shape}")
@@ -58,7 +60,7 @@ def group_grid(w: np.ndarray, group: int, bits: int = 4) -> GroupGrid:
     pad[:, :k] = w
     blocks = pad.reshape(n, ng, group)
     lo, hi = np.nanmin(blocks, axis=2), np.nanmax(blocks, axis=2)
-    step = (hi - lo) / (2**bits - 1)
+    step = _own_steps(blocks, lo, hi, bits)
     safe = np.where(step > 0, step, 1.0)
     q = np.rint((blocks - lo[..., None]) / safe[..., None])
     q = np.where(step[..., None] > 0, q, 2 ** (bits - 1))
@@ -66,6 +68,24 @@ def group_grid(w: np.ndarray, group: int, bits: int = 4) -> GroupGrid:
     codes = (np.clip(q, 0, 2**bits - 1) - mid).reshape(n, ng * group)[:, :k]
     offset = lo + mid * step
     return GroupGrid(codes.astype(np.int8), step, offset, group)
+
+
+def _own_steps(blocks: np.ndarray, lo: np.ndarray, hi: np.ndarray, bits: int) -> np.ndarray:
+    """Each group's step: the grid its values already lie on when they take at most
+    ``2^bits`` levels of one step from the minimum (the smallest gap between two of its
+    values), else the minimum-to-maximum grid's ``(max - min) / (2^bits - 1)``."""
+    levels = 2**bits - 1
+    even = (hi - lo) / levels
+    tol = 1e-6 * np.maximum(np.abs(lo), np.abs(hi))[..., None]
+    gaps = np.diff(np.sort(blocks, axis=2), axis=2)          # NaN pads sort last
+    gaps = np.where(gaps > tol, gaps, np.inf)
+    own = np.min(np.where(np.isnan(gaps), np.inf, gaps), axis=2, initial=np.inf)
+    finite = np.isfinite(own) & (own > 0)
+    span = np.rint((hi - lo) / np.where(finite, own, 1.0))      # the grid's steps, min to max
+    own = np.where(finite, (hi - lo) / np.maximum(span, 1), 1.0)  # from the extremes: precise
+    q = (blocks - lo[..., None]) / own[..., None]
+    on_grid = np.nanmax(np.abs(q - np.rint(q)) * own[..., None], axis=2) <= tol[..., 0]
+    return np.where(finite & on_grid & (span <= levels), own, even)
 
 
 def _group_sizes(k: int, group: int) -> np.ndarray:
