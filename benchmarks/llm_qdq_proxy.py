@@ -120,7 +120,8 @@ def group_quantized(w: np.ndarray, group: int, bits: int, with_min: bool) -> np.
     """``w`` (in, out), a MatMul's constant weight, rounded on ``bits``-bit grids of its own
     per ``group`` consecutive input rows of each output column: symmetric (scale
     ``max|w| / (2^(bits-1) - 1)``) or, ``with_min``, from the group's minimum in
-    ``2^bits - 1`` steps to its maximum (GGUF Q4_1's form: ``w = d * q + min``)."""
+    ``2^bits - 1`` steps to its maximum (GGUF Q4_1's form: ``w = d * q + min``; a grid
+    the group is already on is kept, as ``layers.group_grid`` does for the DSA)."""
     if group < 1:
         raise ValueError(f"a weight group must hold at least one input row, got {group}")
     if with_min:                   # the grid the DSA's grouped dense runs (layers.group_grid)

@@ -6,8 +6,8 @@ tokens are decoded on the DSA. A decode step's timing does not depend on the cac
 contents, only on the bucket; the fill makes the numbers come from a real cache anyway.
 The roofline of a token is the bytes it must read (every weight once, int8 or packed
 int4 with any per-group factors: ``CompiledLLM.dram_weight_bytes``; the K and V rows of
-the bucket's slots) over the
-DRAM bandwidth; its fraction is that time over the simulated one.
+the bucket's slots) over the DRAM bandwidth; its fraction is that time over the
+simulated one.
 """
 
 from __future__ import annotations
