@@ -14,7 +14,8 @@ Conventions
   as an LLM's residual stream, stored by ACC16 and clamped by REQUANT's wide mode).
   Shapes are the logical shapes of the Relax graph: NCHW for images, (M, K) or
   (B, M, K) for matrices.
-* Weights are int8 and symmetric (zero point 0), per output channel.
+* Weights are int8 and symmetric (zero point 0), per output channel; a
+  :class:`GroupedDense`'s carry a scale and an offset per group of input rows instead.
 * Every layer ends in a :class:`Requant`: ``y = clamp(rshift_round(acc * m[c], s[c]) + zp,
   lo, hi)`` with ``m``, ``s`` per output channel (length 1 = per tensor) and
   ``[lo, hi]`` within [-128, 127] (activations such as ReLU/ReLU6 are folded in).
