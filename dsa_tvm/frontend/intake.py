@@ -5,9 +5,10 @@ arithmetic (``Shape -> Slice -> Concat -> Reshape``) that TVM's ONNX importer ca
 read (``Reshape requires the input new shape to be Shape``, ``Node Identity cannot
 handle ShapeExpr inputs``, ``shape_of expects a tensor input``). Intake, in order:
 reads and validates the graph (naming the file, node or tensor at fault), rewrites
-QOperator int8 ops into QDQ, upgrades opsets below 13 with ``onnx.version_converter``,
-fixes dynamic input dimensions from ``shapes``, simplifies with onnxslim, and checks
-on one seeded input that the result computes what the original does. ``quantize``,
+QOperator int8 ops into QDQ, unpacks weight-only int4 (``weight_only.py``), upgrades
+opsets below 13 with ``onnx.version_converter``, fixes dynamic input dimensions from
+``shapes``, simplifies with onnxslim, and checks on one seeded input that the result
+computes what the original does. ``quantize``,
 ``compile``, ``run_model`` and the command line all take models through it.
 """
 
@@ -23,6 +24,7 @@ import onnx
 from . import fp32_check
 from .qoperator import has_qoperator, to_qdq
 from .validate import IntakeError, check_graph, read_model
+from .weight_only import has_weight_only, unpack_weight_only
 
 #: the opset intake upgrades to: the first with per-axis Quantize/DequantizeLinear
 TARGET_OPSET = 13
@@ -71,13 +73,17 @@ def load_onnx(model: "onnx.ModelProto | str | Path | Intake", shapes: Shapes | N
         notes.extend(qnotes)
         given = "the QDQ rewrite of the model"
     reference = m
+    unpacked = has_weight_only(m)   # int4 per block: TVM reads neither MatMulNBits nor INT4
+    if unpacked:
+        m, wnotes = unpack_weight_only(m, source)
+        notes.extend(wnotes)
     m, upgraded = _upgrade_opset(m, source, notes)
     fixed = _fix_shapes(m, shapes or {}, source, notes)
     final_shapes = _static_shapes(m, source)
     before = [n.op_type for n in m.graph.node]
     slimmed = _slim(m, source, notes) if simplify else m
     simplified = [n.op_type for n in slimmed.graph.node] != before
-    if upgraded or fixed or simplified:
+    if upgraded or fixed or simplified or unpacked:
         check_graph(slimmed, f"{source} (after intake)")
         _check_fp32((reference, given), m, slimmed, final_shapes, source, notes)
     else:

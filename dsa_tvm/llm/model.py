@@ -336,7 +336,8 @@ class CompiledLLM:
                     split_outliers=False, bias_correction=False,
                     weight_bits=QUANT_WEIGHT_BITS.get(self.quant, 8), wide_tensors=wide,
                     weight_group=QUANT_WEIGHT_GROUP.get(self.quant, 0),
-                    wide_weights=head_matmuls(step))
+                    wide_weights=head_matmuls(step),
+                    keep_grids=False)   # w8a8 / w4a8 re-round every weight per channel
 
     def _quantize(self, tokens: int, cache: int):
         from ..frontend.intake import load_onnx

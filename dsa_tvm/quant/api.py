@@ -44,6 +44,7 @@ class QuantOptions:
     wide_tensors: frozenset[str] = frozenset()   # activations quantized to int16
     weight_group: int = 0     # > 0: MatMul weights per group of that many input rows
     wide_weights: frozenset[str] = frozenset()   # grouped MatMuls whose grid takes 8 bits
+    keep_grids: bool = True   # MatMul weights already on a per-group grid stay as they are
 
 
 @dataclass
@@ -87,6 +88,18 @@ class QuantizedModel:
     def quantized_layers(self) -> list[str]:
         return [] if self.plan is None else list(self.plan.anchors)
 
+    @property
+    def kept_grids(self) -> list[str]:
+        """Weighted MatMuls whose float weight the QDQ model keeps on its per-group grid
+        (``keep_grids``; ``weight_group`` rounds the rest onto one)."""
+        if self.plan is None or self.options.weight_group:
+            return []
+        floats = {t.name for t in self.model.graph.initializer
+                  if t.data_type == onnx.TensorProto.FLOAT}
+        names = set(self.plan.anchors)
+        return [n.name for n in self.model.graph.node if n.name in names
+                and n.op_type == "MatMul" and n.input[1] in floats]
+
     def _weights_kind(self) -> str:
         if self.options.weight_group:
             return f"per-{self.options.weight_group}-row-group (MatMul)"
@@ -106,6 +119,11 @@ class QuantizedModel:
         if self.folded_bn:
             lines.append(f"folded {len(self.folded_bn)} batch norms and per-channel scales into "
                          f"the layers before them")
+        kept = self.kept_grids
+        if kept:
+            lines.append(f"kept {len(kept)} MatMul weights on their own per-group grid (as "
+                         f"shipped; the DSA's grouped dense): {', '.join(kept[:4])}"
+                         f"{', ...' if len(kept) > 4 else ''}")
         if self.side_path:
             lines.append(f"split outlier channels off into {len(self.side_path)} FP32 side-path nodes")
         for name, why in sorted(p.kept_fp32.items()):
@@ -159,7 +177,7 @@ def quantize_onnx(model: onnx.ModelProto | str | Path | Intake, calibration_data
                   verbose: bool = False, shapes: Shapes | None = None,
                   quantize_norms: bool = False, weight_bits: int = 8,
                   wide_tensors: Iterable[str] = (), weight_group: int = 0,
-                  wide_weights: Iterable[str] = ()) -> QuantizedModel:
+                  wide_weights: Iterable[str] = (), keep_grids: bool = True) -> QuantizedModel:
     """Post-training int8 quantization of an FP32 ONNX model into QDQ form.
 
     ``calibration_data``: feeds, arrays, an ``.npz`` or a folder of images (see
@@ -182,6 +200,9 @@ def quantize_onnx(model: onnx.ModelProto | str | Path | Intake, calibration_data
     left as float32 on the grid (QDQ's int8 codes cannot carry an offset per group); the
     DSA's grouped dense finds the grid again. ``wide_weights``: MatMul node names whose
     groups take 8 bits (an LLM's head). Other weighted layers stay per channel.
+    ``keep_grids``: a MatMul weight that already lies on such a grid (a weight-only int4
+    model: onnxruntime's MatMulNBits or blocked DequantizeLinear, unpacked by intake) stays
+    exactly as shipped, whatever ``weight_bits`` says; ``False`` re-rounds it like any other.
     ``shapes``: fixed shapes for dynamic inputs, e.g. ``{"x": (1, 3, 48, 320)}``; the model goes
     through :func:`dsa_tvm.load_onnx` first (any opset it can upgrade; notes in ``summary()``).
     """
@@ -202,7 +223,7 @@ def quantize_onnx(model: onnx.ModelProto | str | Path | Intake, calibration_data
                         frozenset({wide_tensors} if isinstance(wide_tensors, str)
                                   else wide_tensors),   # one name is one tensor
                         weight_group, frozenset({wide_weights} if isinstance(wide_weights, str)
-                                                else wide_weights))
+                                                else wide_weights), bool(keep_grids))
     if is_qdq(src):  # intake has rewritten a QOperator model into QDQ already
         if verbose:
             print("dsa-tvm quantize: model is already quantized (QDQ); passing it through",
@@ -347,7 +368,7 @@ def _build(fp32: onnx.ModelProto, opts: QuantOptions, ranges: dict[str, tuple[fl
         if opts.quantize_norms and softmax_out.intersection(members):
             qparams[root] = SOFTMAX_OUT_WIDE if bits == 16 else SOFTMAX_OUT
     qmodel = insert_qdq(fp32, plan, qparams, opts.per_channel, means, opts.weight_bits,
-                        opts.weight_group, opts.wide_weights)
+                        opts.weight_group, opts.wide_weights, opts.keep_grids)
     return QuantizedModel(qmodel, fp32, opts, plan, dict(ranges), qparams, list(folded),
                           input_means=means or {}, side_path=list(side))
 

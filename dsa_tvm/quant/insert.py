@@ -20,7 +20,7 @@ import onnx
 from onnx import helper, numpy_helper
 
 from ..frontend.onnx_graph import Graph
-from ..layers.group_grid import group_grid
+from ..layers.group_grid import find_grid, group_grid
 from .bias_correction import conv_shift, dense_shift
 from .plan import Anchor, Plan
 from .qparams import (
@@ -42,12 +42,15 @@ def _add_init(model: onnx.ModelProto, name: str, value: np.ndarray) -> str:
 def insert_qdq(model: onnx.ModelProto, plan: Plan, act_qparams: dict[str, ActQuant],
                per_channel: bool = True, input_means: dict[str, np.ndarray] | None = None,
                weight_bits: int = 8, weight_group: int = 0,
-               wide_weights: frozenset[str] = frozenset()) -> onnx.ModelProto:
+               wide_weights: frozenset[str] = frozenset(),
+               keep_grids: bool = True) -> onnx.ModelProto:
     """A new model: ``model`` with the plan's QDQ pairs. ``act_qparams`` maps group roots
     (see :meth:`Plan.root`) to their int8 qparams. ``input_means`` (anchor input tensor ->
     per-channel mean) turns on bias correction (``bias_correction.py``). ``weight_group``:
     MatMul weights rounded per group of that many input rows instead (:func:`_grouped`;
-    ``wide_weights`` names the MatMuls whose groups take 8 bits)."""
+    ``wide_weights`` names the MatMuls whose groups take 8 bits). ``keep_grids``: a MatMul
+    weight already on a per-group grid (a weight-only int4 model through intake) stays as
+    it is (:func:`_kept_on_grid`)."""
     q = onnx.ModelProto()
     q.CopyFrom(model)
     g = Graph(q)
@@ -86,6 +89,8 @@ def insert_qdq(model: onnx.ModelProto, plan: Plan, act_qparams: dict[str, ActQua
     by_name = {n.name: n for n in nodes}  # the plan names nodes of ``model``; edit the copy's
     for a in plan.anchors.values():
         n = by_name[a.node.name]
+        if keep_grids and _kept_on_grid(q, g, a, n):
+            continue
         if weight_group and _grouped(q, g, a, n, weight_group,
                                      8 if n.name in wide_weights else weight_bits):
             continue
@@ -151,15 +156,37 @@ def _grouped(q: onnx.ModelProto, g: Graph, a: Anchor, n: onnx.NodeProto, group: 
     graph's int8 codes cannot carry a scale and an offset per group, so the weight stays
     float and the DSA's grouped dense finds the grid again. False (untouched) for any
     other anchor."""
-    w = g.const(a.weight)
-    if n.op_type != "MatMul" or w is None or w.ndim != 2:
+    w = _matmul_weight(g, a, n)
+    if w is None:
         return False
     grid = group_grid(np.asarray(w, np.float64).T, group, bits)
     n.input[1] = _add_init(q, f"{n.name}/W_grouped", grid.values().T.astype(np.float32))
-    if a.bias_add is not None:   # the matmul's result first: the order the pattern matches
+    _bias_second(q, a, n)
+    return True
+
+
+def _kept_on_grid(q: onnx.ModelProto, g: Graph, a: Anchor, n: onnx.NodeProto) -> bool:
+    """A MatMul's 2-D float weight that already lies on a per-group grid
+    (``layers.group_grid.find_grid``: 4 or 8 bits, a scale and an offset per block of input
+    rows, as onnxruntime's MatMulNBits and GGUF ship them) is left as it is: re-rounding it
+    to int8 per channel would move every weight off the grid the model was trained for."""
+    w = _matmul_weight(g, a, n)
+    if w is None or find_grid(np.ascontiguousarray(np.asarray(w, np.float32).T)) is None:
+        return False
+    _bias_second(q, a, n)
+    return True
+
+
+def _matmul_weight(g: Graph, a: Anchor, n: onnx.NodeProto) -> np.ndarray | None:
+    w = g.const(a.weight)
+    return w if n.op_type == "MatMul" and w is not None and w.ndim == 2 else None
+
+
+def _bias_second(q: onnx.ModelProto, a: Anchor, n: onnx.NodeProto) -> None:
+    """The matmul's result first, the bias second: the order the DSA's pattern matches."""
+    if a.bias_add is not None:
         add = next(x for x in q.graph.node if x.name == a.bias_add.name)
         add.input[0], add.input[1] = n.output[0], a.bias
-    return True
 
 
 @dataclass(frozen=True)
