@@ -209,3 +209,18 @@ def test_inconsistent_nodes_are_named(attrs: dict, match: str) -> None:
             a.i = attrs[a.name]
     with pytest.raises(IntakeError, match=f"MatMulNBits 'mm'.*{match}"):
         load_onnx(model)
+
+
+def test_cli_keeps_the_grids_unless_told(tmp_path, capsys) -> None:
+    from dsa_tvm.cli import main
+
+    src = tmp_path / "mlp_int4.onnx"
+    onnx.save(ort_weight_only(mlp(), qdq=False, symmetric=True), str(src))
+    np.savez(tmp_path / "cal.npz", x=np.random.default_rng(0).normal(0, 1, (2, 4, 64)).astype(np.float32))
+    args = ["quantize", str(src), "--calib", str(tmp_path / "cal.npz"), "--preprocess", "raw"]
+    assert main(args + ["-o", str(tmp_path / "kept.onnx")]) == 0
+    assert "kept 2 MatMul weights on their own per-group grid" in capsys.readouterr().out
+    assert main(args + ["--no-keep-grids", "-o", str(tmp_path / "int8.onnx")]) == 0
+    assert "MatMul weights on their own per-group grid" not in capsys.readouterr().out
+    ops = [n.op_type for n in onnx.load(str(tmp_path / "int8.onnx")).graph.node]
+    assert ops.count("DequantizeLinear") >= 2 + 3   # weights and activations
