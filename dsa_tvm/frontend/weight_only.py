@@ -128,8 +128,15 @@ def nbits_weight(n: onnx.NodeProto, inits: dict, source: str = "the model") -> n
         raise IntakeError(f"{source}: MatMulNBits '{n.name}': {packed.size} weight bytes, "
                           f"N={n_dim} x {blocks} blocks x {block * bits // 8} expected")
     q = _unpack_codes(packed.reshape(n_dim, -1), bits, blocks * block)[:, :k_dim]
-    scales = _const(n, 2, inits, source, "scales").astype(np.float32).reshape(n_dim, blocks)
+    scales = _const(n, 2, inits, source, "scales").astype(np.float32)
     zp = _const(n, 3, inits, source, "zero points", optional=True)
+    zp_size = (n_dim * blocks if zp is None or np.issubdtype(zp.dtype, np.floating)
+               else n_dim * -(-blocks * bits // 8))
+    for what, a, size in (("scales", scales, n_dim * blocks), ("zero points", zp, zp_size)):
+        if a is not None and a.size != size:
+            raise IntakeError(f"{source}: MatMulNBits '{n.name}': {a.size} {what}, {size} "
+                              f"expected (N={n_dim} x {blocks} blocks of {block})")
+    scales = scales.reshape(n_dim, blocks)
     if len(n.input) > 4 and n.input[4]:
         raise IntakeError(f"{source}: MatMulNBits '{n.name}' has a g_idx (GPTQ's act-order "
                           f"block map): not supported (onnxruntime's CPU kernel does not compute "
@@ -143,7 +150,15 @@ def nbits_weight(n: onnx.NodeProto, inits: dict, source: str = "the model") -> n
     else:
         zeros = _unpack_codes(zp.reshape(n_dim, -1), bits, blocks).astype(np.float32)
     w = (q.astype(np.float32) - zeros[:, group]) * scales[:, group]
-    return np.ascontiguousarray(w.T.astype(np.float32))
+    return _finite(np.ascontiguousarray(w.T.astype(np.float32)), n, source)
+
+
+def _finite(w: np.ndarray, n: onnx.NodeProto, source: str) -> np.ndarray:
+    if not np.isfinite(w).all():
+        raise IntakeError(f"{source}: {n.op_type} '{n.name}': {int((~np.isfinite(w)).sum())} of "
+                          f"its {w.size} weights are NaN or infinite (its scales or zero points "
+                          f"are): fix the quantized model")
+    return w
 
 
 def _nbits(n: onnx.NodeProto, inits: dict, model: onnx.ModelProto,
@@ -184,7 +199,7 @@ def _fold_blocked(n: onnx.NodeProto, inits: dict, model: onnx.ModelProto, source
         return np.repeat(a, block, axis=axis).take(range(x.shape[axis]), axis=axis)
 
     zeros = 0.0 if zp is None else spread(_ints(inits[n.input[2]]).astype(np.float32))
-    values = ((x - zeros) * spread(scale)).astype(np.float32)
+    values = _finite(((x - zeros) * spread(scale)).astype(np.float32), n, source)
     model.graph.initializer.append(numpy_helper.from_array(values, n.output[0]))
     inits[n.output[0]] = model.graph.initializer[-1]
 

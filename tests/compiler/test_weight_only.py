@@ -224,3 +224,22 @@ def test_cli_keeps_the_grids_unless_told(tmp_path, capsys) -> None:
     assert "MatMul weights on their own per-group grid" not in capsys.readouterr().out
     ops = [n.op_type for n in onnx.load(str(tmp_path / "int8.onnx")).graph.node]
     assert ops.count("DequantizeLinear") >= 2 + 3   # weights and activations
+
+
+@pytest.mark.parametrize("scales, match", [(np.ones((16, 3), np.float32), "48 scales, 32 expected"),
+                                           (np.full((16, 2), np.nan, np.float32), "NaN or infinite")])
+def test_bad_scales_are_named(scales: np.ndarray, match: str) -> None:
+    model = nbits_model(64, 16, 4, 32, (2,))
+    next(t for t in model.graph.initializer if t.name == "S").CopyFrom(
+        numpy_helper.from_array(scales, "S"))
+    with pytest.raises(IntakeError, match=f"MatMulNBits 'mm'.*{match}"):
+        load_onnx(model)
+
+
+def test_blocked_dequantize_with_a_wrong_scale_shape_is_named() -> None:
+    shipped = ort_weight_only(mlp(), qdq=True, symmetric=True)
+    dq = next(n for n in shipped.graph.node if n.op_type == "DequantizeLinear")
+    scale = next(t for t in shipped.graph.initializer if t.name == dq.input[1])
+    scale.CopyFrom(numpy_helper.from_array(np.ones((3, 96), np.float32), scale.name))
+    with pytest.raises(IntakeError, match=r"DequantizeLinear .*scale \(3, 96\).*\(2, 96\) expected"):
+        load_onnx(shipped)
