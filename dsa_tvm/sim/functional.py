@@ -390,7 +390,9 @@ class Machine:
                         None if ins.use_imm else ins.b_base - ins.dst_base, ins.op,
                         self.cfg.block_out)
         base = ins.dst_base
-        if plan.vectorized:
+        if plan.sum_steps:
+            self._sum_steps(base, plan)
+        elif plan.vectorized:
             n = plan.dst.shape[1]
             period = plan.b_period
             for r in range(plan.dst.shape[0]):
@@ -411,6 +413,17 @@ class Machine:
                 self._alu_step(i, ins, slice(base + d[k], base + d[k] + 1),
                                slice(base + a[k], base + a[k] + 1),
                                None if b is None else slice(base + b[k], base + b[k] + 1))
+
+    def _sum_steps(self, base: int, plan) -> None:
+        """An in-place ADD reduction in one gather: the destination rows plus every step's
+        b rows, summed in int64 and wrapped to int32 once (what the steps' int32 adds
+        give, in any order)."""
+        steps, n = plan.dst.shape
+        d = self._rows(base, plan.dst, 0, plan.dst_run, n)
+        terms = self.acc.take((base + plan.b).reshape(-1), axis=1)
+        total = terms.reshape(self.batch, steps, n, -1).sum(axis=1, dtype=np.int64)
+        total += self._read(d)
+        self.acc[:, d] = total.astype(np.int32)
 
     @staticmethod
     def _rows(base: int, offs: np.ndarray, r: int, run: bool, n: int):

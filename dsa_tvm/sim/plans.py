@@ -124,6 +124,9 @@ class AluPlan:
     a_run: bool
     b_run: bool
     b_period: int | None  # every step's b offsets repeat with this period (< n), if any
+    sum_steps: bool = False  # an in-place ADD over steps that reads no row it writes:
+    #                          dst + the sum of every step's b rows (int32 wraps, so the
+    #                          order of the additions does not matter)
 
 
 def _period(x: np.ndarray | None) -> int | None:
@@ -166,8 +169,11 @@ def alu_plan(loops: tuple[AluLoop, ...], a_off: int, b_off: int | None, op: AluO
         if x is not None:
             x.setflags(write=False)
     b_run = _runs(b2)
-    return AluPlan(d2, a2, b2, vec, bool(np.array_equal(a2, d2)), _runs(d2), _runs(a2),
-                   b_run, None if b_run else _period(b2))
+    in_place = bool(np.array_equal(a2, d2))
+    sums = bool(vec and in_place and op == AluOp.ADD and b2 is not None and nred > 1
+                and not np.isin(b2, d2).any())
+    return AluPlan(d2, a2, b2, vec, in_place, _runs(d2), _runs(a2),
+                   b_run, None if b_run else _period(b2), sums)
 
 
 def _alu_vectorizable(op: AluOp, d, a, b, d_step, block_out: int | None = None) -> bool:

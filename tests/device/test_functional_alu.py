@@ -13,6 +13,7 @@ from hypothesis import strategies as st
 from dsa_tvm.isa.builder import ProgramBuilder
 from dsa_tvm.isa.instructions import AluOp, Buffer
 from dsa_tvm.isa.semantics import pack_clip_imm, pack_requant_imm
+from dsa_tvm.sim.plans import alu_plan
 
 from .harness import (
     PROPERTY_CFGS,
@@ -346,4 +347,27 @@ def test_property_alu_tile_matches_loop_reference(data, cfg_name, op, seed):
         imm = pack_requant_imm(zp, min(b1, b2), max(b1, b2))
     call = dict(op=op, dst_base=dst, a_base=a, b_base=b, loops=loops, imm=imm, use_imm=use_imm)
     prog, inputs = _alu_program(cfg, acc, [call], ALU_ROWS)
+    run_and_check(cfg, prog, inputs)
+
+
+@settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(data=st.data(), cfg_name=st.sampled_from(sorted(PROPERTY_CFGS)), seed=st.integers(0, 2**32 - 1))
+def test_property_in_place_add_reduction_matches_loop_reference(data, cfg_name, seed):
+    """An in-place ADD with reduction levels (the grouped dense's sum over groups) runs as
+    one gathered sum (``AluPlan.sum_steps``); it must equal the point-by-point loop, int32
+    wrap-around included."""
+    cfg = PROPERTY_CFGS[cfg_name]
+    bo = cfg.block_out
+    nest = draw_nest(data.draw, 3, "db", 4, 3)
+    loops = [(e, d, d, b) for e, d, b in nest]          # a is the destination
+    loops[data.draw(st.integers(0, 2), label="reduced level")] = (
+        data.draw(st.integers(2, 6), label="steps"), 0, 0, data.draw(st.integers(1, 3)))
+    sd, sb = nest_span(loops, 1), nest_span(loops, 3)
+    rows = sd + sb + 2
+    rng = np.random.default_rng(seed)
+    acc = rand_int32(rng, (rows, bo))                    # full range: sums wrap
+    calls = [dict(op=AluOp.ADD, dst_base=0, a_base=0, b_base=sd + 1, loops=loops)]
+    prog, inputs = _alu_program(cfg, acc, calls, rows)
+    alu = next(ins for ins in prog.instructions if getattr(ins, "op", None) == AluOp.ADD)
+    assume(alu_plan(alu.loops, 0, sd + 1, AluOp.ADD, bo).sum_steps)   # the gathered path
     run_and_check(cfg, prog, inputs)
