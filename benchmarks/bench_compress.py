@@ -23,7 +23,8 @@ same test crops (top-1 agreement, logit cosine) and compiled for the ``default``
   the prepared module (bit for bit) on two test crops.
 
 The transformer rows (all-MiniLM-L6-v2 on English sentences: embedding cosine and
-nearest-neighbour agreement) are ``compress_text.py``'s. Prints a table ("agree": top-1
+nearest-neighbour agreement) are ``compress_text.py``'s; ``minilm_grouped`` has its int4
+weights per group of 32 input rows (the DSA's grouped dense), PTQ and QAT. Prints a table ("agree": top-1
 agreement for EfficientNet-Lite0, nearest-neighbour agreement for MiniLM) and writes
 ``bench_compress.png``.
 """
@@ -37,7 +38,7 @@ import numpy as np
 import onnx
 import torch
 import tvm
-from compress_text import minilm_rows  # a sibling script: benchmarks/ is on sys.path
+from compress_text import minilm_grouped_rows, minilm_rows  # a sibling: benchmarks/ is on sys.path
 from tvm import relax
 
 import dsa_tvm
@@ -263,7 +264,7 @@ def main() -> None:
                     help="2:4 sparse rows: output cosine allowed below the dense int8 prepared "
                          "module's before training; the layers that keep it are pruned "
                          "(default 0.03)")
-    ap.add_argument("--rows", default="ptq,int8,w4,mixed,sparse,minilm",
+    ap.add_argument("--rows", default="ptq,int8,w4,mixed,sparse,minilm,minilm_grouped",
                     help="row groups to run, comma-separated (default: all)")
     ap.add_argument("--png", default="bench_compress.png")
     args = ap.parse_args()
@@ -285,7 +286,8 @@ def main() -> None:
         "mixed": lambda: qat_rows("W4A8 mixed", d()["net"], 4, args.target_drop, *d()["qat"],
                                   steps, args),
         "sparse": lambda: sparse_rows(d()["net"], *d()["sparse"], steps, args),
-        "minilm": lambda: minilm_rows(args, steps, SPARSE_HW)}
+        "minilm": lambda: minilm_rows(args, steps, SPARSE_HW),
+        "minilm_grouped": lambda: minilm_grouped_rows(args, steps)}
     wanted = args.rows.split(",")
     unknown = sorted(set(wanted) - set(groups))
     if unknown:

@@ -76,10 +76,10 @@ class OnDsa:
         return rep.total_cycles, sum(r.dram_read + r.dram_written for r in rep.rows)
 
 
-def ptq_row(label: str, bits: int, cal: list[str], test, ref: np.ndarray) -> dict:
+def ptq_row(label: str, bits: int, cal: list[str], test, ref: np.ndarray, group: int = 0) -> dict:
     t = time.perf_counter()
     qm = quantize_onnx(onnx.load(str(minilm_path())), minilm_feeds(cal), weight_bits=bits,
-                       show_progress=False)
+                       weight_group=group, show_progress=False)
     dsa = OnDsa(qm.model)
     nn_agree, cos = agreement(dsa(*test), ref)
     cycles, nbytes = dsa.cost(*test)
@@ -103,7 +103,7 @@ def layerwise(p, dsa: OnDsa, ids: torch.Tensor, mask: torch.Tensor) -> tuple[int
     layers, checked, exact = iter(order), 0, 0
     for la in take_launches():
         metas = la.program.meta["layers"]
-        mine = [next(layers) for ly in metas if ly["op"] == "Dense"]
+        mine = [next(layers) for ly in metas if ly["op"] in ("Dense", "GroupedDense")]
         if len(metas) != 1 or len(mine) != 1 or len(la.inputs) != 1:
             continue   # GELU's region (dense, table, dense): in the end-to-end comparison
         layer, (x,), (y,) = mine[0], la.inputs.values(), la.outputs.values()
@@ -128,13 +128,14 @@ def _checked(p, test, hw="default") -> tuple[OnDsa, str]:
 
 
 def qat_rows(label: str, net, bits: int, sparse: bool, data: dict, test, ref: np.ndarray,
-             steps: int, args, sparse_hw=None) -> list[dict]:
+             steps: int, args, sparse_hw=None, group: int = 0) -> list[dict]:
     t = time.perf_counter()
     # PTQ's outlier split (the FFN outputs' few huge channels in FP32 beside the layer);
     # at 4 bits also SmoothQuant's scale migration into the weights (measured: it helps
     # W4A8's start, 0.897 -> 0.910 cosine, and costs int8's a little, 0.992 -> 0.990)
     p = qat.prepare(net, (data["cal"][0][:1], data["cal"][1][:1]), [data["cal"]], bits=bits,
-                    learn_scales=True, split_outliers=True, smooth=0.5 if bits == 4 else None)
+                    learn_scales=True, split_outliers=True, smooth=0.5 if bits == 4 else None,
+                    weight_group=group)
     note = ""
     if sparse:
         rep = qat.prune(p, 2, 4, calibration_data=[data["cal"]])
@@ -159,8 +160,8 @@ def qat_rows(label: str, net, bits: int, sparse: bool, data: dict, test, ref: np
             dict(label=f"{label} QAT", top1=after[0], cos=after[1], note=took, **common)]
 
 
-def minilm_rows(args, steps: int, sparse_hw) -> list[dict]:
-    """Every MiniLM row: PTQ int8 / W4A8, QAT int8 / W4A8 / 2:4 sparse int8."""
+def _minilm_data(args, steps: int) -> tuple:
+    """(FP32 module, test tokens, FP32 embeddings, training data, calibration sentences)."""
     n_train, n_test = (96, 24) if args.quick else (384, 48)
     docs = text_sentences(seed=0)
     train_s, test_s = docs[:n_train], docs[n_train:n_train + n_test] + list(SENTENCES)
@@ -175,10 +176,25 @@ def minilm_rows(args, steps: int, sparse_hw) -> list[dict]:
                 heldout=[(ids[-cut:], mask[-cut:])])
     print(f"all-MiniLM-L6-v2: {n_train - cut} training sentences (+{cut} held out) of the "
           f"Python docs, {len(test_s)} test sentences (docs and everyday); {steps} steps")
-    rows = [ptq_row("MiniLM PTQ int8", 8, train_s[:32], test, ref),
-            ptq_row("MiniLM PTQ W4A8", 4, train_s[:32], test, ref)]
+    return net, test, ref, data, train_s[:32]
+
+
+def minilm_rows(args, steps: int, sparse_hw) -> list[dict]:
+    """Every MiniLM row: PTQ int8 / W4A8, QAT int8 / W4A8 / 2:4 sparse int8."""
+    net, test, ref, data, cal_s = _minilm_data(args, steps)
+    rows = [ptq_row("MiniLM PTQ int8", 8, cal_s, test, ref),
+            ptq_row("MiniLM PTQ W4A8", 4, cal_s, test, ref)]
     rows += qat_rows("MiniLM int8", net, 8, False, data, test, ref, steps, args)
     rows += qat_rows("MiniLM W4A8", net, 4, False, data, test, ref, steps, args)
     rows += qat_rows("MiniLM int8 2:4 sparse", net, 8, True, data, test, ref, steps, args,
                      sparse_hw)
+    return rows
+
+
+def minilm_grouped_rows(args, steps: int) -> list[dict]:
+    """MiniLM with int4 weights per group of 32 input rows (the DSA's grouped dense): PTQ
+    (``quantize_onnx(..., weight_group=32)``) and QAT (``prepare(..., weight_group=32)``)."""
+    net, test, ref, data, cal_s = _minilm_data(args, steps)
+    rows = [ptq_row("MiniLM PTQ W4A8 g32", 4, cal_s, test, ref, group=32)]
+    rows += qat_rows("MiniLM W4A8 g32", net, 4, False, data, test, ref, steps, args, group=32)
     return rows

@@ -37,6 +37,9 @@ def add_parser(sub) -> None:
     q.add_argument("--bits", default="w8a8", choices=BITS,
                    help="weights x activations; mixed: 4-bit weights except the layers the "
                         "sensitivity analysis keeps at 8 (see --target-drop)")
+    q.add_argument("--weight-group", type=int, default=0, metavar="G",
+                   help="linear layers' weights per group of G input rows (16, 32, 64, 128) "
+                        "with an offset: the DSA's grouped dense (default 0: per channel)")
     q.add_argument("--sparsity", metavar="N:M",
                    help="prune to N nonzero weights of every aligned M input channels (e.g. "
                         "2:4) before training; depthwise and few-channel layers stay dense")
@@ -170,7 +173,8 @@ def cmd_qat(args: argparse.Namespace) -> int:
     bits = 4 if args.bits == "w4a8" else 8
     try:
         p = qat.prepare(net, (train[0],), cal, bits=bits, learn_scales=True,
-                        learn_weight_scales=args.bits != "w8a8", weight_clip=args.weight_clip)
+                        learn_weight_scales=args.bits != "w8a8", weight_clip=args.weight_clip,
+                        weight_group=args.weight_group)
     except qat.QatError as e:
         raise CliError(str(e)) from None
     print(p.qat_report.summary())
@@ -202,7 +206,8 @@ def cmd_qat(args: argparse.Namespace) -> int:
     print(f"training: {res.summary()}")
     print(f"held-out output cosine with FP32 ({len(held)} images): {before:.4f} before, "
           f"{after:.4f} after")
-    tag = "" if pattern is None else f"-{pattern[0]}of{pattern[1]}"
+    tag = ("" if pattern is None else f"-{pattern[0]}of{pattern[1]}") + (
+        f"-g{args.weight_group}" if args.weight_group else "")
     out = Path(args.out or f"{Path(args.model).stem}-qat-{args.bits}{tag}.onnx")
     qat.export(p, out)
     print(f"wrote {out} (QDQ; the DSA computes the trained module's integers): "

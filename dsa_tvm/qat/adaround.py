@@ -199,7 +199,7 @@ def adaround(module: nn.Module, batches: Sequence[Batch], *, bits: Sequence[int]
     except (RuntimeError, TypeError, ValueError) as e:
         raise QatError(f"the module does not run on the given batches ({type(e).__name__}: "
                        f"{e}); pass inputs shaped as prepare's example inputs") from None
-    names = [n for n in order if layers[n].bits in bits]
+    names = [n for n in order if layers[n].bits in bits and not layers[n].group]
     gen = torch.Generator().manual_seed(seed)
     report = RoundingReport()
     was_training = module.training

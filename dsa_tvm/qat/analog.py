@@ -245,6 +245,8 @@ def _digital_reason(layer: WeightedLayer, skip: Callable[[str], bool]) -> str | 
         return "named in skip"
     if layer.kind == "conv2d" and int(layer.conv.get("groups", 1)) != 1:
         return "depthwise: the vector unit"
+    if layer.group:
+        return f"weights per group of {layer.group} rows: the grouped dense (no crossbar form)"
     return None
 
 

@@ -57,3 +57,11 @@ def straight_through(approx: torch.Tensor, exact: torch.Tensor) -> torch.Tensor:
     """``exact``'s values with ``approx``'s gradient: the forward pass is the integer one,
     the backward pass the fake-quantized float one."""
     return approx + (exact - approx).detach()
+
+
+def activation(y: torch.Tensor, act: tuple[float, float] | None) -> torch.Tensor:
+    """A fused ReLU / Clip (``act``: its bounds, the upper one possibly infinite)."""
+    if act is None:
+        return y
+    lo, hi = act
+    return torch.clamp(y, min=lo, max=None if math.isinf(hi) else hi)

@@ -37,9 +37,9 @@ from ..quant.qparams import (
     weight_qmax,
     weight_qparams,
 )
-from . import exact
+from . import exact, grouped
 from .errors import NonFiniteError, QatError
-from .fake_quant import codes, fake_quant, straight_through
+from .fake_quant import activation, codes, fake_quant, straight_through
 from .onnx_ops import dequantized_constant, quant_dequant
 
 MODES = ("float", "observe", "quant", "export")
@@ -144,7 +144,7 @@ class SameGrid(nn.Module):
         self.mode = "float"
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        y = _activation(x, self.act)
+        y = activation(x, self.act)
         if self.mode == "export":
             return self.grid.quantize(y)
         if self.mode != "quant" or self.act is None:
@@ -157,13 +157,6 @@ class SameGrid(nn.Module):
 
 def _pair(v: int | tuple[int, ...] | list[int]) -> tuple[int, int]:
     return (int(v), int(v)) if isinstance(v, int) else (int(v[0]), int(v[1]))
-
-
-def _activation(y: torch.Tensor, act: tuple[float, float] | None) -> torch.Tensor:
-    if act is None:
-        return y
-    lo, hi = act
-    return torch.clamp(y, min=lo, max=None if math.isinf(hi) else hi)
 
 
 class _Integer(nn.Module):
@@ -180,7 +173,7 @@ class _Integer(nn.Module):
 
     def finish(self, y: torch.Tensor) -> torch.Tensor:
         """Float modes: the activation, observed when calibrating."""
-        y = _activation(y, self.act)
+        y = activation(y, self.act)
         if self.mode == "observe":
             self.out.observe(y)
         return y
@@ -232,6 +225,9 @@ class WeightedLayer(_Integer):
         # qat.analog: reads the products as a CIM part's crossbars would (noise, ADC);
         # None: the DSA's exact integer products
         self.analog = None
+        # > 0: a linear layer's weights on a ``bits``-bit grid per that many input rows, a
+        # scale and an offset per group (the DSA's grouped dense, :mod:`.grouped`)
+        self.group = 0
         self.pad = None  # (left, right, top, bottom) zero padding the convolution cannot state
         if pad is not None:
             left, right, top, bottom = pad
@@ -333,8 +329,8 @@ class WeightedLayer(_Integer):
         """PTQ's bias correction (``quant.bias_correction``): fold the mean output shift that
         rounding the weights causes, predicted from the calibration inputs' channel means,
         into the bias (a layer without one gets one)."""
-        if self.input_means is None or self.input_means.count == 0:
-            return
+        if self.input_means is None or self.input_means.count == 0 or self.group:
+            return   # a grouped layer's offsets follow each group's mean already
         s_w, wq, _, _ = self.quant_params()
         w = self.masked_weight().detach().numpy().astype(np.float64)
         dw = w - dequantized_weights(wq, s_w, 0)
@@ -371,6 +367,8 @@ class WeightedLayer(_Integer):
             self.input_means.update(x.detach().numpy())
         if self.mode in ("float", "observe"):
             return self.finish(self._op(x, self.masked_weight(), self.bias))
+        if self.group:
+            return grouped.forward(self, x)
         s_w, wq, s_b, bq = self.quant_params()
         sw_t = torch.from_numpy(s_w)
         wq_t = torch.from_numpy(wq)
@@ -381,9 +379,9 @@ class WeightedLayer(_Integer):
                 # the compiler's dense kinds read it (F.linear writes a runtime Transpose)
                 w_kn = dequantized_constant(wq_t.t().contiguous(), sw_t, axis=1)
                 y = torch.matmul(x, w_kn) if b is None else torch.matmul(x, w_kn) + b
-                return self.out.quantize(_activation(y, self.act))
+                return self.out.quantize(activation(y, self.act))
             w = dequantized_constant(wq_t, sw_t)
-            return self.out.quantize(_activation(self._op(x, w, b), self.act))
+            return self.out.quantize(activation(self._op(x, w, b), self.act))
         qmax = weight_qmax(self.bits)
         shape = (-1,) + (1,) * (self.weight.dim() - 1)
         w_fq = fake_quant(self.masked_weight(), self.weight_scale_tensor(s_w).reshape(shape), 0,
@@ -392,7 +390,7 @@ class WeightedLayer(_Integer):
         if bq is not None:
             b_deq = torch.from_numpy(bq.astype(np.float64) * s_b.astype(np.float64)).float()
             b_fq = straight_through(self.quant_bias(), b_deq)
-        approx = self.out.quantize(_activation(self._op(x, w_fq, b_fq), self.act))
+        approx = self.out.quantize(activation(self._op(x, w_fq, b_fq), self.act))
         return straight_through(approx, self._exact(x, wq_t, s_w, bq))
 
     def _exact(self, x: torch.Tensor, wq: torch.Tensor, s_w: np.ndarray,
@@ -417,7 +415,7 @@ class AddLayer(_Integer):
     def forward(self, a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
         if self.mode in ("float", "observe"):
             return self.finish(a + b)
-        approx = self.out.quantize(_activation(a + b, self.act))
+        approx = self.out.quantize(activation(a + b, self.act))
         if self.mode == "export":
             return approx
         ga, gb = self.inputs

@@ -24,6 +24,8 @@ from ..quant.observers import METHODS
 from ..quant.qparams import WEIGHT_BITS
 from . import graph as G
 from .errors import QatError
+from .grouped import check_group
+from .grouped import fits as group_fits
 from .layers import (
     WEIGHT_CLIPS,
     AddLayer,
@@ -353,7 +355,7 @@ def prepare(module: nn.Module | Any, example_inputs: Any, calibration_data: Iter
             symmetric_activations: bool = False,
             layer_bits: dict[str, int] | None = None,
             bias_correction: bool = True, smooth: float | None = None,
-            split_outliers: bool = False) -> fx.GraphModule:
+            split_outliers: bool = False, weight_group: int = 0) -> fx.GraphModule:
     """``module`` rewritten so its forward pass is the DSA's integer computation, with
     straight-through gradients for fine-tuning.
 
@@ -373,10 +375,13 @@ def prepare(module: nn.Module | Any, example_inputs: Any, calibration_data: Iter
     mode. ``smooth``: SmoothQuant's alpha for linear layers that read an FP32 value (a
     transformer's LayerNorm outputs; :mod:`.smooth`), None to leave them as they are;
     ``split_outliers``: PTQ's outlier split, a linear layer's outlier output channels in
-    an FP32 side path on the host (:mod:`.outliers`; for transformers).
+    an FP32 side path on the host (:mod:`.outliers`; for transformers); ``weight_group``
+    (16, 32, 64 or 128): linear layers' weights on a ``bits``-bit grid per that many input
+    rows with an offset, the DSA's grouped dense (:mod:`.grouped`; 0: per channel).
     """
     if bits not in WEIGHT_BITS:
         raise QatError(f"bits={bits!r}: weights are int8 or int4; pass 8 or 4")
+    check_group(weight_group)
     if method not in METHODS:
         raise QatError(f"calibration method {method!r} is not one of {METHODS}")
     if weight_clip not in WEIGHT_CLIPS:
@@ -404,6 +409,10 @@ def prepare(module: nn.Module | Any, example_inputs: Any, calibration_data: Iter
     out.qat_smooth = smooth
     out.qat_outliers = split_outliers
     batches = [args] if calibration_data is None else [_as_args(b) for b in calibration_data]
+    out.qat_weight_group = weight_group
+    for m in out.modules():
+        if isinstance(m, WeightedLayer) and weight_group and group_fits(m, weight_group):
+            m.group = weight_group
     if layer_bits:
         set_bits(out, layer_bits)
     try:

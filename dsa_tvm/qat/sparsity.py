@@ -203,6 +203,9 @@ def _dense_reason(layer: WeightedLayer, skipped: bool, min_in_channels: int) -> 
                 if layer.weight.shape[1] == 1 else f"grouped convolution (groups={groups})")
     if skipped:
         return "skipped by the caller"
+    if layer.group:
+        return (f"weights per group of {layer.group} rows (a grid with an offset: a pruned "
+                f"zero is no code of it; the grouped dense has no sparse form)")
     c = _in_channels(layer)
     if c < min_in_channels:
         return (f"{c} input channels < min_in_channels={min_in_channels} (a stem: few weights "

@@ -1,0 +1,91 @@
+"""A linear layer with per-group weight grids (``prepare(..., weight_group=32)``): the
+DSA's grouped dense (``layers.group_grid``: a scale and an offset per group of input
+rows, GGUF Q4_1's form) inside the forward pass.
+
+Each step the weights are rounded onto their groups' grids (minimum to maximum, as
+``quantize_onnx(..., weight_group=...)`` rounds them), straight through for the
+gradients. The exact value is the compiler's own: the grid it will find in the exported
+float32 weights (``find_grid``), the integer layer it will build from it
+(``group_grid.grouped_dense``) and that layer's reference arithmetic
+(``tir_schedules.kinds.grouped_dense.run_grouped_dense``), so the exported model on the
+DSA gives the prepared module's codes. The export writes the weight as a float32
+constant on its grid and the bias as a float add: a QDQ graph cannot carry an offset per
+group.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+
+from tir_schedules.kinds.grouped_dense import run_grouped_dense
+
+from ..layers.group_grid import GRID_GROUPS, GroupGrid, find_grid, group_grid, grouped_dense
+from ..layers.ir import QTensor
+from .errors import NonFiniteError, QatError
+from .fake_quant import activation, straight_through
+
+if TYPE_CHECKING:
+    from .layers import WeightedLayer
+
+
+def check_group(group: int) -> None:
+    if group and group not in GRID_GROUPS:
+        raise QatError(f"weight_group={group!r}: the DSA's grouped dense takes groups of "
+                       f"{', '.join(map(str, sorted(GRID_GROUPS)))} input rows (or 0: per channel)")
+
+
+def fits(layer: "WeightedLayer", group: int) -> bool:
+    """A linear layer whose input rows split into whole groups."""
+    k = layer.weight.shape[1]
+    return layer.kind == "linear" and k >= group and k % group == 0
+
+
+def weight_values(layer: "WeightedLayer") -> np.ndarray:
+    """The weights on their groups' grids, [N, K] float32 (what the export writes)."""
+    w = layer.masked_weight().detach().numpy().astype(np.float64)
+    if not np.isfinite(w).all():
+        raise NonFiniteError(f"layer {layer.name}: weights became NaN or infinite (learning "
+                             f"rate too high? lower lr)")
+    return group_grid(w, layer.group, layer.bits).values().astype(np.float32)
+
+
+def compiler_grid(layer: "WeightedLayer", values: np.ndarray) -> GroupGrid:
+    """The grid the compiler finds in the exported weight (``find_grid``)."""
+    grid = find_grid(values)
+    if grid is None:
+        raise QatError(f"layer {layer.name}: its rounded weights lie on no grid the compiler "
+                       f"finds (groups of {layer.group}, {layer.bits} bits)")
+    return grid
+
+
+def forward(layer: "WeightedLayer", x: torch.Tensor) -> torch.Tensor:
+    """Quant mode: the DSA's codes, dequantized, with fake quantization's gradients;
+    export mode: MatMul with the float32 grid weight (+ a float bias), quantized."""
+    values = weight_values(layer)
+    bias = layer.quant_bias()
+    if layer.mode == "export":
+        y = torch.matmul(x, torch.from_numpy(np.ascontiguousarray(values.T)))
+        if bias is not None:
+            y = y + bias.detach().clone()
+        return layer.out.quantize(activation(y, layer.act))
+    w_fq = straight_through(layer.masked_weight(), torch.from_numpy(values))
+    approx = layer.out.quantize(activation(F.linear(x, w_fq, bias), layer.act))
+    return straight_through(approx, _exact(layer, x, compiler_grid(layer, values), bias))
+
+
+def _exact(layer: "WeightedLayer", x: torch.Tensor, grid: GroupGrid,
+           bias: torch.Tensor | None) -> torch.Tensor:
+    g_in, g_out = layer.inputs[0], layer.out
+    k, n = grid.codes.shape[1], grid.codes.shape[0]
+    q_in = (g_in.centred(x) + g_in.zero_point).reshape(-1, k)
+    rows = q_in.shape[0]
+    b = None if bias is None else bias.detach().numpy().astype(np.float32).astype(np.float64)
+    ly = grouped_dense(layer.name or "layer", QTensor("x", (rows, k), g_in.s, g_in.zero_point),
+                       QTensor("y", (rows, n), g_out.s, g_out.zero_point), grid, b,
+                       g_out.bounds(layer.act))
+    q = run_grouped_dense(ly, {"x": q_in})
+    return g_out.dequantize(q.reshape(tuple(x.shape[:-1]) + (n,)))
