@@ -12,7 +12,9 @@ rewrites both into what the rest of the stack takes:
   input rows), which the quantizer keeps and the DSA's grouped dense finds again
   (``layers.group_grid.find_grid``), so the shipped int4 weights run as shipped;
 - a 4-bit DequantizeLinear without blocks (per tensor or per axis) keeps its codes,
-  widened to 8-bit integers (the same values; TVM reads those).
+  widened to 8-bit integers (the same values; TVM reads those);
+- ``com.microsoft.GatherBlockQuantized`` (an int4 embedding table, what the quantizer
+  writes when Gather is included) becomes its float32 table and a Gather.
 
 Values are computed as onnxruntime computes them, ``(q - zero_point) * scale`` in float32,
 and intake's seeded check runs the rewritten graph against the user's on onnxruntime.
@@ -35,6 +37,10 @@ def _is_nbits(n: onnx.NodeProto) -> bool:
     return n.op_type == "MatMulNBits" and n.domain == MS_DOMAIN
 
 
+def _is_gather_block(n: onnx.NodeProto) -> bool:
+    return n.op_type == "GatherBlockQuantized" and n.domain == MS_DOMAIN
+
+
 def _attr(n: onnx.NodeProto, name: str, default=None):
     return next((helper.get_attribute_value(a) for a in n.attribute if a.name == name), default)
 
@@ -44,9 +50,10 @@ def _four_bit(t: TensorProto | None) -> bool:
 
 
 def has_weight_only(model: onnx.ModelProto) -> bool:
-    """True if ``model`` has a MatMulNBits, a blocked DequantizeLinear or 4-bit codes."""
+    """True if ``model`` has a MatMulNBits, a GatherBlockQuantized, a blocked
+    DequantizeLinear or 4-bit codes."""
     inits = {t.name: t for t in model.graph.initializer}
-    return any(_is_nbits(n) or (n.op_type == "DequantizeLinear"
+    return any(_is_nbits(n) or _is_gather_block(n) or (n.op_type == "DequantizeLinear"
                                 and (_attr(n, "block_size", 0) or _four_bit(inits.get(n.input[0]))))
                for n in model.graph.node)
 
@@ -67,6 +74,11 @@ def unpack_weight_only(model: onnx.ModelProto, source: str) -> tuple[onnx.ModelP
             counts.setdefault(f"MatMulNBits ({_attr(n, 'bits', 4)}-bit, blocks of "
                               f"{_attr(n, 'block_size')} input rows) unpacked to a MatMul with its "
                               f"float32 weight on the same grid{_KEPT}", []).append(label)
+        elif _is_gather_block(n):
+            nodes.append(_gather_block(n, inits, out, source))
+            counts.setdefault("GatherBlockQuantized (an int4 table, blocks of "
+                              f"{_attr(n, 'block_size', 128)}) folded to a float32 table and "
+                              "a Gather", []).append(label)
         elif n.op_type == "DequantizeLinear" and _attr(n, "block_size", 0):
             _fold_blocked(n, inits, out, source)
             counts.setdefault(f"blocked DequantizeLinear (blocks of {_attr(n, 'block_size')}) "
@@ -183,25 +195,52 @@ def _ints(t: TensorProto) -> np.ndarray:
     return a.astype(_FOUR_BIT.get(t.data_type, a.dtype))
 
 
-def _fold_blocked(n: onnx.NodeProto, inits: dict, model: onnx.ModelProto, source: str) -> None:
+def _blocked_values(n: onnx.NodeProto, inits: dict, source: str, axis: int, block: int,
+                    default_zero: int = 0, scale_input: int = 1) -> np.ndarray:
+    """``(q - zero_point) * scale`` of node ``n``'s constant codes (input 0), one scale and
+    zero point (inputs ``scale_input`` and the next) per ``block`` entries along ``axis``,
+    float32."""
     _const(n, 0, inits, source, "codes")               # a constant, or a named error
     x = _ints(inits[n.input[0]]).astype(np.float32)
-    scale = _const(n, 1, inits, source, "scale").astype(np.float32)
-    zp = _const(n, 2, inits, source, "zero point", optional=True)
-    axis, block = _attr(n, "axis", 1), _attr(n, "block_size")
+    scale = _const(n, scale_input, inits, source, "scale").astype(np.float32)
+    zp = _const(n, scale_input + 1, inits, source, "zero point", optional=True)
     axis = axis + x.ndim if axis < 0 else axis
     expect = tuple(-(-d // block) if i == axis else d for i, d in enumerate(x.shape))
     if not 0 <= axis < x.ndim or scale.shape != expect:
-        raise IntakeError(f"{source}: DequantizeLinear '{n.name}': scale {scale.shape} for codes "
+        raise IntakeError(f"{source}: {n.op_type} '{n.name}': scale {scale.shape} for codes "
                           f"{x.shape} in blocks of {block} along axis {axis} ({expect} expected)")
 
     def spread(a: np.ndarray) -> np.ndarray:
         return np.repeat(a, block, axis=axis).take(range(x.shape[axis]), axis=axis)
 
-    zeros = 0.0 if zp is None else spread(_ints(inits[n.input[2]]).astype(np.float32))
-    values = _finite(((x - zeros) * spread(scale)).astype(np.float32), n, source)
+    zeros = (np.float32(default_zero) if zp is None
+             else spread(_ints(inits[n.input[scale_input + 1]]).astype(np.float32)))
+    return _finite(((x - zeros) * spread(scale)).astype(np.float32), n, source)
+
+
+def _fold_blocked(n: onnx.NodeProto, inits: dict, model: onnx.ModelProto, source: str) -> None:
+    values = _blocked_values(n, inits, source, _attr(n, "axis", 1), _attr(n, "block_size"))
     model.graph.initializer.append(numpy_helper.from_array(values, n.output[0]))
     inits[n.output[0]] = model.graph.initializer[-1]
+
+
+def _gather_block(n: onnx.NodeProto, inits: dict, model: onnx.ModelProto,
+                  source: str) -> onnx.NodeProto:
+    """GatherBlockQuantized (an int4 embedding table): the table dequantized, then a Gather."""
+    block, bits = _attr(n, "block_size", 128), _attr(n, "bits", 4)
+    codes = inits.get(n.input[0])
+    if codes is None or not _four_bit(codes) or bits != 4:
+        raise IntakeError(f"{source}: GatherBlockQuantized '{n.name}': intake unpacks INT4 / "
+                          f"UINT4 tables held as constants (onnxruntime's quantizer writes "
+                          f"those); this one is {'computed' if codes is None else 'packed'} "
+                          f"(bits={bits})")
+    # no zero points: the middle of the range for unsigned codes, 0 for signed ones
+    unsigned = codes.data_type == TensorProto.UINT4
+    values = _blocked_values(n, inits, source, _attr(n, "quantize_axis", 1), block,
+                             8 if unsigned else 0, scale_input=2)
+    name = _new_init(model, inits, f"{n.name or n.output[0]}/table", values)
+    return helper.make_node("Gather", [name, n.input[1]], [n.output[0]], name=n.name,
+                            axis=_attr(n, "gather_axis", 0))
 
 
 def _widen(n: onnx.NodeProto, inits: dict, model: onnx.ModelProto) -> None:

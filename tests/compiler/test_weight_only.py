@@ -243,3 +243,50 @@ def test_blocked_dequantize_with_a_wrong_scale_shape_is_named() -> None:
     scale.CopyFrom(numpy_helper.from_array(np.ones((3, 96), np.float32), scale.name))
     with pytest.raises(IntakeError, match=r"DequantizeLinear .*scale \(3, 96\).*\(2, 96\) expected"):
         load_onnx(shipped)
+
+
+def embedding_model(vocab: int = 100, dim: int = 64, out: int = 32) -> onnx.ModelProto:
+    """Gather (a token embedding) -> MatMul: what an LLM's first layer reads."""
+    rng = np.random.default_rng(0)
+    inits = [numpy_helper.from_array(rng.normal(0, 1, (vocab, dim)).astype(np.float32), "emb"),
+             numpy_helper.from_array(rng.normal(0, 0.1, (dim, out)).astype(np.float32), "w")]
+    nodes = [helper.make_node("Gather", ["emb", "ids"], ["e"], name="gather"),
+             helper.make_node("MatMul", ["e", "w"], ["y"], name="mm")]
+    g = helper.make_graph(nodes, "emb", [helper.make_tensor_value_info("ids", TensorProto.INT64, [1, 5])],
+                          [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 5, out])], inits)
+    return helper.make_model(g, opset_imports=[helper.make_opsetid("", 21)])
+
+
+@pytest.mark.parametrize("symmetric", [True, False], ids=["sym", "asym"])
+def test_int4_embedding_table_imports(symmetric: bool) -> None:
+    """onnxruntime's quantizer with Gather included writes GatherBlockQuantized (UINT4 /
+    INT4 tables): intake folds the table and the CPU build computes what onnxruntime does."""
+    from onnxruntime.quantization import matmul_nbits_quantizer as mq
+
+    cfg = mq.DefaultWeightOnlyQuantConfig(block_size=32, is_symmetric=symmetric,
+                                          op_types_to_quantize=("MatMul", "Gather"),
+                                          quant_axes=(("MatMul", 0), ("Gather", 1)))
+    q = mq.MatMulNBitsQuantizer(embedding_model(), algo_config=cfg)
+    q.process()
+    shipped = q.model.model
+    assert "GatherBlockQuantized" in [n.op_type for n in shipped.graph.node]
+    taken = load_onnx(shipped)
+    assert not has_weight_only(taken.model)
+    ids = {"ids": np.array([[3, 99, 0, 42, 7]], np.int64)}
+    ex = tvm.compile(from_onnx(taken.model, keep_params_in_input=False), target="llvm")
+    got = relax.VirtualMachine(ex, tvm.cpu())["main"](tvm.runtime.tensor(ids["ids"])).numpy()
+    np.testing.assert_allclose(got, ort_run(shipped, ids)[0], rtol=1e-5, atol=1e-5)
+
+
+def test_packed_embedding_table_is_named() -> None:
+    rng = np.random.default_rng(0)
+    inits = [numpy_helper.from_array(rng.integers(0, 255, (10, 8)).astype(np.uint8), "T"),
+             numpy_helper.from_array(np.ones((10, 1), np.float32), "S")]
+    node = helper.make_node("GatherBlockQuantized", ["T", "ids", "S"], ["e"], domain="com.microsoft",
+                            name="gbq", block_size=16, gather_axis=0, quantize_axis=1)
+    g = helper.make_graph([node], "g", [helper.make_tensor_value_info("ids", TensorProto.INT64, [2])],
+                          [helper.make_tensor_value_info("e", TensorProto.FLOAT, [2, 16])], inits)
+    model = helper.make_model(g, opset_imports=[helper.make_opsetid("", 21),
+                                                helper.make_opsetid("com.microsoft", 1)])
+    with pytest.raises(IntakeError, match="GatherBlockQuantized 'gbq'.*INT4 / UINT4.*packed"):
+        load_onnx(model)
