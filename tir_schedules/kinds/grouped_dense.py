@@ -325,11 +325,13 @@ def run_grouped_dense(ly: GroupedDense, env: dict[str, np.ndarray]) -> np.ndarra
     planes = ([(x[..., :m, :], ly.shift), (x[..., m:, :], ly.shift + PLANE_SHIFT)]
               if ly.planes else [(x, ly.shift)])
     acc = np.zeros((int(np.prod(lead, dtype=np.int64)) * m, w.shape[0]), np.int64)
+    wf = w.astype(np.float64)   # products in float64 are exact (far below 2**53) and BLAS's
     for plane, shift in planes:
         rows = plane.reshape(-1, x.shape[-1])
+        rf = rows.astype(np.float64)
         for g in range(ly.groups_per_row):
             ks = slice(g * ly.group, (g + 1) * ly.group)
-            p = rows[:, ks] @ w[:, ks].T
+            p = (rf[:, ks] @ wf[:, ks].T).astype(np.int64)
             s = rows[:, ks].sum(axis=1, keepdims=True)
             v = sem.wrap_int32(sem.wrap_int32(p * ly.scales[:, g].astype(np.int64))
                                + s * ly.offsets[:, g].astype(np.int64))
