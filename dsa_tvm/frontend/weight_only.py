@@ -130,6 +130,9 @@ def nbits_weight(n: onnx.NodeProto, inits: dict, source: str = "the model") -> n
     """A MatMulNBits node's weight as float32 [K, N] (what onnxruntime multiplies by)."""
     k_dim, n_dim = _attr(n, "K"), _attr(n, "N")
     bits, block = _attr(n, "bits", 4), _attr(n, "block_size")
+    if not isinstance(k_dim, int) or not isinstance(n_dim, int) or k_dim < 1 or n_dim < 1:
+        raise IntakeError(f"{source}: MatMulNBits '{n.name}': K={k_dim}, N={n_dim} (both are "
+                          f"required positive attributes)")
     if bits not in (2, 4, 8) or not block or block < 16 or block & (block - 1):
         raise IntakeError(f"{source}: MatMulNBits '{n.name}': bits={bits}, block_size={block} "
                           f"(onnxruntime's are 2, 4 or 8 bits and a power-of-two block of at "

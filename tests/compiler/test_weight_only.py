@@ -200,7 +200,7 @@ def test_computed_codes_are_named() -> None:
 
 
 @pytest.mark.parametrize("attrs, match", [({"bits": 3}, "bits=3"), ({"block_size": 24}, "block_size=24"),
-                                          ({"N": 9}, "weight bytes")])
+                                          ({"N": 9}, "weight bytes"), ({"K": 0}, "K=0, N=8")])
 def test_inconsistent_nodes_are_named(attrs: dict, match: str) -> None:
     model = nbits_model(32, 8, 4, 32, (1,))
     node = model.graph.node[0]
