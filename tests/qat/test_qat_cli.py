@@ -109,3 +109,30 @@ def test_qat_cli_hostile_input(tmp_path, capsys):
         assert main(argv) == 2, argv
         err = capsys.readouterr().err
         assert want in err and "Traceback" not in err, (argv, err)
+
+
+def test_qat_cli_weight_group_exports_the_linear_layer_on_its_grid(tmp_path, capsys):
+    """``--weight-group 16``: the classifier (16 input rows) trains and exports on a 4-bit
+    grid per group with an offset (a float32 MatMul weight the compiler finds the grid in);
+    the convolutions stay per channel."""
+    from dsa_tvm.layers.group_grid import find_grid
+
+    torch.save(tiny_net(), tmp_path / "tiny.pt")
+    out = tmp_path / "g.onnx"
+    rc = main(["qat", str(tmp_path / "tiny.pt"), "--data", str(_folder(tmp_path)), "--size", "16",
+               "--steps", "2", "--bits", "w4a8", "--weight-group", "16", "--quiet",
+               "--out", str(out)])
+    cap = capsys.readouterr()
+    assert rc == 0, cap.err
+    model = onnx.load(str(out))
+    inits = {t.name: onnx.numpy_helper.to_array(t) for t in model.graph.initializer}
+    consts = {n.output[0]: onnx.numpy_helper.to_array(n.attribute[0].t)
+              for n in model.graph.node if n.op_type == "Constant"}
+    mm = [n for n in model.graph.node if n.op_type == "MatMul"]
+    w = [{**inits, **consts}.get(n.input[1]) for n in mm]
+    grids = [find_grid(np.ascontiguousarray(x.T)) for x in w if x is not None and x.ndim == 2]
+    assert grids and all(g is not None and g.group == 16 and -8 <= g.codes.min() <= g.codes.max() <= 7
+                         for g in grids), w
+    assert main(["qat", str(tmp_path / "tiny.pt"), "--data", str(tmp_path / "imgs"),
+                 "--size", "16", "--weight-group", "24"]) != 0
+    assert "weight_group=24" in capsys.readouterr().err
