@@ -128,15 +128,23 @@ def _checked(p, test, hw="default") -> tuple[OnDsa, str]:
 
 
 def qat_rows(label: str, net, bits: int, sparse: bool, data: dict, test, ref: np.ndarray,
-             steps: int, args, sparse_hw=None, group: int = 0) -> list[dict]:
+             steps: int, args, sparse_hw=None, group: int = 0,
+             mixed_drop: float | None = None) -> list[dict]:
     t = time.perf_counter()
     # PTQ's outlier split (the FFN outputs' few huge channels in FP32 beside the layer);
     # at 4 bits also SmoothQuant's scale migration into the weights (measured: it helps
     # W4A8's start, 0.897 -> 0.910 cosine, and costs int8's a little, 0.992 -> 0.990)
-    p = qat.prepare(net, (data["cal"][0][:1], data["cal"][1][:1]), [data["cal"]], bits=bits,
-                    learn_scales=True, split_outliers=True, smooth=0.5 if bits == 4 else None,
-                    weight_group=group)
+    p = qat.prepare(net, (data["cal"][0][:1], data["cal"][1][:1]), [data["cal"]],
+                    bits=8 if mixed_drop is not None else bits, learn_scales=True,
+                    split_outliers=True, smooth=0.5 if bits == 4 else None, weight_group=group)
     note = ""
+    if mixed_drop is not None:   # the most sensitive projections stay 8-bit
+        sens = data["heldout"]
+        base = qat.precision.output_cosine(p, sens, qat.precision.fp32_outputs(p, sens))
+        widths, reached = qat.choose_bits(p, sens, base - mixed_drop, low=bits)
+        note = (f"{sum(b == 8 for b in widths.values())}/{len(widths)} layers 8-bit, "
+                f"{qat.precision.low_share(p, bits):.0%} of weights {bits}-bit (cosine "
+                f"{reached:.4f} >= {base:.4f} - {mixed_drop}); ")
     if sparse:
         rep = qat.prune(p, 2, 4, calibration_data=[data["cal"]])
         note = f"{rep.pruned_share:.0%} of weights pruned; "
@@ -193,8 +201,12 @@ def minilm_rows(args, steps: int, sparse_hw) -> list[dict]:
 
 def minilm_grouped_rows(args, steps: int) -> list[dict]:
     """MiniLM with int4 weights per group of 32 input rows (the DSA's grouped dense): PTQ
-    (``quantize_onnx(..., weight_group=32)``) and QAT (``prepare(..., weight_group=32)``)."""
+    (``quantize_onnx(..., weight_group=32)``), QAT (``prepare(..., weight_group=32)``) and
+    mixed QAT (``choose_bits`` keeps the projections that lose the most at 8 bits, per
+    group too, until the held-out cosine is within ``--text-target-drop`` of all-8-bit)."""
     net, test, ref, data, cal_s = _minilm_data(args, steps)
     rows = [ptq_row("MiniLM PTQ W4A8 g32", 4, cal_s, test, ref, group=32)]
     rows += qat_rows("MiniLM W4A8 g32", net, 4, False, data, test, ref, steps, args, group=32)
+    rows += qat_rows("MiniLM W4A8 g32 mixed", net, 4, False, data, test, ref, steps, args,
+                     group=32, mixed_drop=args.text_target_drop)
     return rows
