@@ -120,6 +120,19 @@ def is_qdq(model: onnx.ModelProto) -> bool:
                        "DynamicQuantizeLinear", "MatMulInteger", "ConvInteger"})
 
 
+def drop_unused_initializers(model: onnx.ModelProto) -> None:
+    """Initializers no node or output reads any more, and the graph inputs that only
+    declared one of them (older exporters list initializers as inputs too)."""
+    used = {i for n in model.graph.node for i in n.input} | {o.name for o in model.graph.output}
+    inits = {i.name for i in model.graph.initializer}
+    keep = [i for i in model.graph.initializer if i.name in used]
+    del model.graph.initializer[:]
+    model.graph.initializer.extend(keep)
+    inputs = [i for i in model.graph.input if i.name in used or i.name not in inits]
+    del model.graph.input[:]
+    model.graph.input.extend(inputs)
+
+
 def constants_to_initializers(model: onnx.ModelProto) -> onnx.ModelProto:
     """``Constant`` nodes holding a tensor -> initializers (a copy of the model when any is
     moved): onnx2torch reads a convolution's or a Gemm's weight from the initializers

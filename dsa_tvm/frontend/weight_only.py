@@ -26,6 +26,7 @@ import numpy as np
 import onnx
 from onnx import TensorProto, helper, numpy_helper
 
+from .onnx_graph import drop_unused_initializers
 from .validate import IntakeError
 
 MS_DOMAIN = "com.microsoft"
@@ -93,7 +94,7 @@ def unpack_weight_only(model: onnx.ModelProto, source: str) -> tuple[onnx.ModelP
             nodes.append(n)
     del out.graph.node[:]
     out.graph.node.extend(nodes)
-    _drop_unused(out)
+    drop_unused_initializers(out)
     if not any(n.domain == MS_DOMAIN for n in out.graph.node):
         keep = [o for o in out.opset_import if o.domain != MS_DOMAIN]
         del out.opset_import[:]
@@ -258,16 +259,3 @@ def _new_init(model: onnx.ModelProto, inits: dict, name: str, value: np.ndarray)
     model.graph.initializer.append(numpy_helper.from_array(value, name))
     inits[name] = model.graph.initializer[-1]
     return name
-
-
-def _drop_unused(model: onnx.ModelProto) -> None:
-    """Initializers nothing reads any more (the packed codes), and their graph-input entries
-    (older exporters list initializers as inputs too)."""
-    used = {i for n in model.graph.node for i in n.input} | {o.name for o in model.graph.output}
-    gone = {t.name for t in model.graph.initializer if t.name not in used}
-    keep = [t for t in model.graph.initializer if t.name not in gone]
-    del model.graph.initializer[:]
-    model.graph.initializer.extend(keep)
-    inputs = [i for i in model.graph.input if i.name not in gone]
-    del model.graph.input[:]
-    model.graph.input.extend(inputs)

@@ -12,7 +12,7 @@ import numpy as np
 import onnx
 from onnx import numpy_helper
 
-from ..frontend.onnx_graph import Graph
+from ..frontend.onnx_graph import Graph, drop_unused_initializers
 
 
 def fold_batch_norms(model: onnx.ModelProto) -> list[str]:
@@ -54,20 +54,8 @@ def fold_batch_norms(model: onnx.ModelProto) -> list[str]:
     for n in drop:
         model.graph.node.remove(n)
     model.graph.initializer.extend(new_inits)
-    _drop_unused_initializers(model)
+    drop_unused_initializers(model)
     return folded
-
-
-def _drop_unused_initializers(model: onnx.ModelProto) -> None:
-    used = {i for n in model.graph.node for i in n.input} | {o.name for o in model.graph.output}
-    inits = {i.name for i in model.graph.initializer}
-    keep = [i for i in model.graph.initializer if i.name in used]
-    del model.graph.initializer[:]
-    model.graph.initializer.extend(keep)
-    # graph inputs that only declared a now-dropped initializer go too
-    inputs = [i for i in model.graph.input if i.name in used or i.name not in inits]
-    del model.graph.input[:]
-    model.graph.input.extend(inputs)
 
 
 def _channel_scale(c: np.ndarray, out_ch: int, axis_last: bool) -> np.ndarray | None:
@@ -167,5 +155,5 @@ def fold_channel_scales(model: onnx.ModelProto) -> list[str]:
     for n in drop:
         model.graph.node.remove(n)
     model.graph.initializer.extend(new_inits)
-    _drop_unused_initializers(model)
+    drop_unused_initializers(model)
     return folded
