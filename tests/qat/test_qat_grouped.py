@@ -21,7 +21,7 @@ from dsa_tvm import qat
 from dsa_tvm.qat.layers import WeightedLayer
 
 from .nets import tiny_net
-from .test_qat_transformer import HOST_TOLERANCE, _on_dsa, _tiny_with_outliers, _tokens
+from .test_qat_transformer import _tiny_with_outliers, _tokens, trained_on_dsa
 
 
 class Mlp(nn.Module):
@@ -103,17 +103,7 @@ def test_tiny_encoder_with_smoothing_and_outliers_on_the_dsa() -> None:
     ids, mask = _tokens(np.random.default_rng(0), 6, 8, 50)
     p = qat.prepare(net, (ids[:1], mask[:1]), [(ids, mask)], bits=4, smooth=0.5,
                     split_outliers=True, weight_group=16)
-    qat.distill(p, net, [(ids, mask)], [(ids, mask)], steps=3, batch_size=6, lr=1e-4,
-                loss="cosine", eval_every=3, seed=0, show_progress=False)
-    model = qat.export(p)
-    for k in (0, 1):
-        with torch.no_grad():
-            want = p(ids[k:k + 1], mask[k:k + 1]).numpy()
-        got = _on_dsa(model, ids[k:k + 1].numpy(), mask[k:k + 1].numpy())
-        np.testing.assert_allclose(got, want, atol=HOST_TOLERANCE, rtol=0)
-    rep = dsa_tvm.last_compile_report()
-    on_dsa = [type(ly).__name__ for r in rep.regions if r.target == "dsa"
-              for ly in r.region.layers]
+    on_dsa = trained_on_dsa(p, net, ids, mask)
     assert on_dsa.count("GroupedDense") == 12, on_dsa
 
 

@@ -41,6 +41,22 @@ def _tokens(rng: np.random.Generator, batch: int, seq: int, vocab: int):
     return ids, mask
 
 
+def trained_on_dsa(p, net, ids: torch.Tensor, mask: torch.Tensor) -> list[str]:
+    """Three distillation steps, the export compiled for the DSA and checked against the
+    prepared module on two sentences (within the host's float rounding); the layer kinds
+    that ran on the DSA."""
+    qat.distill(p, net, [(ids, mask)], [(ids, mask)], steps=3, batch_size=6, lr=1e-4,
+                loss="cosine", eval_every=3, seed=0, show_progress=False)
+    model = qat.export(p)
+    for k in (0, 1):
+        with torch.no_grad():
+            want = p(ids[k:k + 1], mask[k:k + 1]).numpy()
+        got = _on_dsa(model, ids[k:k + 1].numpy(), mask[k:k + 1].numpy())
+        np.testing.assert_allclose(got, want, atol=HOST_TOLERANCE, rtol=0)
+    return [type(ly).__name__ for r in dsa_tvm.last_compile_report().regions
+            if r.target == "dsa" for ly in r.region.layers]
+
+
 def _tiny_with_outliers() -> MiniLM:
     """A tiny encoder whose FFN output has one channel ~100x the rest (as BERT's do)."""
     torch.manual_seed(0)
@@ -67,17 +83,7 @@ def test_tiny_encoder_on_the_dsa_equals_the_prepared_module(bits, smooth):
     assert kinds == ["linear"] * 12                      # 6 per layer, every one mirrored
     fp32 = {why for *_, why in p.qat_report.fp32}
     assert fp32 and all("runs in FP32" in w for w in fp32)
-    qat.distill(p, net, [(ids, mask)], [(ids, mask)], steps=3, batch_size=6, lr=1e-4,
-                loss="cosine", eval_every=3, seed=0, show_progress=False)
-    model = qat.export(p)
-    for k in (0, 1):
-        with torch.no_grad():
-            want = p(ids[k:k + 1], mask[k:k + 1]).numpy()
-        got = _on_dsa(model, ids[k:k + 1].numpy(), mask[k:k + 1].numpy())
-        np.testing.assert_allclose(got, want, atol=HOST_TOLERANCE, rtol=0)
-    rep = dsa_tvm.last_compile_report()
-    on_dsa = [type(ly).__name__ for r in rep.regions if r.target == "dsa"
-              for ly in r.region.layers]
+    on_dsa = trained_on_dsa(p, net, ids, mask)
     # every projection on the DSA; GELU, between two integer layers, becomes the table the
     # compiler evaluates from the same float chain (it agrees with it but at float ties);
     # with smoothing, the scale multiply after it keeps it on the host
