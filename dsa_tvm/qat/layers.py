@@ -65,6 +65,9 @@ class Grid(nn.Module):
         self.gain = nn.Parameter(torch.tensor(0.0), requires_grad=False)
         self.zero_point = 0
         self.calibrated = False
+        # qat.outliers: 0 at the input features an FP32 side path carries (PTQ's input
+        # split), 1 elsewhere; the grid then holds the other features only
+        self.register_buffer("mask", None)
 
     @property
     def scale(self) -> torch.Tensor:
@@ -124,6 +127,8 @@ class Grid(nn.Module):
                 quantized_bound(act[1], s, self.zero_point))
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if self.mask is not None:
+            x = x * self.mask
         if self.mode == "observe":
             self.observe(x)
         if self.mode in ("float", "observe"):
@@ -192,6 +197,17 @@ def side_path(layer: "WeightedLayer", x: torch.Tensor) -> torch.Tensor:
     return torch.matmul(torch.matmul(x, w.t()), onehot)
 
 
+def input_side_path(layer: "WeightedLayer", raw: torch.Tensor) -> torch.Tensor:
+    """The FP32 side path of a linear layer's outlier input features: ``raw[..., I] @
+    W[:, I].T`` from the unquantized input (a Gather and a MatMul in ONNX, on the host),
+    where the integer layer reads the input with those features zeroed."""
+    cols = layer.side_cols
+    w = layer.pruned_weight()[:, cols]
+    if layer.mode == "export":
+        w = w.detach().clone()
+    return torch.matmul(torch.index_select(raw, -1, cols), w.t())
+
+
 class WeightedLayer(_Integer):
     """Conv2d (groups 1 or depthwise) or a linear layer with int8/int4 per-output-channel
     weights, an int32 bias and a fused ReLU/Clip (``relay_passes.kinds.conv2d``/``dense``)."""
@@ -222,6 +238,9 @@ class WeightedLayer(_Integer):
         # qat.outliers: output channels computed in FP32 on the host beside the integer
         # layer (PTQ's outlier split); the integer layer's weights are zero there
         self.register_buffer("side_rows", None)
+        # and input features computed that way (PTQ's input split): the input grid zeroes
+        # them (Grid.mask), a per-channel layer's weights are zero there too
+        self.register_buffer("side_cols", None)
         # qat.analog: reads the products as a CIM part's crossbars would (noise, ADC);
         # None: the DSA's exact integer products
         self.analog = None
@@ -244,9 +263,15 @@ class WeightedLayer(_Integer):
 
     def masked_weight(self) -> torch.Tensor:
         """The weight the integer layer computes with: pruned entries and the output
-        channels of an FP32 side path (:mod:`.outliers`) zeroed."""
+        channels of an FP32 side path (:mod:`.outliers`) zeroed; its input features too,
+        unless the weights are per group (their input is zero there, so only the grid sees
+        them: a zero would widen a one-signed group's grid)."""
         w = self.pruned_weight()
-        return w if self.side_rows is None else w.index_fill(0, self.side_rows, 0.0)
+        if self.side_rows is not None:
+            w = w.index_fill(0, self.side_rows, 0.0)
+        if self.side_cols is not None and not self.group:
+            w = w.index_fill(1, self.side_cols, 0.0)
+        return w
 
     @property
     def channel_axis(self) -> int:
@@ -355,9 +380,14 @@ class WeightedLayer(_Integer):
             return self.bias
         return self.bias + self.bias_shift
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
+    def forward(self, x: torch.Tensor, raw: torch.Tensor | None = None) -> torch.Tensor:
+        """``raw``: the input before its grid, for an input side path (``side_cols``)."""
         y = self.integer_forward(x)
-        return y if self.side_rows is None else y + side_path(self, x)
+        if self.side_rows is not None:
+            y = y + side_path(self, x)
+        if self.side_cols is not None:
+            y = y + input_side_path(self, raw)
+        return y
 
     def integer_forward(self, x: torch.Tensor) -> torch.Tensor:
         """The layer without its FP32 side path: what the DSA computes."""

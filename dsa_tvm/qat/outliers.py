@@ -8,6 +8,12 @@ and keeps the rest of the layer on the DSA with a narrow grid; this does the sam
 prepared module, choosing the channels with PTQ's own predicate
 (``quant.outliers.outlier_channels``) from the FP32 outputs over the calibration data.
 The side path is ``layers.side_path``; the integer layer's weights are zero there.
+
+PTQ also splits a linear layer's outlier *input* features where its input is made in
+FP32 (a LayerNorm's or GELU's output): the grid holds the input with those features
+zeroed (``Grid.mask``) and ``layers.input_side_path`` adds ``x[..., I] @ W[:, I].T`` from
+the unquantized input. On all-MiniLM-L6-v2 one to three features of every FFN layer's
+input (LayerNorm gain outliers, and GELU outputs of the outlier channels).
 """
 
 from __future__ import annotations
@@ -16,10 +22,10 @@ from collections.abc import Sequence
 
 import numpy as np
 import torch
-from torch import nn
+from torch import fx, nn
 
 from ..quant.outliers import OutlierOptions, outlier_channels
-from .layers import WeightedLayer
+from .layers import Grid, SameGrid, WeightedLayer, _Integer
 
 
 def split_outliers(module: nn.Module, batches: Sequence[Sequence[torch.Tensor]],
@@ -50,4 +56,69 @@ def split_outliers(module: nn.Module, batches: Sequence[Sequence[torch.Tensor]],
         if rows.size:
             layer.side_rows = torch.from_numpy(rows)
             out[layer.name] = rows.tolist()
+    return out
+
+
+def _splittable(q: fx.Node, mods: dict[str, nn.Module]) -> list[WeightedLayer]:
+    """The linear layers reading grid node ``q``, when its input may be split: every
+    reader is such a layer without an input split yet, and none of their outputs is read
+    as integers (the side path's FP32 sum is no grid value)."""
+    layers = []
+    for u in q.users:
+        m = mods.get(u.target) if u.op == "call_module" else None
+        if not (isinstance(m, WeightedLayer) and m.kind == "linear" and m.side_cols is None
+                and len(u.args) == 1 and u.args[0] is q):
+            return []
+        if any(w.op == "call_module" and isinstance(mods.get(w.target), (_Integer, SameGrid))
+               for w in u.users):
+            return []
+        layers.append(m)
+    return layers
+
+
+def split_input_outliers(module: fx.GraphModule, batches: Sequence[Sequence[torch.Tensor]],
+                         opts: OutlierOptions | None = None) -> dict[str, list[int]]:
+    """PTQ's input split: for every grid that quantizes an FP32 value read only by linear
+    layers, the value's outlier features (PTQ's predicate over its FP32 magnitudes on
+    ``batches``) move to FP32 side paths beside each reader. Returns {layer: features}.
+    The module must be in ``float`` mode."""
+    opts = opts or OutlierOptions()
+    mods = dict(module.named_modules())
+    todo = {}
+    for q in module.graph.nodes:
+        g = mods.get(q.target) if q.op == "call_module" else None
+        if isinstance(g, Grid) and g.mask is None and isinstance(q.args[0], fx.Node):
+            readers = _splittable(q, mods)
+            if readers:
+                todo[g] = (q, readers)
+    seen: dict[Grid, np.ndarray] = {}
+
+    def record(grid: Grid, args) -> None:
+        x = args[0].detach()
+        m = x.abs().reshape(-1, x.shape[-1]).amax(0).numpy()
+        seen[grid] = m if grid not in seen else np.maximum(seen[grid], m)
+
+    hooks = [g.register_forward_pre_hook(record) for g in todo]
+    try:
+        with torch.no_grad():
+            for args in batches:
+                module(*args)
+    finally:
+        for h in hooks:
+            h.remove()
+    out = {}
+    for g, (q, readers) in todo.items():
+        cols = outlier_channels(seen[g], opts) if g in seen else np.zeros(0, np.int64)
+        if not cols.size:
+            continue
+        mask = torch.ones(len(seen[g]))
+        mask[torch.from_numpy(cols)] = 0.0
+        g.mask = mask
+        for u in list(q.users):
+            u.args = (q, q.args[0])
+        for layer in readers:
+            layer.side_cols = torch.from_numpy(cols)
+            out[layer.name] = cols.tolist()
+    if out:
+        module.recompile()
     return out

@@ -37,6 +37,7 @@ from .layers import (
     grids,
     set_mode,
 )
+from .outliers import split_input_outliers as _split_input_outliers
 from .outliers import split_outliers as _split_outliers
 from .precision import set_bits
 from .smooth import Smooth, check_alpha, migrate
@@ -51,6 +52,7 @@ class QatReport:
     folded: list[tuple[str, str]] = field(default_factory=list)     # (node, into)
     removed: list[tuple[str, str]] = field(default_factory=list)    # (node, why)
     side_paths: dict[str, list[int]] = field(default_factory=dict)  # layer -> FP32 channels
+    side_inputs: dict[str, list[int]] = field(default_factory=dict)  # layer -> FP32 features
 
     def summary(self) -> str:
         kinds: dict[str, int] = {}
@@ -65,6 +67,8 @@ class QatReport:
         lines += [f"  FP32: {n} ({op}): {why}" for n, op, why in self.fp32]
         lines += [f"  FP32 side path: {n}: output channels {rows} (outliers, as PTQ splits "
                   f"them)" for n, rows in self.side_paths.items()]
+        lines += [f"  FP32 side path: {n}: input features {cols} (outliers of its FP32 "
+                  f"input, as PTQ splits them)" for n, cols in self.side_inputs.items()]
         return "\n".join(lines)
 
 
@@ -311,6 +315,7 @@ def calibrate(module: fx.GraphModule, batches: Iterable[Sequence[torch.Tensor]],
         migrate(module, batches, alpha)
     if getattr(module, "qat_outliers", False):  # PTQ's outlier split, chosen once
         set_mode(module, "float")
+        module.qat_report.side_inputs.update(_split_input_outliers(module, batches))
         module.qat_report.side_paths.update(_split_outliers(module, batches))
     for g in grids(module):
         g.reset()
