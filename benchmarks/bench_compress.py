@@ -263,6 +263,9 @@ def main() -> None:
     ap.add_argument("--text-target-drop", type=float, default=0.003,
                     help="MiniLM's mixed grouped row: embedding cosine allowed below all-8-bit "
                          "before training (default 0.003)")
+    ap.add_argument("--text-sparse-drop", type=float, default=0.01,
+                    help="MiniLM's chosen 2:4 row: embedding cosine allowed below the dense "
+                         "int8 start on the held-out sentences (default 0.01)")
     ap.add_argument("--sparse-drop", type=float, default=0.03,
                     help="2:4 sparse rows: output cosine allowed below the dense int8 prepared "
                          "module's before training; the layers that keep it are pruned "

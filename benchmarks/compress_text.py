@@ -129,7 +129,7 @@ def _checked(p, test, hw="default") -> tuple[OnDsa, str]:
 
 def qat_rows(label: str, net, bits: int, sparse: bool, data: dict, test, ref: np.ndarray,
              steps: int, args, sparse_hw=None, group: int = 0,
-             mixed_drop: float | None = None) -> list[dict]:
+             mixed_drop: float | None = None, sparse_drop: float | None = None) -> list[dict]:
     t = time.perf_counter()
     # PTQ's outlier split (the FFN outputs' few huge channels in FP32 beside the layer);
     # at 4 bits also SmoothQuant's scale migration into the weights (measured: it helps
@@ -146,8 +146,18 @@ def qat_rows(label: str, net, bits: int, sparse: bool, data: dict, test, ref: np
                 f"{qat.precision.low_share(p, bits):.0%} of weights {bits}-bit (cosine "
                 f"{reached:.4f} >= {base:.4f} - {mixed_drop}); ")
     if sparse:
-        rep = qat.prune(p, 2, 4, calibration_data=[data["cal"]])
-        note = f"{rep.pruned_share:.0%} of weights pruned; "
+        skip: list[str] = []
+        if sparse_drop is not None:   # only the projections that tolerate it
+            sens = data["heldout"]
+            base = qat.precision.output_cosine(p, sens, qat.precision.fp32_outputs(p, sens))
+            chosen, reached = qat.choose_sparse_layers(p, sens, base - sparse_drop,
+                                                       calibration_data=[data["cal"]])
+            eligible = qat.sparse_choice.eligible_layers(p, 2, 4)
+            skip = [k for k in eligible if k not in chosen]
+            note = (f"{len(chosen)}/{len(eligible)} layers pruned (cosine {reached:.4f} >= "
+                    f"{base:.4f} - {sparse_drop}); ")
+        rep = qat.prune(p, 2, 4, skip=skip, calibration_data=[data["cal"]])
+        note += f"{rep.pruned_share:.0%} of weights pruned; "
     with torch.no_grad():
         before = agreement(p(*test).numpy(), ref)
     res = qat.distill(p, net, data["train"], data["heldout"], steps=steps,
@@ -188,7 +198,8 @@ def _minilm_data(args, steps: int) -> tuple:
 
 
 def minilm_rows(args, steps: int, sparse_hw) -> list[dict]:
-    """Every MiniLM row: PTQ int8 / W4A8, QAT int8 / W4A8 / 2:4 sparse int8."""
+    """Every MiniLM row: PTQ int8 / W4A8, QAT int8 / W4A8 / 2:4 sparse int8 (every
+    projection, and the ones ``choose_sparse_layers`` picks for ``--text-sparse-drop``)."""
     net, test, ref, data, cal_s = _minilm_data(args, steps)
     rows = [ptq_row("MiniLM PTQ int8", 8, cal_s, test, ref),
             ptq_row("MiniLM PTQ W4A8", 4, cal_s, test, ref)]
@@ -196,6 +207,8 @@ def minilm_rows(args, steps: int, sparse_hw) -> list[dict]:
     rows += qat_rows("MiniLM W4A8", net, 4, False, data, test, ref, steps, args)
     rows += qat_rows("MiniLM int8 2:4 sparse", net, 8, True, data, test, ref, steps, args,
                      sparse_hw)
+    rows += qat_rows("MiniLM int8 2:4 sparse, chosen layers", net, 8, True, data, test, ref,
+                     steps, args, sparse_hw, sparse_drop=args.text_sparse_drop)
     return rows
 
 
