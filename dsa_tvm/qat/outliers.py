@@ -28,14 +28,18 @@ from ..quant.outliers import OutlierOptions, outlier_channels
 from .layers import Grid, SameGrid, WeightedLayer, _Integer
 
 
-def split_outliers(module: nn.Module, batches: Sequence[Sequence[torch.Tensor]],
+def split_outliers(module: fx.GraphModule, batches: Sequence[Sequence[torch.Tensor]],
                    opts: OutlierOptions | None = None) -> dict[str, list[int]]:
     """Give every linear layer without a side path yet one for its outlier output
-    channels (measured in FP32 over ``batches``); returns {layer: channels} for those
-    that got one. The module must be in ``float`` mode."""
+    channels (measured in FP32 over ``batches``), unless its output is read as integers;
+    returns {layer: channels} for those that got one. The module must be in ``float``
+    mode."""
     opts = opts or OutlierOptions()
+    mods = dict(module.named_modules())
+    read_as_integers = {mods[n.target] for n in module.graph.nodes
+                        if n.op == "call_module" and _integer_readers(n, mods)}
     todo = [m for m in module.modules() if isinstance(m, WeightedLayer) and m.kind == "linear"
-            and m.side_rows is None]
+            and m.side_rows is None and m not in read_as_integers]
     seen: dict[WeightedLayer, np.ndarray] = {}
 
     def record(layer: WeightedLayer, _args, y: torch.Tensor) -> None:
@@ -59,6 +63,13 @@ def split_outliers(module: nn.Module, batches: Sequence[Sequence[torch.Tensor]],
     return out
 
 
+def _integer_readers(n: fx.Node, mods: dict[str, nn.Module]) -> bool:
+    """Whether an integer layer (or a grid-keeping op) reads ``n``'s output as codes: a
+    side path's FP32 sum there would be rounded back onto the grid it escaped."""
+    return any(u.op == "call_module" and isinstance(mods.get(u.target), (_Integer, SameGrid))
+               for u in n.users)
+
+
 def _splittable(q: fx.Node, mods: dict[str, nn.Module]) -> list[WeightedLayer]:
     """The linear layers reading grid node ``q``, when its input may be split: every
     reader is such a layer without an input split yet, and none of their outputs is read
@@ -69,8 +80,7 @@ def _splittable(q: fx.Node, mods: dict[str, nn.Module]) -> list[WeightedLayer]:
         if not (isinstance(m, WeightedLayer) and m.kind == "linear" and m.side_cols is None
                 and len(u.args) == 1 and u.args[0] is q):
             return []
-        if any(w.op == "call_module" and isinstance(mods.get(w.target), (_Integer, SameGrid))
-               for w in u.users):
+        if _integer_readers(u, mods):
             return []
         layers.append(m)
     return layers

@@ -110,3 +110,30 @@ def test_a_value_whose_readers_feed_integer_layers_is_not_split():
     p = qat.prepare(net, (x[:1],), [(x,)], split_outliers=True)
     assert p.qat_report.side_inputs == {}
     assert all(g.mask is None for g in p.modules() if isinstance(g, Grid))
+
+
+class _OutlierThenReLU(nn.Module):
+    """linear (output channel 3 ~100x the rest) -> ReLU -> linear: the first layer's
+    output is read as integers, so its outlier channel may not leave its grid."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.a, self.b = nn.Linear(16, 16), nn.Linear(16, 8)
+        with torch.no_grad():
+            self.a.weight[3] *= 100.0
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.b(torch.relu(self.a(x)))
+
+
+def test_an_output_read_as_integers_keeps_its_outlier_channels():
+    """An FP32 side path there would be clamped back onto the narrowed grid by the ReLU's
+    restated grid (cosine 0.54 against FP32 when it was split; 0.98 kept whole)."""
+    torch.manual_seed(0)
+    net = _OutlierThenReLU().eval()
+    x = torch.randn(64, 16)
+    p = qat.prepare(net, (x[:1],), [(x,)], split_outliers=True)
+    assert p.qat_report.side_paths == {}
+    with torch.no_grad():
+        cos = torch.nn.functional.cosine_similarity(p(x), net(x)).mean().item()
+    assert cos > 0.97, cos
