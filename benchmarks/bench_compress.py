@@ -200,15 +200,18 @@ def plot(rows: list[dict], path: str) -> None:
     fig, axes = plt.subplots(1, 4, figsize=(15, 4.5), sharey=True)
     y = np.arange(len(rows))
     panels = (("top1", 100, "agreement with FP32 (%): top-1 / nearest neighbour", "tab:blue"),
-              ("cos", 1, "logit cosine with FP32", "tab:purple"),
-              ("cycles", 1e-6, "M cycles, one image", "tab:orange"),
-              ("bytes", 1e-6, "MB DRAM, one image", "tab:green"))
+              ("cos", 1, "cosine with FP32 (logits / embeddings)", "tab:purple"),
+              ("cycles", 1e-6, "M cycles, one image / sentence", "tab:orange"),
+              ("bytes", 1e-6, "MB DRAM, one image / sentence", "tab:green"))
     for ax, (key, k, label, color) in zip(axes, panels):
         ax.barh(y, [r[key] * k for r in rows], color=color)
         ax.set_xlabel(label)
     axes[0].set_yticks(y, [r["label"] for r in rows])
     axes[0].invert_yaxis()
-    fig.suptitle("EfficientNet-Lite0 on the default DSA: PTQ vs QAT against the DSA's integers")
+    text = [r["label"].startswith("MiniLM") for r in rows]
+    models = " and ".join(name for name, shown in (("EfficientNet-Lite0", not all(text)),
+                                                   ("all-MiniLM-L6-v2", any(text))) if shown)
+    fig.suptitle(f"{models} on the default DSA: PTQ vs QAT against the DSA's integers")
     fig.tight_layout()
     fig.savefig(path, dpi=110)
 
