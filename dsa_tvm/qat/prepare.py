@@ -379,8 +379,9 @@ def prepare(module: nn.Module | Any, example_inputs: Any, calibration_data: Iter
     ``.qat_report`` (what became which layer, what stays FP32 and why) and is in ``quant``
     mode. ``smooth``: SmoothQuant's alpha for linear layers that read an FP32 value (a
     transformer's LayerNorm outputs; :mod:`.smooth`), None to leave them as they are;
-    ``split_outliers``: PTQ's outlier split, a linear layer's outlier output channels in
-    an FP32 side path on the host (:mod:`.outliers`; for transformers); ``weight_group``
+    ``split_outliers``: PTQ's outlier split, a linear layer's outlier output channels and
+    its FP32 input's outlier features in FP32 side paths on the host (:mod:`.outliers`;
+    for transformers); ``weight_group``
     (16, 32, 64 or 128): linear layers' weights on a ``bits``-bit grid per that many input
     rows with an offset, the DSA's grouped dense (:mod:`.grouped`; 0: per channel).
     """
