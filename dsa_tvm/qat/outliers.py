@@ -28,6 +28,29 @@ from ..quant.outliers import OutlierOptions, outlier_channels
 from .layers import Grid, SameGrid, WeightedLayer, _Integer
 
 
+def channel_absmax(module: nn.Module, batches: Sequence[Sequence[torch.Tensor]],
+                   watched: Sequence[nn.Module], inputs: bool) -> dict[nn.Module, np.ndarray]:
+    """max |value| per last-axis channel of each watched submodule's first input
+    (``inputs``) or of its output, over one pass of ``module`` on ``batches``."""
+    seen: dict[nn.Module, np.ndarray] = {}
+
+    def record(m: nn.Module, args, y: torch.Tensor | None = None) -> None:
+        v = (args[0] if inputs else y).detach()
+        a = v.abs().reshape(-1, v.shape[-1]).amax(0).numpy()
+        seen[m] = a if m not in seen else np.maximum(seen[m], a)
+
+    hooks = [m.register_forward_pre_hook(record) if inputs else m.register_forward_hook(record)
+             for m in watched]
+    try:
+        with torch.no_grad():
+            for args in batches:
+                module(*args)
+    finally:
+        for h in hooks:
+            h.remove()
+    return seen
+
+
 def split_outliers(module: fx.GraphModule, batches: Sequence[Sequence[torch.Tensor]],
                    opts: OutlierOptions | None = None) -> dict[str, list[int]]:
     """Give every linear layer without a side path yet one for its outlier output
@@ -40,20 +63,7 @@ def split_outliers(module: fx.GraphModule, batches: Sequence[Sequence[torch.Tens
                         if n.op == "call_module" and _integer_readers(n, mods)}
     todo = [m for m in module.modules() if isinstance(m, WeightedLayer) and m.kind == "linear"
             and m.side_rows is None and m not in read_as_integers]
-    seen: dict[WeightedLayer, np.ndarray] = {}
-
-    def record(layer: WeightedLayer, _args, y: torch.Tensor) -> None:
-        m = y.detach().abs().reshape(-1, y.shape[-1]).amax(0).numpy()
-        seen[layer] = m if layer not in seen else np.maximum(seen[layer], m)
-
-    hooks = [m.register_forward_hook(record) for m in todo]
-    try:
-        with torch.no_grad():
-            for args in batches:
-                module(*args)
-    finally:
-        for h in hooks:
-            h.remove()
+    seen = channel_absmax(module, batches, todo, inputs=False)
     out = {}
     for layer in todo:
         rows = outlier_channels(seen[layer], opts) if layer in seen else np.zeros(0, np.int64)
@@ -101,21 +111,7 @@ def split_input_outliers(module: fx.GraphModule, batches: Sequence[Sequence[torc
             readers = _splittable(q, mods)
             if readers:
                 todo[g] = (q, readers)
-    seen: dict[Grid, np.ndarray] = {}
-
-    def record(grid: Grid, args) -> None:
-        x = args[0].detach()
-        m = x.abs().reshape(-1, x.shape[-1]).amax(0).numpy()
-        seen[grid] = m if grid not in seen else np.maximum(seen[grid], m)
-
-    hooks = [g.register_forward_pre_hook(record) for g in todo]
-    try:
-        with torch.no_grad():
-            for args in batches:
-                module(*args)
-    finally:
-        for h in hooks:
-            h.remove()
+    seen = channel_absmax(module, batches, list(todo), inputs=True)
     out = {}
     for g, (q, readers) in todo.items():
         cols = outlier_channels(seen[g], opts) if g in seen else np.zeros(0, np.int64)
