@@ -53,10 +53,25 @@ def codes(x: torch.Tensor, scale: torch.Tensor) -> torch.Tensor:
     return torch.round(x.detach() / scale.detach())
 
 
+class _StraightThrough(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, approx: torch.Tensor, exact: torch.Tensor) -> torch.Tensor:
+        ctx.approx_shape, ctx.approx_dtype = approx.shape, approx.dtype
+        shape = torch.broadcast_shapes(approx.shape, exact.shape)
+        dtype = torch.promote_types(approx.dtype, exact.dtype)
+        return exact.detach().to(dtype).expand(shape).clone()
+
+    @staticmethod
+    def backward(ctx, grad: torch.Tensor):
+        return grad.sum_to_size(ctx.approx_shape).to(ctx.approx_dtype), None
+
+
 def straight_through(approx: torch.Tensor, exact: torch.Tensor) -> torch.Tensor:
-    """``exact``'s values with ``approx``'s gradient: the forward pass is the integer one,
-    the backward pass the fake-quantized float one."""
-    return approx + (exact - approx).detach()
+    """``exact``'s values, bit for bit, with ``approx``'s gradient: the forward pass is the
+    integer one, the backward pass the fake-quantized float one. (Not ``approx + (exact -
+    approx).detach()``: that sum rounds, one ulp off ``exact`` where the two differ, and
+    the DSA's outputs are ``exact``.)"""
+    return _StraightThrough.apply(approx, exact)
 
 
 def activation(y: torch.Tensor, act: tuple[float, float] | None) -> torch.Tensor:

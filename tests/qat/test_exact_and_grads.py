@@ -10,7 +10,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from dsa_tvm.qat import exact
-from dsa_tvm.qat.fake_quant import fake_quant
+from dsa_tvm.qat.fake_quant import fake_quant, straight_through
 
 
 def _extreme_codes(rng, shape, lo, hi):
@@ -67,6 +67,33 @@ def test_gradients_pass_inside_the_range_and_stop_outside():
     # LSQ: outside the range the step is the clamp code, inside round(v) - v (here 0)
     want = (-128 + 127) / np.sqrt(5 * 127)
     assert s.grad.item() == pytest.approx(want, rel=1e-5)
+
+
+_finite = st.floats(allow_nan=False, allow_infinity=False, width=32)
+
+
+@settings(max_examples=60, deadline=None)
+@given(approx=st.lists(_finite, min_size=1, max_size=8), exact_=st.lists(_finite, min_size=1,
+       max_size=8), weights=st.lists(st.floats(-4, 4, width=32), min_size=8, max_size=8))
+def test_straight_through_forwards_exact_bit_for_bit_and_approxs_gradient(approx, exact_,
+                                                                          weights):
+    """The forward value is the exact tensor's, every bit (the DSA's outputs are those
+    bits; ``a + (e - a)`` rounds where a and e are far apart), broadcast as a sum would be;
+    the gradient reaches ``approx`` alone, whole."""
+    n = min(len(approx), len(exact_))
+    a = torch.tensor(approx[:n], requires_grad=True)
+    e = torch.tensor(exact_[:n], requires_grad=True)
+    y = straight_through(a, e)
+    assert y.dtype == torch.float32 and torch.equal(y, e.detach())
+    w = torch.tensor(weights[:n])
+    (y * w).sum().backward()
+    assert torch.equal(a.grad, w) and e.grad is None
+    col = torch.zeros(n, 1, requires_grad=True)   # approx broadcast against a wider exact
+    row = straight_through(col, e.detach().reshape(1, n).double())
+    assert row.shape == (n, n) and row.dtype == torch.float64
+    assert torch.equal(row, e.detach().double().expand(n, n))
+    row.sum().backward()
+    assert torch.equal(col.grad, torch.full((n, 1), float(n)))
 
 
 @settings(max_examples=20, deadline=None)
