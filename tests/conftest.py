@@ -23,6 +23,24 @@ if os.environ.get("CI"):
     settings.load_profile("ci")
 
 
+#: workers at most: each holds TVM, torch and a model or two (a few GB between them)
+MAX_WORKERS = 4
+
+
+def pytest_xdist_auto_num_workers(config) -> int:
+    """``-n auto`` (pyproject's addopts): the cores this process may run on, as the
+    scheduler and a cgroup CPU quota allow (xdist's own count is the host's physical
+    cores, which a container does not have), at most :data:`MAX_WORKERS`."""
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
+    try:
+        quota, period = open("/sys/fs/cgroup/cpu.max").read().split()
+        if quota != "max":
+            cores = min(cores or 1, -(-int(quota) // int(period)))
+    except (OSError, ValueError):
+        pass
+    return max(1, min(cores or 1, MAX_WORKERS))
+
+
 def _check_presets() -> None:
     # the suite is written for these three bundled presets
     assert set(PRESETS) <= set(preset_names())

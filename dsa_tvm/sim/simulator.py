@@ -14,6 +14,7 @@ order they started). ``fresh_timing=True`` asks for them anew.
 
 from __future__ import annotations
 
+import sys
 import threading
 from collections import OrderedDict
 from collections.abc import Mapping
@@ -314,7 +315,7 @@ class Simulator:
         return out
 
 
-_BLAS: list = []  # the threadpoolctl controller, made on first use
+_BLAS: dict = {}  # the threadpoolctl controller, and the module count it was made at
 
 
 @contextmanager
@@ -329,12 +330,19 @@ def one_blas_thread():
     if threading.current_thread() is not threading.main_thread():
         yield
         return
-    if not _BLAS:
+    with _blas_controller().limit(limits=1, user_api="blas"):
+        yield
+
+
+def _blas_controller():
+    """threadpoolctl's view of the loaded BLAS libraries, made again after an import (an
+    import may load another BLAS, e.g. scipy's own OpenBLAS beside numpy's, which a
+    controller made before it would leave on all its threads); a scan takes a millisecond."""
+    if _BLAS.get("modules") != len(sys.modules):
         from threadpoolctl import ThreadpoolController
 
-        _BLAS.append(ThreadpoolController())
-    with _BLAS[0].limit(limits=1, user_api="blas"):
-        yield
+        _BLAS.update(controller=ThreadpoolController(), modules=len(sys.modules))
+    return _BLAS["controller"]
 
 
 def _contents(program: Program) -> int:

@@ -17,6 +17,9 @@ import pytest
 
 from dsa_tvm import conformance as C
 
+# one worker sweeps, once (under pytest-xdist the module's tests would otherwise split)
+pytestmark = pytest.mark.xdist_group("conformance")
+
 
 @pytest.fixture(scope="module")
 def results() -> list[C.CaseResult]:

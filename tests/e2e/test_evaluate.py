@@ -73,6 +73,7 @@ def test_worker_processes_give_the_same_report(files):
         assert getattr(two, key) == getattr(one, key), key
 
 
+@pytest.mark.xdist_group("ray")  # one local Ray cluster at a time
 def test_ray_actors_give_the_same_report(files):
     """The Ray path (a local cluster started here) computes what one process does."""
     import ray  # the test extra installs it

@@ -153,6 +153,7 @@ def test_process_pool_matches_in_process(small_sweep):
         (r.point, r.cycles, r.energy_uj) for r in small_sweep.results]
 
 
+@pytest.mark.xdist_group("ray")  # one local Ray cluster at a time
 def test_ray_cluster_matches_in_process(small_sweep):
     import ray  # the test extra installs it
 
