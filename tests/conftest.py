@@ -27,10 +27,13 @@ if os.environ.get("CI"):
 MAX_WORKERS = 4
 
 
-def pytest_xdist_auto_num_workers(config) -> int:
+def pytest_xdist_auto_num_workers(config) -> int | None:
     """``-n auto`` (pyproject's addopts): the cores this process may run on, as the
     scheduler and a cgroup CPU quota allow (xdist's own count is the host's physical
-    cores, which a container does not have), at most :data:`MAX_WORKERS`."""
+    cores, which a container does not have), at most :data:`MAX_WORKERS`. xdist's
+    ``PYTEST_XDIST_AUTO_NUM_WORKERS`` still wins."""
+    if os.environ.get("PYTEST_XDIST_AUTO_NUM_WORKERS"):
+        return None  # xdist's own hook reads it
     cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
     try:
         quota, period = open("/sys/fs/cgroup/cpu.max").read().split()
