@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import os
 import signal
+from pathlib import Path
 
 import pytest
 from hypothesis import settings
@@ -36,7 +37,7 @@ def pytest_xdist_auto_num_workers(config) -> int | None:
         return None  # xdist's own hook reads it
     cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
     try:
-        quota, period = open("/sys/fs/cgroup/cpu.max").read().split()
+        quota, period = Path("/sys/fs/cgroup/cpu.max").read_text().split()
         if quota != "max":
             cores = min(cores or 1, -(-int(quota) // int(period)))
     except (OSError, ValueError):
