@@ -161,6 +161,7 @@ def test_blas_is_pinned_during_a_run_and_given_back():
 def test_blas_loaded_after_the_first_run_is_pinned_too():
     """A BLAS library loaded after the first pinned run (scipy's own OpenBLAS, imported
     late) is pinned as well: a fresh interpreter, so the import order is this one."""
+    import os
     import subprocess
     import sys
 
@@ -175,9 +176,8 @@ blas = lambda: [(i["filepath"], i["num_threads"]) for i in threadpool_info()
                 if i["user_api"] == "blas"]
 assert len(blas()) == 2, blas()   # numpy's and scipy's
 with one_blas_thread():
-    print(blas())
     assert all(n == 1 for _, n in blas()), blas()
 """
     proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
-                          timeout=300, env={**__import__("os").environ, "OPENBLAS_NUM_THREADS": "2"})
+                          timeout=300, env={**os.environ, "OPENBLAS_NUM_THREADS": "2"})
     assert proc.returncode == 0, proc.stdout + proc.stderr[-3000:]
