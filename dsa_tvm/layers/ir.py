@@ -27,42 +27,10 @@ from dataclasses import dataclass, field, fields
 
 import numpy as np
 
-from ..isa.semantics import INT16_MAX, INT16_MIN
-
-
-@dataclass(frozen=True)
-class QTensor:
-    name: str
-    shape: tuple[int, ...]
-    scale: float
-    zero_point: int
-    dtype: str = "int8"     # "int16": a wide tensor (see the module docstring)
-
-
-#: the clip of REQUANT's wide mode: an int16 output
-WIDE_CLIP = (INT16_MIN, INT16_MAX)
-
-
-@dataclass(frozen=True)
-class Requant:
-    """Accumulator -> int8: ``clamp(rshift_round(acc * multiplier, shift) + zero_point, lo, hi)``;
-    with ``clip == WIDE_CLIP``, int16 (REQUANT's wide mode)."""
-
-    multiplier: np.ndarray  # int32 [C] or [1]
-    shift: np.ndarray       # int32 [C] or [1], in semantics.REQUANT_SHIFT_RANGE
-    zero_point: int
-    clip: tuple[int, int] = (-128, 127)
-
-    @property
-    def wide(self) -> bool:
-        """An int16 output (REQUANT's wide mode)."""
-        return tuple(self.clip) == WIDE_CLIP
-
-    def per_channel(self, channels: int) -> tuple[np.ndarray, np.ndarray]:
-        """Multiplier and shift broadcast to ``channels`` entries."""
-        m = np.broadcast_to(np.asarray(self.multiplier, np.int32), (channels,))
-        s = np.broadcast_to(np.asarray(self.shift, np.int32), (channels,))
-        return m, s
+# the layers and types defined beside this module, re-exported: importers name this one
+from .ir_grouped import GroupedDense  # noqa: F401
+from .ir_units import LayerNorm, RMSNorm, Rope, Softmax, Table  # noqa: F401
+from .qtensor import WIDE_CLIP, QTensor, Requant  # noqa: F401
 
 
 @dataclass(frozen=True)
@@ -359,11 +327,6 @@ class Interleave:
         return 0
 
 
-Layer = (Conv2d | Dense | BatchMatmul | Pool2d | GlobalAvgPool | Add | BiasAdd | AddConst
-         | Rescale
-         | Concat | Resize | Slice | BytePlanes | Dilate | Interleave)
-
-
 @dataclass
 class Region:
     """A connected group of layers offloaded together, in topological order."""
@@ -421,7 +384,6 @@ class Mul:
         return 0
 
 
-Layer = Layer | Mul
 
 
 @dataclass(frozen=True)
@@ -460,159 +422,7 @@ class Permute:
         return x.reshape(self.output.shape)
 
 
-Layer = Layer | Permute
-
-
-# ----------------------------------------------------------------------------- row norms
-# Integer semantics and parameter folding: dsa_tvm.layers.intnorm (the [norm] unit's spec).
-@dataclass(frozen=True)
-class Softmax:
-    """y = int_softmax(x) over the last axis (I-BERT i-exp, table+Newton reciprocal)."""
-
-    name: str
-    input: QTensor
-    output: QTensor          # same shape; typically scale 1/256, zero point -128
-    params: object           # intnorm.SoftmaxParams
-    #: int16 results written as two int8 byte planes, rows interleaved: input row r gives
-    #: output rows 2r (``hi = clamp(rshift_round(y, 8))``) and 2r + 1 (``lo = clamp(y -
-    #: 256 hi)``), the operand of a :class:`BatchMatmul` with ``planes``; ``output`` is
-    #: int8 with twice the rows, on the int16 grid's scale
-    planes: bool = False
-
-    @property
-    def macs(self) -> int:
-        return 0
-
-
-@dataclass(frozen=True)
-class LayerNorm:
-    """y = int_norm(x) over the last axis, centred (mean and variance), gamma and beta folded."""
-
-    name: str
-    input: QTensor
-    output: QTensor
-    params: object           # intnorm.NormParams with center=True
-
-    @property
-    def macs(self) -> int:
-        return 0
-
-
-@dataclass(frozen=True)
-class RMSNorm:
-    """y = int_norm(x) over the last axis, not centred (root mean square), weight folded."""
-
-    name: str
-    input: QTensor
-    output: QTensor
-    params: object           # intnorm.NormParams with center=False
-
-    @property
-    def macs(self) -> int:
-        return 0
-
-
-RowNormLayer = Softmax | LayerNorm | RMSNorm
-
-
-@dataclass(frozen=True)
-class Table:
-    """y = table[x + 128]: an element-wise function of one int8 tensor, as 256 int8 codes
-    (a dequantize -> sigmoid / SiLU / GELU / ... -> quantize chain evaluated on every input
-    code by the compiler); the vector unit's activation table applies it (ALU LUT)."""
-
-    name: str
-    input: QTensor
-    output: QTensor          # same shape as input
-    table: np.ndarray        # int8 [256]: entry i is the output code of input code i - 128
-    what: str = ""           # the chain it replaces, for reports ("sigmoid", "x*sigmoid(x)")
-
-    @property
-    def macs(self) -> int:
-        return 0
-
-
-Layer = Layer | Table
-
-
-@dataclass(frozen=True)
-class Rope:
-    """Rotary position embedding over rows of ``d`` codes, the position of a row being its
-    index mod ``P`` (the tables' rows; ``(B, H, P, d)`` heads): with ``xc = x - zero_point``
-    and ``swap`` exchanging a row's two halves, ``acc = xc * cos[p] + swap(xc) * sin[p]``
-    (int32, wrapping like the ALU's MUL and MAC), then requantized. The tables are the float
-    ones in fixed point, ``sin`` signed per half (``-sin`` on the first: that is
-    ``rotate_half(x) * sin``); :attr:`requant` takes out their scale.
-
-    Runtime tables (an LLM step's positions): ``tables`` holds the float ``cos`` and
-    ``sin`` region inputs (P x d elements) and ``cos``/``sin`` are None; the host converts
-    them in ``2**frac`` fixed point, refusing entries beyond ``bound``
-    (:mod:`dsa_tvm.layers.rope_tables`)."""
-
-    name: str
-    input: QTensor           # (..., P, d)
-    output: QTensor          # same shape
-    cos: np.ndarray | None   # int32 [P, d]
-    sin: np.ndarray | None   # int32 [P, d], signed per half
-    requant: Requant
-    tables: tuple[QTensor, ...] = ()   # (cos, sin) float region inputs, or none
-    frac: int = 0                      # fixed-point bits of runtime tables
-    bound: float = 1.0                 # the largest |entry| runtime tables may hold
-
-    @property
-    def table_shape(self) -> tuple[int, int]:
-        """(P, d): positions x row length."""
-        if self.cos is not None:
-            return tuple(int(n) for n in self.cos.shape)
-        return tuple(int(n) for n in self.input.shape[-2:])
-
-    @property
-    def macs(self) -> int:
-        return 2 * int(np.prod(self.input.shape))
-
-
-Layer = Layer | Rope
-
-
-@dataclass(frozen=True)
-class GroupedDense:
-    """A dense whose weights carry one scale and one offset per group of ``group``
-    consecutive input rows of each output channel (GGUF Q4_1's ``d * q + min``, the form
-    int4 LLM weights ship in): one scale per output channel cannot hold that grid.
-
-    Per row ``m``, channel ``n`` and group ``g`` (raw codes, zero points in ``bias``)::
-
-        P = sum_{k in g} x[m, k] * w[n, k]          S = sum_{k in g} x[m, k]
-        V = rshift_round(wrap32(wrap32(P * scales[n, g]) + S * offsets[n, g]), shift)
-        acc[m, n] = wrap32(sum_g V + bias[n]);   y = requant(acc)
-
-    ``scales`` and ``offsets`` are int16 fixed-point factors (``layers.group_grid`` makes
-    them from real weights); a partial last group is allowed here, not on the device.
-
-    ``planes``: the input holds int16 codes as two int8 byte planes (``BytePlanes``:
-    (..., 2M, K), hi rows then lo rows); each plane's ``V`` as above, the lo plane's
-    shifted by ``shift + 8``, all of them summed (``x = 256 hi + lo``)."""
-
-    name: str
-    input: QTensor           # (..., K); planes: (..., 2M, K)
-    output: QTensor          # (..., N); planes: (..., M, N)
-    weight: np.ndarray       # int8 [N, K] (int4 codes for Q4_1)
-    group: int               # input rows per group
-    scales: np.ndarray       # int16 [N, ceil(K / group)]
-    offsets: np.ndarray      # int16 [N, ceil(K / group)]
-    shift: int               # the right shift of each group's V (0..31)
-    bias: np.ndarray         # int32 [N]
-    requant: Requant
-    planes: bool = False
-
-    @property
-    def groups_per_row(self) -> int:
-        return -(-int(self.weight.shape[1]) // self.group)
-
-    @property
-    def macs(self) -> int:
-        rows = int(np.prod(self.input.shape[:-1]))   # planes: both planes' rows
-        return rows * self.weight.shape[0] * self.weight.shape[1]
-
-
-Layer = Layer | GroupedDense
+#: every layer a Region may hold
+Layer = (Conv2d | Dense | BatchMatmul | Pool2d | GlobalAvgPool | Add | BiasAdd | AddConst
+         | Rescale | Concat | Resize | Slice | BytePlanes | Dilate | Interleave | Mul | Permute
+         | Softmax | LayerNorm | RMSNorm | Table | Rope | GroupedDense)
