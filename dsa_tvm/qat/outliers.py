@@ -29,18 +29,22 @@ from .layers import Grid, SameGrid, WeightedLayer, _Integer
 
 
 def channel_absmax(module: nn.Module, batches: Sequence[Sequence[torch.Tensor]],
-                   watched: Sequence[nn.Module], inputs: bool) -> dict[nn.Module, np.ndarray]:
-    """max |value| per last-axis channel of each watched submodule's first input
-    (``inputs``) or of its output, over one pass of ``module`` on ``batches``."""
-    seen: dict[nn.Module, np.ndarray] = {}
+                   inputs_of: Sequence[nn.Module] = (), outputs_of: Sequence[nn.Module] = (),
+                   ) -> tuple[dict[nn.Module, np.ndarray], dict[nn.Module, np.ndarray]]:
+    """max |value| per last-axis channel of the first input of each of ``inputs_of`` and
+    of the output of each of ``outputs_of``, over one pass of ``module`` on ``batches``."""
+    seen_in: dict[nn.Module, np.ndarray] = {}
+    seen_out: dict[nn.Module, np.ndarray] = {}
 
-    def record(m: nn.Module, args, y: torch.Tensor | None = None) -> None:
-        v = (args[0] if inputs else y).detach()
-        a = v.abs().reshape(-1, v.shape[-1]).amax(0).numpy()
-        seen[m] = a if m not in seen else np.maximum(seen[m], a)
+    def recorder(seen: dict[nn.Module, np.ndarray], inputs: bool):
+        def record(m: nn.Module, args, y: torch.Tensor | None = None) -> None:
+            v = (args[0] if inputs else y).detach()
+            a = v.abs().reshape(-1, v.shape[-1]).amax(0).numpy()
+            seen[m] = a if m not in seen else np.maximum(seen[m], a)
+        return record
 
-    hooks = [m.register_forward_pre_hook(record) if inputs else m.register_forward_hook(record)
-             for m in watched]
+    hooks = ([m.register_forward_pre_hook(recorder(seen_in, True)) for m in inputs_of]
+             + [m.register_forward_hook(recorder(seen_out, False)) for m in outputs_of])
     try:
         with torch.no_grad():
             for args in batches:
@@ -48,7 +52,22 @@ def channel_absmax(module: nn.Module, batches: Sequence[Sequence[torch.Tensor]],
     finally:
         for h in hooks:
             h.remove()
-    return seen
+    return seen_in, seen_out
+
+
+def split_all(module: fx.GraphModule, batches: Sequence[Sequence[torch.Tensor]],
+              opts: OutlierOptions | None = None) -> tuple[dict[str, list[int]],
+                                                           dict[str, list[int]]]:
+    """Both splits (:func:`split_input_outliers`, then :func:`split_outliers`) from one
+    FP32 pass over ``batches``: ({layer: input features}, {layer: output channels}). The
+    module must be in ``float`` mode. Neither split changes an FP32 value, so one pass
+    serves both; the output plan is taken again after the input split, which can only
+    shrink it (a split reader also reads its grid's FP32 input, as integers)."""
+    opts = opts or OutlierOptions()
+    inputs = _input_plan(module)
+    seen_in, seen_out = channel_absmax(module, batches, list(inputs), _output_plan(module))
+    split_in = _apply_input_split(module, inputs, seen_in, opts)
+    return split_in, _apply_output_split(_output_plan(module), seen_out, opts)
 
 
 def split_outliers(module: fx.GraphModule, batches: Sequence[Sequence[torch.Tensor]],
@@ -57,13 +76,23 @@ def split_outliers(module: fx.GraphModule, batches: Sequence[Sequence[torch.Tens
     channels (measured in FP32 over ``batches``), unless its output is read as integers;
     returns {layer: channels} for those that got one. The module must be in ``float``
     mode."""
-    opts = opts or OutlierOptions()
+    todo = _output_plan(module)
+    return _apply_output_split(todo, channel_absmax(module, batches, outputs_of=todo)[1],
+                               opts or OutlierOptions())
+
+
+def _output_plan(module: fx.GraphModule) -> list[WeightedLayer]:
+    """The linear layers an output split may touch (no side path yet, output not read as
+    integers)."""
     mods = dict(module.named_modules())
     read_as_integers = {mods[n.target] for n in module.graph.nodes
                         if n.op == "call_module" and _integer_readers(n, mods)}
-    todo = [m for m in module.modules() if isinstance(m, WeightedLayer) and m.kind == "linear"
+    return [m for m in module.modules() if isinstance(m, WeightedLayer) and m.kind == "linear"
             and m.side_rows is None and m not in read_as_integers]
-    seen = channel_absmax(module, batches, todo, inputs=False)
+
+
+def _apply_output_split(todo: list[WeightedLayer], seen: dict[nn.Module, np.ndarray],
+                        opts: OutlierOptions) -> dict[str, list[int]]:
     out = {}
     for layer in todo:
         rows = outlier_channels(seen[layer], opts) if layer in seen else np.zeros(0, np.int64)
@@ -102,7 +131,13 @@ def split_input_outliers(module: fx.GraphModule, batches: Sequence[Sequence[torc
     layers, the value's outlier features (PTQ's predicate over its FP32 magnitudes on
     ``batches``) move to FP32 side paths beside each reader. Returns {layer: features}.
     The module must be in ``float`` mode."""
-    opts = opts or OutlierOptions()
+    todo = _input_plan(module)
+    return _apply_input_split(module, todo, channel_absmax(module, batches, list(todo))[0],
+                              opts or OutlierOptions())
+
+
+def _input_plan(module: fx.GraphModule) -> dict[Grid, tuple[fx.Node, list[WeightedLayer]]]:
+    """{grid: (its node, its linear readers)} for every grid an input split may touch."""
     mods = dict(module.named_modules())
     todo = {}
     for q in module.graph.nodes:
@@ -111,7 +146,13 @@ def split_input_outliers(module: fx.GraphModule, batches: Sequence[Sequence[torc
             readers = _splittable(q, mods)
             if readers:
                 todo[g] = (q, readers)
-    seen = channel_absmax(module, batches, list(todo), inputs=True)
+    return todo
+
+
+def _apply_input_split(module: fx.GraphModule,
+                       todo: dict[Grid, tuple[fx.Node, list[WeightedLayer]]],
+                       seen: dict[nn.Module, np.ndarray], opts: OutlierOptions,
+                       ) -> dict[str, list[int]]:
     out = {}
     for g, (q, readers) in todo.items():
         cols = outlier_channels(seen[g], opts) if g in seen else np.zeros(0, np.int64)

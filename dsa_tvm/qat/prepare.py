@@ -37,8 +37,7 @@ from .layers import (
     grids,
     set_mode,
 )
-from .outliers import split_input_outliers as _split_input_outliers
-from .outliers import split_outliers as _split_outliers
+from .outliers import split_all as _split_outliers
 from .precision import set_bits
 from .smooth import Smooth, check_alpha, migrate
 
@@ -315,8 +314,9 @@ def calibrate(module: fx.GraphModule, batches: Iterable[Sequence[torch.Tensor]],
         migrate(module, batches, alpha)
     if getattr(module, "qat_outliers", False):  # PTQ's outlier split, chosen once
         set_mode(module, "float")
-        module.qat_report.side_inputs.update(_split_input_outliers(module, batches))
-        module.qat_report.side_paths.update(_split_outliers(module, batches))
+        inputs, outputs = _split_outliers(module, batches)   # one FP32 pass for both
+        module.qat_report.side_inputs.update(inputs)
+        module.qat_report.side_paths.update(outputs)
     for g in grids(module):
         g.reset()
     for m in module.modules():

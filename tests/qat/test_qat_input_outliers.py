@@ -137,3 +137,37 @@ def test_an_output_read_as_integers_keeps_its_outlier_channels():
     with torch.no_grad():
         cos = torch.nn.functional.cosine_similarity(p(x), net(x)).mean().item()
     assert cos > 0.97, cos
+
+
+def test_both_splits_from_one_pass_equal_the_two_passes_in_turn():
+    """``split_all`` (what ``prepare`` runs) reads the FP32 magnitudes of both splits in
+    one pass over the calibration batches and splits exactly what the input split and
+    then the output split did, each in a pass of its own."""
+    from dsa_tvm.qat.layers import set_mode
+    from dsa_tvm.qat.outliers import split_all, split_input_outliers, split_outliers
+
+    net = _tiny_with_input_outliers()
+    with torch.no_grad():                      # an output outlier too: attention's out
+        for layer in net.layers:
+            layer.attn_out.weight[5] *= 60.0
+    ids, mask = _tokens(np.random.default_rng(1), 6, 8, 50)
+    batches = [(ids[:3], mask[:3]), (ids[3:], mask[3:])]
+    a, b = (qat.prepare(net, (ids[:1], mask[:1]), batches) for _ in range(2))
+    for p in (a, b):
+        set_mode(p, "float")
+    want = (split_input_outliers(a, batches), split_outliers(a, batches))
+    calls = []
+    hook = b.register_forward_pre_hook(lambda m, args: calls.append(1))
+    got = split_all(b, batches)
+    hook.remove()
+    assert got == want and got[0] and got[1], (got, want)
+    assert len(calls) == len(batches)          # one pass
+    for la, lb in zip(_layers(a).values(), _layers(b).values(), strict=True):
+        for side in ("side_rows", "side_cols"):
+            x, y = getattr(la, side), getattr(lb, side)
+            assert (x is None and y is None) or torch.equal(x, y), (la.name, side)
+    masks = [[g.mask for g in p.modules() if isinstance(g, Grid)] for p in (a, b)]
+    assert all((x is None and y is None) or torch.equal(x, y) for x, y in zip(*masks))
+    x = (ids, mask)
+    with torch.no_grad():
+        torch.testing.assert_close(a(*x), b(*x), rtol=0, atol=0)
