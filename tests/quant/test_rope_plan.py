@@ -69,3 +69,14 @@ def test_planned_int8_at_both_ends_interior_fp32():
     assert f.inputs == ["x"] and f.output == "y"
     assert {"mul_cos", "mul_sin", "cat", "neg", "slice_lo", "slice_hi"} <= p.interior
     assert {"x", "y"} <= p.tensors and not {"rot", "a", "b", "hi", "lo"} & p.tensors
+
+
+@pytest.mark.parametrize("kept", ["rope", "mul_sin", "cat"])
+def test_a_chain_with_a_node_kept_fp32_is_not_planned(kept):
+    """``keep_fp32`` naming the chain's add or any op inside it keeps the whole chain
+    FP32: no rotary follower and its interior not int8 (its output ``y`` keeps a grid as
+    the next MatMul's input, which the MatMul quantizes itself)."""
+    g = _graph()
+    p = make_plan(g, {kept})
+    assert not [f for f in p.followers if f.name == "rope"]
+    assert not {"mul_cos", "mul_sin", "cat", "neg", "slice_lo", "slice_hi"} & p.interior
