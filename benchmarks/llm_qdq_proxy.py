@@ -73,6 +73,10 @@ class QdqProxy(CompiledLLM):
         opts = super().quantize_options(step)
         keep = {n.name for n in step.graph.node
                 if any(re.search(p, n.name) for p in self.fp32_patterns)}
+        if self.fp32_patterns and not keep:
+            raise SystemExit(f"--fp32 matches no node: {self.fp32_patterns}")
+        if keep:
+            print(f"[{len(keep)} nodes kept FP32]", flush=True)
         made = {o for n in step.graph.node for o in n.output}
         missing = [t for t in self.wide_extra if t not in made]
         if missing:
