@@ -531,6 +531,12 @@ def _pick(logits: np.ndarray, greedy: bool, rng: np.random.Generator) -> int:
 
 def load(model: str = "smollm2", hw: str = "default", quant: str = "w8a8", **options) -> CompiledLLM:
     """A decoder (``"smollm2"``, ``"tiny"``, a .gguf file or a Hugging Face folder) ready to
-    ``generate`` on the DSA of hardware ``hw``; steps compile on first use."""
+    ``generate`` on the DSA of hardware ``hw``; steps compile on first use. A wrong
+    ``quant`` or ``hw`` is refused before the model's weights are read."""
+    from ..hw.config import load_config
+
+    if quant not in QUANTS:
+        raise ValueError(f"quant must be one of {QUANTS}, got {quant!r}")
+    load_config(hw)
     seed = options.pop("seed", 0)
     return CompiledLLM(load_source(model, seed), hw, quant, **options)

@@ -189,6 +189,11 @@ def test_bad_model_and_options_are_refused(tmp_path):
         load("tiny", prefill_buckets=(0, 16))
     with pytest.raises(FileNotFoundError, match="no model at"):
         load_source(tmp_path / "missing.gguf")
+    # a wrong quant or hardware is named before the model's weights are read
+    with pytest.raises(ValueError, match="quant must be one of"):
+        load(tmp_path / "missing.gguf", quant="w4g33")
+    with pytest.raises(ValueError, match="unknown hardware preset .defualt."):
+        load(tmp_path / "missing.gguf", hw="defualt")
     with pytest.raises(ValueError, match="calibration must be a string or a sequence"):
         load("tiny", calibration=[b"bytes"])
     # one string is one calibration text (not one text per character)
