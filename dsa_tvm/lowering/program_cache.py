@@ -38,7 +38,8 @@ TIMING_ONLY = frozenset({
     "alu_latency_cycles", "norm_row_latency_cycles", "table_lookups_per_cycle",
 } | {f.name for f in FIELDS if f.section in TIMING_ONLY_SECTIONS})
 
-#: whole region programs kept (a ResNet-50 region with its weights is ~25 MB)
+#: whole region programs kept (a ResNet-50 region with its packed weights is ~25 MB); an
+#: entry is the program alone, not the layers it was compiled from
 MAX_PROGRAMS = 24
 
 

@@ -118,11 +118,13 @@ def compile_region(region: Region, cfg: HardwareConfig,
         chosen.append((r, knobs, time.perf_counter() - t0))
     key = _cache_key((region, io, folded), chosen, cfg)
     hit = PROGRAMS.get(key) if key is not None else None
-    if hit is not None:
-        return CompiledRegion(restamp(hit.program, cfg), hit.plans)
+    if hit is not None:   # the key holds every schedule: the plans are this region's own
+        return CompiledRegion(restamp(hit, cfg), [LayerPlan(ly, r.shape, knobs, seconds)
+                                                  for ly, (r, knobs, seconds)
+                                                  in zip(region.layers, chosen)])
     out = _compile_chosen(region, io, folded, chosen, cfg)
-    if key is not None:
-        PROGRAMS.put(key, out)
+    if key is not None:   # the program alone: its layers (weights) go with their report
+        PROGRAMS.put(key, out.program)
     return out
 
 
