@@ -71,6 +71,12 @@ DEFAULT_CALIBRATION = (
 )
 
 
+def check_quant(quant: str) -> None:
+    """Refuse a quantization scheme that is not one of :data:`QUANTS`, naming them."""
+    if quant not in QUANTS:
+        raise ValueError(f"quant must be one of {QUANTS}, got {quant!r}")
+
+
 @dataclass
 class StepRecord:
     """One step on the device: what it computed and what it cost."""
@@ -168,8 +174,7 @@ class CompiledLLM:
                  gptq: bool | None = None, verbose: bool = False) -> None:
         from ..hw.config import load_config
 
-        if quant not in QUANTS:
-            raise ValueError(f"quant must be one of {QUANTS}, got {quant!r}")
+        check_quant(quant)
         self.source, self.quant, self.verbose = source, quant, verbose
         #: "all": every region that compiles runs on the DSA, though the cost model would
         #: keep decode's weight-bound, launch-bound regions on the host (options.offload)
@@ -535,8 +540,7 @@ def load(model: str = "smollm2", hw: str = "default", quant: str = "w8a8", **opt
     ``quant`` or ``hw`` is refused before the model's weights are read."""
     from ..hw.config import load_config
 
-    if quant not in QUANTS:
-        raise ValueError(f"quant must be one of {QUANTS}, got {quant!r}")
+    check_quant(quant)
     load_config(hw)
     seed = options.pop("seed", 0)
     return CompiledLLM(load_source(model, seed), hw, quant, **options)
