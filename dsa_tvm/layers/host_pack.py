@@ -14,7 +14,9 @@ table so the runtime repeats it exactly:
   room's int32 fixed-point rows, its bound checked (``layers.rope_tables``);
 * ``weight_tiles``: an on-device matmul's second operand as its weight tiles, with the
   column sums ``column_sums * sum_k b`` (``<name>#colsum``) when the first operand has a
-  zero point (what the region's movement would have made, ``lowering.host_tiles``).
+  zero point (what the region's movement would have made, ``lowering.host_tiles``); with
+  ``append``, a KV cache padded to its concat's joined shape first (the region writes the
+  new rows' tiles, ``lowering.cache_tiles``).
 
 (see ``tir_schedules.kinds.matmul`` for the arithmetic).
 """
@@ -76,6 +78,17 @@ def column_sum_rows(b: np.ndarray, factor: int, block_out: int) -> np.ndarray:
     return sem.wrap_int32(int(factor) * sums).astype(np.int32).reshape(bt * nb, block_out)
 
 
+def _padded(cache: np.ndarray, spec: dict) -> np.ndarray:
+    """A KV cache in the joined shape of its concat, the new rows' places zero (the region
+    writes their tiles: ``lowering.cache_tiles``)."""
+    out = np.zeros(spec["joined"], cache.dtype)
+    n = int(spec["cache"][spec["axis"]])
+    index = [slice(None)] * out.ndim
+    index[spec["axis"]] = slice(0, n)
+    out[tuple(index)] = cache.reshape(spec["cache"])
+    return out
+
+
 def pack_region_input(name: str, x: np.ndarray, io: dict, block_in: int,
                       block_out: int) -> dict[str, np.ndarray]:
     """The DRAM regions one region input fills, by region name."""
@@ -83,7 +96,7 @@ def pack_region_input(name: str, x: np.ndarray, io: dict, block_in: int,
         return {name: pack_table(name, x, io[ROPE_TABLE], block_out)}
     if "weight_tiles" in io:
         spec = io["weight_tiles"]
-        b = x
+        b = x if "append" not in spec else _padded(x, spec["append"])
         for view, perm in spec.get("steps", ()):     # the region's movement, on the host
             b = np.transpose(b.reshape(view), perm)
         b = b.reshape(spec["shape"])

@@ -422,7 +422,39 @@ class Permute:
         return x.reshape(self.output.shape)
 
 
+@dataclass(frozen=True)
+class TilesAppend:
+    """A KV cache's rows joined with the new rows, laid out as an on-device
+    :class:`BatchMatmul`'s weight tiles (``y = the Permute steps of concat([cache, input],
+    axis)``), written in place: the host lays ``cache`` out in the joined operand's tiles
+    and the region writes only the tiles the new rows fill. What a rows :class:`Concat`
+    and a ``weight_tiles`` :class:`Permute` compute, without copying the cache through
+    DRAM (``lowering.cache_tiles``). ``joined``: the concat's output shape (``axis`` is
+    its axis); every tensor shares one grid (a copy)."""
+
+    name: str
+    cache: QTensor           # a region input, as the concat's first input
+    input: QTensor           # the new rows, as the concat's second input
+    output: QTensor          # (B, K, N): the matmul's second operand
+    joined: tuple[int, ...]
+    axis: int
+    steps: tuple[tuple[tuple[int, ...], tuple[int, ...]], ...]
+    column_sums: int = 0     # as Permute's: ``column_sums * sum_k b`` per batch and column
+
+    @property
+    def macs(self) -> int:
+        return 0
+
+    def apply(self, cache: np.ndarray, new: np.ndarray) -> np.ndarray:
+        """The logical result on the two arrays (any dtype)."""
+        x = np.concatenate([cache.reshape(self.cache.shape), new.reshape(self.input.shape)],
+                           self.axis)
+        for view, perm in self.steps:
+            x = np.transpose(x.reshape(view), perm)
+        return x.reshape(self.output.shape)
+
+
 #: every layer a Region may hold
 Layer = (Conv2d | Dense | BatchMatmul | Pool2d | GlobalAvgPool | Add | BiasAdd | AddConst
          | Rescale | Concat | Resize | Slice | BytePlanes | Dilate | Interleave | Mul | Permute
-         | Softmax | LayerNorm | RMSNorm | Table | Rope | GroupedDense)
+         | TilesAppend | Softmax | LayerNorm | RMSNorm | Table | Rope | GroupedDense)

@@ -16,7 +16,7 @@ from bisect import bisect_right
 from collections import Counter
 
 from ..isa.instructions import Load
-from ..layers.ir import BatchMatmul, Concat, Permute
+from ..layers.ir import BatchMatmul, Concat, Permute, TilesAppend
 from ..sim.timing import dma_bytes
 
 KINDS = ("weights", "kv", "activations")
@@ -30,7 +30,8 @@ def _base(name: str) -> str:
 def cache_operands(region) -> set[str]:
     """The region inputs its attention matmuls read as the cache side (operand ``b``),
     back through the movements (Permute, Concat) that make that operand in the region."""
-    made = {ly.output.name: ly for ly in region.layers if isinstance(ly, (Permute, Concat))}
+    made = {ly.output.name: ly for ly in region.layers
+            if isinstance(ly, (Permute, Concat, TilesAppend))}
     todo = [_base(ly.b.name) for ly in region.layers if isinstance(ly, BatchMatmul)]
     out: set[str] = set()
     while todo:
@@ -43,6 +44,8 @@ def cache_operands(region) -> set[str]:
             todo.append(_base(ly.input.name))
         elif isinstance(ly, Concat):
             todo.extend(_base(t.name) for t in ly.inputs)
+        elif isinstance(ly, TilesAppend):
+            todo.extend(_base(t.name) for t in (ly.cache, ly.input))
     return out
 
 

@@ -34,10 +34,12 @@ from ..isa.program import Program
 from ..isa.sync import insert_dependencies
 from ..layers.checks import weight_bytes
 from ..layers.host_pack import COLSUM, PARAMS, ROWSUM, batch_dims
-from ..layers.ir import BatchMatmul, Layer, QTensor, Region, layer_inputs
+from ..layers.ir import BatchMatmul, Layer, QTensor, Region, TilesAppend, layer_inputs
 from ..layers.layouts import blocked_shape, same_bytes
 from ..layers.rope_tables import IO_KEY as ROPE_TABLE
 from ..layers.rope_tables import io_entries as rope_table_entries
+from .cache_tiles import cache_appends
+from .cache_tiles import io_entry as append_io_entry
 from .fold_input import fold_region_inputs
 from .host_tiles import host_tiled_inputs, io_entry, without_movements
 from .int4_weights import pack_int4_weights
@@ -100,6 +102,10 @@ def compile_region(region: Region, cfg: HardwareConfig,
     region, folded = fold_region_inputs(region, cfg)
     for name, note in rope_table_entries(region.layers).items():  # float, packed by the host
         io[name][ROPE_TABLE] = note
+    region = cache_appends(region, cfg)
+    for ly in region.layers:
+        if isinstance(ly, TilesAppend):   # the host lays the cache out in the joined tiles
+            io[ly.cache.name]["weight_tiles"] = append_io_entry(ly)
     tiled = host_tiled_inputs(region)
     if tiled:   # the host lays these inputs out as weight tiles: no movement in the region
         region = without_movements(region, tiled)

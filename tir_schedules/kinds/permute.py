@@ -27,9 +27,9 @@ import numpy as np
 from dsa_tvm.hw.config import HardwareConfig
 from dsa_tvm.intmath import ceil_div
 from dsa_tvm.isa.instructions import AluOp, Buffer
-from dsa_tvm.layers.checks import inputs_read, with_weights
+from dsa_tvm.layers.checks import inputs_read, tensor_bytes, with_weights
 from dsa_tvm.layers.host_pack import COLSUM, batch_dims, weight_tiles
-from dsa_tvm.layers.ir import Permute
+from dsa_tvm.layers.ir import Permute, TilesAppend
 from dsa_tvm.layers.layouts import image_dims
 
 from ..tiling import chunks
@@ -50,6 +50,8 @@ class PermShape:
     sum_tiles: int = 0        # tiles per group (K blocks)
     sum_lanes: int = 0        # valid lanes of a group's last tile (K's remainder)
     column_sums: int = 0      # the factor the sums are multiplied by (-zp_a)
+    #: a TilesAppend's: the output tile each made tile goes to (empty: tile i to tile i)
+    dest: tuple[int, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -128,16 +130,48 @@ def tiles_map(layer: Permute, cfg: HardwareConfig) -> tuple[np.ndarray, int] | s
         return f"block_in {bi} != block_out {bo} (a weight tile row is no activation block)"
     bt, k, n = batch_dims(tuple(layer.output.shape))
     order = weight_tiles((src + 1).reshape(bt, k, n), bi, bo)  # 0: padding
-    tiles = order.shape[0] * order.shape[1] * order.shape[2]
-    x = tuple(layer.input.shape)
-    direct = _padded_block_map(x, order.reshape(-1, bi), bo)
+    made = _tiles_from(order.reshape(-1, bo, bi), tuple(layer.input.shape), bo)
+    return made if not isinstance(made, str) else \
+        f"weight tiles of {tuple(layer.output.shape)}: {made}"
+
+
+def _tiles_from(order: np.ndarray, x: tuple[int, ...], block: int) -> tuple[np.ndarray, int] | str:
+    """(block map, tiles to transpose) that make the tiles ``order`` ([tile][row][lane]:
+    source element + 1, 0 padding) from a tensor of shape ``x``: a block copy of their rows,
+    or of their columns and then a transpose of each tile."""
+    direct = _padded_block_map(x, order.reshape(-1, block), block)
     if not isinstance(direct, str):
         return direct, 0
-    flipped = _padded_block_map(x, np.ascontiguousarray(order.swapaxes(-1, -2)).reshape(-1, bi),
-                                bo)
-    if isinstance(flipped, str):
-        return f"weight tiles of {tuple(layer.output.shape)}: {direct}"
-    return flipped, tiles
+    flipped = _padded_block_map(x, np.ascontiguousarray(order.swapaxes(-1, -2))
+                                .reshape(-1, block), block)
+    return direct if isinstance(flipped, str) else (flipped, int(order.shape[0]))
+
+
+def append_map(layer: TilesAppend, cfg: HardwareConfig) -> tuple[np.ndarray, int, np.ndarray] | str:
+    """A :class:`TilesAppend` as (block map, tiles to transpose, the joined tile each made
+    tile is): the tiles of the joined operand that hold new rows, made from the new rows
+    alone. Each must hold no cache row (the host writes those tiles): the cache's length
+    along the joined tile axis must be a multiple of the block."""
+    bi, bo = cfg.block_in, cfg.block_out
+    if bi != bo:
+        return f"block_in {bi} != block_out {bo} (a weight tile row is no activation block)"
+    nc, nn = (int(np.prod(t.shape, dtype=np.int64)) for t in (layer.cache, layer.input))
+    try:
+        labels = layer.apply(np.arange(1, nc + 1), -np.arange(1, nn + 1))  # 0 stays padding
+    except ValueError as e:
+        return f"the cache {layer.cache.shape} and new rows {layer.input.shape} do not join: {e}"
+    bt, k, n = batch_dims(tuple(layer.output.shape))
+    tiles = weight_tiles(labels.reshape(bt, k, n), bi, bo).reshape(-1, bo, bi)
+    new, old = (tiles < 0).any(axis=(1, 2)), (tiles > 0).any(axis=(1, 2))
+    if (new & old).any():
+        return (f"a weight tile of {tuple(layer.output.shape)} holds both cache and new rows "
+                f"(the cache's {layer.cache.shape[layer.axis]} rows are not whole {bo}-row "
+                f"tiles)")
+    dest = np.flatnonzero(new)
+    made = _tiles_from(np.where(tiles[dest] < 0, -tiles[dest], 0), tuple(layer.input.shape), bo)
+    if isinstance(made, str):
+        return f"the new rows' tiles: {made}"
+    return made[0], made[1], dest
 
 
 def _padded_block_map(x: tuple[int, ...], rows: np.ndarray, block: int) -> np.ndarray | str:
@@ -206,9 +240,40 @@ def perm_fits(cfg: HardwareConfig, s: PermShape, k: PermKnobs) -> str | None:
 candidate_perm_knobs, default_perm_knobs = staged_rows_knobs(PermKnobs, perm_fits)
 
 
+def _placed(transfers: list, s: PermShape) -> list:
+    """Transfers whose output blocks go to ``s.dest``'s tiles: each cut where its blocks
+    stop being consecutive there (a run lies within one tile, :func:`_tile_runs`)."""
+    rows = s.block  # a tile's rows, each one block
+
+    def at(y: int) -> int:
+        return s.dest[y // rows] * rows + y % rows
+
+    out = []
+    for x0, d, g, n, y0 in transfers:
+        first = 0
+        for p in range(1, g + 1):
+            if p == g or at(y0 + p * n) != at(y0 + (p - 1) * n) + n:
+                out.append((x0 + first * d, d, p - first, n, at(y0 + first * n)))
+                first = p
+    return out
+
+
+def _tile_runs(runs: tuple[tuple[int, int], ...], rows: int) -> tuple[tuple[int, int], ...]:
+    """``runs`` cut at every ``rows``-th output block (a tile's last row)."""
+    out, y = [], 0
+    for x0, n in runs:
+        while n:
+            m = min(n, rows - y % rows)
+            out.append((x0, m))
+            x0, n, y = x0 + m, n - m, y + m
+    return tuple(out)
+
+
 def _ring(s: PermShape, k: PermKnobs) -> tuple[list, int, int]:
     """(the transfers, the staging slot's rows: the largest transfer, slots in the ring)."""
     transfers = _transfers(s, k)
+    if s.dest and not s.transpose_tiles:   # the copy writes the tiles where they go
+        transfers = _placed(transfers, s)
     slot = max((g * n for _, _, g, n, _ in transfers), default=1)
     return transfers, slot, max(1, k.rows // slot)
 
@@ -229,7 +294,7 @@ def estimate_perm_cycles(cfg: HardwareConfig, s: PermShape, k: PermKnobs) -> flo
 
 
 def perm_instructions(cfg: HardwareConfig, s: PermShape, k: PermKnobs) -> int:
-    return (2 * len(_transfers(s, k)) + (1 + 3 * s.transpose_tiles if s.transpose_tiles else 0)
+    return (2 * len(_ring(s, k)[0]) + (1 + 3 * s.transpose_tiles if s.transpose_tiles else 0)
             + (2 + s.sum_groups * (2 + 2 * s.sum_tiles) if s.sum_groups else 0))
 
 
@@ -262,7 +327,12 @@ def _emit_tile_transpose(b, s: PermShape, regions: dict) -> None:
         slot, acc = i % 2, (i % 2) * n
         b.load(Buffer.WGT, slot, b.addr(t, Buffer.WGT) + i, 1, 1, 1)
         b.gemm(acc, 0, slot, [(n, 1, 1, 0)], reset=True)
-        b.store(Buffer.ACC8, acc, b.addr(y, Buffer.ACC8) + i * n, 1, n, n)
+        b.store(Buffer.ACC8, acc, b.addr(y, Buffer.ACC8) + _tile(s, i) * n, 1, n, n)
+
+
+def _tile(s: PermShape, i: int) -> int:
+    """Where made tile ``i`` goes in the output."""
+    return s.dest[i] if s.dest else i
 
 
 def _emit_column_sums(b, s: PermShape, regions: dict) -> None:
@@ -278,17 +348,21 @@ def _emit_column_sums(b, s: PermShape, regions: dict) -> None:
         for j in range(s.sum_tiles):
             t = g * s.sum_tiles + j
             last = j == s.sum_tiles - 1 and s.sum_lanes < n
-            b.load(Buffer.WGT, t % 2, b.addr(y, Buffer.WGT) + t, 1, 1, 1)
+            b.load(Buffer.WGT, t % 2, b.addr(y, Buffer.WGT) + _tile(s, t), 1, 1, 1)
             b.gemm(acc, ones + last, t % 2, [(1, 0, 0, 0)], reset=j == 0)
         b.alu(AluOp.MUL, acc, acc, 0, [(1, 0, 0, 0)], imm=s.column_sums, use_imm=True)
-        b.store(Buffer.ACC, acc, b.addr(c, Buffer.ACC) + g, 1, 1, 1)
+        b.store(Buffer.ACC, acc, b.addr(c, Buffer.ACC) + _tile(s, g * s.sum_tiles)
+                // s.sum_tiles, 1, 1, 1)
 
 
-def permute_recipe(layer: Permute, cfg: HardwareConfig, consts: bool) -> Recipe:
-    if (layer.input.scale, layer.input.zero_point) != (layer.output.scale,
-                                                       layer.output.zero_point):
+def permute_recipe(layer: Permute | TilesAppend, cfg: HardwareConfig, consts: bool) -> Recipe:
+    grids = {(t.scale, t.zero_point) for t in (layer.input, layer.output)
+             + ((layer.cache,) if isinstance(layer, TilesAppend) else ())}
+    if len(grids) > 1:
         raise UnsupportedLayer(f"{layer.name}: input and output scale/zero point differ "
                                f"(a copy needs one grid)")
+    if isinstance(layer, TilesAppend):
+        return _append_recipe(layer, cfg)
     if not layer.weight_tiles:
         bm = block_map(layer, cfg.block_out)
         if isinstance(bm, str):
@@ -307,33 +381,72 @@ def permute_recipe(layer: Permute, cfg: HardwareConfig, consts: bool) -> Recipe:
         r.scratch["t"] = (int(bm.size), cfg.block_in)
     if layer.column_sums:  # the consumer matmul's correction for its first zero point
         bt, k, n = batch_dims(tuple(layer.output.shape))
-        kb = ceil_div(k, cfg.block_in)
-        lanes = k - (kb - 1) * cfg.block_in
-        r.shape = dataclasses.replace(r.shape, sum_groups=bt * ceil_div(n, cfg.block_out),
-                                      sum_tiles=kb, sum_lanes=lanes,
-                                      column_sums=int(layer.column_sums))
-        ones = np.ones((2, cfg.block_in), np.int8)
-        ones[1, lanes:] = 0
-        r.consts["ones"] = ones
-        r.host["c"] = layer.output.name + COLSUM
+        _column_sums(r, layer, cfg, bt * ceil_div(n, cfg.block_out))
     return r
 
 
-def run_permute(ly: Permute, env: dict[str, np.ndarray]) -> np.ndarray:
+def _column_sums(r: Recipe, layer: Permute | TilesAppend, cfg: HardwareConfig,
+                 groups: int) -> None:
+    """``groups`` (batch, column block) column sums after the tiles."""
+    k = batch_dims(tuple(layer.output.shape))[1]
+    kb = ceil_div(k, cfg.block_in)
+    lanes = k - (kb - 1) * cfg.block_in
+    r.shape = dataclasses.replace(r.shape, sum_groups=groups, sum_tiles=kb, sum_lanes=lanes,
+                                  column_sums=int(layer.column_sums))
+    ones = np.ones((2, cfg.block_in), np.int8)
+    ones[1, lanes:] = 0
+    r.consts["ones"] = ones
+    r.host["c"] = layer.output.name + COLSUM
+
+
+def _append_recipe(layer: TilesAppend, cfg: HardwareConfig) -> Recipe:
+    """The new rows' tiles, written where they go among the host's cache tiles."""
+    am = append_map(layer, cfg)
+    if isinstance(am, str):
+        raise UnsupportedLayer(f"{layer.name}: {am}")
+    bm, flips, dest = am
+    if flips and cfg.acc_depth < 2 * cfg.block_out:
+        raise UnsupportedLayer(f"{layer.name}: a tile transpose needs two accumulator tiles")
+    runs = _runs(bm) if flips else _tile_runs(_runs(bm), cfg.block_out)
+    r = Recipe(KIND, PermShape(int(bm.size), cfg.block_out, runs, flips,
+                               dest=tuple(int(d) for d in dest)), {"x": layer.input})
+    if flips:
+        r.consts["eye"] = np.eye(cfg.block_in, dtype=np.int8)
+        r.scratch["t"] = (int(bm.size), cfg.block_in)
+    if layer.column_sums:
+        kb = ceil_div(batch_dims(tuple(layer.output.shape))[1], cfg.block_in)
+        groups, counts = np.unique(dest // kb, return_counts=True)
+        if (counts != kb).any() or not np.array_equal(dest, (groups[:, None] * kb
+                                                             + np.arange(kb)).reshape(-1)):
+            raise UnsupportedLayer(f"{layer.name}: the new rows fill part of a column's tiles "
+                                   f"(its column sums would need the cache's tiles too)")
+        _column_sums(r, layer, cfg, int(groups.size))
+    return r
+
+
+def run_permute(ly: Permute | TilesAppend, env: dict[str, np.ndarray]) -> np.ndarray:
+    if isinstance(ly, TilesAppend):
+        return ly.apply(env[ly.cache.name], env[ly.input.name])
     return ly.apply(env[ly.input.name].reshape(ly.input.shape))
 
 
-def _describe(ly: Permute) -> str:
+def _describe(ly: Permute | TilesAppend) -> str:
+    if isinstance(ly, TilesAppend):
+        return (f"TilesAppend {ly.name}: {tuple(ly.input.shape)} into the tiles of "
+                f"{tuple(ly.output.shape)} (cache {ly.cache.name} in place)")
     return (f"Permute {ly.name}: {tuple(ly.input.shape)} view {ly.view} perm {ly.perm} -> "
             f"{tuple(ly.output.shape)}")
 
 
-def _bounds(ly: Permute) -> tuple[int, int]:
+def _bounds(ly: Permute | TilesAppend) -> tuple[int, int]:
+    if isinstance(ly, TilesAppend):   # the host placed the cache: the new rows, in and out
+        new = tensor_bytes(ly.input)
+        return new, new
     return with_weights(ly, inputs_read(ly))
 
 
 KIND = Kind(
-    name="permute", layers=(Permute,), recipe=permute_recipe, reference=run_permute,
+    name="permute", layers=(Permute, TilesAppend), recipe=permute_recipe, reference=run_permute,
     bounds=_bounds, describe=_describe, shape=PermShape, knobs=PermKnobs,
     fits=perm_fits, candidates=candidate_perm_knobs, default=default_perm_knobs,
     estimate=estimate_perm_cycles, instructions=perm_instructions,
