@@ -27,7 +27,7 @@ launches, DRAM bytes; compile and simulator wall time. Not in the default parts 
                                    [--ppl-tokens 2048] [--contexts 128,512,2048] [--smooth 0.5|none]
                                    [--smooth-folds qkv,gate_up,down,o]
                                    [--plot bench_llm_decode.png] [--prefill 512]
-                                   [--rows-concat host|dsa] [--narrow-attention]
+                                   [--rows-concat dsa|host] [--narrow-attention]
 """
 
 from __future__ import annotations
@@ -88,8 +88,9 @@ def main() -> None:
                     help="SmoothQuant's alpha folded into the DSA steps' weights (default: "
                          "the library's, dsa_tvm.llm.model.SMOOTH); 'none' for no smoothing")
     ap.add_argument("--plot", default="bench_llm_decode.png")
-    ap.add_argument("--rows-concat", default="host", choices=("host", "dsa"),
-                    help="where the KV-cache concat runs ('dsa': one launch a decode step)")
+    ap.add_argument("--rows-concat", default="dsa", choices=("host", "dsa"),
+                    help="where the KV-cache concat runs ('dsa', the default: in the region, "
+                         "one launch a decode step; 'host': before it)")
     ap.add_argument("--prefill", type=int, default=512,
                     help="prompt tokens of part prefill (one chunk)")
     ap.add_argument("--smooth-folds", default=None,

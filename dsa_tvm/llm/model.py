@@ -167,7 +167,7 @@ class CompiledLLM:
                  calibration: tuple[str, ...] = DEFAULT_CALIBRATION,
                  prefill_buckets: tuple[int, ...] = PREFILL,
                  context_buckets: tuple[int, ...] = CONTEXT, offload: str = "all",
-                 rows_concat: str = "host", smooth: float | None = SMOOTH,
+                 rows_concat: str = "dsa", smooth: float | None = SMOOTH,
                  smooth_folds: tuple[str, ...] = SMOOTH_FOLDS, smooth_group: int | None = None,
                  wide_residual: bool = True, wide_down: bool | None = None,
                  wide_attention: bool = True, wide_logits: bool = True,
@@ -179,9 +179,10 @@ class CompiledLLM:
         #: "all": every region that compiles runs on the DSA, though the cost model would
         #: keep decode's weight-bound, launch-bound regions on the host (options.offload)
         self.offload = CompileOptions(offload=offload).offload
-        #: "host": the cache concat runs before the region, which then reads the joined
-        #: cache as the attention's tiles once; "dsa" saves two launches a layer but copies
-        #: the cache through DRAM in the region (slower from context 128 on: docs/llm.md)
+        #: "dsa": the cache concat is in the region, which writes the new token's K and V
+        #: tiles among the cache's, laid out by the host (``lowering.cache_tiles``): one
+        #: launch a decode step, the cache read once; "host": the concat runs before the
+        #: region (two more launches a layer, the same bytes; docs/llm.md)
         self.rows_concat = CompileOptions(rows_concat=rows_concat).rows_concat
         self.hf, self.arch = source.model, Arch.of(source.model)
         self.cfg = load_config(hw)

@@ -28,7 +28,7 @@ from .test_llm_decode import BUCKETS, PROMPT, assert_steps_bit_exact  # noqa: E4
 
 @pytest.fixture(scope="module")
 def edge():
-    return load("tiny", hw="edge", rows_concat="dsa", **BUCKETS)
+    return load("tiny", hw="edge", **BUCKETS)
 
 
 def _ropes(model) -> dict[tuple, list[Rope]]:
@@ -98,22 +98,31 @@ def cache_concats(layers: list) -> list:
 def test_a_decode_step_is_one_launch_on_default():
     """A tiny Llama whose half head (16 codes) is a whole block on ``default``: with the
     rotary chains, the cache concats and the head moves in the region, the decode step is
-    one DSA launch, bit-exact against the integer reference."""
+    one DSA launch, bit-exact against the integer reference. The concats write the new
+    token's K and V tiles among the cache's, which the host laid out (``TilesAppend``):
+    the cache is read as often as when the host joins it (``rows_concat="host"``), plus
+    the new K tiles read back for their column sums, and never copied."""
     from dsa_tvm.llm.model import CompiledLLM
     from dsa_tvm.llm.source import TINY, Source, tiny_llama
 
     source = Source(TINY, tiny_llama(0, heads=2, kv_heads=1), None)
-    model = CompiledLLM(source, "default", "w8a8", rows_concat="dsa", **BUCKETS)
+    model = CompiledLLM(source, "default", "w8a8", **BUCKETS)
+    assert model.rows_concat == "dsa"
     gen = model.generate(PROMPT, max_new_tokens=3)
     assert [s.launches for s in gen.decode] == [1, 1]
     assert_steps_bit_exact(model, gen.ids[:1])
-    # the default keeps the cache concats on the host (the region would copy the cache
-    # through DRAM): the report says so, the tokens and the launches' bits are the same
-    host = CompiledLLM(source, "default", "w8a8", **BUCKETS)
-    assert host.rows_concat == "host"
+    ops = [ly["op"] for launch in model.last_launches
+           for ly in launch.program.meta["layers"]]
+    assert ops.count("TilesAppend") == 2 * model.arch.layers and "Concat" not in ops
+    # the concats on the host: the report says so, the tokens and the launches' bits are
+    # the same
+    host = CompiledLLM(source, "default", "w8a8", rows_concat="host", **BUCKETS)
     hgen = host.generate(PROMPT, max_new_tokens=3)
     assert hgen.ids == gen.ids
     assert all(s.launches > 1 for s in hgen.decode)
+    tile = model.cfg.wgt_tile_bytes * model.arch.head_dim // model.cfg.block_in
+    for d, h in zip(gen.decode, hgen.decode):
+        assert 0 <= d.read_kv - h.read_kv <= model.arch.layers * model.arch.kv_heads * tile
     decode = host.reports[(1, 16)]
     assert not cache_concats([ly for d in decode.regions if d.target == "dsa"
                               for ly in d.region.layers])

@@ -14,6 +14,10 @@ one contiguous STORE through the accumulator scratchpad. A movement that moves l
 block) has no DMA form: the layer is unsupported and the region stays on the CPU with
 the reason.
 
+A :class:`TilesAppend` (a KV cache's concat and its weight-tiles movement, made one by
+``lowering.cache_tiles``) is the same movement over the new rows alone, each tile stored
+where it goes among the cache's tiles the host laid out (``PermShape.dest``).
+
 Cost: DMA bytes at the DRAM bandwidth plus one latency per transfer.
 """
 
