@@ -181,3 +181,27 @@ with one_blas_thread():
     proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
                           timeout=300, env={**os.environ, "OPENBLAS_NUM_THREADS": "2"})
     assert proc.returncode == 0, proc.stdout + proc.stderr[-3000:]
+
+def test_a_reused_schedule_reports_its_rows_once_as_fresh_rows():
+    """A decode loop's programs are attributed once per schedule: the same rows every
+    launch, each report's rows its own objects, another program never served them."""
+    import dataclasses
+
+    from dsa_tvm.report import _ROWS, _attributed_rows, build_report
+    from dsa_tvm.runtime import Launch
+
+    cfg, prog, packed = _one("convs_table_pool", 6)
+    sim = Simulator(cfg)
+    first, again = sim.run(prog, packed), sim.run(prog, packed)
+    assert again.schedule is first.schedule   # what the memo keys on
+    a = build_report([Launch(prog, first, {}, {})], trace=False)
+    assert _ROWS[id(first.schedule)][1]() is prog
+    a.rows[0].cycles = -1     # a caller's edit stays in its report
+    b = build_report([Launch(prog, again, {}, {})], trace=False)
+    want, _ = _attributed_rows(Launch(prog, again, {}, {}), cfg.peak_macs_per_cycle)
+    assert [dataclasses.asdict(r) for r in b.rows] == [dataclasses.asdict(r) for r in want]
+    assert b.rows[0].cycles != -1
+    # another program's run (its own schedule) is attributed on its own
+    cfg2, prog2, packed2 = _one("batch_matmul", 5)
+    c = build_report([Launch(prog2, Simulator(cfg2).run(prog2, packed2), {}, {})])
+    assert [r.name for r in c.rows] != [r.name for r in b.rows]
