@@ -102,3 +102,24 @@ def test_cache_of_partial_tiles_keeps_the_concat(transposed):
     check(reg, cfg, np.random.default_rng(0))
     ops = [ly["op"] for ly in compile_region(reg, cfg).program.meta["layers"]]
     assert "Concat" in ops and "TilesAppend" not in ops
+
+
+def test_malformed_appends_are_refused_with_the_reason():
+    """What the rewrite would never make, refused by the room (the concat then stays)."""
+    import dataclasses
+
+    from tir_schedules.kinds import UnsupportedLayer, recipe
+
+    cfg = CFGS["default"]
+    c, n = _sym("c", (2, 16, 16)), _sym("n", (2, 1, 16))
+    b = _sym("b", (2, 16, 17))
+    ta = L.TilesAppend("ta", c, n, b, (2, 17, 16), 1, (((2, 17, 16), (0, 2, 1)),))
+    assert recipe(ta, cfg, consts=False).shape.dest   # well formed: the new tiles placed
+    for bad, why in [
+        (dataclasses.replace(ta, joined=(2, 18, 16)), "do not join along axis 1"),
+        (dataclasses.replace(ta, input=dataclasses.replace(n, shape=(2, 1, 8))), "do not join"),
+        (dataclasses.replace(ta, cache=dataclasses.replace(c, dtype="int16")), "int8 codes"),
+        (dataclasses.replace(ta, cache=dataclasses.replace(c, scale=0.1)), "one grid"),
+    ]:
+        with pytest.raises(UnsupportedLayer, match=why):
+            recipe(bad, cfg, consts=False)

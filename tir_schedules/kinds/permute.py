@@ -160,6 +160,10 @@ def append_map(layer: TilesAppend, cfg: HardwareConfig) -> tuple[np.ndarray, int
     if bi != bo:
         return f"block_in {bi} != block_out {bo} (a weight tile row is no activation block)"
     nc, nn = (int(np.prod(t.shape, dtype=np.int64)) for t in (layer.cache, layer.input))
+    c, x, a = tuple(layer.cache.shape), tuple(layer.input.shape), layer.axis
+    if len(c) != len(x) or not 0 <= a < len(c) or c[:a] + c[a + 1:] != x[:a] + x[a + 1:] \
+            or c[:a] + (c[a] + x[a],) + c[a + 1:] != tuple(layer.joined):
+        return f"the cache {c} and new rows {x} do not join along axis {a} into {layer.joined}"
     try:
         labels = layer.apply(np.arange(1, nc + 1), -np.arange(1, nn + 1))  # 0 stays padding
     except ValueError as e:
@@ -405,6 +409,10 @@ def _column_sums(r: Recipe, layer: Permute | TilesAppend, cfg: HardwareConfig,
 
 def _append_recipe(layer: TilesAppend, cfg: HardwareConfig) -> Recipe:
     """The new rows' tiles, written where they go among the host's cache tiles."""
+    wide = [t.name for t in (layer.cache, layer.input, layer.output) if t.dtype != "int8"]
+    if wide:
+        raise UnsupportedLayer(f"{layer.name}: weight tiles hold int8 codes; {', '.join(wide)} "
+                               f"are wider")
     am = append_map(layer, cfg)
     if isinstance(am, str):
         raise UnsupportedLayer(f"{layer.name}: {am}")
