@@ -8,6 +8,7 @@ simulator through TVM's VM; the host embeds, keeps the cache and samples.
 from __future__ import annotations
 
 import time
+import warnings
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
@@ -188,6 +189,13 @@ class CompiledLLM:
         self.cfg = load_config(hw)
         self.prefill_buckets = check_buckets(prefill_buckets, "prefill_buckets")
         self.context_buckets = check_buckets(context_buckets, "context_buckets")
+        ragged = [c for c in self.context_buckets if c % self.cfg.block_out]
+        if self.rows_concat == "dsa" and ragged and quant != "fp32":
+            warnings.warn(f"context buckets {ragged} are not whole {self.cfg.block_out}-row "
+                          f"tiles of '{self.cfg.name}': their decode steps copy the cache "
+                          f"through DRAM instead of writing the new token's tiles in place "
+                          f"(slower, the same numbers); use multiples of "
+                          f"{self.cfg.block_out}", stacklevel=2)
         # one string is one text, not a sequence of one-character texts
         self._calibration = (calibration,) if isinstance(calibration, str) else tuple(calibration)
         if not all(isinstance(t, str) for t in self._calibration):

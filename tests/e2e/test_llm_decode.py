@@ -198,6 +198,9 @@ def test_bad_model_and_options_are_refused(tmp_path):
         load("tiny", calibration=[b"bytes"])
     # one string is one calibration text (not one text per character)
     assert load("tiny", calibration="Some text.", **BUCKETS)._calibration == ("Some text.",)
+    # a cache bucket that is no whole number of tiles works, but copies the cache: said
+    with pytest.warns(UserWarning, match=r"context buckets \[20\] are not whole 16-row"):
+        load("tiny", context_buckets=(20, 64), prefill_buckets=(16,))
 
 
 def test_generate_cli_streams_tokens_and_writes_the_report(tmp_path, capsys):
