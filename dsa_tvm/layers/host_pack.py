@@ -34,6 +34,8 @@ PARAMS = "#params"
 ROWSUM = "#rowsum"
 #: an on-device matmul's column correction, made on the device (``-zp_a * sum_k b``)
 COLSUM = "#colsum"
+#: a ``weight_tiles`` note's entry for a KV cache padded to its concat's joined shape
+APPEND = "append"
 
 
 def batch_dims(shape: tuple[int, ...]) -> tuple[int, int, int]:
@@ -96,7 +98,7 @@ def pack_region_input(name: str, x: np.ndarray, io: dict, block_in: int,
         return {name: pack_table(name, x, io[ROPE_TABLE], block_out)}
     if "weight_tiles" in io:
         spec = io["weight_tiles"]
-        b = x if "append" not in spec else _padded(x, spec["append"])
+        b = x if APPEND not in spec else _padded(x, spec[APPEND])
         for view, perm in spec.get("steps", ()):     # the region's movement, on the host
             b = np.transpose(b.reshape(view), perm)
         b = b.reshape(spec["shape"])

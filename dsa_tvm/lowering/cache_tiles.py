@@ -17,10 +17,8 @@ import dataclasses
 from tir_schedules.kinds import UnsupportedLayer, recipe
 
 from ..hw.config import HardwareConfig
+from ..layers.host_pack import APPEND
 from ..layers.ir import Concat, Permute, Region, TilesAppend
-
-#: the ``weight_tiles`` io note's entry for a cache the host pads to the joined shape
-APPEND = "append"
 
 
 def cache_appends(region: Region, cfg: HardwareConfig) -> Region:
