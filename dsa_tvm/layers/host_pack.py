@@ -26,6 +26,7 @@ from __future__ import annotations
 import numpy as np
 
 from ..isa import semantics as sem
+from .ir import moved
 from .layouts import im2col, pack_activation, pack_conv_weights, pack_output_stage
 from .rope_tables import IO_KEY as ROPE_TABLE
 from .rope_tables import pack_table
@@ -99,9 +100,7 @@ def pack_region_input(name: str, x: np.ndarray, io: dict, block_in: int,
     if "weight_tiles" in io:
         spec = io["weight_tiles"]
         b = x if APPEND not in spec else _padded(x, spec[APPEND])
-        for view, perm in spec.get("steps", ()):     # the region's movement, on the host
-            b = np.transpose(b.reshape(view), perm)
-        b = b.reshape(spec["shape"])
+        b = moved(b, spec.get("steps", ()), spec["shape"])   # the region's movement, on the host
         out = {name: weight_tiles(b, block_in, block_out)}
         if spec["column_sums"]:
             out[name + COLSUM] = column_sum_rows(b, spec["column_sums"], block_out)

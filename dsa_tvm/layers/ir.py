@@ -417,9 +417,15 @@ class Permute:
 
     def apply(self, x: np.ndarray) -> np.ndarray:
         """The logical movement on an array of ``input.shape`` (any dtype)."""
-        for view, perm in self.steps():
-            x = np.transpose(x.reshape(view), perm)
-        return x.reshape(self.output.shape)
+        return moved(x, self.steps(), self.output.shape)
+
+
+def moved(x: np.ndarray, steps, shape) -> np.ndarray:
+    """``x`` through a movement's (view, perm) steps, as ``shape``: each step reshapes to
+    its view and transposes by its perm (the region's movement, or the host's copy of it)."""
+    for view, perm in steps:
+        x = np.transpose(x.reshape(view), perm)
+    return x.reshape(shape)
 
 
 @dataclass(frozen=True)
@@ -449,9 +455,7 @@ class TilesAppend:
         """The logical result on the two arrays (any dtype)."""
         x = np.concatenate([cache.reshape(self.cache.shape), new.reshape(self.input.shape)],
                            self.axis)
-        for view, perm in self.steps:
-            x = np.transpose(x.reshape(view), perm)
-        return x.reshape(self.output.shape)
+        return moved(x, self.steps, self.output.shape)
 
 
 #: every layer a Region may hold

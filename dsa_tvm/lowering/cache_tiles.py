@@ -19,6 +19,7 @@ from tir_schedules.kinds import UnsupportedLayer, recipe
 from ..hw.config import HardwareConfig
 from ..layers.host_pack import APPEND
 from ..layers.ir import Concat, Permute, Region, TilesAppend
+from .host_tiles import tiles_note
 
 
 def cache_appends(region: Region, cfg: HardwareConfig) -> Region:
@@ -55,8 +56,6 @@ def cache_appends(region: Region, cfg: HardwareConfig) -> Region:
 def io_entry(ta: TilesAppend) -> dict:
     """The cache input's ``io`` note: the host pads it with zero rows to the joined shape
     (``APPEND``), does the movement's steps and lays out the tiles (``host_pack``)."""
-    return {"shape": list(ta.output.shape), "column_sums": int(ta.column_sums),
-            "tiles": ta.output.name,
-            "steps": [[list(view), list(perm)] for view, perm in ta.steps],
+    return {**tiles_note(ta.output, ta.column_sums, ta.steps),
             APPEND: {"cache": list(ta.cache.shape), "joined": list(ta.joined),
                      "axis": int(ta.axis)}}

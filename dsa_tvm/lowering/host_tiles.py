@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import dataclasses
 
-from ..layers.ir import Permute, Region
+from ..layers.ir import Permute, QTensor, Region
 
 
 def host_tiled_inputs(region: Region) -> dict[str, Permute]:
@@ -40,6 +40,12 @@ def io_entry(p: Permute) -> dict:
     """The program's ``io`` note the runtime packs the input by (``host_pack``): the
     movement's (view, perm) steps (a transpose such as K^T's is the host's to do as well),
     then the tiles."""
-    return {"shape": list(p.output.shape), "column_sums": int(p.column_sums),
-            "tiles": p.output.name,
-            "steps": [[list(view), list(perm)] for view, perm in p.steps()]}
+    return tiles_note(p.output, p.column_sums, p.steps())
+
+
+def tiles_note(output: QTensor, column_sums: int, steps) -> dict:
+    """A ``weight_tiles`` io note: the steps, then the tiles of ``output`` (named so the
+    region finds them), with their column sums times ``column_sums``."""
+    return {"shape": list(output.shape), "column_sums": int(column_sums),
+            "tiles": output.name,
+            "steps": [[list(view), list(perm)] for view, perm in steps]}

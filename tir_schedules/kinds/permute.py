@@ -427,9 +427,8 @@ def _append_recipe(layer: TilesAppend, cfg: HardwareConfig) -> Recipe:
         r.scratch["t"] = (int(bm.size), cfg.block_in)
     if layer.column_sums:
         kb = ceil_div(batch_dims(tuple(layer.output.shape))[1], cfg.block_in)
-        groups, counts = np.unique(dest // kb, return_counts=True)
-        if (counts != kb).any() or not np.array_equal(dest, (groups[:, None] * kb
-                                                             + np.arange(kb)).reshape(-1)):
+        groups = np.unique(dest // kb)   # the new tiles must be these columns' whole tiles
+        if not np.array_equal(dest, (groups[:, None] * kb + np.arange(kb)).reshape(-1)):
             raise UnsupportedLayer(f"{layer.name}: the new rows fill part of a column's tiles "
                                    f"(its column sums would need the cache's tiles too)")
         _column_sums(r, layer, cfg, int(groups.size))
