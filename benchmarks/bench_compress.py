@@ -38,7 +38,11 @@ import numpy as np
 import onnx
 import torch
 import tvm
-from compress_text import minilm_grouped_rows, minilm_rows  # a sibling: benchmarks/ is on sys.path
+from compress_text import (  # a sibling: benchmarks/ is on sys.path
+    minilm_grouped_rows,
+    minilm_rows,
+    minilm_sparse_rows,
+)
 from tvm import relax
 
 import dsa_tvm
@@ -158,11 +162,15 @@ def sparse_rows(net, train, heldout, cal, test, ref, steps: int, args) -> list[d
     p = qat.prepare(net, (train[0][0][:1],), cal, bits=8, learn_scales=True)
     measure = [(heldout[0][0][:8],)]
     base = qat.precision.output_cosine(p, measure, qat.precision.fp32_outputs(p, measure))
+    how = dict(method=args.sparse_method)
+    if args.sparse_method == "sparsegpt":   # refit on every training crop, 8 at a time
+        how["refit_data"] = [(torch.cat([b[0] for b in train[i:i + 8]]),)
+                             for i in range(0, len(train), 8)]
     chosen, reached = qat.choose_sparse_layers(p, measure, max(base - args.sparse_drop, 0.0),
-                                               calibration_data=cal)
+                                               calibration_data=cal, **how)
     eligible = qat.sparse_choice.eligible_layers(p, 2, 4)
     rep = qat.prune(p, 2, 4, skip=[k for k in eligible if k not in chosen],
-                    calibration_data=cal)
+                    calibration_data=cal, show_progress=True, **how)
     before = scores(batched(p, test), ref)
     res = qat.distill(p, net, train, heldout, steps=steps, batch_size=args.batch, lr=args.lr,
                       scale_lr=args.scale_lr, loss="kl", eval_every=args.eval_every,
@@ -179,7 +187,8 @@ def sparse_rows(net, train, heldout, cal, test, ref, steps: int, args) -> list[d
                            batched(p, x2).numpy())
     cycles, nbytes = cost(vm, x2[:1].numpy())
     dense_cycles, dense_bytes = cost(on_dsa(model)[0], x2[:1].numpy())
-    note = (f"{len(chosen)}/{len(eligible)} eligible layers pruned (cosine {reached:.4f} >= "
+    note = (f"{args.sparse_method}: {len(chosen)}/{len(eligible)} eligible layers pruned "
+            f"(cosine {reached:.4f} >= "
             f"{base:.4f} - {args.sparse_drop}), {rep.pruned_share:.0%} of weights zero; on the DSA "
             f"{len(sparse)} layers, {mac_share:.0%} of MACs sparse; dense array "
             f"{dense_cycles / 1e6:.3f} M cycles, {dense_bytes / 1e6:.2f} MB "
@@ -273,7 +282,12 @@ def main() -> None:
                     help="2:4 sparse rows: output cosine allowed below the dense int8 prepared "
                          "module's before training; the layers that keep it are pruned "
                          "(default 0.03)")
-    ap.add_argument("--rows", default="ptq,int8,w4,mixed,sparse,minilm,minilm_grouped",
+    ap.add_argument("--sparse-method", choices=qat.sparsity.METHODS, default="sparsegpt",
+                    help="2:4 rows: how the zeros are chosen: the smallest weights, or "
+                         "SparseGPT's masks with the kept weights refit on the training data "
+                         "(default)")
+    ap.add_argument("--rows",
+                    default="ptq,int8,w4,mixed,sparse,minilm,minilm_sparse,minilm_grouped",
                     help="row groups to run, comma-separated (default: all)")
     ap.add_argument("--png", default="bench_compress.png")
     args = ap.parse_args()
@@ -295,7 +309,8 @@ def main() -> None:
         "mixed": lambda: qat_rows("W4A8 mixed", d()["net"], 4, args.target_drop, *d()["qat"],
                                   steps, args),
         "sparse": lambda: sparse_rows(d()["net"], *d()["sparse"], steps, args),
-        "minilm": lambda: minilm_rows(args, steps, SPARSE_HW),
+        "minilm": lambda: minilm_rows(args, steps),
+        "minilm_sparse": lambda: minilm_sparse_rows(args, steps, SPARSE_HW),
         "minilm_grouped": lambda: minilm_grouped_rows(args, steps)}
     wanted = args.rows.split(",")
     unknown = sorted(set(wanted) - set(groups))

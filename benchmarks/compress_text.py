@@ -147,16 +147,22 @@ def qat_rows(label: str, net, bits: int, sparse: bool, data: dict, test, ref: np
                 f"{reached:.4f} >= {base:.4f} - {mixed_drop}); ")
     if sparse:
         skip: list[str] = []
+        how = dict(method=args.sparse_method)
+        if args.sparse_method == "sparsegpt":   # refit on the first 128 training sentences
+            ids = torch.cat([b[0] for b in data["train"][:128]])
+            mask = torch.cat([b[1] for b in data["train"][:128]])
+            how["refit_data"] = [(ids[i:i + 32], mask[i:i + 32]) for i in range(0, len(ids), 32)]
         if sparse_drop is not None:   # only the projections that tolerate it
             sens = data["heldout"]
             base = qat.precision.output_cosine(p, sens, qat.precision.fp32_outputs(p, sens))
             chosen, reached = qat.choose_sparse_layers(p, sens, base - sparse_drop,
-                                                       calibration_data=[data["cal"]])
+                                                       calibration_data=[data["cal"]], **how)
             eligible = qat.sparse_choice.eligible_layers(p, 2, 4)
             skip = [k for k in eligible if k not in chosen]
             note = (f"{len(chosen)}/{len(eligible)} layers pruned (cosine {reached:.4f} >= "
                     f"{base:.4f} - {sparse_drop}); ")
-        rep = qat.prune(p, 2, 4, skip=skip, calibration_data=[data["cal"]])
+        rep = qat.prune(p, 2, 4, skip=skip, calibration_data=[data["cal"]], **how)
+        note = f"{args.sparse_method}: " + note
         note += f"{rep.pruned_share:.0%} of weights pruned; "
     with torch.no_grad():
         before = agreement(p(*test).numpy(), ref)
@@ -197,16 +203,22 @@ def _minilm_data(args, steps: int) -> tuple:
     return net, test, ref, data, train_s[:32]
 
 
-def minilm_rows(args, steps: int, sparse_hw) -> list[dict]:
-    """Every MiniLM row: PTQ int8 / W4A8, QAT int8 / W4A8 / 2:4 sparse int8 (every
-    projection, and the ones ``choose_sparse_layers`` picks for ``--text-sparse-drop``)."""
+def minilm_rows(args, steps: int) -> list[dict]:
+    """MiniLM's PTQ int8 / W4A8 and QAT int8 / W4A8 rows."""
     net, test, ref, data, cal_s = _minilm_data(args, steps)
     rows = [ptq_row("MiniLM PTQ int8", 8, cal_s, test, ref),
             ptq_row("MiniLM PTQ W4A8", 4, cal_s, test, ref)]
     rows += qat_rows("MiniLM int8", net, 8, False, data, test, ref, steps, args)
     rows += qat_rows("MiniLM W4A8", net, 4, False, data, test, ref, steps, args)
-    rows += qat_rows("MiniLM int8 2:4 sparse", net, 8, True, data, test, ref, steps, args,
-                     sparse_hw)
+    return rows
+
+
+def minilm_sparse_rows(args, steps: int, sparse_hw) -> list[dict]:
+    """MiniLM 2:4 sparse int8 QAT: every projection, and the ones
+    ``choose_sparse_layers`` picks for ``--text-sparse-drop``."""
+    net, test, ref, data, _ = _minilm_data(args, steps)
+    rows = qat_rows("MiniLM int8 2:4 sparse", net, 8, True, data, test, ref, steps, args,
+                    sparse_hw)
     rows += qat_rows("MiniLM int8 2:4 sparse, chosen layers", net, 8, True, data, test, ref,
                      steps, args, sparse_hw, sparse_drop=args.text_sparse_drop)
     return rows

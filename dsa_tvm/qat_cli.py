@@ -47,6 +47,9 @@ def add_parser(sub) -> None:
                    help="with --sparsity: prune only the layers that keep the held-out output "
                         "cosine with FP32 >= C before training, least cosine lost per MAC "
                         "saved first (default: every eligible layer)")
+    q.add_argument("--sparse-method", choices=("sparsegpt", "magnitude"), default="sparsegpt",
+                   help="with --sparsity: SparseGPT's masks with the kept weights refit on the "
+                        "training images (default), or the largest weights kept as they are")
     q.add_argument("--steps", type=int, default=200, help="training steps (0: PTQ only)")
     q.add_argument("--batch", type=at_least_one, default=8)
     q.add_argument("--lr", type=float, default=1e-5, help="weight learning rate (Adam)")
@@ -179,7 +182,10 @@ def cmd_qat(args: argparse.Namespace) -> int:
         raise CliError(str(e)) from None
     print(p.qat_report.summary())
     if pattern is not None:  # before the widths and the training: both see the pruned network
-        print(_prune(p, pattern, args.sparse_target, heldout, cal).summary())
+        how = {"method": args.sparse_method}
+        if args.sparse_method == "sparsegpt":   # every training image, 8 at a time
+            how["refit_data"] = [(torch.cat(train[i:i + 8]),) for i in range(0, len(train), 8)]
+        print(_prune(p, pattern, args.sparse_target, heldout, cal, how).summary())
     with torch.no_grad():  # the caller's FP32 model: a pruned module's float mode is pruned
         ref = [net(*b) for b in heldout]
     if args.bits == "mixed":
@@ -215,21 +221,21 @@ def cmd_qat(args: argparse.Namespace) -> int:
     return 0
 
 
-def _prune(p, pattern: tuple[int, int], target: float | None, heldout, cal):
+def _prune(p, pattern: tuple[int, int], target: float | None, heldout, cal, how: dict):
     """Prune every eligible layer, or with ``--sparse-target`` the ones
     ``qat.choose_sparse_layers`` picks on the held-out images (measured as pruned here,
-    with the same calibration)."""
+    with the same calibration and ``how``: the method and its refit data)."""
     from . import qat
     from .qat.sparse_choice import eligible_layers
 
     if target is None:
-        return qat.prune(p, *pattern, calibration_data=cal)
+        return qat.prune(p, *pattern, calibration_data=cal, **how)
     chosen, reached = qat.choose_sparse_layers(p, heldout, target, *pattern,
-                                               calibration_data=cal)
+                                               calibration_data=cal, **how)
     print(f"sparse target {target}: {len(chosen)} layers pruned (held-out cosine "
           f"{reached:.4f}): {', '.join(chosen) or 'none'}")
     others = [name for name in eligible_layers(p, *pattern) if name not in chosen]
-    return qat.prune(p, *pattern, skip=others, calibration_data=cal)
+    return qat.prune(p, *pattern, skip=others, calibration_data=cal, **how)
 
 
 def _check_analog(hw: str | None, noise_scale: float) -> None:

@@ -31,6 +31,7 @@ from ..quant.qparams import weight_qmax
 from .errors import QatError
 from .layers import WeightedLayer, set_mode
 from .precision import weighted_layers
+from .sparse_refit import forward_order
 
 Batch = tuple[torch.Tensor, ...]
 ZETA, GAMMA = 1.1, -0.1   # the rectified sigmoid's stretch (the paper's values)
@@ -89,20 +90,6 @@ def _inputs_of(module: nn.Module, layer: WeightedLayer, batches: Sequence[Batch]
         raise QatError(f"layer {layer.name} never ran on the given batches; pass inputs that "
                        f"reach it")
     return torch.cat(seen)
-
-
-def _order(module: nn.Module, batch: Batch, layers: dict[str, WeightedLayer]) -> list[str]:
-    """The layers' names in the order the forward pass calls them."""
-    order: list[str] = []
-    hooks = [m.register_forward_pre_hook(lambda m, _a: order.append(m.name))
-             for m in layers.values()]
-    try:
-        with torch.no_grad():
-            module(*(t[:1] for t in batch))
-    finally:
-        for h in hooks:
-            h.remove()
-    return list(dict.fromkeys(order))
 
 
 def _check_batches(batches: list[Batch]) -> None:
@@ -195,7 +182,7 @@ def adaround(module: nn.Module, batches: Sequence[Batch], *, bits: Sequence[int]
     _check_batches(batches)
     layers = weighted_layers(module)
     try:
-        order = _order(module, batches[0], layers)
+        order = forward_order(module, batches[0], layers)
     except (RuntimeError, TypeError, ValueError) as e:
         raise QatError(f"the module does not run on the given batches ({type(e).__name__}: "
                        f"{e}); pass inputs shaped as prepare's example inputs") from None

@@ -256,6 +256,14 @@ class WeightedLayer(_Integer):
             else:
                 self.pad = pad
 
+    def set_mask(self, mask: torch.Tensor) -> None:
+        """Hold the weights where ``mask`` is False at zero (N:M pruning), the parameter
+        zeroed there too (so the state dict holds what the layer computes)."""
+        self.mask = mask
+        self.round_up = None   # a learned rounding (qat.adaround) was for the dense weights
+        with torch.no_grad():
+            self.weight.mul_(mask)
+
     def pruned_weight(self) -> torch.Tensor:
         """The parameter with pruned entries zeroed (multiplying by the mask also zeroes
         their gradient)."""

@@ -35,7 +35,8 @@ from torch import nn
 from .errors import QatError
 from .precision import Batch, fp32_outputs, output_cosine, weighted_layers
 from .prepare import _as_args
-from .sparsity import _plan, check_pattern, prune
+from .sparse_refit import input_moments
+from .sparsity import METHODS, _plan, check_pattern, prune
 
 #: what a pruned layer saves, the denominator of the ranking
 PER = ("mac", "weight")
@@ -89,31 +90,61 @@ def _copy(prepared: nn.Module) -> nn.Module:
 
 def _pruned_cosine(prepared: nn.Module, chosen: Sequence[str], n: int, m: int,
                    batches: Sequence[Batch], ref: Sequence[torch.Tensor],
-                   calibration_data: Sequence[Batch] | None = None) -> float:
-    """Output cosine with the ``chosen`` layers pruned, measured on a pruned copy."""
+                   calibration_data: Sequence[Batch] | None = None,
+                   how: Mapping[str, Any] | None = None) -> float:
+    """Output cosine with the ``chosen`` layers pruned, measured on a pruned copy
+    (``how``: ``prune``'s ``method`` and ``moments``)."""
     if not chosen:
         return output_cosine(prepared, batches, ref)
     keep = set(chosen)
     twin = _copy(prepared)
-    prune(twin, n, m, skip=lambda name: name not in keep, calibration_data=calibration_data)
+    prune(twin, n, m, skip=lambda name: name not in keep, calibration_data=calibration_data,
+          **(how or {}))
     return output_cosine(twin, batches, ref)
 
 
 def sparse_sensitivity(prepared: nn.Module, batches: Iterable[Any], n: int = 2, m: int = 4,
-                       reference: Sequence[torch.Tensor] | None = None) -> dict[str, float]:
+                       reference: Sequence[torch.Tensor] | None = None, *,
+                       method: str = "magnitude",
+                       refit_data: Iterable[Any] | None = None) -> dict[str, float]:
     """The output cosine (against FP32, the prepared module's ``float`` mode) each
-    eligible layer loses when it alone is pruned N:M: the dense prepared module's cosine
-    minus the pruned one's, most sensitive first. ``reference``: the FP32 outputs, when
-    the caller has them. The copies are not recalibrated (``prune`` re-derives their
-    bias corrections), which is enough to rank the layers and one pass cheaper each."""
+    eligible layer loses when it alone is pruned N:M (by ``prune``'s ``method``, refit on
+    ``refit_data``): the dense prepared module's cosine minus the pruned one's, most
+    sensitive first. ``reference``: the FP32 outputs, when the caller has them. The
+    copies are not recalibrated (``prune`` re-derives their bias corrections), which is
+    enough to rank the layers and one pass cheaper each."""
     _check_prepared(prepared)
     n, m = check_pattern(n, m)
     batches = _check_batches(batches)
     ref = reference if reference is not None else fp32_outputs(prepared, batches)
+    return _sensitivity(prepared, batches, n, m, ref,
+                        _pruning_args(prepared, n, m, method, refit_data))
+
+
+def _sensitivity(prepared: nn.Module, batches: Sequence[Batch], n: int, m: int,
+                 ref: Sequence[torch.Tensor], how: Mapping[str, Any]) -> dict[str, float]:
     dense = output_cosine(prepared, batches, ref)
-    lost = {name: dense - _pruned_cosine(prepared, [name], n, m, batches, ref)
+    lost = {name: dense - _pruned_cosine(prepared, [name], n, m, batches, ref, how=how)
             for name in eligible_layers(prepared, n, m)}
     return dict(sorted(lost.items(), key=lambda kv: -kv[1]))
+
+
+def _pruning_args(prepared: nn.Module, n: int, m: int, method: str,
+         refit_data: Iterable[Any] | None) -> dict[str, Any]:
+    """``prune``'s ``method`` and, for SparseGPT, every eligible layer's input moments on
+    ``refit_data``, captured once: every measurement then refits from the same moments,
+    as the caller's ``prune(..., refit_data=...)`` captures them from the unpruned module."""
+    if method not in METHODS:
+        raise QatError(f"method={method!r}: choose one of {METHODS}")
+    if method == "magnitude":
+        return {}
+    data = None if refit_data is None else _check_batches(refit_data, "refit_data")
+    if data is None:
+        raise QatError("method='sparsegpt' refits the weights on real inputs; pass "
+                       "refit_data (or calibration_data), e.g. a hundred images")
+    layers = weighted_layers(prepared)
+    eligible = [layers[k] for k in eligible_layers(prepared, n, m)]
+    return {"method": method, "moments": input_moments(prepared, eligible, data)}
 
 
 def _kept_channels(c: int, n: int, m: int) -> int:
@@ -190,7 +221,8 @@ def _ranking(lost: Mapping[str, float], eligible: Sequence[str]) -> dict[str, fl
 def choose_sparse_layers(prepared: nn.Module, batches: Iterable[Any], min_cosine: float,
                          n: int = 2, m: int = 4, ranking: Mapping[str, float] | None = None,
                          *, per: str = "mac",
-                         calibration_data: Iterable[Any] | None = None
+                         calibration_data: Iterable[Any] | None = None,
+                         method: str = "magnitude", refit_data: Iterable[Any] | None = None
                          ) -> tuple[list[str], float]:
     """The eligible layers to prune N:M so the output cosine (against FP32, on
     ``batches``) stays >= ``min_cosine``, and the cosine they reach together.
@@ -198,21 +230,23 @@ def choose_sparse_layers(prepared: nn.Module, batches: Iterable[Any], min_cosine
     Layers are taken in order of cosine lost (``ranking``, else
     :func:`sparse_sensitivity`) per MAC or weight saved (``per``), least first, for as
     long as the layers chosen so far, pruned together, keep the target. Pass the
-    ``calibration_data`` the caller's ``prune`` will get, so each set is measured as that
-    call prunes it. Target 0 prunes every eligible layer the cosine allows (all, unless it
-    goes negative); a target above the dense module's cosine prunes none. The module is
-    not changed: prune it with the other :func:`eligible_layers` as ``skip``.
+    ``calibration_data``, ``method`` and ``refit_data`` the caller's ``prune`` will get,
+    so each set is measured as that call prunes it. Target 0 prunes every eligible
+    layer the cosine allows (all, unless it goes negative); a target above the dense
+    module's cosine prunes none. The module is not changed: prune it with the other
+    :func:`eligible_layers` as ``skip``.
     """
     target = _check_target(min_cosine)
     _check_prepared(prepared)
     n, m = check_pattern(n, m)
     batches = _check_batches(batches)
     cal = None if calibration_data is None else _check_batches(calibration_data, "calibration_data")
+    how = _pruning_args(prepared, n, m, method, refit_data if refit_data is not None else cal)
     eligible = eligible_layers(prepared, n, m)
     saved = pruned_cost(prepared, batches[0], n, m, per)
     ref = fp32_outputs(prepared, batches)
     lost = _ranking(ranking if ranking is not None else
-                    sparse_sensitivity(prepared, batches, n, m, reference=ref), eligible)
+                    _sensitivity(prepared, batches, n, m, ref, how), eligible)
     order = sorted(eligible, key=lambda k: (lost[k] / max(saved[k], 1), -saved[k], k))
     return _longest_prefix(order, lambda chosen: _pruned_cosine(
-        prepared, chosen, n, m, batches, ref, cal), target)
+        prepared, chosen, n, m, batches, ref, cal, how), target)

@@ -17,7 +17,7 @@ preset's ``block_in``, so aligned groups along the channels are aligned inside e
 from __future__ import annotations
 
 import re
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -30,6 +30,7 @@ from .errors import QatError
 from .layers import WeightedLayer
 from .precision import weighted_layers
 from .prepare import _as_args, calibrate
+from .sparse_refit import refit_all
 
 #: group sizes a pattern may use: each divides the 16 input channels of a tile on the
 #: ``default`` preset (and 2, 4, 8 also the 8 of ``edge``), so groups never straddle tiles
@@ -39,6 +40,9 @@ GROUP_SIZES = (2, 4, 8, 16)
 CHANNEL_AXIS = 1
 
 Skip = Callable[[str], bool] | Iterable[str] | str | None
+#: how :func:`prune` picks the zeros: the smallest weights, or SparseGPT's masks with the
+#: weights that stay refit (:mod:`.sparse_refit`)
+METHODS = ("magnitude", "sparsegpt")
 
 
 @dataclass(frozen=True)
@@ -241,15 +245,6 @@ def _masks(layers: dict[str, WeightedLayer], plan: _Plan) -> dict[str, torch.Ten
     return masks
 
 
-def _set_mask(layer: WeightedLayer, mask: torch.Tensor) -> None:
-    """Set ``layer``'s mask and zero the pruned parameters too (so the state dict holds
-    what the layer computes)."""
-    layer.mask = mask
-    layer.round_up = None   # a learned rounding (qat.adaround) was for the dense weights
-    with torch.no_grad():
-        layer.weight.mul_(mask)
-
-
 def report(prepared: nn.Module) -> SparsityReport:
     """The sparsity of a pruned module's weights as they are now (codes measured from the
     current weights, so after fine-tuning it shows the pattern held)."""
@@ -268,7 +263,10 @@ def report(prepared: nn.Module) -> SparsityReport:
 
 def prune(prepared: nn.Module, n: int = 2, m: int = 4, *, skip: Skip = None,
           min_in_channels: int | None = None,
-          calibration_data: Iterable[Any] | None = None) -> SparsityReport:
+          calibration_data: Iterable[Any] | None = None, method: str = "magnitude",
+          refit_data: Iterable[Any] | None = None,
+          moments: Mapping[str, torch.Tensor] | None = None, sequential: bool = False,
+          show_progress: bool = False) -> SparsityReport:
     """Prune a module from :func:`~.prepare.prepare` to N:M structured sparsity.
 
     In every weighted layer, of every aligned group of ``m`` input channels (per output
@@ -278,10 +276,18 @@ def prune(prepared: nn.Module, n: int = 2, m: int = 4, *, skip: Skip = None,
     or a callable ``name -> bool``) and layers with fewer than ``min_in_channels`` input
     channels (default ``m``: an RGB stem). Prune after ``prepare`` and before ``distill``.
 
+    ``method="sparsegpt"`` chooses each layer's masks and refits the weights that stay so
+    its output on real inputs changes least (:mod:`.sparse_refit`). The inputs are the
+    unpruned module's on ``refit_data`` (default: ``calibration_data``; a few thousand
+    input rows per layer, e.g. a hundred images, are enough), captured in one pass, or
+    ``moments`` already captured (``sparse_refit.input_moments``). ``sequential=True``
+    captures each layer's inputs after the layers before it are pruned instead, one pass
+    a layer (on EfficientNet-Lite0 and MiniLM no better: docs/qat.md).
+    ``show_progress`` shows a bar over the layers.
+
     Weight scales need nothing: they are ``max|w| / qmax`` per output channel, recomputed
-    at every forward pass from the masked weights, and the largest weight of a channel is
-    the largest of its group, so it stays. With ``calibration_data`` the activation grids
-    and bias corrections are calibrated again on the pruned network (as if it had been
+    at every forward pass from the masked weights. With ``calibration_data`` the
+    activation grids and bias corrections are calibrated again on the pruned network (as if it had been
     prepared pruned); without, the bias corrections are re-derived from the input means
     the first calibration kept. Pruning again with the same pattern and layers changes no
     mask; with another, it is an error (prepare the FP32 model again).
@@ -297,6 +303,12 @@ def prune(prepared: nn.Module, n: int = 2, m: int = 4, *, skip: Skip = None,
     if batches == []:
         raise QatError("calibration_data is empty; pass at least one batch, or None to keep "
                        "the activation scales")
+    if method not in METHODS:
+        raise QatError(f"method={method!r}: choose one of {METHODS}")
+    refit = batches if refit_data is None else [_as_args(b) for b in refit_data]
+    if method == "sparsegpt" and not refit and moments is None:
+        raise QatError("method='sparsegpt' refits the weights on real inputs; pass "
+                       "calibration_data (or refit_data), e.g. a hundred images")
     layers = weighted_layers(prepared)
     plan = _plan(layers, n, m, skip, min_in)
     previous = getattr(prepared, "qat_sparsity", None)
@@ -305,12 +317,17 @@ def prune(prepared: nn.Module, n: int = 2, m: int = 4, *, skip: Skip = None,
                        f"{[name for name, _ in previous.dense]}); a mask is set once: prepare "
                        f"the FP32 model again to prune it {n}:{m} or with other layers")
     if previous is None:
-        masks = _masks(layers, plan)
-        for name, mask in masks.items():
-            _set_mask(layers[name], mask)
+        if method == "sparsegpt":
+            pruned = [k for k in layers if k not in dict(plan.dense)]
+            refit_all(prepared, pruned, n, m, refit, moments=moments, sequential=sequential,
+                      show_progress=show_progress)
+        else:
+            masks = _masks(layers, plan)
+            for name, mask in masks.items():
+                layers[name].set_mask(mask)
         prepared.qat_sparsity = plan
         if batches is None:  # the weights whose rounding the corrections cancelled are gone
-            for name in masks:
+            for name in (k for k in layers if k not in dict(plan.dense)):
                 layers[name].rederive_bias_correction()
     if batches is not None:
         calibrate(prepared, batches, getattr(prepared, "qat_bias_correction", True))

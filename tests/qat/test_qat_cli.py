@@ -42,13 +42,15 @@ def test_qat_cli_trains_exports_and_names_skipped_files(tmp_path, capsys, recipe
     assert sum(n.op_type == "QuantizeLinear" for n in model.graph.node) >= 5
 
 
-def test_qat_cli_prunes_before_training_and_exports_n_m_codes(tmp_path, capsys, monkeypatch):
+@pytest.mark.parametrize("method", ["sparsegpt", "magnitude"])
+def test_qat_cli_prunes_before_training_and_exports_n_m_codes(tmp_path, capsys, monkeypatch,
+                                                              method):
     from dsa_tvm.qat.sparsity import is_n_m
 
     torch.save(tiny_net(), tmp_path / "tiny.pt")
     monkeypatch.chdir(tmp_path)
     rc = main(["qat", "tiny.pt", "--data", str(_folder(tmp_path)), "--size", "16", "--steps", "2",
-               "--sparsity", "2:4", "--quiet"])
+               "--sparsity", "2:4", "--sparse-method", method, "--quiet"])
     cap = capsys.readouterr()
     assert rc == 0, cap.err
     assert "sparsity 2:4: 3 of 5 weighted layers pruned" in cap.out, cap.out

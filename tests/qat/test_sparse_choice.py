@@ -76,6 +76,32 @@ def test_the_chosen_set_meets_the_target_when_pruned_and_nests_under_looser_targ
     assert _pruned_cosine(p, held, layers, cal) == pytest.approx(reached, abs=1e-6)
 
 
+def test_with_sparsegpt_the_choice_is_measured_as_the_callers_prune_refits(setup):
+    """The sensitivities and the chosen set's cosine are what a fresh module pruned with
+    ``method="sparsegpt"`` on the same refit data gives (moments captured once by the
+    choice, once by the caller's prune: the same inputs, the same weights)."""
+    p, cal, held, lost_magnitude = setup
+    refit = _data(4, 7)
+    ref = fp32_outputs(p, held)
+    lost = qat.sparse_sensitivity(p, held, method="sparsegpt", refit_data=refit)
+
+    def caller(chosen, cal=None):
+        q = qat.prepare(tiny_net(), (p.qat_example[0],), _data(3, 1))
+        qat.prune(q, 2, 4, skip=lambda name: name not in chosen, calibration_data=cal,
+                  method="sparsegpt", refit_data=refit)
+        return output_cosine(q, held, ref)
+
+    dense = output_cosine(p, held, ref)
+    for name, loss in lost.items():   # sensitivities: the copies are not recalibrated
+        assert math.isclose(dense - loss, caller([name]), abs_tol=1e-6), name
+    assert sum(lost.values()) < sum(lost_magnitude.values())   # the refit costs less
+    layers, reached = qat.choose_sparse_layers(p, held, 0.0, calibration_data=cal,
+                                               method="sparsegpt", refit_data=refit)
+    assert sorted(layers) == sorted(ELIGIBLE)
+    assert caller(layers, cal) == pytest.approx(reached, abs=1e-6)
+    assert all(la.mask is None for la in weighted_layers(p).values())
+
+
 def test_choosing_leaves_the_module_as_it_was(setup):
     p, _, held, _ = setup
     x = held[0][0]
@@ -103,6 +129,11 @@ def test_choosing_leaves_the_module_as_it_was(setup):
     (lambda p, h: qat.choose_sparse_layers(p, h, 0.9, ranking={"down": 0.1}),
      r"ranking has no loss for \['pw', 'fc'\]"),
     (lambda p, h: qat.choose_sparse_layers(tiny_net(), h, 0.9), "prepare it first"),
+    (lambda p, h: qat.choose_sparse_layers(p, h, 0.9, method="wanda"), "method='wanda'"),
+    (lambda p, h: qat.choose_sparse_layers(p, h, 0.9, method="sparsegpt"),
+     "pass refit_data"),
+    (lambda p, h: qat.sparse_sensitivity(p, h, method="sparsegpt", refit_data=[]),
+     "refit_data is empty"),
 ])
 def test_hostile_input_names_the_cause_and_the_fix(setup, call, match):
     p, _, held, _ = setup
