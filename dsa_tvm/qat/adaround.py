@@ -31,7 +31,7 @@ from ..quant.qparams import weight_qmax
 from .errors import QatError
 from .layers import WeightedLayer, set_mode
 from .precision import weighted_layers
-from .sparse_refit import forward_order
+from .sparse_refit import check_batches, forward_order
 
 Batch = tuple[torch.Tensor, ...]
 ZETA, GAMMA = 1.1, -0.1   # the rectified sigmoid's stretch (the paper's values)
@@ -90,20 +90,6 @@ def _inputs_of(module: nn.Module, layer: WeightedLayer, batches: Sequence[Batch]
         raise QatError(f"layer {layer.name} never ran on the given batches; pass inputs that "
                        f"reach it")
     return torch.cat(seen)
-
-
-def _check_batches(batches: list[Batch]) -> None:
-    """Float tensors, not empty, finite: a NaN would make every layer's error NaN and
-    leave nearest rounding everywhere without a word."""
-    for i, b in enumerate(batches):
-        for t in b:
-            if not isinstance(t, torch.Tensor) or not t.is_floating_point():
-                raise QatError(f"batch {i} holds a {type(t).__name__}, not a float tensor; "
-                               f"pass batches as tuples of input tensors, e.g. [(x,)]")
-            if t.dim() == 0 or len(t) == 0:
-                raise QatError(f"batch {i} is empty; pass at least one input in every batch")
-            if not torch.isfinite(t).all():
-                raise QatError(f"batch {i} holds NaN or infinite values; pass finite inputs")
 
 
 def _soft(v: torch.Tensor) -> torch.Tensor:
@@ -179,7 +165,7 @@ def adaround(module: nn.Module, batches: Sequence[Batch], *, bits: Sequence[int]
                        "data)")
     if iters < 1 or batch_size < 1:
         raise QatError(f"iters={iters!r}, batch_size={batch_size!r}: pass whole numbers >= 1")
-    _check_batches(batches)
+    check_batches(batches)
     layers = weighted_layers(module)
     try:
         order = forward_order(module, batches[0], layers)

@@ -177,6 +177,20 @@ def output_error(layer: WeightedLayer, h: torch.Tensor, weight: torch.Tensor) ->
     return float(((dw @ h) * dw).sum() / ((w @ h) * w).sum().clamp_min(1e-300))
 
 
+def check_batches(batches: list[Batch]) -> None:
+    """Float tensors, not empty, finite: a NaN would make every layer's error NaN and
+    leave nearest rounding everywhere without a word."""
+    for i, b in enumerate(batches):
+        for t in b:
+            if not isinstance(t, torch.Tensor) or not t.is_floating_point():
+                raise QatError(f"batch {i} holds a {type(t).__name__}, not a float tensor; "
+                               f"pass batches as tuples of input tensors, e.g. [(x,)]")
+            if t.dim() == 0 or len(t) == 0:
+                raise QatError(f"batch {i} is empty; pass at least one input in every batch")
+            if not torch.isfinite(t).all():
+                raise QatError(f"batch {i} holds NaN or infinite values; pass finite inputs")
+
+
 def forward_order(module: nn.Module, batch: Batch, layers: dict[str, WeightedLayer]) -> list[str]:
     """The layers' names in the order the forward pass calls them."""
     order: list[str] = []
@@ -201,6 +215,8 @@ def refit_all(prepared: nn.Module, names: Sequence[str], n: int, m: int,
     with ``sequential``, each layer's come after the layers before it are pruned. On any
     failure every layer is put back as it was."""
     layers = weighted_layers(prepared)
+    if moments is None:
+        check_batches(batches)
     for name in names:   # checked before any layer changes
         if not torch.isfinite(layers[name].weight).all():
             raise QatError(f"layer {name}: weights are NaN or infinite; prune finite weights "
@@ -212,7 +228,11 @@ def refit_all(prepared: nn.Module, names: Sequence[str], n: int, m: int,
                            f"with sparse_refit.input_moments for every layer pruned")
         todo = list(names)
     else:   # forward order (a layer never run last, where its capture names it)
-        ran = [k for k in forward_order(prepared, batches[0], layers) if k in set(names)]
+        try:
+            ran = [k for k in forward_order(prepared, batches[0], layers) if k in set(names)]
+        except (RuntimeError, TypeError, ValueError) as e:
+            raise QatError(f"the module does not run on the refit data ({type(e).__name__}: "
+                           f"{e}); pass batches shaped as prepare's example inputs") from None
         todo = list(dict.fromkeys([*ran, *names]))
     saved = {k: (layers[k].weight.detach().clone(), layers[k].round_up, layers[k].bias_shift)
              for k in todo}
@@ -225,6 +245,10 @@ def refit_all(prepared: nn.Module, names: Sequence[str], n: int, m: int,
             la = layers[name]
             h = moments[name] if moments is not None else \
                 input_moments(prepared, [la], batches)[name]
+            if not torch.isfinite(h).all():
+                raise QatError(f"layer {name}: its inputs on the refit data hold NaN or "
+                               f"infinite values (or overflow float64); pass finite inputs "
+                               f"of a sane range")
             weight, mask = refit_layer(la, h, n, m)
             with torch.no_grad():
                 la.weight.copy_(weight)

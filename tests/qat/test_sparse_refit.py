@@ -143,7 +143,21 @@ def test_sparsegpt_prunes_the_same_layers_closer_to_fp32_and_runs_bit_for_bit():
     np.testing.assert_array_equal(run_on_dsa(qat.export(p_gpt), x.numpy(), sparse_part), want)
 
 
+def _nan_batch() -> list[tuple[torch.Tensor]]:
+    x = _data(1, 3)[0][0].clone()
+    x[0, 0, 0, 0] = float("nan")
+    return [(x,)]
+
+
 @pytest.mark.parametrize("bad, match", [
+    (lambda p: qat.prune(p, 2, 4, method="sparsegpt", refit_data=_nan_batch()),
+     "batch 0 holds NaN or infinite values; pass finite inputs"),
+    (lambda p: qat.prune(p, 2, 4, method="sparsegpt", refit_data=_data(1, 3, 1e200)),
+     "NaN or infinite values"),
+    (lambda p: qat.prune(p, 2, 4, method="sparsegpt", refit_data=[(torch.zeros(2, 5, 16, 16),)]),
+     "does not run on the refit data .*shaped as prepare's example inputs"),
+    (lambda p: qat.prune(p, 2, 4, method="sparsegpt", moments={}),
+     r"moments has no input moments for \['down', 'pw', 'fc'\]"),
     (lambda p: qat.prune(p, 2, 4, method="obs"), "method='obs'"),
     (lambda p: qat.prune(p, 2, 4, method="sparsegpt"), "pass calibration_data"),
     (lambda p: qat.prune(p, 2, 4, method="sparsegpt", refit_data=[]), "pass calibration_data"),
@@ -152,6 +166,17 @@ def test_hostile_input_gets_a_clear_error(bad, match):
     _, _, p = _prepared()
     with pytest.raises(QatError, match=match):
         bad(p)
+    assert all(la.mask is None for la in weighted_layers(p).values())
+
+
+def test_non_finite_moments_are_refused_by_layer_and_nothing_changes():
+    _, cal, p = _prepared()
+    layers = weighted_layers(p)
+    moments = input_moments(p, [layers[k] for k in ("down", "pw", "fc")], cal)
+    moments["pw"] = moments["pw"] * float("inf")
+    with pytest.raises(QatError, match="layer pw: its inputs on the refit data hold NaN or "
+                                       "infinite values"):
+        qat.prune(p, 2, 4, method="sparsegpt", moments=moments)
     assert all(la.mask is None for la in weighted_layers(p).values())
 
 
