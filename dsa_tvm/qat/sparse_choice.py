@@ -130,7 +130,7 @@ def _sensitivity(prepared: nn.Module, batches: Sequence[Batch], n: int, m: int,
 
 
 def _pruning_args(prepared: nn.Module, n: int, m: int, method: str,
-         refit_data: Iterable[Any] | None) -> dict[str, Any]:
+                  refit_data: Iterable[Any] | None) -> dict[str, Any]:
     """``prune``'s ``method`` and, for SparseGPT, every eligible layer's input moments on
     ``refit_data``, captured once: every measurement then refits from the same moments,
     as the caller's ``prune(..., refit_data=...)`` captures them from the unpruned module."""

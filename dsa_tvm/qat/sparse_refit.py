@@ -165,21 +165,9 @@ def refit_layer(layer: WeightedLayer, h: torch.Tensor, n: int, m: int,
     return back(new).to(w.dtype), back(keep)
 
 
-def output_error(layer: WeightedLayer, h: torch.Tensor, weight: torch.Tensor) -> float:
-    """``tr(dW H dW^T) / tr(W H W^T)``: the squared output error ``weight`` leaves on
-    the inputs of ``h``, relative to the layer's output (in ``refit_layer``'s column
-    order, computed in the layer's)."""
-    def flat(t: torch.Tensor) -> torch.Tensor:
-        out, c = t.shape[:2]
-        return t.double().reshape(out, c, -1).permute(0, 2, 1).reshape(out, -1)
-
-    w, dw = flat(layer.weight.detach()), flat(layer.weight.detach() - weight)
-    return float(((dw @ h) * dw).sum() / ((w @ h) * w).sum().clamp_min(1e-300))
-
-
 def check_batches(batches: list[Batch]) -> None:
-    """Float tensors, not empty, finite: a NaN would make every layer's error NaN and
-    leave nearest rounding everywhere without a word."""
+    """Float tensors, not empty, finite: a NaN would turn every layer's AdaRound error or
+    SparseGPT moments into NaN without a word."""
     for i, b in enumerate(batches):
         for t in b:
             if not isinstance(t, torch.Tensor) or not t.is_floating_point():
@@ -228,8 +216,9 @@ def refit_all(prepared: nn.Module, names: Sequence[str], n: int, m: int,
                            f"with sparse_refit.input_moments for every layer pruned")
         todo = list(names)
     else:   # forward order (a layer never run last, where its capture names it)
+        wanted = set(names)
         try:
-            ran = [k for k in forward_order(prepared, batches[0], layers) if k in set(names)]
+            ran = [k for k in forward_order(prepared, batches[0], layers) if k in wanted]
         except (RuntimeError, TypeError, ValueError) as e:
             raise QatError(f"the module does not run on the refit data ({type(e).__name__}: "
                            f"{e}); pass batches shaped as prepare's example inputs") from None

@@ -287,9 +287,9 @@ def prune(prepared: nn.Module, n: int = 2, m: int = 4, *, skip: Skip = None,
 
     Weight scales need nothing: they are ``max|w| / qmax`` per output channel, recomputed
     at every forward pass from the masked weights. With ``calibration_data`` the
-    activation grids and bias corrections are calibrated again on the pruned network (as if it had been
-    prepared pruned); without, the bias corrections are re-derived from the input means
-    the first calibration kept. Pruning again with the same pattern and layers changes no
+    activation grids and bias corrections are calibrated again on the pruned network (as
+    if it had been prepared pruned); without, the bias corrections are re-derived from the
+    input means the first calibration kept. Pruning again with the same pattern and layers changes no
     mask; with another, it is an error (prepare the FP32 model again).
     """
     if not hasattr(prepared, "qat_report"):
