@@ -47,7 +47,7 @@ def add_parser(sub) -> None:
                    help="with --sparsity: prune only the layers that keep the held-out output "
                         "cosine with FP32 >= C before training, least cosine lost per MAC "
                         "saved first (default: every eligible layer)")
-    q.add_argument("--sparse-method", choices=("sparsegpt", "magnitude"), default="sparsegpt",
+    q.add_argument("--sparse-method", choices=("sparsegpt", "magnitude"),
                    help="with --sparsity: SparseGPT's masks with the kept weights refit on the "
                         "training images (default), or the largest weights kept as they are")
     q.add_argument("--steps", type=int, default=200, help="training steps (0: PTQ only)")
@@ -160,6 +160,9 @@ def cmd_qat(args: argparse.Namespace) -> int:
     except qat.QatError as e:
         raise CliError(f"--mixup {args.mixup}: {e}") from None
     pattern = _pattern(args.sparsity, args.sparse_target)
+    if args.sparse_method is not None and pattern is None:
+        raise CliError(f"--sparse-method {args.sparse_method} applies to --sparsity N:M; pass "
+                       f"both, e.g. --sparsity 2:4 --sparse-method {args.sparse_method}")
     _check_analog(args.analog, args.noise_scale)
     net = _load(args.model)
     pre = PRETRAINED.get(args.model, ("imagenet", 224))[0]
@@ -182,8 +185,8 @@ def cmd_qat(args: argparse.Namespace) -> int:
         raise CliError(str(e)) from None
     print(p.qat_report.summary())
     if pattern is not None:  # before the widths and the training: both see the pruned network
-        how = {"method": args.sparse_method}
-        if args.sparse_method == "sparsegpt":   # every training image, 8 at a time
+        how = {"method": args.sparse_method or "sparsegpt"}
+        if how["method"] == "sparsegpt":   # every training image, 8 at a time
             how["refit_data"] = [(torch.cat(train[i:i + 8]),) for i in range(0, len(train), 8)]
         print(_prune(p, pattern, args.sparse_target, heldout, cal, how).summary())
     with torch.no_grad():  # the caller's FP32 model: a pruned module's float mode is pruned

@@ -100,6 +100,8 @@ def test_qat_cli_hostile_input(tmp_path, capsys):
          "--adaround -1: pass 0 (off) or a number of steps"),
         (["qat", str(tmp_path / "tiny.pt"), "--data", ".", "--sparsity", "2-4"],
          "--sparsity '2-4' is not N:M; pass"),
+        (["qat", str(tmp_path / "tiny.pt"), "--data", ".", "--sparse-method", "magnitude"],
+         "--sparse-method magnitude applies to --sparsity N:M"),
         (["qat", str(tmp_path / "tiny.pt"), "--data", ".", "--sparsity", "4:4"],
          "--sparsity 4:4: N must be at least 1 and below M=4"),
         (["qat", str(tmp_path / "tiny.pt"), "--data", ".", "--sparsity", "2:4",
