@@ -68,7 +68,9 @@ def input_moments(module: nn.Module, layers: Sequence[WeightedLayer],
                   batches: Sequence[Batch]) -> dict[str, torch.Tensor]:
     """``X^T X`` (float64) of each of ``layers``' input columns over ``batches``, by
     name, the module in ``quant`` mode, in one pass per batch (which stops once the last
-    of them has run; nothing is stored but the sums)."""
+    of them has run; nothing is stored but the sums). The batches are checked first: a
+    NaN would be rounded onto the first layer's grid and leave finite, wrong moments."""
+    check_batches(batches)
     total: dict[str, torch.Tensor] = {}
     waiting: set[str] = set()
 
@@ -203,8 +205,6 @@ def refit_all(prepared: nn.Module, names: Sequence[str], n: int, m: int,
     with ``sequential``, each layer's come after the layers before it are pruned. On any
     failure every layer is put back as it was."""
     layers = weighted_layers(prepared)
-    if moments is None:
-        check_batches(batches)
     for name in names:   # checked before any layer changes
         if not torch.isfinite(layers[name].weight).all():
             raise QatError(f"layer {name}: weights are NaN or infinite; prune finite weights "

@@ -317,8 +317,9 @@ def prune(prepared: nn.Module, n: int = 2, m: int = 4, *, skip: Skip = None,
                        f"{[name for name, _ in previous.dense]}); a mask is set once: prepare "
                        f"the FP32 model again to prune it {n}:{m} or with other layers")
     if previous is None:
+        dense = dict(plan.dense)
+        pruned = [k for k in layers if k not in dense]
         if method == "sparsegpt":
-            pruned = [k for k in layers if k not in dict(plan.dense)]
             refit_all(prepared, pruned, n, m, refit, moments=moments, sequential=sequential,
                       show_progress=show_progress)
         else:
@@ -327,7 +328,7 @@ def prune(prepared: nn.Module, n: int = 2, m: int = 4, *, skip: Skip = None,
                 layers[name].set_mask(mask)
         prepared.qat_sparsity = plan
         if batches is None:  # the weights whose rounding the corrections cancelled are gone
-            for name in (k for k in layers if k not in dict(plan.dense)):
+            for name in pruned:
                 layers[name].rederive_bias_correction()
     if batches is not None:
         calibrate(prepared, batches, getattr(prepared, "qat_bias_correction", True))

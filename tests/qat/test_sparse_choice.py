@@ -134,6 +134,9 @@ def test_choosing_leaves_the_module_as_it_was(setup):
      "pass refit_data"),
     (lambda p, h: qat.sparse_sensitivity(p, h, method="sparsegpt", refit_data=[]),
      "refit_data is empty"),
+    (lambda p, h: qat.choose_sparse_layers(p, h, 0.9, method="sparsegpt",
+                                           refit_data=[(h[0][0] * float("nan"),)]),
+     "batch 0 holds NaN or infinite values"),
 ])
 def test_hostile_input_names_the_cause_and_the_fix(setup, call, match):
     p, _, held, _ = setup
