@@ -80,6 +80,9 @@ def main() -> None:
                     "between two schemes; 2048 about +-1%%)")
     ap.add_argument("--narrow-attention", action="store_true",
                     help="the attention's probabilities on int8 grids (not int16)")
+    ap.add_argument("--wide-mlp", action="store_true",
+                    help="the gated MLP's interior on int16 grids (gate, up, the SiLU as an "
+                         "interpolated int16 table, their product)")
     ap.add_argument("--parts", default="accuracy,speed")
     ap.add_argument("--quants", default="w8a8,w4a8",
                     help="DSA quantizations, comma-separated (w8a8, w4a8, w4g32)")
@@ -119,6 +122,8 @@ def main() -> None:
     opts["rows_concat"] = args.rows_concat
     if args.narrow_attention:
         opts["wide_attention"] = False
+    if args.wide_mlp:
+        opts["wide_mlp"] = True
     gptq = None if args.gptq is None else args.gptq == "on"
     models = {q: load(args.model, hw=args.hw, quant=q, verbose=True, **opts, **buckets,
                       **({"gptq": gptq} if gptq is not None and q == "w4a8" else {}))

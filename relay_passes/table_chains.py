@@ -1,9 +1,11 @@
-"""Element-wise chains on one int8 tensor, turned into exact table lookups.
+"""Element-wise chains on one int8 (or int16) tensor, turned into exact table lookups.
 
 In a QDQ graph, ``quantize(f(dequantize(x)))`` with ``f`` any chain of element-wise ops
 (sigmoid, x * sigmoid(x), hardswish as add/clip/div/mul, GELU, tanh, exp, ...) on one
 int8 tensor ``x`` and scalar constants, inner quantize/dequantize pairs included, is a
-function of the 256 codes of ``x``. :func:`table_chains` finds every maximal such chain,
+function of the 256 codes of ``x`` (of the 65,536 codes of an int16 ``x`` quantized to
+int16: the same form with a 65,536-entry table, which the DSA interpolates from two
+256-entry ones, ``layers.wide_table``). :func:`table_chains` finds every maximal such chain,
 evaluates all of them on the 256 codes with TVM's own llvm build of the chain (one build
 for the whole module, so the table is the CPU path's result by construction, NaN and
 infinity included), and rewrites each into its canonical form::
@@ -12,7 +14,7 @@ infinity included), and rewrites each into its canonical form::
 
 ``T[i] = (t_i - z_out) * s_out`` holds the real value of output code ``t_i``; every step
 is exact (``(q - z) * s / s`` rounds back to ``q - z``, and so does quantizing ``T[i]``),
-so the rewritten graph computes the same int8 codes on the CPU. The ``table`` front-end
+so the rewritten graph computes the same codes on the CPU (int16: ``z + 32768``). The ``table`` front-end
 kind matches the canonical form and the DSA applies it with ALU LUT. Chains the rewrite
 cannot keep exact (scales outside the normal float32 range) are left alone, each with
 the reason, in the module attribute ``SKIPPED_ATTR`` (the partition report's notes).
@@ -50,6 +52,9 @@ PLAIN = frozenset({"relax.nn.relu", "relax.clip", "relax.astype"})
 MIN_SCALE = 2.0 ** -118
 MAX_SCALE = 2.0 ** 118
 
+#: the codes of each source type a chain may read and write (source and result alike)
+CODE_TYPES = {"int8": 256, "int16": 65536}
+
 #: module attribute listing the chains left alone ("<var>: <why>")
 SKIPPED_ATTR = "dsa_table_chains_skipped"
 
@@ -60,7 +65,8 @@ class _NotChain(Exception):
 
 @dataclass
 class Chain:
-    """One maximal chain: its root quantize, the int8 source, the leaf dequantize."""
+    """One maximal chain: its root quantize, the int8 or int16 source, the leaf
+    dequantize."""
 
     var: relax.Var
     root: relax.Call
@@ -68,6 +74,14 @@ class Chain:
     leaf: relax.Call           # a dequantize of ``source`` (its qparams index the table)
     ops: list[str]
     onnx_node: str = ""        # the ONNX node of the chain's last op, for the report
+
+    @property
+    def dtype(self) -> str:
+        return _dtype(self.source)
+
+    @property
+    def codes(self) -> int:
+        return CODE_TYPES[self.dtype]
 
 
 def _is(e: relax.Expr, *names: str) -> bool:
@@ -87,7 +101,8 @@ def _dtype(e: relax.Expr) -> str:
 
 
 class _Finder:
-    """Walks back from a quantize through element-wise ops to the int8 tensor(s) read."""
+    """Walks back from a quantize through element-wise ops to the int8 (or int16)
+    tensor(s) read."""
 
     def __init__(self, var2val: dict):
         self.var2val = var2val
@@ -113,12 +128,13 @@ class _Finder:
         name = v.op.name
         if name == "relax.dequantize":
             data = v.args[0]
-            if not isinstance(data, relax.Var) or _dtype(data) != "int8" or \
+            if not isinstance(data, relax.Var) or _dtype(data) not in CODE_TYPES or \
                     not self._qparams_ok(v):
-                raise _NotChain("dequantize of a non-int8 or per-channel tensor")
+                raise _NotChain("dequantize of a per-channel tensor or of neither int8 nor "
+                                "int16")
             inner = self.value(data)
             if extend and _is(inner, "relax.quantize") and self._qparams_ok(inner) \
-                    and str(inner.attrs.out_dtype) == "int8":
+                    and str(inner.attrs.out_dtype) in CODE_TYPES:
                 sub: dict = {}
                 sub_leaves: list = []
                 sub_ops: list = []
@@ -151,7 +167,7 @@ class _Finder:
 
     def chain(self, var: relax.Var, root: relax.Call) -> Chain | None:
         body = self.value(root.args[0])
-        if not _is(root, "relax.quantize") or str(root.attrs.out_dtype) != "int8" \
+        if not _is(root, "relax.quantize") or str(root.attrs.out_dtype) not in CODE_TYPES \
                 or not self._qparams_ok(root) or not isinstance(body, relax.Call) \
                 or _is(body, "relax.dequantize"):
             return None
@@ -170,6 +186,8 @@ class _Finder:
         if not set(ops) - PLAIN - {"quantize/dequantize"}:
             return None  # ReLU / Clip: the relu, clip and rescale kinds' business
         src = next(iter(sources))
+        if _dtype(src) != str(root.attrs.out_dtype):
+            return None  # int8 -> int16 (or back): neither table form
         try:
             if tuple(src.ty.shape) != tuple(root.ty.shape) or not leaves:
                 return None
@@ -179,7 +197,8 @@ class _Finder:
 
 
 def find_chains(func: relax.Function) -> list[Chain]:
-    """Every quantize of ``func`` that ends an element-wise chain on one int8 tensor."""
+    """Every quantize of ``func`` that ends an element-wise chain on one int8 tensor (or
+    int16 tensor, into int16)."""
     var2val = dict(relax.analysis.get_var2val(func).items())
     f = _Finder(var2val)
     out = []
@@ -213,28 +232,31 @@ def _rebuild(bb: relax.BlockBuilder, f: _Finder, e: relax.Expr, source: relax.Va
 
 
 def evaluate(func: relax.Function, chains: list[Chain]) -> list[np.ndarray]:
-    """Each chain's 256 int8 output codes (entry i: input code i - 128), from one llvm
-    build of all of them (the CPU path's own arithmetic)."""
+    """Each chain's output codes on every input code (entry i: input code i - 128, or
+    i - 32768 for int16), from one llvm build of all of them (the CPU path's own
+    arithmetic)."""
     f = _Finder(dict(relax.analysis.get_var2val(func).items()))
     bb = relax.BlockBuilder()
-    p = relax.Var("codes", relax.TensorType((256,), "int8"))
-    with bb.function("main", [p]):
+    params = {t: relax.Var(f"codes_{t}", relax.TensorType((n,), t)) for t, n in CODE_TYPES.items()}
+    with bb.function("main", list(params.values())):
         with bb.dataflow():
             outs = []
             for c in chains:
                 rank = len(c.source.ty.shape)
-                codes = bb.emit(relax.op.reshape(p, (1,) * (rank - 1) + (256,)))
+                codes = bb.emit(relax.op.reshape(params[c.dtype],
+                                                 (1,) * (rank - 1) + (c.codes,)))
                 res = _rebuild(bb, f, c.root, c.source, codes, {})
-                outs.append(bb.emit(relax.op.reshape(res, (256,))))
+                outs.append(bb.emit(relax.op.reshape(res, (c.codes,))))
             gv = bb.emit_output(relax.Tuple(outs) if len(outs) != 1 else outs[0])
         bb.emit_func_output(gv)
     mod = bb.get()
     ex = tvm.compile(mod, target="llvm")
     vm = relax.VirtualMachine(ex, tvm.cpu())
-    res = vm["main"](tvm.runtime.tensor(np.arange(-128, 128, dtype=np.int8)))
+    res = vm["main"](*(tvm.runtime.tensor(np.arange(-(n // 2), n // 2, dtype=t))
+                       for t, n in CODE_TYPES.items()))
     if len(chains) == 1:
         res = [res]
-    return [np.asarray(r.numpy(), dtype=np.int8).reshape(256) for r in res]
+    return [np.asarray(r.numpy(), dtype=c.dtype).reshape(c.codes) for r, c in zip(res, chains)]
 
 
 # ----------------------------------------------------------------------------- rewrite
@@ -267,7 +289,7 @@ class _Rewrite(PyExprMutator):
                              leaf.attrs))
         idx = emit(relax.op.divide(dq, _const(np.float32(scale), "float32")))
         idx = emit(relax.op.astype(emit(relax.op.round(idx)), "int32"))
-        idx = emit(relax.op.add(idx, _const(int(zp) + 128, "int32")))
+        idx = emit(relax.op.add(idx, _const(int(zp) + c.codes // 2, "int32")))
         look = emit(relax.op.take(_const(real, "float32"), idx, axis=0))
         return named(bb, relax.Call(call.op, [look, call.args[1], call.args[2]], call.attrs),
                      node_name(call) or c.onnx_node)

@@ -30,6 +30,7 @@ from dsa_tvm.layers.ir import (
     RMSNorm,
     Softmax,
     Table,
+    WideTable,
     layer_inputs,
 )
 from dsa_tvm.layers.layouts import same_bytes
@@ -209,7 +210,7 @@ def _row_views(layers: list[Layer], region: str) -> list[Layer]:
     while changed:
         changed = False
         for i, ly in enumerate(out):
-            if not isinstance(ly, (Add, AddConst, Rescale, Table)):
+            if not isinstance(ly, (Add, AddConst, Rescale, Table, WideTable)):
                 continue
             ts = layer_inputs(ly) + [ly.output]
             if any(len(t.shape) == 4 for t in ts) and {t.name for t in ts} & rows:

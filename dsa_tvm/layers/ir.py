@@ -29,7 +29,7 @@ import numpy as np
 
 # the layers and types defined beside this module, re-exported: importers name this one
 from .ir_grouped import GroupedDense  # noqa: F401
-from .ir_units import LayerNorm, RMSNorm, Rope, Softmax, Table  # noqa: F401
+from .ir_units import LayerNorm, RMSNorm, Rope, Softmax, Table, WideTable  # noqa: F401
 from .qtensor import WIDE_CLIP, QTensor, Requant  # noqa: F401
 
 
@@ -461,4 +461,5 @@ class TilesAppend:
 #: every layer a Region may hold
 Layer = (Conv2d | Dense | BatchMatmul | Pool2d | GlobalAvgPool | Add | BiasAdd | AddConst
          | Rescale | Concat | Resize | Slice | BytePlanes | Dilate | Interleave | Mul | Permute
-         | TilesAppend | Softmax | LayerNorm | RMSNorm | Table | Rope | GroupedDense)
+         | TilesAppend | Softmax | LayerNorm | RMSNorm | Table | WideTable | Rope
+         | GroupedDense)

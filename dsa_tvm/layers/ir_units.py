@@ -79,6 +79,27 @@ class Table:
 
 
 @dataclass(frozen=True)
+class WideTable:
+    """y = f(x) element-wise on int16 codes, as a line per 256-code segment read from two
+    256-entry tables (``dsa_tvm.layers.wide_table``: ``acc = base[hi] + slope[hi] * lo``,
+    ``y = rshift_round(acc, frac)``); ``error`` is the fit's largest distance from the
+    exact chain, in output codes, over every input code."""
+
+    name: str
+    input: QTensor           # int16
+    output: QTensor          # int16, same shape as input
+    base: np.ndarray         # int32 [256]
+    slope: np.ndarray        # int32 [256]
+    frac: int
+    error: int = 0
+    what: str = ""
+
+    @property
+    def macs(self) -> int:
+        return 0
+
+
+@dataclass(frozen=True)
 class Rope:
     """Rotary position embedding over rows of ``d`` codes, the position of a row being its
     index mod ``P`` (the tables' rows; ``(B, H, P, d)`` heads): with ``xc = x - zero_point``

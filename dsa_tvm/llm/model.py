@@ -172,7 +172,8 @@ class CompiledLLM:
                  smooth_folds: tuple[str, ...] = SMOOTH_FOLDS, smooth_group: int | None = None,
                  wide_residual: bool = True, wide_down: bool | None = None,
                  wide_attention: bool = True, wide_logits: bool = True,
-                 gptq: bool | None = None, verbose: bool = False) -> None:
+                 wide_mlp: bool = False, gptq: bool | None = None,
+                 verbose: bool = False) -> None:
         from ..hw.config import load_config
 
         check_quant(quant)
@@ -222,6 +223,9 @@ class CompiledLLM:
         self.wide_attention = bool(wide_attention)
         #: the logits (the head's output) on an int16 grid (``llm.residual.logits``)
         self.wide_logits = bool(wide_logits)
+        #: the gated MLP's interior on int16 grids: gate and up write int16, the SiLU is an
+        #: interpolated int16 table, the product reads int16 (``llm.residual.mlp_interior``)
+        self.wide_mlp = bool(wide_mlp)
         #: the linear layers' weight codes rounded by GPTQ (``llm.gptq``) on pydoc's text;
         #: False: nearest, as the quantizer rounds. None: GPTQ for W4A8 only (at W8A8 it
         #: measured no gain on SmolLM2)
@@ -339,13 +343,15 @@ class CompiledLLM:
             gate_products,
             head_matmuls,
             logits,
+            mlp_interior,
             residual_stream,
         )
 
         wide = ((residual_stream(step) if self.wide_residual else set())
                 | (gate_products(step) if self.wide_down else set())
                 | (attention_probabilities(step) if self.wide_attention else set())
-                | (logits(step) if self.wide_logits else set()))
+                | (logits(step) if self.wide_logits else set())
+                | (mlp_interior(step) if self.wide_mlp else set()))
         return dict(show_progress=False, quantize_norms=self.cfg.norm_units >= 1,
                     split_outliers=False, bias_correction=False,
                     weight_bits=QUANT_WEIGHT_BITS.get(self.quant, 8), wide_tensors=wide,

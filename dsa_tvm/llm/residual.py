@@ -15,6 +15,13 @@ too; the compiler runs its dense as two int8 byte planes
 (``relay_passes.kinds.dense_planes``). Found by structure: a MatMul's input that is the
 product of two activations.
 
+The gated MLP's interior (gate's and up's outputs, the SiLU's sigmoid and product) on int8
+grids is a seventh of the W8A8 step's KL divergence from FP32 on SmolLM2 (the proxy,
+docs/llm.md): the SiLU reads the gate's coarse int8 codes. On int16 grids the gate and up
+denses write int16 (REQUANT's wide mode), the SiLU runs as an interpolated int16 table
+(``layers.wide_table``) and the product reads int16 operands. Found by structure: the
+factors of each gate product.
+
 The attention's probabilities (the softmax's output, P of P @ V) on their int8 grid, steps
 of 1/256, round a long row's small weights (near 1 / context) to 0 or 1/256; an int16 grid
 there cuts the step's KL divergence by 29% on SmolLM2 (the proxy, docs/llm.md). The
@@ -63,6 +70,37 @@ def gate_products(model: onnx.ModelProto) -> set[str]:
         if all(f is not None for f in factors) and any(f.op_type == "MatMul" for f in factors):
             out.add(n.input[0])
     return out
+
+
+def mlp_interior(model: onnx.ModelProto) -> set[str]:
+    """The tensors between the gate and up projections and their product (``gate_products``):
+    both projections' outputs, and the SiLU's ops' outputs on the gate (``x * sigmoid(x)``,
+    its sigmoid), found as the element-wise nodes between the gate and the product."""
+    made = {o: n for n in model.graph.node for o in n.output}
+    out: set[str] = set()
+    for product in gate_products(model):
+        node = made[product]
+        ends = {f for f in node.input if getattr(made.get(f), "op_type", "") == "MatMul"}
+        for f in node.input:
+            out |= _silu_ops(made, f, ends)
+        out |= ends                    # up's output, and the gate's under the SiLU
+    return out
+
+
+def _silu_ops(made: dict, t: str, ends: set[str]) -> set[str]:
+    """``t`` and the outputs of the element-wise nodes under it down to a MatMul's output
+    (the gate projection's, added to ``ends``); empty if ``t`` is not such a chain."""
+    node = made.get(t)
+    if node is None or node.op_type == "MatMul":
+        if node is not None:
+            ends.add(t)
+        return set()
+    if node.op_type not in ("Mul", "Sigmoid"):
+        return set()
+    found = {t}
+    for i in node.input:
+        found |= _silu_ops(made, i, ends)
+    return found
 
 
 def attention_probabilities(model: onnx.ModelProto) -> set[str]:

@@ -12,8 +12,9 @@
 
 The product of two activations may be quantized to int16 (an LLM's SiLU-gate product
 ``silu(gate) * up`` on a wide grid): REQUANT's wide mode and an ACC16 store; its operands
-stay int8, and a fused ReLU/Clip on it stays on the CPU (the wide mode clamps to int16
-only). A product with a constant writes int8 only.
+may be int16 too (ACC16 loads: the SiLU and up's output on int16 grids), and a fused
+ReLU/Clip on it stays on the CPU (the wide mode clamps to int16 only). A product with a
+constant reads and writes int8 only.
 """
 
 from __future__ import annotations
@@ -130,11 +131,11 @@ def _operands(m: Match, cfg: HardwareConfig) -> str | None:
 
 
 def _wide_output(m: Match, cfg: HardwareConfig) -> str | None:
-    """An int16 output is the product of two activations (the binary room's store); a
-    product with a constant (a Rescale) writes int8."""
-    if m.out.dtype == "int16" and m.weight is not None:
-        return ("an int16 output is written by the product of two activations only, not "
-                "by a product with a constant")
+    """An int16 output or operand is the product of two activations' (the binary room's
+    ACC16 loads and store); a product with a constant (a Rescale) reads and writes int8."""
+    if m.weight is not None and "int16" in {m.out.dtype, *(o.qp.dtype for o in m.inputs)}:
+        return ("int16 codes are read and written by the product of two activations only, "
+                "not by a product with a constant")
     return None
 
 
@@ -165,11 +166,13 @@ def _to_layer(m: Match, name: str, inputs: list[QTensor], output: QTensor) -> La
 
 KINDS = (Kind(
     "mul", 450, _variants, _read,
-    common_constraints(rescale_factors, wide_output=True) + [
-        Constraint("operands", "two int8 activations, one of the output's shape and the other "
+    common_constraints(rescale_factors, wide_output=True, wide_inputs=True) + [
+        Constraint("operands", "two int8 (or int16) activations, one of the output's shape and "
+                   "the other "
                    "the same or broadcasting per channel (`[N, C, 1, 1]`), or one activation and "
                    "a per-channel (or scalar) constant", _operands),
-        Constraint("wide", "an int16 output only for the product of two activations "
-                   "(REQUANT's wide mode, an ACC16 store)", _wide_output),
+        Constraint("wide", "int16 operands and output only for the product of two "
+                   "activations (ACC16 loads; REQUANT's wide mode, an ACC16 store)",
+                   _wide_output),
     ],
     _to_layer, "Mul (SE gate, x * sigmoid(x), layer scale), Div by a constant; + Relu/Clip", _MUL),)

@@ -88,6 +88,36 @@ def test_mul_matches_reference(preset, data):
 @pytest.mark.parametrize("preset", PRESETS)
 @FEW
 @given(data=st.data())
+def test_int16_operands_match_reference(preset, data):
+    """A product reading int16 codes (ACC16 loads: an LLM's ``silu(gate) * up`` on int16
+    grids), either operand or both, broadcasting or not, into int16 or int8; codes from
+    both ends of int16 (products near 2**30) and factors from tiny to saturating."""
+    cfg, draw = CFGS[preset], data.draw
+    rng = np.random.default_rng(draw(st.integers(0, 2**32 - 1)))
+    ashape, bshape = draw(broadcast_pair())
+    if isinstance(broadcast_dims(ashape, bshape), str):
+        return
+    da, db = draw(st.sampled_from([("int16", "int16"), ("int16", "int8"), ("int8", "int16")]))
+    a = L.QTensor("a", ashape, 1e-3, 0, da)
+    b = L.QTensor("b", bshape, 1e-3, 0 if db == "int16" else int(rng.integers(-128, 128)), db)
+    wide = draw(st.booleans())
+    factor = draw(st.sampled_from([1e-12, 2.0 ** -20, 1e-4, 3.0]))
+    y = L.QTensor("y", ashape, 0.05, 0, "int16") if wide else qt(rng, "y", ashape)
+    clip = L.WIDE_CLIP if wide else (-128, 127)
+    ly = L.Mul("mul", a, b, y, _requant(rng, factor, 0 if wide else y.zero_point, clip))
+
+    def codes(t: L.QTensor) -> np.ndarray:
+        lim = 1 << (15 if t.dtype == "int16" else 7)
+        out = rng.integers(-lim, lim, t.shape).astype(t.dtype)
+        out.reshape(-1)[0] = -lim                     # the most negative code
+        return out
+
+    check(region([a, b], [ly]), cfg, rng, xs={"a": codes(a), "b": codes(b)})
+
+
+@pytest.mark.parametrize("preset", PRESETS)
+@FEW
+@given(data=st.data())
 def test_broadcast_add_matches_reference(preset, data):
     """Add of an activation and one broadcasting per channel, chained into a Mul of the
     result with the same gate (one region), any schedule the knobs allow."""

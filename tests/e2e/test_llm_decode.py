@@ -405,3 +405,35 @@ def test_the_logits_are_int16_unless_asked(w8a8):
     assert heads(w8a8) and all(ly.output.dtype == "int16" for ly in heads(w8a8))
     narrow = load("tiny", wide_logits=False, **BUCKETS)
     assert heads(narrow) and all(ly.output.dtype == "int8" for ly in heads(narrow))
+
+
+def test_wide_mlp_runs_the_silu_as_an_int16_table_bit_exact():
+    """``wide_mlp=True`` puts the gated MLP's interior on int16 grids
+    (``llm.residual.mlp_interior``: gate's and up's outputs, the SiLU's ops): the two
+    denses write int16, the SiLU is one interpolated int16 table (``WideTable``) and the
+    product reads int16 operands, every step in one region per chunk as before and every
+    launch bit-exact against the integer reference."""
+    from dsa_tvm.frontend.intake import load_onnx
+    from dsa_tvm.layers.ir import Dense, Mul, WideTable
+    from dsa_tvm.llm.residual import mlp_interior
+    from dsa_tvm.llm.step import export_step
+
+    model = load("tiny", wide_mlp=True, **BUCKETS)
+    step = load_onnx(export_step(model.step_model, 1, 16)).model
+    interior = mlp_interior(step)
+    made = {o: n for n in step.graph.node for o in n.output}
+    kinds = sorted(made[t].op_type for t in interior)
+    layers = model.arch.layers
+    assert kinds == sorted(["MatMul"] * 2 * layers + ["Sigmoid", "Mul"] * layers), kinds
+    gen = model.generate(PROMPT, max_new_tokens=3)
+    assert_steps_bit_exact(model, gen.ids[:1])
+    regions = [d for crep in model.reports.values() for d in crep.regions]
+    assert all(d.target == "dsa" for d in regions)
+    got = [ly for d in regions for ly in d.region.layers]
+    tables = [ly for ly in got if isinstance(ly, WideTable)]
+    assert len(tables) == layers * len(model.reports) and all(t.error <= 8 for t in tables)
+    assert all(ly.a.dtype == ly.b.dtype == "int16" for ly in got if isinstance(ly, Mul))
+    ffn = model.hf.config.intermediate_size
+    assert all(ly.output.dtype == "int16" for ly in got
+               if isinstance(ly, Dense) and ly.output.shape[-1] == ffn)
+    assert not load("tiny", **BUCKETS).wide_mlp        # off unless asked

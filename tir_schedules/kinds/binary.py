@@ -13,7 +13,9 @@ in the REQUANT bias (no temporary tile; a zero point of 0 drops its op). ``add``
 ``eltwise`` room, which keeps every same-shape add (its programs do not change).
 
 A product quantized to int16 (REQUANT's wide mode: the layer's clip is ``WIDE_CLIP``)
-is stored as int16 (ACC16); its int16 bytes count in the bounds and the estimate.
+is stored as int16 (ACC16); its int16 bytes count in the bounds and the estimate. A
+product's operands may be int16 too (ACC16 loads; an LLM's ``silu(gate) * up`` on int16
+grids): the ALU's lanes are int32, and two int16 codes' product fits them.
 """
 
 from __future__ import annotations
@@ -64,6 +66,8 @@ class BinaryShape:
     clip: tuple[int, int]
     k1: int = 0
     k2: int = 0
+    a_dtype: str = "int8"               # "int16": a wide operand (ACC16 loads), mul only
+    b_dtype: str = "int8"
 
 
 @dataclass(frozen=True)
@@ -81,15 +85,16 @@ def _ops(s: BinaryShape) -> int:
 
 
 @cache
-def mul_intrin(block: int, za: int, zb: int, b_dtype: str = "int8") -> str:
+def mul_intrin(block: int, za: int, zb: int, b_dtype: str = "int8",
+               a_dtype: str = "int8") -> str:
     """``d = (a - za) * b - zb * a`` on one accumulator row: SUB imm, MUL, MAC imm (the ops
     of a zero point of 0 dropped)."""
     bo = block
-    name = f"dsa.binmul_{bo}_{za}_{zb}_{b_dtype}"
+    name = f"dsa.binmul_{bo}_{za}_{zb}_{b_dtype}" + ("" if a_dtype == "int8" else f"_{a_dtype}")
 
     @_Script.prim_func(s_tir=True)
     def desc(a: T.handle, b: T.handle, d: T.handle):
-        A = T.match_buffer(a, (bo,), "int8", offset_factor=1, scope=SCOPE_ACC)
+        A = T.match_buffer(a, (bo,), a_dtype, offset_factor=1, scope=SCOPE_ACC)
         B = T.match_buffer(b, (bo,), b_dtype, offset_factor=1, scope=SCOPE_ACC)
         D = T.match_buffer(d, (bo,), "int32", offset_factor=1, scope=SCOPE_ACC)
         with T.sblock("root"):
@@ -98,17 +103,17 @@ def mul_intrin(block: int, za: int, zb: int, b_dtype: str = "int8") -> str:
             for o in T.serial(bo):
                 with T.sblock("mul"):
                     vo = T.axis.remap("S", [o])
-                    D[vo] = T.call_pure_extern("int32", SCALAR_MUL, _widen(A[vo], "int8"),
+                    D[vo] = T.call_pure_extern("int32", SCALAR_MUL, _widen(A[vo], a_dtype),
                                                _widen(B[vo], b_dtype), za, zb)
 
     calls = [("sub", "A", za, 1), ("mul", "D", 0, 0)] if za else [("mul", "A", 0, 0)]
     calls += [("mac", "A", -zb, 1)] if zb else []
-    impl = _impl(bo, b_dtype, tuple(calls))
+    impl = _impl(bo, b_dtype, tuple(calls), a_dtype)
     tvm.s_tir.TensorIntrin.register(name, desc, impl, override=True)
     return name
 
 
-def _impl(bo: int, b_dtype: str, calls: tuple):
+def _impl(bo: int, b_dtype: str, calls: tuple, a_dtype: str = "int8"):
     """The implementation of :func:`mul_intrin`: 1 to 3 ALU calls (TVMScript has no loops
     over Python lists of statements, so one function per count)."""
     def call(op, src, imm, use_imm, A, B, D):
@@ -119,7 +124,7 @@ def _impl(bo: int, b_dtype: str, calls: tuple):
     if len(calls) == 1:
         @_Script.prim_func(s_tir=True)
         def impl1(a: T.handle, b: T.handle, d: T.handle):
-            A = T.match_buffer(a, (bo,), "int8", offset_factor=1, scope=SCOPE_ACC)
+            A = T.match_buffer(a, (bo,), a_dtype, offset_factor=1, scope=SCOPE_ACC)
             B = T.match_buffer(b, (bo,), b_dtype, offset_factor=1, scope=SCOPE_ACC)
             D = T.match_buffer(d, (bo,), "int32", offset_factor=1, scope=SCOPE_ACC)
             with T.sblock("root"):
@@ -131,7 +136,7 @@ def _impl(bo: int, b_dtype: str, calls: tuple):
     if len(calls) == 2:
         @_Script.prim_func(s_tir=True)
         def impl2(a: T.handle, b: T.handle, d: T.handle):
-            A = T.match_buffer(a, (bo,), "int8", offset_factor=1, scope=SCOPE_ACC)
+            A = T.match_buffer(a, (bo,), a_dtype, offset_factor=1, scope=SCOPE_ACC)
             B = T.match_buffer(b, (bo,), b_dtype, offset_factor=1, scope=SCOPE_ACC)
             D = T.match_buffer(d, (bo,), "int32", offset_factor=1, scope=SCOPE_ACC)
             with T.sblock("root"):
@@ -144,7 +149,7 @@ def _impl(bo: int, b_dtype: str, calls: tuple):
 
     @_Script.prim_func(s_tir=True)
     def impl3(a: T.handle, b: T.handle, d: T.handle):
-        A = T.match_buffer(a, (bo,), "int8", offset_factor=1, scope=SCOPE_ACC)
+        A = T.match_buffer(a, (bo,), a_dtype, offset_factor=1, scope=SCOPE_ACC)
         B = T.match_buffer(b, (bo,), b_dtype, offset_factor=1, scope=SCOPE_ACC)
         D = T.match_buffer(d, (bo,), "int32", offset_factor=1, scope=SCOPE_ACC)
         with T.sblock("root"):
@@ -157,10 +162,10 @@ def _impl(bo: int, b_dtype: str, calls: tuple):
 
 
 def binary(s: BinaryShape) -> tirx.PrimFunc:
-    """``acc`` from the two int8 tiles (b read at image 0 / pixel 0 where it broadcasts),
-    then the output stage."""
-    a = te.placeholder((s.n, s.hw, s.cb, s.block), "int8", name="a")
-    b = te.placeholder((s.nb, s.hwb, s.cb, s.block), "int8", name="b")
+    """``acc`` from the two tiles (b read at image 0 / pixel 0 where it broadcasts), then
+    the output stage."""
+    a = te.placeholder((s.n, s.hw, s.cb, s.block), s.a_dtype, name="a")
+    b = te.placeholder((s.nb, s.hwb, s.cb, s.block), s.b_dtype, name="b")
     params = te.placeholder((s.cb, 3, s.block), "int32", name="params")
     if s.kind not in ("mul", "add"):
         raise ValueError(f"binary kind must be 'mul' or 'add', got {s.kind!r}")
@@ -197,8 +202,10 @@ def estimate_binary_cycles(cfg: HardwareConfig, s: BinaryShape, k: BinaryKnobs) 
     once = (s.cb // k.tile_cb) * (12 * k.tile_cb * bl / cfg.bandwidth_bytes_per_cycle
                                   + cfg.latency_cycles)
     out_bytes = rows * bl * (2 if tuple(s.clip) == WIDE_CLIP else 1)   # an int16 store
-    return stream_cycles(cfg, tiles, [(rows * bl, 1), (b_rows * bl, 1)], passes * rows, passes,
-                         out_bytes, k.double_buffer, once)
+    size = {d: np.dtype(d).itemsize for d in (s.a_dtype, s.b_dtype)}   # ACC16 loads: 2 bytes
+    return stream_cycles(cfg, tiles, [(rows * bl * size[s.a_dtype], 1),
+                                      (b_rows * bl * size[s.b_dtype], 1)],
+                         passes * rows, passes, out_bytes, k.double_buffer, once)
 
 
 def candidate_binary_knobs(cfg: HardwareConfig, s: BinaryShape) -> list[BinaryKnobs]:
@@ -238,7 +245,7 @@ def schedule_binary(func: tirx.PrimFunc, cfg: HardwareConfig, s: BinaryShape,
     for blk in tiles:
         sch.compute_at(blk, p_o)
     sch.set_scope(acc, 0, SCOPE_ACC)
-    sch.tensorize(c, mul_intrin(s.block, s.k1, s.k2) if s.kind == "mul"
+    sch.tensorize(c, mul_intrin(s.block, s.k1, s.k2, s.b_dtype, s.a_dtype) if s.kind == "mul"
                   else axpby_intrin(s.block, s.k1, s.k2))
     place_output(sch, s, "int32", o_o, p_o)
     if k.double_buffer:
@@ -275,8 +282,12 @@ def mul_recipe(layer: Mul, cfg: HardwareConfig, consts: bool) -> Recipe:
     c = image_dims(layer.a.shape)[1]
     rq, block = layer.requant, cfg.block_out
     za, zb = layer.a.zero_point, layer.b.zero_point
+    dtypes = (layer.a.dtype, layer.b.dtype)
+    if any(d not in ("int8", "int16") for d in dtypes):
+        raise UnsupportedLayer(f"{layer.name}: operands {dtypes}; a product reads int8 or "
+                               f"int16 codes")
     shape = BinaryShape("mul", n, hw, nb, hwb, ceil_div(c, block), block, rq.zero_point,
-                        rq.clip, za, zb)
+                        rq.clip, za, zb, *dtypes)
     r = Recipe(KIND, shape, {"a": layer.a, "b": layer.b})
     if consts:
         r.consts["params"] = requant_table(layer, za * zb, c, block)
