@@ -90,6 +90,32 @@ def test_head_split_and_merge(preset, data):
 
 
 @pytest.mark.parametrize("preset", PRESETS)
+@FEW
+@given(data=st.data())
+def test_int16_head_merge_and_split_bit_exact(preset, data):
+    """int16 codes (attention's output on an int16 grid, read by o_proj as byte planes)
+    move as int16: every lane of every block, both ends of the code range. (The room once
+    moved them as int8 rows: half of each block arrived, the rest was zero.)"""
+    cfg, draw = CFGS[preset], data.draw
+    rng = np.random.default_rng(draw(st.integers(0, 2**32 - 1)))
+    b, s, h = draw(st.integers(1, 2)), draw(st.integers(1, 5)), draw(st.integers(1, 4))
+    d = cfg.block_out * draw(st.integers(1, 2))
+    for shape, view, out in (((b * h, s, d), (b, h, s, d), (b * s, h * d)),
+                             ((b * s, h * d), (b, s, h, d), (b * h, s, d))):
+        x = L.QTensor("x", shape, 0.001, 0, "int16")
+        mv = L.Permute("mv", x, L.QTensor("mv", out, x.scale, 0, "int16"), view, (0, 2, 1, 3))
+        codes = rng.integers(-32768, 32768, shape).astype(np.int16)
+        codes.reshape(-1)[:2] = (-32768, 32767)
+        got = check(region([x], [mv]), cfg, rng, xs={"x": codes})
+        assert got is not None
+        np.testing.assert_array_equal(mv.apply(codes), codes.reshape(view).transpose(
+            0, 2, 1, 3).reshape(out))
+    tiles = L.Permute("mv", x, L.QTensor("mv", out, x.scale, 0, "int16"), view, (0, 2, 1, 3),
+                      weight_tiles=True)
+    assert "int8 codes" in lowering_supports(tiles, cfg)
+
+
+@pytest.mark.parametrize("preset", PRESETS)
 def test_between_convs_and_flatten(preset):
     """conv -> NCHW flattened to rows (N*H*W, C): the ViT patch embedding's
     flatten+transpose, in one region with the conv; an in-order reshape is a copy."""

@@ -56,6 +56,7 @@ class PermShape:
     column_sums: int = 0      # the factor the sums are multiplied by (-zp_a)
     #: a TilesAppend's: the output tile each made tile goes to (empty: tile i to tile i)
     dest: tuple[int, ...] = ()
+    wide: bool = False        # int16 codes (ACC16 transfers, two bytes a lane)
 
 
 @dataclass(frozen=True)
@@ -293,7 +294,8 @@ def estimate_perm_cycles(cfg: HardwareConfig, s: PermShape, k: PermKnobs) -> flo
     bw, lat = cfg.bandwidth_bytes_per_cycle, cfg.latency_cycles
     transfers, _, slots = _ring(s, k)
     rings = ceil_div(len(transfers), slots)
-    dma = sum(2 * g * n * s.block / bw for _, _, g, n, _ in transfers) + rings * 2 * lat
+    lane = 2 if s.wide else 1
+    dma = sum(2 * g * n * s.block * lane / bw for _, _, g, n, _ in transfers) + rings * 2 * lat
     tile = cfg.wgt_tile_bytes / bw + s.block * s.block / bw + 2 * lat
     sums = s.sum_groups * (s.sum_tiles * (cfg.wgt_tile_bytes / bw + lat + 1
                                           + cfg.gemm_fill_drain_cycles)
@@ -311,7 +313,7 @@ def emit_perm(b, cfg: HardwareConfig, s: PermShape, k: PermKnobs, regions: dict)
     (prefetched) into a ring of staging slots as large as the largest transfer, so up to
     ``rows / slot`` transfers are in flight: their DRAM latencies overlap instead of
     adding up (a head split is dozens of short transfers)."""
-    buf = Buffer.ACC8
+    buf = Buffer.ACC16 if s.wide else Buffer.ACC8
     x, y = regions["x"], regions["y"]
     dst = regions["t"] if s.transpose_tiles else y
     transfers, slot, slots = _ring(s, k)
@@ -371,12 +373,19 @@ def permute_recipe(layer: Permute | TilesAppend, cfg: HardwareConfig, consts: bo
                                f"(a copy needs one grid)")
     if isinstance(layer, TilesAppend):
         return _append_recipe(layer, cfg)
+    dtypes = {layer.input.dtype, layer.output.dtype}
+    if dtypes - {"int8", "int16"} or len(dtypes) > 1:
+        raise UnsupportedLayer(f"{layer.name}: a copy of {layer.input.dtype} codes into "
+                               f"{layer.output.dtype} (it moves int8 or int16 codes as they are)")
     if not layer.weight_tiles:
         bm = block_map(layer, cfg.block_out)
         if isinstance(bm, str):
             raise UnsupportedLayer(f"{layer.name}: {bm}")
-        return Recipe(KIND, PermShape(int(bm.size), cfg.block_out, _runs(bm)),
-                      {"x": layer.input})
+        return Recipe(KIND, PermShape(int(bm.size), cfg.block_out, _runs(bm),
+                                      wide=layer.input.dtype == "int16"), {"x": layer.input})
+    if layer.input.dtype != "int8":
+        raise UnsupportedLayer(f"{layer.name}: weight tiles hold int8 codes; "
+                               f"{layer.input.name} is {layer.input.dtype}")
     tm = tiles_map(layer, cfg)
     if isinstance(tm, str):
         raise UnsupportedLayer(f"{layer.name}: {tm}")
