@@ -262,7 +262,8 @@ def decode(args) -> None:
     quiet = dict(adc_bits=32, adc_range=1.0, prog_noise_scale=0.0, read_noise_scale=0.0,
                  drift_scale=0.0, crossbars=args.crossbars)
     dig = load("smollm2", hw="default", quant="w8a8", prefill_buckets=(16,),
-               context_buckets=(args.context,), wide_down=False)   # as the analog views run
+               context_buckets=(args.context,), wide_down=False,
+               wide_mlp=False)                             # as the analog views run
     cim = dig.on_hardware(dsa_tvm.load_config("cim-pcm").replace(**quiet))
     print(f"\n== SmolLM2 decode at context {args.context}: digital 'default' vs CIM 'cim-pcm' "
           f"({args.crossbars} crossbars, noiseless: the same tokens)", flush=True)

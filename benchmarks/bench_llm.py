@@ -80,9 +80,12 @@ def main() -> None:
                     "between two schemes; 2048 about +-1%%)")
     ap.add_argument("--narrow-attention", action="store_true",
                     help="the attention's probabilities on int8 grids (not int16)")
-    ap.add_argument("--wide-mlp", action="store_true",
-                    help="the gated MLP's interior on int16 grids (gate, up, the SiLU as an "
-                         "interpolated int16 table, their product)")
+    ap.add_argument("--narrow-mlp", action="store_true",
+                    help="the gated MLP's interior on int8 grids (the default since "
+                         "2026-12-07: int16, the SiLU an interpolated int16 table)")
+    ap.add_argument("--wide-inputs", action="store_true",
+                    help="every linear layer's input (but the head's) on an int16 grid, each "
+                         "dense run as two byte planes")
     ap.add_argument("--parts", default="accuracy,speed")
     ap.add_argument("--quants", default="w8a8,w4a8",
                     help="DSA quantizations, comma-separated (w8a8, w4a8, w4g32)")
@@ -122,8 +125,10 @@ def main() -> None:
     opts["rows_concat"] = args.rows_concat
     if args.narrow_attention:
         opts["wide_attention"] = False
-    if args.wide_mlp:
-        opts["wide_mlp"] = True
+    if args.narrow_mlp:
+        opts["wide_mlp"] = False
+    if args.wide_inputs:
+        opts["wide_inputs"] = True
     gptq = None if args.gptq is None else args.gptq == "on"
     models = {q: load(args.model, hw=args.hw, quant=q, verbose=True, **opts, **buckets,
                       **({"gptq": gptq} if gptq is not None and q == "w4a8" else {}))

@@ -110,6 +110,21 @@ def attention_probabilities(model: onnx.ModelProto) -> set[str]:
             and getattr(made.get(n.input[0]), "op_type", None) == "Softmax"}
 
 
+def linear_inputs(model: onnx.ModelProto) -> set[str]:
+    """The first input of every MatMul with a constant weight but the head's: the linear
+    layers' inputs, which int16 grids take from KL 0.031 to 0.027 beside int16 outputs
+    (the proxy, docs/llm.md); the compiler runs each such dense as two byte planes."""
+    consts = {i.name for i in model.graph.initializer}
+    made = {o: n for n in model.graph.node for o in n.output}
+
+    def constant(t: str) -> bool:   # an initializer, or a node of initializers only
+        n = made.get(t)
+        return t in consts or (n is not None and all(constant(i) for i in n.input if i))
+
+    return {n.input[0] for n in model.graph.node if n.op_type == "MatMul"
+            and len(n.input) == 2 and constant(n.input[1]) and LOGITS not in n.output}
+
+
 #: the step graph's logits output (``llm.step``)
 LOGITS = "logits"
 

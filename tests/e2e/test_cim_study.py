@@ -298,6 +298,7 @@ def test_calibration_survives_many_programs_under_conditions(monkeypatch):
     monkeypatch.setattr(simulator, "ARRAYS_CACHE_ENTRIES", 1)
     bench = LlmBench("tiny", tokens=24, new_tokens=2)
     assert not bench.digital.wide_down     # the analog views run down_proj's input int8
+    assert not bench.digital.wide_mlp      # and the MLP's interior
     noisy = load_config("cim-pcm").replace(adc_bits=24, adc_range=1.0, noise_model="gaussian",
                                            prog_noise_scale=0.05, read_noise_scale=0.0,
                                            t_inference_s=0.0)

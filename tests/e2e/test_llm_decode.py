@@ -318,7 +318,7 @@ def test_residual_stream_is_int16_on_the_dsa(w8a8):
     stream = residual_stream(load_onnx(export_step(w8a8.step_model, 1, 16)).model)
     assert "x" in stream and len(stream) == 1 + 2 * 2 * w8a8.arch.layers
     narrow = load("tiny", wide_residual=False, wide_down=False, wide_attention=False,
-                  wide_logits=False, **BUCKETS)
+                  wide_logits=False, wide_mlp=False, **BUCKETS)
     narrow.generate(PROMPT, max_new_tokens=1)
     assert not [ly for crep in narrow.reports.values() for d in crep.regions
                 if d.target == "dsa" for ly in d.region.layers
@@ -408,7 +408,7 @@ def test_the_logits_are_int16_unless_asked(w8a8):
 
 
 def test_wide_mlp_runs_the_silu_as_an_int16_table_bit_exact():
-    """``wide_mlp=True`` puts the gated MLP's interior on int16 grids
+    """The default W8A8 (``wide_mlp``) puts the gated MLP's interior on int16 grids
     (``llm.residual.mlp_interior``: gate's and up's outputs, the SiLU's ops): the two
     denses write int16, the SiLU is one interpolated int16 table (``WideTable``) and the
     product reads int16 operands, every step in one region per chunk as before and every
@@ -418,7 +418,7 @@ def test_wide_mlp_runs_the_silu_as_an_int16_table_bit_exact():
     from dsa_tvm.llm.residual import mlp_interior
     from dsa_tvm.llm.step import export_step
 
-    model = load("tiny", wide_mlp=True, **BUCKETS)
+    model = load("tiny", **BUCKETS)
     step = load_onnx(export_step(model.step_model, 1, 16)).model
     interior = mlp_interior(step)
     made = {o: n for n in step.graph.node for o in n.output}
@@ -436,4 +436,30 @@ def test_wide_mlp_runs_the_silu_as_an_int16_table_bit_exact():
     ffn = model.hf.config.intermediate_size
     assert all(ly.output.dtype == "int16" for ly in got
                if isinstance(ly, Dense) and ly.output.shape[-1] == ffn)
-    assert not load("tiny", **BUCKETS).wide_mlp        # off unless asked
+    assert not load("tiny", wide_mlp=False, **BUCKETS).wide_mlp   # off when asked
+    assert not load("tiny", hw="cim-pcm", **BUCKETS).wide_mlp      # and on an analog part
+
+
+def test_wide_inputs_run_every_projection_on_byte_planes_bit_exact():
+    """``wide_inputs=True`` puts every linear layer's input but the head's on an int16
+    grid (``llm.residual.linear_inputs``): q/k/v, o, gate/up and down run as byte-plane
+    denses, the attention's output moves to o_proj as int16 (the permute room's ACC16
+    copy), and every launch stays bit-exact against the integer reference."""
+    from dsa_tvm.frontend.intake import load_onnx
+    from dsa_tvm.layers.ir import Dense
+    from dsa_tvm.llm.residual import linear_inputs
+    from dsa_tvm.llm.step import export_step
+
+    model = load("tiny", wide_inputs=True, **BUCKETS)
+    step = load_onnx(export_step(model.step_model, 1, 16)).model
+    readers = {n.input[0]: n for n in step.graph.node if n.op_type == "MatMul"}
+    inputs = linear_inputs(step)
+    assert len(inputs) == 4 * model.arch.layers            # norm x2, attention, product
+    assert all(readers[t].output[0] != "logits" for t in inputs)
+    gen = model.generate(PROMPT, max_new_tokens=3)
+    assert_steps_bit_exact(model, gen.ids[:1])
+    denses = [ly for crep in model.reports.values() for d in crep.regions
+              if d.target == "dsa" for ly in d.region.layers if isinstance(ly, Dense)]
+    vocab = model.arch.vocab
+    assert all(ly.planes for ly in denses if ly.output.shape[-1] != vocab)
+    assert not any(ly.planes for ly in denses if ly.output.shape[-1] == vocab)

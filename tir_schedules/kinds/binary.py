@@ -2,11 +2,11 @@
 broadcast: the product of two activations (``mul``: an SE channel gate, SiLU's
 ``x * sigmoid(x)``) and the broadcasting add (``add``: ``[N, C, 1, 1] + [N, C, H, W]``).
 
-Both operands are int8 tiles in the accumulator. The full operand ``a`` is
-``(n, hw, cb, block)``; ``b`` is ``(nb, hwb, cb, block)`` with ``nb`` in ``{n, 1}`` and
-``hwb`` in ``{hw, 1}``, so a broadcast is an ALU source stride of 0 along the pixel
-(or image) loop and its tile is one row per channel block: no data is repeated in
-DRAM or in the scratchpad. ``mul``: ``(a - za) * (b - zb) = (a - za) * b - zb * a +
+Both operands are int8 (a product's may be int16) tiles in the accumulator. The full
+operand ``a`` is ``(n, hw, cb, block)``; ``b`` is ``(nb, hwb, cb, block)`` with ``nb`` in
+``{n, 1}`` and ``hwb`` in ``{hw, 1}``, so a broadcast is an ALU source stride of 0 along
+the pixel (or image) loop and its tile is one row per channel block: no data is
+repeated in DRAM or in the scratchpad. ``mul``: ``(a - za) * (b - zb) = (a - za) * b - zb * a +
 za * zb`` as SUB (immediate), MUL (tensor), MAC (immediate), the constant ``za * zb``
 in the REQUANT bias (no temporary tile; a zero point of 0 drops its op). ``add``:
 ``a * am + b * bm`` (MUL, MAC immediates), zero points in the bias as in the
@@ -15,7 +15,8 @@ in the REQUANT bias (no temporary tile; a zero point of 0 drops its op). ``add``
 A product quantized to int16 (REQUANT's wide mode: the layer's clip is ``WIDE_CLIP``)
 is stored as int16 (ACC16); its int16 bytes count in the bounds and the estimate. A
 product's operands may be int16 too (ACC16 loads; an LLM's ``silu(gate) * up`` on int16
-grids): the ALU's lanes are int32, and two int16 codes' product fits them.
+grids): the ALU's lanes are int32 and hold two int16 codes' product (with zero points,
+the wrap-around is the reference's too).
 """
 
 from __future__ import annotations
