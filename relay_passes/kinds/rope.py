@@ -171,6 +171,10 @@ def _form(m: Match, cfg: HardwareConfig) -> str | None:
     if d % (2 * cfg.block_out):
         return (f"half a row ({d // 2} codes) is not a whole number of {cfg.block_out}-lane "
                 f"blocks (the half swap moves whole blocks)")
+    x = m.inputs[0].qp
+    if x.dtype == "int16" and int(x.zero_point[0]) != 0:
+        return (f"an int16 input with zero point {int(x.zero_point[0])} (its products with "
+                f"the tables stay within int32 at zero point 0 only)")
     if m.cos is None:
         return None   # runtime tables: the host packer checks their bound
     if not (np.isfinite(m.cos).all() and np.isfinite(m.sin).all()):
@@ -205,9 +209,10 @@ def _to_layer(m: Match, name: str, inputs: list[QTensor], output: QTensor) -> La
 
 KINDS = (Kind(
     "rope", 210, _variants, _read,
-    common_constraints(rescale_factors) + [
+    common_constraints(rescale_factors, wide_output=True, wide_inputs=True) + [
         Constraint("rope_form", "half the head width a multiple of `{cfg.block_out}`, finite "
                    "tables over positions x head width (or float32 region inputs of "
-                   "positions x head width, |entry| <= 1, checked by the host)", _form)],
+                   "positions x head width, |entry| <= 1, checked by the host); an int16 "
+                   "input with zero point 0", _form)],
     _to_layer, "Mul, Slice, Neg, Concat, Add (rotary position embedding, x*cos + "
     "rotate_half(x)*sin)", "relax.add"),)

@@ -45,6 +45,48 @@ def test_rope_bit_exact(preset, data):
     check(region([ly.input], [ly]), cfg, rng)
 
 
+@pytest.mark.parametrize("preset", PRESETS)
+@FEW
+@given(data=st.data())
+def test_int16_rope_bit_exact_and_close_to_float(preset, data):
+    """int16 codes in (zero point 0) and int16 or int8 out (an LLM's Q and K on int16
+    grids): the simulator against the integer reference, both ends of the code range, and
+    the integer result within two int16 output steps (one int8) of float RoPE on real
+    tables."""
+    cfg, draw = CFGS[preset], data.draw
+    rng = np.random.default_rng(draw(st.integers(0, 2**32 - 1)))
+    d = cfg.block_out * draw(st.sampled_from([2, 4]))
+    p = draw(st.integers(1, 12))
+    ang = np.arange(p)[:, None] * (1.0 / 10000 ** (np.arange(0, d, 2) / d))[None, :]
+    ang = np.concatenate([ang, ang], -1)
+    sign = np.concatenate([-np.ones(d // 2), np.ones(d // 2)])
+    cos, sin = np.round(np.cos(ang) * 2**FRAC), np.round(np.sin(ang) * sign * 2**FRAC)
+    out16 = draw(st.booleans())
+    sx = 1e-3
+    sy = sx * (1.0 if out16 else 300.0)
+    m, s = sem.quantize_multiplier(sx / (sy * 2**FRAC))
+    rq = L.Requant(np.array([m], np.int32), np.array([s], np.int32), 0,
+                   L.WIDE_CLIP if out16 else (-128, 127))
+    x = L.QTensor("x", (2, p, d), sx, 0, "int16")
+    y = L.QTensor("y", (2, p, d), sy, 0, "int16" if out16 else "int8")
+    ly = L.Rope("rope", x, y, cos.astype(np.int32), sin.astype(np.int32), rq)
+    assert lowering_supports(ly, cfg) is None
+    codes = rng.integers(-32768, 32768, (2, p, d)).astype(np.int16)
+    codes.reshape(-1)[:2] = (-32768, 32767)
+    got = check(region([x], [ly]), cfg, rng, xs={"x": codes})
+    assert got is not None
+    xf = codes.astype(np.float64) * sx
+    rot = np.concatenate([-xf[..., d // 2:], xf[..., :d // 2]], -1)
+    bound = 32767 if out16 else 127
+    want = np.clip(np.round((xf * np.cos(ang) + rot * np.sin(ang)) / sy), -bound - 1,
+                   bound)
+    # the tables' 2^-14 rounding on int16 codes: 2 x 32768 x 2^-15 = 2 int16 steps at most
+    assert np.abs(run_rope(ly, {"x": codes}).astype(np.float64) - want).max() <= (
+        2 if out16 else 1)
+    shifted = L.Rope("rope", L.QTensor("x", (2, p, d), sx, 3, "int16"), y, ly.cos, ly.sin, rq)
+    assert "zero point 3" in lowering_supports(shifted, cfg)
+
+
 def test_rope_matches_float_rotary_embedding():
     """Real tables (2^14 fixed point): the integer result within one output step of float
     ``x * cos + rotate_half(x) * sin`` on the dequantized codes."""

@@ -12,6 +12,10 @@ row's index mod ``P``) picks a row of each table. Per tile of whole position gro
    a whole number of blocks;
 4. ``REQUANT`` with per-lane parameters, then an ACC8 store.
 
+int16 codes (an LLM's Q or K on an int16 grid) load with ACC16 and an int16 result is
+REQUANT's wide mode and an ACC16 store. An int16 input needs zero point 0: then each
+product stays within 2^29 (|x| <= 2^15, |table| < 2^14) and their sum within int32.
+
 The tables and parameters load once; tiles alternate two halves of the accumulator when
 double-buffered (the next tile's codes load during this one's ALU work). The integer
 semantics are :class:`dsa_tvm.layers.ir.Rope`'s; :func:`run_rope` is the reference.
@@ -47,6 +51,8 @@ class RopeShape:
     zero_point: int      # the input's
     out_zp: int
     clip: tuple[int, int]
+    in_wide: bool = False      # int16 codes in (ACC16 loads)
+    out_wide: bool = False     # int16 codes out (REQUANT wide, ACC16 stores)
 
 
 @dataclass(frozen=True)
@@ -107,13 +113,16 @@ def emit_rope(b, cfg: HardwareConfig, s: RopeShape, k: RopeKnobs, regions: dict)
     b.load(Buffer.ACC, cos, b.addr(regions["cos"], Buffer.ACC), 1, tr)
     b.load(Buffer.ACC, sin, b.addr(regions["sin"], Buffer.ACC), 1, tr)
     tile = k.tile_groups * tr
-    x, y = b.addr(regions["x"], Buffer.ACC8), b.addr(regions["y"], Buffer.ACC8)
-    imm = sem.pack_requant_imm(s.out_zp, *s.clip)
+    xbuf = Buffer.ACC16 if s.in_wide else Buffer.ACC8
+    ybuf = Buffer.ACC16 if s.out_wide else Buffer.ACC8
+    x, y = b.addr(regions["x"], xbuf), b.addr(regions["y"], ybuf)
+    imm = (sem.pack_requant_imm(s.out_zp, wide=True) if s.out_wide
+           else sem.pack_requant_imm(s.out_zp, *s.clip))
     for t, (g0, g) in enumerate(_tiles(s, k)):
         xs = 3 * db + 2 * tr + (t % 2 if k.double_buffer else 0) * 2 * tile
         ys = xs + tile
         rows = g * tr
-        b.load(Buffer.ACC8, xs, x + g0 * tr, 1, rows, prefetch=k.double_buffer)
+        b.load(xbuf, xs, x + g0 * tr, 1, rows, prefetch=k.double_buffer)
         b.alu(AluOp.ADD, xs, xs, 0, [(rows, 1, 1, 0)], imm=-s.zero_point, use_imm=True)
         groups = (g, tr, tr, 0)
         b.alu(AluOp.MUL, ys, xs, cos, [groups, (tr, 1, 1, 1)])
@@ -122,7 +131,7 @@ def emit_rope(b, cfg: HardwareConfig, s: RopeShape, k: RopeKnobs, regions: dict)
         b.alu(AluOp.MAC, ys + half, xs, sin + half, per_half)
         b.alu(AluOp.REQUANT, ys, ys, par, [(g * s.positions, db, db, 0), (db, 1, 1, 3)],
               imm=imm)
-        b.store(Buffer.ACC8, ys, y + g0 * tr, 1, rows)
+        b.store(ybuf, ys, y + g0 * tr, 1, rows)
 
 
 @lru_cache(maxsize=256)
@@ -132,7 +141,8 @@ def estimate_rope_cycles(cfg: HardwareConfig, s: RopeShape, k: RopeKnobs) -> flo
     return emitted_cycles(cfg, emit_rope, s, k, {
         "params": ("const", (3 * s.blocks, s.block), "int32"),
         "cos": ("const", table, "int32"), "sin": ("const", table, "int32"),
-        "x": ("input", rows, "int8"), "y": ("output", rows, "int8")})
+        "x": ("input", rows, "int16" if s.in_wide else "int8"),
+        "y": ("output", rows, "int16" if s.out_wide else "int8")})
 
 
 # ----------------------------------------------------------------------------- layers
@@ -162,10 +172,16 @@ def rope_recipe(layer: Rope, cfg: HardwareConfig, consts: bool) -> Recipe:
     if d % (2 * block):
         raise UnsupportedLayer(f"{layer.name}: half a row ({d // 2} codes) is not a whole "
                                f"number of {block}-lane blocks (the half swap moves blocks)")
-    if not -128 <= layer.input.zero_point <= 127:
-        raise UnsupportedLayer(f"{layer.name}: input zero point {layer.input.zero_point}")
+    in_wide, out_wide = layer.input.dtype == "int16", layer.output.dtype == "int16"
+    if not -128 <= layer.input.zero_point <= 127 or (in_wide and layer.input.zero_point):
+        raise UnsupportedLayer(f"{layer.name}: input zero point {layer.input.zero_point} "
+                               f"({layer.input.dtype}; int16 codes need 0: their products "
+                               f"with the tables must stay within int32)")
+    if out_wide != layer.requant.wide:
+        raise UnsupportedLayer(f"{layer.name}: an {layer.output.dtype} output needs "
+                               f"{'the wide' if out_wide else 'an int8'} requantize clamp")
     s = RopeShape(elements(shape[:-2]), p, d // block, block, int(layer.input.zero_point),
-                  int(layer.requant.zero_point), tuple(layer.requant.clip))
+                  int(layer.requant.zero_point), tuple(layer.requant.clip), in_wide, out_wide)
     # runtime tables are region inputs the host packs as these same rows (rope_tables)
     ins = {"x": layer.input} | (dict(zip(("cos", "sin"), layer.tables)) if layer.tables else {})
     r = Recipe(KIND, s, ins)
