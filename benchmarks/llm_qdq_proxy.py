@@ -56,14 +56,15 @@ class QdqProxy(CompiledLLM):
     """A CompiledLLM whose quantized steps run in onnxruntime instead of on the DSA."""
 
     def __init__(self, *args, fp32: tuple[str, ...] = (), wide_extra: tuple[str, ...] = (),
-                 per_token: tuple[str, ...] = (), wide_inputs: tuple[str, ...] = (),
+                 per_token: tuple[str, ...] = (), input_patterns: tuple[str, ...] = (),
                  wide_outputs: tuple[str, ...] = (), down_planes: bool = False,
                  method: str = "minmax", weight_groups: int = 0, weight_min: bool = False,
                  head_bits: int | None = None, **kwargs):
         super().__init__(*args, **kwargs)
         self.method = method
         self.fp32_patterns, self.wide_extra, self.per_token = fp32, wide_extra, per_token
-        self.wide_inputs, self.wide_outputs = wide_inputs, wide_outputs
+        # (not ``wide_inputs``: CompiledLLM's flag of that name widens every linear input)
+        self.input_patterns, self.wide_outputs = input_patterns, wide_outputs
         self.down_planes = down_planes
         self.weight_groups, self.weight_min = weight_groups, weight_min
         self.head_bits = head_bits
@@ -82,9 +83,9 @@ class QdqProxy(CompiledLLM):
         if missing:
             raise SystemExit(f"--wide-extra names no tensor of the step: {missing}")
         inputs = {n.input[0] for n in step.graph.node
-                  if any(re.search(p, n.name) for p in self.wide_inputs)}
-        if self.wide_inputs and not inputs:
-            raise SystemExit(f"--wide-inputs matches no node: {self.wide_inputs}")
+                  if any(re.search(p, n.name) for p in self.input_patterns)}
+        if self.input_patterns and not inputs:
+            raise SystemExit(f"--wide-inputs matches no node: {self.input_patterns}")
         outputs = {o for n in step.graph.node if any(re.search(p, n.name)
                                                       for p in self.wide_outputs)
                    for o in n.output} | {i.name for i in step.graph.input if any(
@@ -323,6 +324,9 @@ def main() -> None:
                     help="the logits on an int8 grid (the default: int16)")
     ap.add_argument("--narrow-attention", action="store_true",
                     help="the attention's probabilities on int8 grids (not int16)")
+    ap.add_argument("--narrow-mlp", action="store_true",
+                    help="the gated MLP's interior (gate, up, the SiLU) on int8 grids (the "
+                    "library's default since 2026-12-07: int16)")
     ap.add_argument("--narrow-down", action="store_true",
                     help="down_proj's input (the SiLU-gate product) on an int8 grid")
     ap.add_argument("--fp32", default="", type=regexes, help="comma-separated regexes of node names "
@@ -370,11 +374,11 @@ def main() -> None:
     ref = CompiledLLM(src, quant="fp32", **buckets)
     m = QdqProxy(src, quant=a.quant, smooth=smooth, wide_residual=not a.narrow,
                  wide_down=not a.narrow_down, wide_attention=not a.narrow_attention,
-                 wide_logits=not a.narrow_logits,
+                 wide_logits=not a.narrow_logits, wide_mlp=not a.narrow_mlp,
                  fp32=a.fp32,
                  wide_extra=tuple(filter(None, a.wide_extra.split(","))),
                  per_token=a.per_token,
-                 wide_inputs=a.wide_inputs,
+                 input_patterns=a.wide_inputs,
                  wide_outputs=a.wide_outputs,
                  down_planes=a.dsa_down_planes, method=a.method,
                  weight_groups=a.weight_groups, weight_min=a.weight_min,
@@ -388,7 +392,8 @@ def main() -> None:
     print(f"{a.quant} residual {'int8' if a.narrow else 'int16'} down_proj input "
           f"{'int8' if a.narrow_down else 'int16'} probabilities "
           f"{'int8' if a.narrow_attention else 'int16'} logits "
-          f"{'int8' if a.narrow_logits else 'int16'} smooth {smooth} "
+          f"{'int8' if a.narrow_logits else 'int16'} mlp {'int8' if a.narrow_mlp else 'int16'} "
+          f"smooth {smooth} "
           f"folds {m.smooth_folds} fp32 {','.join(a.fp32) or '-'} wide+ {a.wide_extra or '-'} "
           f"wide inputs {','.join(a.wide_inputs) or '-'} wide outputs {','.join(a.wide_outputs) or '-'} "
           f"per-token {','.join(a.per_token) or '-'} method {a.method}"
