@@ -6,7 +6,7 @@ int8 tensor ``x`` and scalar constants, inner quantize/dequantize pairs included
 function of the 256 codes of ``x`` (of the 65,536 codes of an int16 ``x`` quantized to
 int16: the same form with a 65,536-entry table, which the DSA interpolates from two
 256-entry ones, ``layers.wide_table``). :func:`table_chains` finds every maximal such chain,
-evaluates all of them on the 256 codes with TVM's own llvm build of the chain (one build
+evaluates all of them on every input code with TVM's own llvm build of the chain (one build
 for the whole module, so the table is the CPU path's result by construction, NaN and
 infinity included), and rewrites each into its canonical form::
 
@@ -14,8 +14,8 @@ infinity included), and rewrites each into its canonical form::
 
 ``T[i] = (t_i - z_out) * s_out`` holds the real value of output code ``t_i``; every step
 is exact (``(q - z) * s / s`` rounds back to ``q - z``, and so does quantizing ``T[i]``),
-so the rewritten graph computes the same codes on the CPU (int16: ``z + 32768``). The ``table`` front-end
-kind matches the canonical form and the DSA applies it with ALU LUT. Chains the rewrite
+so the rewritten graph computes the same codes on the CPU (int16: ``z + 32768``). The
+``table`` front-end kind matches the canonical form and the DSA applies it with ALU LUT. Chains the rewrite
 cannot keep exact (scales outside the normal float32 range) are left alone, each with
 the reason, in the module attribute ``SKIPPED_ATTR`` (the partition report's notes).
 """

@@ -463,3 +463,35 @@ def test_wide_inputs_run_every_projection_on_byte_planes_bit_exact():
     vocab = model.arch.vocab
     assert all(ly.planes for ly in denses if ly.output.shape[-1] != vocab)
     assert not any(ly.planes for ly in denses if ly.output.shape[-1] == vocab)
+
+
+def test_q_on_int16_runs_its_rotary_embedding_and_qk_on_the_dsa():
+    """Q on an int16 grid (q_proj's output, its head split, its rotary chain; not an option
+    yet, a study's widening): the rotary embedding reads and writes int16 (zero point 0),
+    QK^T runs on Q's byte planes, every step stays one region per chunk and bit-exact."""
+    import re
+
+    from dsa_tvm.layers.ir import Rope
+    from dsa_tvm.llm.model import CompiledLLM
+    from dsa_tvm.llm.source import TINY, Source, tiny_llama
+
+    names = (r"blocks\.[0-9]+/q_proj/MatMul$", r"blocks\.[0-9]+/(Reshape|Transpose)$", "rope_q/")
+
+    class WideQ(CompiledLLM):
+        def quantize_options(self, step):
+            opts = super().quantize_options(step)
+            q = {o for n in step.graph.node if any(re.search(p, n.name) for p in names)
+                 for o in n.output}
+            return {**opts, "wide_tensors": set(opts["wide_tensors"]) | q}
+
+    # head width 32: half a row is whole 16-lane blocks, so the rotary chain is the DSA's
+    model = WideQ(Source(TINY, tiny_llama(0, heads=2, kv_heads=1), None), **BUCKETS)
+    gen = model.generate(PROMPT, max_new_tokens=3)
+    assert_steps_bit_exact(model, gen.ids[:1])
+    regions = [d for crep in model.reports.values() for d in crep.regions]
+    assert all(d.target == "dsa" for d in regions)
+    ropes = [ly for d in regions for ly in d.region.layers if isinstance(ly, Rope)]
+    wide = [ly for ly in ropes if ly.input.dtype == "int16"]
+    # a decode step's Q in each layer (the names are the calibration step's, a decode one)
+    assert len(wide) >= model.arch.layers and len(wide) <= len(ropes) // 2
+    assert all(ly.output.dtype == "int16" and ly.input.zero_point == 0 for ly in wide)
