@@ -22,6 +22,8 @@ from dsa_tvm.isa.formats import DRAM_SIZE_BITS, EXTENT_BITS
 from dsa_tvm.isa.sync import insert_dependencies
 from dsa_tvm.sim.timing import schedule
 
+from .tiling import lowest_estimate
+
 #: the largest count a 16-bit DMA size or stride field holds
 MAX_DMA = (1 << DRAM_SIZE_BITS) - 1
 #: the most accumulator rows one tile of a staged room spans: one DMA transfer's size
@@ -56,6 +58,24 @@ def staged_rows_knobs(make, fits):
         if why is not None:
             raise ValueError(why)
         return k
+
+    return candidates, default
+
+
+def tiled_knobs(make, fits, estimate, most):
+    """(candidates, default) of a room whose knobs are a tile size and double buffering:
+    ``make(tile, double_buffer)``, tiles of :func:`tile_sizes` up to ``most(shape)``;
+    ``default`` is the candidate of the lowest ``estimate`` and raises ValueError with
+    ``fits``'s reason for a one-unit tile when none fits."""
+    def candidates(cfg: HardwareConfig, s) -> list:
+        return [k for db in (True, False) for t in tile_sizes(most(s))
+                for k in [make(t, db)] if fits(cfg, s, k) is None]
+
+    def default(cfg: HardwareConfig, s):
+        cands = candidates(cfg, s)
+        if not cands:
+            raise ValueError(fits(cfg, s, make(1, False)) or "no tile fits")
+        return lowest_estimate(cands, lambda k: estimate(cfg, s, k))
 
     return candidates, default
 

@@ -37,8 +37,8 @@ from dsa_tvm.layers.layouts import pack_output_stage
 from dsa_tvm.layers.reference import apply_requant, centered
 from dsa_tvm.layers.rope_tables import layer_tables
 
-from ..tiling import chunks, lowest_estimate
-from ..vector_unit import MAX_TILE_ROWS, emitted_cycles, tile_sizes
+from ..tiling import chunks
+from ..vector_unit import MAX_TILE_ROWS, emitted_cycles, tiled_knobs
 from .base import Kind, Recipe, UnsupportedLayer
 
 
@@ -81,18 +81,6 @@ def rope_fits(cfg: HardwareConfig, s: RopeShape, k: RopeKnobs) -> str | None:
         return (f"{need} accumulator rows (tables of {s.positions} positions and "
                 f"{k.tile_groups}-group tiles) exceed the {cfg.acc_depth}-row accumulator")
     return None
-
-
-def candidate_rope_knobs(cfg: HardwareConfig, s: RopeShape) -> list[RopeKnobs]:
-    return [k for db in (True, False) for g in tile_sizes(s.groups)
-            for k in [RopeKnobs(g, db)] if rope_fits(cfg, s, k) is None]
-
-
-def default_rope_knobs(cfg: HardwareConfig, s: RopeShape) -> RopeKnobs:
-    cands = candidate_rope_knobs(cfg, s)
-    if not cands:
-        raise ValueError(rope_fits(cfg, s, RopeKnobs(1, False)) or "no tile fits")
-    return lowest_estimate(cands, lambda k: estimate_rope_cycles(cfg, s, k))
 
 
 def _tiles(s: RopeShape, k: RopeKnobs) -> list[tuple[int, int]]:
@@ -143,6 +131,10 @@ def estimate_rope_cycles(cfg: HardwareConfig, s: RopeShape, k: RopeKnobs) -> flo
         "cos": ("const", table, "int32"), "sin": ("const", table, "int32"),
         "x": ("input", rows, "int16" if s.in_wide else "int8"),
         "y": ("output", rows, "int16" if s.out_wide else "int8")})
+
+
+candidate_rope_knobs, default_rope_knobs = tiled_knobs(
+    RopeKnobs, rope_fits, estimate_rope_cycles, lambda s: s.groups)
 
 
 # ----------------------------------------------------------------------------- layers

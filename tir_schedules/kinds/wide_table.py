@@ -31,8 +31,8 @@ from dsa_tvm.layers.checks import inputs_read, with_weights
 from dsa_tvm.layers.ir import WideTable
 from dsa_tvm.layers.layouts import image_dims, pack_output_stage, same_bytes
 
-from ..tiling import chunks, lowest_estimate
-from ..vector_unit import MAX_TILE_ROWS, emitted_cycles, tile_sizes
+from ..tiling import chunks
+from ..vector_unit import MAX_TILE_ROWS, emitted_cycles, tiled_knobs
 from .base import Kind, Recipe, UnsupportedLayer
 
 #: tiles of one accumulator-row buffer each: the codes (then lo), hi (then the slope), t
@@ -69,18 +69,6 @@ def wide_table_fits(cfg: HardwareConfig, s: WideTableShape, k: WideTableKnobs) -
     if need > cfg.acc_depth:
         return f"{need} accumulator rows exceed the {cfg.acc_depth}-row accumulator"
     return None
-
-
-def candidate_wide_table_knobs(cfg: HardwareConfig, s: WideTableShape) -> list[WideTableKnobs]:
-    return [k for db in (True, False) for t in tile_sizes(min(s.rows, MAX_TILE_ROWS))
-            for k in [WideTableKnobs(t, db)] if wide_table_fits(cfg, s, k) is None]
-
-
-def default_wide_table_knobs(cfg: HardwareConfig, s: WideTableShape) -> WideTableKnobs:
-    cands = candidate_wide_table_knobs(cfg, s)
-    if not cands:
-        raise ValueError(wide_table_fits(cfg, s, WideTableKnobs(1, False)) or "no tile fits")
-    return lowest_estimate(cands, lambda k: estimate_wide_table_cycles(cfg, s, k))
 
 
 def wide_table_instructions(cfg: HardwareConfig, s: WideTableShape, k: WideTableKnobs) -> int:
@@ -123,6 +111,11 @@ def estimate_wide_table_cycles(cfg: HardwareConfig, s: WideTableShape,
         "base": ("const", table, "int32"), "slope": ("const", table, "int32"),
         "x": ("input", (s.rows, s.block), "int16"),
         "y": ("output", (s.rows, s.block), "int16")})
+
+
+candidate_wide_table_knobs, default_wide_table_knobs = tiled_knobs(
+    WideTableKnobs, wide_table_fits, estimate_wide_table_cycles,
+    lambda s: min(s.rows, MAX_TILE_ROWS))
 
 
 # ----------------------------------------------------------------------------- layers
