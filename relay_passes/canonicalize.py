@@ -167,8 +167,8 @@ def _call_read(func: relax.Function) -> set[relax.Var]:
 
 def dedup_moves(mod: tvm.IRModule) -> tvm.IRModule:
     """A dequantize that only feeds the function's outputs (an LLM step's new V rows)
-    gets its own copy of the int8 move chain it reads when other readers share that chain
-    (the cache concat takes its copy in)."""
+    gets its own copy of the int8 (or int16) move chain it reads when other readers share
+    that chain (the cache concat takes its copy in)."""
     for gv, func in list(mod.functions.items()):
         if not isinstance(func, relax.Function):
             continue
@@ -179,7 +179,7 @@ def dedup_moves(mod: tvm.IRModule) -> tvm.IRModule:
                    and isinstance(val.args[0], relax.Var)
                    and counts.get(val.args[0], 0) > 1
                    and any(_is_op(var2val.get(val.args[0]), m) for m in _MOVES)
-                   and str(val.args[0].ty.dtype) == "int8"]
+                   and str(val.args[0].ty.dtype) in ("int8", "int16")]
         if targets:
             new = _DedupMoves(mod, targets, var2val).visit_expr(func)
             mod[gv] = relax.analysis.remove_all_unused(new)

@@ -12,6 +12,8 @@ table so the runtime repeats it exactly:
   input row (``<name>#rowsum``): ``-zp_b * sum_k a``;
 * ``rope_table``: a float rotary table (an LLM step's ``cos``/``sin``) as the ``rope``
   room's int32 fixed-point rows, its bound checked (``layers.rope_tables``);
+* ``planes``: an int16 KV cache as its two int8 byte planes, each packed by its own note
+  (``lowering.cache_planes``);
 * ``weight_tiles``: an on-device matmul's second operand as its weight tiles, with the
   column sums ``column_sums * sum_k b`` (``<name>#colsum``) when the first operand has a
   zero point (what the region's movement would have made, ``lowering.host_tiles``); with
@@ -28,6 +30,7 @@ import numpy as np
 from ..isa import semantics as sem
 from .ir import moved
 from .layouts import im2col, pack_activation, pack_conv_weights, pack_output_stage
+from .reference import split_planes
 from .rope_tables import IO_KEY as ROPE_TABLE
 from .rope_tables import pack_table
 
@@ -37,6 +40,8 @@ ROWSUM = "#rowsum"
 COLSUM = "#colsum"
 #: a ``weight_tiles`` note's entry for a KV cache padded to its concat's joined shape
 APPEND = "append"
+#: an int16 input's note: its byte planes' names (hi, then lo) and their own notes
+PLANES = "planes"
 
 
 def batch_dims(shape: tuple[int, ...]) -> tuple[int, int, int]:
@@ -97,6 +102,12 @@ def pack_region_input(name: str, x: np.ndarray, io: dict, block_in: int,
     """The DRAM regions one region input fills, by region name."""
     if ROPE_TABLE in io:
         return {name: pack_table(name, x, io[ROPE_TABLE], block_out)}
+    if PLANES in io:
+        out = {}
+        for (plane, note), codes in zip(io[PLANES].items(), split_planes(x)):
+            out.update(pack_region_input(plane, codes.astype(np.int8), note, block_in,
+                                         block_out))
+        return out
     if "weight_tiles" in io:
         spec = io["weight_tiles"]
         b = x if APPEND not in spec else _padded(x, spec[APPEND])

@@ -46,7 +46,7 @@ def byte_planes(y: np.ndarray) -> np.ndarray:
     ``r`` becomes rows ``2r``, ``hi = clamp(rshift_round(y, 8), int8)``, and ``2r + 1``,
     ``lo = clamp(y - 256 hi, int8)`` (``y`` from 32640 up counts as 32639): what the
     softmax room's REQUANT (shift 8), MAC (-256) and CLIP compute."""
-    hi, lo = _split_planes(y)
+    hi, lo = split_planes(y)
     both = np.stack([hi, lo], axis=-2).astype(np.int8)     # (..., rows, 2, n)
     return both.reshape(y.shape[:-2] + (2 * y.shape[-2] if y.ndim > 1 else 2, y.shape[-1]))
 
@@ -54,11 +54,11 @@ def byte_planes(y: np.ndarray) -> np.ndarray:
 def stacked_byte_planes(y: np.ndarray) -> np.ndarray:
     """int16 codes ``y`` (..., M, n) as int8 byte planes stacked on the rows axis, (...,
     2M, n): the hi rows, then the lo rows (``layers.ir.BytePlanes``)."""
-    hi, lo = _split_planes(y)
+    hi, lo = split_planes(y)
     return np.concatenate([hi, lo], axis=-2).astype(np.int8)
 
 
-def _split_planes(y: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+def split_planes(y: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     """(hi, lo) of int16 codes, int64: ``hi = clamp(rshift_round(y, 8), int8)``,
     ``lo = clamp(y - 256 hi, int8)``."""
     y = np.asarray(y, np.int64)

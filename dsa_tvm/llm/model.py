@@ -173,7 +173,7 @@ class CompiledLLM:
                  wide_residual: bool = True, wide_down: bool | None = None,
                  wide_attention: bool = True, wide_logits: bool = True,
                  wide_mlp: bool | None = None, wide_inputs: bool = False,
-                 gptq: bool | None = None,
+                 wide_kv: bool = False, gptq: bool | None = None,
                  verbose: bool = False) -> None:
         from ..hw.config import load_config
 
@@ -232,6 +232,10 @@ class CompiledLLM:
         #: every linear layer's input (but the head's) on an int16 grid, each dense run as
         #: two int8 byte planes (``llm.residual.linear_inputs``): twice the array's work
         self.wide_inputs = bool(wide_inputs)
+        #: K and V with their cache on int16 grids (``llm.residual.kv_cache``): the host
+        #: keeps int16 codes, each attention matmul runs on two byte planes of its cache
+        #: (``lowering.cache_planes``), twice the cache's bytes a step
+        self.wide_kv = bool(wide_kv)
         #: the linear layers' weight codes rounded by GPTQ (``llm.gptq``) on pydoc's text;
         #: False: nearest, as the quantizer rounds. None: GPTQ for W4A8 only (at W8A8 it
         #: measured no gain on SmolLM2)
@@ -348,6 +352,7 @@ class CompiledLLM:
             attention_probabilities,
             gate_products,
             head_matmuls,
+            kv_cache,
             linear_inputs,
             logits,
             mlp_interior,
@@ -359,7 +364,8 @@ class CompiledLLM:
                 | (attention_probabilities(step) if self.wide_attention else set())
                 | (logits(step) if self.wide_logits else set())
                 | (mlp_interior(step) if self.wide_mlp else set())
-                | (linear_inputs(step) if self.wide_inputs else set()))
+                | (linear_inputs(step) if self.wide_inputs else set())
+                | (kv_cache(step) if self.wide_kv else set()))
         return dict(show_progress=False, quantize_norms=self.cfg.norm_units >= 1,
                     split_outliers=False, bias_correction=False,
                     weight_bits=QUANT_WEIGHT_BITS.get(self.quant, 8), wide_tensors=wide,

@@ -22,6 +22,9 @@ denses write int16 (REQUANT's wide mode), the SiLU runs as an interpolated int16
 (``layers.wide_table``) and the product reads int16 operands. Found by structure: the
 factors of each gate product.
 
+K and V with their cache (``kv_cache``) on int16 grids: the attention's second operands,
+which the compiler runs as two byte planes each; found by structure from the cache concat.
+
 The attention's probabilities (the softmax's output, P of P @ V) on their int8 grid, steps
 of 1/256, round a long row's small weights (near 1 / context) to 0 or 1/256; an int16 grid
 there cuts the step's KL divergence by 29% on SmolLM2 (the proxy, docs/llm.md). The
@@ -108,6 +111,46 @@ def attention_probabilities(model: onnx.ModelProto) -> set[str]:
     made = {o: n for n in model.graph.node for o in n.output}
     return {n.input[0] for n in model.graph.node if n.op_type == "MatMul" and n.input
             and getattr(made.get(n.input[0]), "op_type", None) == "Softmax"}
+
+
+def kv_cache(model: onnx.ModelProto) -> set[str]:
+    """K and V with their cache: for each MatMul whose second operand is, through head
+    moves (Transpose, Reshape), a Concat of a graph input (the cache) and the new rows,
+    that operand, the moves, the concat, the cache input and the new rows back through
+    their head split and rotary chain to the projection's output. On int16 grids they take
+    the W8A8 step's KL divergence from FP32 a sixth lower on SmolLM2 (the proxy,
+    docs/llm.md); the attention runs each as two byte planes, the host keeping the cache's
+    int16 codes (``lowering.cache_planes``)."""
+    made = {o: n for n in model.graph.node for o in n.output}
+    graph_inputs = {i.name for i in model.graph.input}
+    out: set[str] = set()
+    for n in model.graph.node:
+        if n.op_type != "MatMul" or len(n.input) != 2:
+            continue
+        moves, t = set(), n.input[1]
+        while getattr(made.get(t), "op_type", None) in ("Transpose", "Reshape"):
+            moves.add(t)
+            t = made[t].input[0]
+        cat = made.get(t)
+        if cat is None or cat.op_type != "Concat" or len(cat.input) != 2 \
+                or cat.input[0] not in graph_inputs:
+            continue
+        out |= moves | {t, cat.input[0]} | _made_from_projection(made, cat.input[1])
+    return out
+
+
+def _made_from_projection(made: dict, t: str) -> set[str]:
+    """``t`` and the outputs of the nodes that make it from activations, back to a MatMul's
+    output (included; its inputs not): the new rows' head split and rotary chain."""
+    node = made.get(t)
+    if node is None or node.op_type == "Constant":
+        return set()
+    found = {t}
+    if node.op_type != "MatMul":
+        for i in node.input:
+            if i:
+                found |= _made_from_projection(made, i)
+    return found
 
 
 def linear_inputs(model: onnx.ModelProto) -> set[str]:

@@ -16,7 +16,7 @@ from bisect import bisect_right
 from collections import Counter
 
 from ..isa.instructions import Load
-from ..layers.ir import BatchMatmul, Concat, Permute, TilesAppend
+from ..layers.ir import Add, BatchMatmul, Concat, Permute, Rescale, TilesAppend
 from ..sim.timing import dma_bytes
 
 KINDS = ("weights", "kv", "activations")
@@ -29,9 +29,10 @@ def _base(name: str) -> str:
 
 def cache_operands(region) -> set[str]:
     """The region inputs its attention matmuls read as the cache side (operand ``b``),
-    back through the movements (Permute, Concat) that make that operand in the region."""
+    back through the movements (Permute, Concat) that make that operand in the region and
+    an int16 cache's byte-plane split (Rescale, Add: ``layers.plane_split``)."""
     made = {ly.output.name: ly for ly in region.layers
-            if isinstance(ly, (Permute, Concat, TilesAppend))}
+            if isinstance(ly, (Permute, Concat, TilesAppend, Rescale, Add))}
     todo = [_base(ly.b.name) for ly in region.layers if isinstance(ly, BatchMatmul)]
     out: set[str] = set()
     while todo:
@@ -46,6 +47,10 @@ def cache_operands(region) -> set[str]:
             todo.extend(_base(t.name) for t in ly.inputs)
         elif isinstance(ly, TilesAppend):
             todo.extend(_base(t.name) for t in (ly.cache, ly.input))
+        elif isinstance(ly, Rescale):
+            todo.append(_base(ly.input.name))
+        elif isinstance(ly, Add):
+            todo.extend(_base(t.name) for t in (ly.a, ly.b))
     return out
 
 

@@ -33,11 +33,12 @@ from ..isa.instructions import Sync
 from ..isa.program import Program
 from ..isa.sync import insert_dependencies
 from ..layers.checks import weight_bytes
-from ..layers.host_pack import COLSUM, PARAMS, ROWSUM, batch_dims
+from ..layers.host_pack import COLSUM, PARAMS, PLANES, ROWSUM, batch_dims
 from ..layers.ir import BatchMatmul, Layer, QTensor, Region, TilesAppend, layer_inputs
 from ..layers.layouts import blocked_shape, same_bytes
 from ..layers.rope_tables import IO_KEY as ROPE_TABLE
 from ..layers.rope_tables import io_entries as rope_table_entries
+from .cache_planes import cache_planes
 from .cache_tiles import cache_appends
 from .cache_tiles import io_entry as append_io_entry
 from .fold_input import fold_region_inputs
@@ -99,7 +100,13 @@ def compile_region(region: Region, cfg: HardwareConfig,
     io = {t.name: {"shape": list(t.shape), "scale": t.scale, "zero_point": t.zero_point,
                    **({} if t.dtype == "int8" else {"dtype": t.dtype})}
           for t in region.inputs + region.outputs}   # as the runtime sees them, before folding
+    inputs = [t.name for t in region.inputs]
     region, folded = fold_region_inputs(region, cfg)
+    region, planes = cache_planes(region)
+    for name, pair in planes.items():   # split by the host: the planes are its inputs
+        for t in pair:
+            io[t.name] = {"shape": list(t.shape), "scale": t.scale, "zero_point": 0}
+        io[name][PLANES] = {t.name: io[t.name] for t in pair}
     for name, note in rope_table_entries(region.layers).items():  # float, packed by the host
         io[name][ROPE_TABLE] = note
     region = cache_appends(region, cfg)
@@ -128,7 +135,7 @@ def compile_region(region: Region, cfg: HardwareConfig,
         return CompiledRegion(restamp(hit, cfg), [LayerPlan(ly, r.shape, knobs, seconds)
                                                   for ly, (r, knobs, seconds)
                                                   in zip(region.layers, chosen)])
-    out = _compile_chosen(region, io, folded, chosen, cfg)
+    out = _compile_chosen(region, inputs, io, folded, chosen, cfg)
     if key is not None:   # the program alone: its layers (weights) go with their report
         PROGRAMS.put(key, out.program)
     return out
@@ -151,9 +158,10 @@ def _cache_key(made_of: tuple, chosen: list, cfg: HardwareConfig) -> tuple | Non
             replace(current_options(), offload="faster"))
 
 
-def _compile_chosen(region: Region, io: dict, folded: dict, chosen: list,
-                    cfg: HardwareConfig) -> CompiledRegion:
-    """The program of a (folded) region whose layers' recipes and knobs are chosen."""
+def _compile_chosen(region: Region, inputs: list[str], io: dict, folded: dict,
+                    chosen: list, cfg: HardwareConfig) -> CompiledRegion:
+    """The program of a (folded) region whose layers' recipes and knobs are chosen;
+    ``inputs``: the tensors the runtime hands it (a cache's planes are the host's)."""
     block = cfg.block_in
     for name, spec in folded.items():
         io[name]["im2col"] = spec
@@ -234,14 +242,15 @@ def _compile_chosen(region: Region, io: dict, folded: dict, chosen: list,
                             "knobs": dict(knobs.__dict__)})
         plans.append(LayerPlan(layer, r.shape, knobs, time.perf_counter() - t0))
     b.finish()
+    made_by_host = {t.name for t in region.inputs} - set(inputs)   # noted in their cache's
     with paused_gc():
         b.instructions = insert_dependencies(b.instructions, cfg)
         prog = b.build()
     _renumber_layers(prog, layers_meta)
     prog.meta.update(
         kind="region", layers=layers_meta, hardware=cfg.as_dict(),
-        io=io,
-        inputs=[t.name for t in region.inputs], outputs=[t.name for t in region.outputs])
+        io={k: v for k, v in io.items() if k in inputs or k not in made_by_host},
+        inputs=inputs, outputs=[t.name for t in region.outputs])
     pack_sparse_weights(prog, cfg)
     pack_int4_weights(prog, cfg)
     return CompiledRegion(prog, plans)

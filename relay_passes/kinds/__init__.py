@@ -30,6 +30,7 @@ from dsa_tvm.layers.layouts import rows_view
 
 from .common import Constraint, codegen_constraint
 from .match import LoweringError, Match, Reader, Root, shape_of
+from .matmul_planes import split_before_moves
 from .spec import Kind, PatternSpec
 
 
@@ -67,27 +68,36 @@ def layer_from_match(m: Match, name: str, inputs: list[QTensor], output: QTensor
             moved[i] = dst
     made = KINDS[m.kind].to_layer(m, name, moved, output)
     layers = list(made if isinstance(made, tuple) else (made,))
+    split, pre, layers = split_before_moves(pre, layers)
     tiled_as: dict[str, QTensor] = {}  # an on-device matmul's b: laid out as weight tiles
+    made_here = {ly.output.name for ly in layers}
+    late: dict[int, list[Permute]] = {}  # tiles of a b the kind makes: before its first reader
     for j, ly in enumerate(layers):    # once, however many matmuls read it (byte planes)
         if (isinstance(ly, BatchMatmul) and ly.on_device
                 and not any(p.output.name == ly.b.name for p in pre)):
             if ly.b.name not in tiled_as:
                 tiles = dataclasses.replace(ly.b, name=f"{ly.b.name}>{name}.tiles")
-                pre.append(Permute(f"{name}.tiles", rows_view(ly.b), tiles, tuple(ly.b.shape),
-                                   tuple(range(len(ly.b.shape)))))
+                nth = str(len(tiled_as) or "")   # a second operand per plane of an int16 b
+                move = Permute(f"{name}.tiles{nth}", rows_view(ly.b), tiles, tuple(ly.b.shape),
+                               tuple(range(len(ly.b.shape))))
+                (late.setdefault(j, []) if ly.b.name in made_here else pre).append(move)
                 tiled_as[ly.b.name] = tiles
             layers[j] = dataclasses.replace(ly, b=tiled_as[ly.b.name])
+    if not pre and not late:
+        return made
     # b's movement lays it out as weight tiles and, when a has a zero point, writes the
     # matmul's column correction -zp_a * sum_k b
     tiled = {ly.b.name: -ly.a.zero_point for ly in layers
              if isinstance(ly, BatchMatmul) and ly.on_device}
     views = {t.name: t for ly in layers for t in layer_inputs(ly)}
-    pre = [dataclasses.replace(p, output=views.get(p.output.name, p.output),
-                               weight_tiles=p.output.name in tiled,
-                               column_sums=tiled.get(p.output.name, 0)) for p in pre]
-    if not pre:
-        return made
-    return (*pre, *layers)
+
+    def placed(p: Permute) -> Permute:
+        return dataclasses.replace(p, output=views.get(p.output.name, p.output),
+                                   weight_tiles=p.output.name in tiled,
+                                   column_sums=tiled.get(p.output.name, 0))
+
+    return (*split, *map(placed, pre),
+            *(x for j, ly in enumerate(layers) for x in (*map(placed, late.get(j, ())), ly)))
 
 
 #: kind -> its constraints, in check order (the codegen's own check last).

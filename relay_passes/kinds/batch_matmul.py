@@ -9,8 +9,8 @@ made a Permute), and ``b`` is laid out as the array's weight tiles on the device
 never merges it with "dsa" layers, so both operands reach it from the host, which packs
 them (``dsa_tvm.layers.host_pack``) with the zero-point terms. REQUANT factor
 ``M = s_a * s_b / s_out``; the DSA sees (B, M, K) x (B, K, N), the leading dimensions
-flattened. An int16 first operand (attention's probabilities on an int16 grid) runs as two
-byte planes (``matmul_planes``), in the region only.
+flattened. One int16 operand (attention's probabilities, or K or V with their cache, on an
+int16 grid) runs as two byte planes (``matmul_planes``), in the region only.
 """
 
 from __future__ import annotations
@@ -26,7 +26,7 @@ from dsa_tvm.layers.ir import BatchMatmul, Layer, QTensor
 from .common import MAX_DMA, Constraint, common_constraints
 from .dense import MATMUL_DTYPE
 from .match import Match, Reader, Root, qtensor
-from .matmul_planes import matmul_plane_layers, planes_fit
+from .matmul_planes import double_plane_layers, matmul_plane_layers, planes_fit
 from .scales import clip_bounds, requant
 from .spec import HOST_PACKED, Kind, dq, moved, q
 
@@ -87,21 +87,24 @@ def _to_layer(m: Match, name: str, inputs: list[QTensor], output: QTensor
               ) -> Layer | tuple[Layer, ...]:
     a, b, y = (_batched(t) for t in (inputs[0], inputs[1], output))
     on_device = m.kind == "batch_matmul_fused"
-    if a.dtype == "int16":
-        return matmul_plane_layers(name, a, b, y, clip_bounds(m), on_device)
+    if a.dtype == b.dtype == "int16":
+        return double_plane_layers(name, a, b, y, clip_bounds(m), on_device)
+    if "int16" in (a.dtype, b.dtype):
+        side = "a" if a.dtype == "int16" else "b"
+        return matmul_plane_layers(name, a, b, y, clip_bounds(m), on_device, side)
     return BatchMatmul(name, a, b, y, requant(rescale_factors(m), m), on_device=on_device)
 
 
 def _wide_input(m: Match, cfg: HardwareConfig) -> str | None:
-    """An int16 first operand runs as two byte planes: zero point 0, an int8 second
-    operand, the planes' add factors within an int16 operand's bits."""
+    """An int16 operand runs as two byte planes (both int16: four plane products): zero
+    point 0, the planes' add factors within an int16 operand's bits."""
     a, b = m.inputs
-    if a.qp.dtype != "int16":
+    wide = [op for op in (a, b) if op.qp.dtype == "int16"]
+    if not wide:
         return None
-    if b.qp.dtype != "int8":
-        return f"both operands are {b.qp.dtype} (the byte planes take an int8 second operand)"
-    if int(a.qp.zero_point[0]) != 0:
-        return f"an int16 first operand with zero point {int(a.qp.zero_point[0])} (the planes need 0)"
+    zps = [int(op.qp.zero_point[0]) for op in wide if int(op.qp.zero_point[0])]
+    if zps:
+        return f"an int16 operand with zero point {zps[0]} (the planes need 0)"
     ts = [qtensor(n, op.shape, op.qp) for n, op in (("a", a), ("b", b))]
     return planes_fit(*ts, qtensor("y", m.out_shape, m.out), clip_bounds(m))
 
@@ -115,8 +118,8 @@ KINDS = (
          common_constraints(rescale_factors, wide_output=True, wide_inputs=True) + [
              _SHAPES, MATMUL_DTYPE,
              Constraint("zero_points", "second operand has zero point 0", _zero_points),
-             Constraint("wide_input", "an int16 first operand: zero point 0, an int8 second, "
-                        "run as two int8 byte planes", _wide_input),
+             Constraint("wide_input", "int16 operands: zero point 0, run as int8 byte "
+                        "planes", _wide_input),
          ],
          _to_layer, "MatMul of two activations made in the region (zero points 0; "
          "head split/merge reshape and transpose taken in)", "relax.matmul"),

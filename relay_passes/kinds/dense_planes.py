@@ -37,13 +37,10 @@ from __future__ import annotations
 import numpy as np
 
 from dsa_tvm.isa import semantics as sem
-from dsa_tvm.layers.ir import Add, BytePlanes, Dense, Layer, QTensor, Requant, Rescale
+from dsa_tvm.layers.ir import BytePlanes, Dense, Layer, QTensor, Requant
 from dsa_tvm.layers.reference import PLANE_SHIFT
 
 from .add import WIDE_ADD_MULT_BITS
-
-#: the planes' split: hi carries the codes' top byte (``layers.reference.PLANE_SHIFT``)
-PLANE = 1 << PLANE_SHIFT
 
 
 def plane_lo_shift(weight: np.ndarray, bias: np.ndarray) -> int | None:
@@ -68,18 +65,6 @@ def join_fits(factors: tuple[float, float], y_scale: float) -> str | None:
         return (f"the byte planes' add factor {big:g} is not in (0, 2^{WIDE_ADD_MULT_BITS}) "
                 f"(output scale {y_scale:g})")
     return None
-
-
-def split_layers(name: str, x: QTensor) -> tuple[tuple[Layer, Layer], QTensor, QTensor]:
-    """``x = 256 hi + lo`` for int16 codes ``x`` (zero point 0): the Rescale making ``hi``
-    and the Add making ``lo``, and the two int8 planes (both carry ``x``'s label)."""
-    hi = QTensor(f"{name}/hi", x.shape, x.scale, 0)
-    lo = QTensor(f"{name}/lo", x.shape, x.scale, 0)
-    one = np.array([1], np.int32)
-    int8 = (sem.INT8_MIN, sem.INT8_MAX)
-    return (Rescale(f"{name}/hi", x, hi, Requant(one, np.array([PLANE_SHIFT], np.int32), 0, int8)),
-            Add(f"{name}/lo", x, hi, lo, 1, -PLANE, Requant(one, np.array([0], np.int32), 0,
-                                                            int8))), hi, lo
 
 
 def joined_bias(bias: np.ndarray, lo_shift: int) -> np.ndarray:

@@ -256,10 +256,12 @@ def _permute_layer(m: Match, name: str, inputs: list[QTensor], output: QTensor) 
     return Permute(name, rows_view(x), output, tuple(x.shape), perm)
 
 
-def _constraints(extra: Constraint) -> list[Constraint]:
+def _constraints(extra: Constraint, wide: bool = False) -> list[Constraint]:
+    """``wide``: int16 codes too (a copy of rows moves them as ACC16 lanes; the codegen
+    constraint refuses the forms that cannot)."""
     grid = Constraint("one_grid", "every input and the output share one scale and zero "
                       "point (a copy)", _same_grid)
-    return common_constraints(_one) + [extra, grid]
+    return common_constraints(_one, wide_output=wide, wide_inputs=wide) + [extra, grid]
 
 
 KINDS = (
@@ -267,13 +269,13 @@ KINDS = (
          _constraints(Constraint("concat_axis", "channel axis of 4-D NCHW tensors (every "
                                  "input but the last a multiple of `{cfg.block_out}` "
                                  "channels), or the second-to-last axis (rows: a KV cache)",
-                                 _concat_axis)),
+                                 _concat_axis), wide=True),
          _concat_layer, "Concat (channels or rows, 2-4 inputs, one scale)", "relax.concat"),
     Kind("slice", 205, _slice_variants, _read_slice,
          _constraints(Constraint("channel_slice", "a contiguous channel range of a 4-D NCHW "
                                  "tensor, begin a multiple of `{cfg.block_out}`, the end too "
                                  "unless it is the last channel; or a run of rows (the "
-                                 "second-to-last axis, step 1)", _slice_form)),
+                                 "second-to-last axis, step 1)", _slice_form), wide=True),
          _slice_layer, "Slice (channels, block-aligned, or rows; one scale)",
          "relax.strided_slice"),
     Kind("resize", 201, _resize_variants, _read_resize,

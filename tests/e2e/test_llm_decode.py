@@ -319,7 +319,7 @@ def test_residual_stream_is_int16_on_the_dsa(w8a8):
     assert "x" in stream and len(stream) == 1 + 2 * 2 * w8a8.arch.layers
     narrow = load("tiny", wide_residual=False, wide_down=False, wide_attention=False,
                   wide_logits=False, wide_mlp=False, **BUCKETS)
-    narrow.generate(PROMPT, max_new_tokens=1)
+    narrow.generate(PROMPT, max_new_tokens=2)
     assert not [ly for crep in narrow.reports.values() for d in crep.regions
                 if d.target == "dsa" for ly in d.region.layers
                 if getattr(getattr(ly, "output", None), "dtype", "int8") == "int16"]
@@ -355,7 +355,7 @@ def test_down_proj_reads_the_gate_product_on_int16(w8a8):
     assert w8a8.wide_down and not load("tiny", hw="cim-pcm", **BUCKETS).wide_down
     assert load("tiny", hw="cim-pcm", wide_down=True, **BUCKETS).wide_down
     narrow = load("tiny", wide_down=False, **BUCKETS)
-    narrow.generate(PROMPT, max_new_tokens=1)
+    narrow.generate(PROMPT, max_new_tokens=2)
     assert not [ly for ly in layers_of(narrow) if type(ly).__name__ == "Dense" and ly.planes]
     assert all(ly.output.dtype == "int8" for ly in layers_of(narrow)
                if type(ly).__name__ == "Mul")
@@ -463,6 +463,44 @@ def test_wide_inputs_run_every_projection_on_byte_planes_bit_exact():
     vocab = model.arch.vocab
     assert all(ly.planes for ly in denses if ly.output.shape[-1] != vocab)
     assert not any(ly.planes for ly in denses if ly.output.shape[-1] == vocab)
+
+
+def test_wide_kv_keeps_an_int16_cache_and_decodes_in_one_launch_bit_exact():
+    """``wide_kv=True`` puts K and V with their cache on int16 grids
+    (``llm.residual.kv_cache``): the host keeps int16 codes and hands each cache over as
+    two byte planes (``lowering.cache_planes``), a decode step splits only the new rows and
+    appends each plane's tiles in place, QK^T and P @ V run on the planes (P @ V's joined
+    with the softmax's own planes), one launch a step, every launch bit-exact."""
+    from dsa_tvm.layers.ir import BatchMatmul, TilesAppend
+    from dsa_tvm.llm.model import CompiledLLM
+    from dsa_tvm.llm.source import TINY, Source, tiny_llama
+
+    # head width 32: whole 16-lane blocks, so the rotary chain and the cache are the DSA's
+    model = CompiledLLM(Source(TINY, tiny_llama(0, heads=2, kv_heads=1), None), wide_kv=True,
+                        **BUCKETS)
+    gen = model.generate(PROMPT, max_new_tokens=3)
+    assert_steps_bit_exact(model, gen.ids[:1])
+    decode = model.reports[(1, BUCKETS["context_buckets"][0])]
+    (d,) = decode.regions
+    assert d.target == "dsa"
+    inputs = {t.name: t for t in d.region.inputs}
+    planes = {name: io for name, io in d.program.meta["io"].items() if "planes" in io}
+    assert len(planes) == 2 * model.arch.layers               # K and V of each layer
+    assert all(inputs[name].dtype == "int16" and inputs[name].zero_point == 0
+               for name in planes)
+    ops = [ly["op"] for ly in d.program.meta["layers"]]
+    assert ops.count("TilesAppend") == 4 * model.arch.layers and "Concat" not in ops
+    mms = [ly for ly in d.region.layers if isinstance(ly, BatchMatmul)]
+    assert sum(ly.planes for ly in mms) == 2 * model.arch.layers   # P @ V, a plane of V each
+    narrow = CompiledLLM(Source(TINY, tiny_llama(0, heads=2, kv_heads=1), None), **BUCKETS)
+    thin = narrow.generate(PROMPT, max_new_tokens=2)
+    (nd,) = narrow.reports[(1, BUCKETS["context_buckets"][0])].regions
+    assert not any("planes" in io for io in nd.program.meta["io"].values())
+    assert not any(isinstance(ly, TilesAppend) for ly in nd.region.layers)
+    # the first decode step reads twice the cache bytes, counted as the cache (llm.traffic)
+    wide_step, thin_step = (next(s for s in g.steps if s.kind == "decode") for g in (gen, thin))
+    assert wide_step.context == thin_step.context and thin_step.read_kv > 0
+    assert wide_step.read_kv == 2 * thin_step.read_kv
 
 
 def test_q_on_int16_runs_its_rotary_embedding_and_qk_on_the_dsa():
