@@ -86,9 +86,9 @@ def main() -> None:
     ap.add_argument("--wide-inputs", action="store_true",
                     help="every linear layer's input (but the head's) on an int16 grid, each "
                          "dense run as two byte planes")
-    ap.add_argument("--wide-kv", action="store_true",
-                    help="K and V with their cache on int16 grids (the host keeps int16 codes, "
-                         "the attention runs two byte planes of each)")
+    ap.add_argument("--wide-qkv", action="store_true",
+                    help="Q, K and V with their cache on int16 grids (the host keeps int16 "
+                         "codes, the attention runs byte planes of each)")
     ap.add_argument("--parts", default="accuracy,speed")
     ap.add_argument("--quants", default="w8a8,w4a8",
                     help="DSA quantizations, comma-separated (w8a8, w4a8, w4g32)")
@@ -132,8 +132,8 @@ def main() -> None:
         opts["wide_mlp"] = False
     if args.wide_inputs:
         opts["wide_inputs"] = True
-    if args.wide_kv:
-        opts["wide_kv"] = True
+    if args.wide_qkv:
+        opts["wide_qkv"] = True
     gptq = None if args.gptq is None else args.gptq == "on"
     models = {q: load(args.model, hw=args.hw, quant=q, verbose=True, **opts, **buckets,
                       **({"gptq": gptq} if gptq is not None and q == "w4a8" else {}))

@@ -38,7 +38,7 @@ from dsa_tvm.layers.layouts import same_bytes
 from .kinds import describe, layer_from_match
 from .kinds.dense import as_rows
 from .kinds.match import LoweringError, qtensor
-from .kinds.matmul_planes import fuse_softmax_planes
+from .kinds.matmul_planes import fuse_plane_matmuls
 
 
 def _bindings(body: relax.Expr) -> list[relax.Binding]:
@@ -51,7 +51,7 @@ def region_from_function(func: relax.Function, name: str,
                          cfg: HardwareConfig | None = None) -> Region:
     """The Region of a merged ``Codegen="dsa"`` function (layers in topological order);
     with ``cfg``, layers that hardware runs better fused are fused (a softmax and the
-    byte planes of the matmul it feeds: ``matmul_planes.fuse_softmax_planes``)."""
+    byte planes of the matmul it feeds: ``matmul_planes.fuse_plane_matmuls``)."""
     names: dict[relax.Var, str] = {}
     used: set[str] = set()
 
@@ -112,7 +112,7 @@ def region_from_function(func: relax.Function, name: str,
         outs.append(tensors[tname(r)])
     layers = _row_views(_height1_views(layers), name)
     if cfg is not None:
-        layers = fuse_softmax_planes(layers, {t.name for t in outs}, cfg)
+        layers = fuse_plane_matmuls(layers, {t.name for t in outs}, cfg)
     inputs = {t.name: t for ly in layers for t in layer_inputs(ly) if t.name in params}
     tensors = {ly.output.name: ly.output for ly in layers}
     outs = [tensors[t.name] for t in outs]

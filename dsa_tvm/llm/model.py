@@ -173,7 +173,7 @@ class CompiledLLM:
                  wide_residual: bool = True, wide_down: bool | None = None,
                  wide_attention: bool = True, wide_logits: bool = True,
                  wide_mlp: bool | None = None, wide_inputs: bool = False,
-                 wide_kv: bool = False, gptq: bool | None = None,
+                 wide_qkv: bool = False, gptq: bool | None = None,
                  verbose: bool = False) -> None:
         from ..hw.config import load_config
 
@@ -232,10 +232,10 @@ class CompiledLLM:
         #: every linear layer's input (but the head's) on an int16 grid, each dense run as
         #: two int8 byte planes (``llm.residual.linear_inputs``): twice the array's work
         self.wide_inputs = bool(wide_inputs)
-        #: K and V with their cache on int16 grids (``llm.residual.kv_cache``): the host
-        #: keeps int16 codes, each attention matmul runs on two byte planes of its cache
-        #: (``lowering.cache_planes``), twice the cache's bytes a step
-        self.wide_kv = bool(wide_kv)
+        #: Q, K and V with their cache on int16 grids (``llm.residual.attention_operands``):
+        #: the host keeps int16 codes, each attention matmul runs on two byte planes of its
+        #: cache (``lowering.cache_planes``), twice the cache's bytes a step
+        self.wide_qkv = bool(wide_qkv)
         #: the linear layers' weight codes rounded by GPTQ (``llm.gptq``) on pydoc's text;
         #: False: nearest, as the quantizer rounds. None: GPTQ for W4A8 only (at W8A8 it
         #: measured no gain on SmolLM2)
@@ -349,10 +349,10 @@ class CompiledLLM:
         (``step``: the calibration step as intake left it); a study overrides it to keep
         nodes FP32 or widen more tensors."""
         from .residual import (
+            attention_operands,
             attention_probabilities,
             gate_products,
             head_matmuls,
-            kv_cache,
             linear_inputs,
             logits,
             mlp_interior,
@@ -365,7 +365,7 @@ class CompiledLLM:
                 | (logits(step) if self.wide_logits else set())
                 | (mlp_interior(step) if self.wide_mlp else set())
                 | (linear_inputs(step) if self.wide_inputs else set())
-                | (kv_cache(step) if self.wide_kv else set()))
+                | (attention_operands(step) if self.wide_qkv else set()))
         return dict(show_progress=False, quantize_norms=self.cfg.norm_units >= 1,
                     split_outliers=False, bias_correction=False,
                     weight_bits=QUANT_WEIGHT_BITS.get(self.quant, 8), wide_tensors=wide,

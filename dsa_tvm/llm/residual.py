@@ -22,8 +22,8 @@ denses write int16 (REQUANT's wide mode), the SiLU runs as an interpolated int16
 (``layers.wide_table``) and the product reads int16 operands. Found by structure: the
 factors of each gate product.
 
-K and V with their cache (``kv_cache``) on int16 grids: the attention's second operands,
-which the compiler runs as two byte planes each; found by structure from the cache concat.
+Q, K and V with their cache (``attention_operands``) on int16 grids: the attention's
+operands, which the compiler runs as byte planes; found by structure from the cache concat.
 
 The attention's probabilities (the softmax's output, P of P @ V) on their int8 grid, steps
 of 1/256, round a long row's small weights (near 1 / context) to 0 or 1/256; an int16 grid
@@ -113,14 +113,14 @@ def attention_probabilities(model: onnx.ModelProto) -> set[str]:
             and getattr(made.get(n.input[0]), "op_type", None) == "Softmax"}
 
 
-def kv_cache(model: onnx.ModelProto) -> set[str]:
-    """K and V with their cache: for each MatMul whose second operand is, through head
+def attention_operands(model: onnx.ModelProto) -> set[str]:
+    """Q, K and V with their cache: for each MatMul whose second operand is, through head
     moves (Transpose, Reshape), a Concat of a graph input (the cache) and the new rows,
     that operand, the moves, the concat, the cache input and the new rows back through
-    their head split and rotary chain to the projection's output. On int16 grids they take
-    the W8A8 step's KL divergence from FP32 a sixth lower on SmolLM2 (the proxy,
-    docs/llm.md); the attention runs each as two byte planes, the host keeping the cache's
-    int16 codes (``lowering.cache_planes``)."""
+    their head split and rotary chain to the projection's output, and the first operand
+    (Q) back the same way. On int16 grids they take the W8A8 step's KL divergence from
+    FP32 a fifth lower on SmolLM2 (the proxy, docs/llm.md); the attention runs each as
+    byte planes, the host keeping the cache's int16 codes (``lowering.cache_planes``)."""
     made = {o: n for n in model.graph.node for o in n.output}
     graph_inputs = {i.name for i in model.graph.input}
     out: set[str] = set()
@@ -136,6 +136,8 @@ def kv_cache(model: onnx.ModelProto) -> set[str]:
                 or cat.input[0] not in graph_inputs:
             continue
         out |= moves | {t, cat.input[0]} | _made_from_projection(made, cat.input[1])
+        if getattr(made.get(n.input[0]), "op_type", None) != "Softmax":    # Q, not P
+            out |= _made_from_projection(made, n.input[0])
     return out
 
 

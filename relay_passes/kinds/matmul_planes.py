@@ -33,7 +33,7 @@ decode a second matmul reads ``b`` (the V cache) a second time. Every step is an
 existing layer, so the integer reference and the DSA agree by construction.
 
 When ``a`` is a softmax's in the same region, read by nothing else (attention's P @ V),
-:func:`fuse_softmax_planes` does better: the softmax writes the planes itself, rows
+:func:`fuse_plane_matmuls` does better: the softmax writes the planes itself, rows
 interleaved (``Softmax.planes``: the int16 codes never cross DRAM) and one batch matmul
 per second operand (or per plane of it) runs both against its tiles, read once, joining
 the sums exactly in int32 before its one requantize (``BatchMatmul.planes``): no plane
@@ -54,6 +54,7 @@ from dsa_tvm.layers.ir import (
     WIDE_CLIP,
     Add,
     BatchMatmul,
+    BytePlanes,
     Layer,
     Permute,
     QTensor,
@@ -169,7 +170,7 @@ def double_plane_layers(name: str, a: QTensor, b: QTensor, y: QTensor,
 def split_before_moves(moves: list[Permute], layers: list[Layer]
                        ) -> tuple[list[Layer], list[Permute], list[Layer]]:
     """``(split, moves, layers)``: each byte-plane split (``split_layers``: a Rescale making
-    ``hi`` and an Add making ``lo``) in ``layers`` of an int16 operand that one of
+    ``hi`` and an Add making ``lo``) in ``layers`` of an int16 second operand that one of
     ``moves`` made (a pattern's head split, K^T's transpose) done before that movement
     instead (``split``), each plane then moved by a copy of it: the planes move as int8
     codes (the weight tiles an on-device matmul reads are int8) and a cache concat before
@@ -191,6 +192,12 @@ def split_before_moves(moves: list[Permute], layers: list[Layer]
         if (len(lo) != 1 or not isinstance(lo[0], Add) or lo[0].a.name != p.output.name
                 or lo[0].b.name != hi.output.name):
             continue
+        users = [ly for t in (hi.output, lo[0].output) for ly in readers.get(t.name, ())
+                 if ly is not lo[0]]
+        if not all(isinstance(ly, BatchMatmul) and ly.b.name in (hi.output.name,
+                                                                 lo[0].output.name)
+                   for ly in users):
+            continue      # a first operand's planes: no tiles to make, the split stays
         pair, hi0, lo0 = split_layers(f"{p.name}/planes", p.input)
         split += pair
         swap[p.name] = dataclasses.replace(p, name=f"{p.name}/hi", input=hi0, output=hi.output)
@@ -205,52 +212,70 @@ def split_before_moves(moves: list[Permute], layers: list[Layer]
     return split, moved, [ly for ly in layers if ly.name not in gone]
 
 
-def fuse_softmax_planes(layers: list[Layer], outputs: set[str],
-                        cfg: HardwareConfig) -> list[Layer]:
-    """``layers`` with each softmax -> byte-plane split -> pairs of plane matmuls -> joining
-    adds (:func:`matmul_plane_layers` on a softmax's output, or
-    :func:`double_plane_layers`' pair per plane of ``b``) replaced by a softmax writing the
-    planes and one planes batch matmul per pair, when no tensor between them is read
-    elsewhere or leaves the region (``outputs``), the joined sums fit int32 and ``cfg``
-    lowers them (the softmax's second staging tile must fit the accumulator)."""
+def fuse_plane_matmuls(layers: list[Layer], outputs: set[str],
+                       cfg: HardwareConfig) -> list[Layer]:
+    """``layers`` with each byte-plane split of an int16 first operand -> pairs of plane
+    matmuls -> joining adds (:func:`matmul_plane_layers`, or :func:`double_plane_layers`'
+    pair per plane of ``b``) replaced by the planes as interleaved rows and one planes
+    batch matmul per pair, joining the sums exactly in int32: a softmax's planes written
+    by the softmax itself (attention's P), any other operand's (Q on int16) by a
+    :class:`BytePlanes` and a move interleaving its rows. Only when no tensor between them
+    is read elsewhere or leaves the region (``outputs``), the joined sums fit int32 and
+    ``cfg`` lowers them (the softmax's second staging tile must fit the accumulator)."""
     readers: dict[str, list[Layer]] = {}
     for ly in layers:
         for t in layer_inputs(ly):
             readers.setdefault(t.name, []).append(ly)
-    swap: dict[str, Layer] = {}
+    made_by = {ly.output.name: ly for ly in layers}
+    swap: dict[str, tuple[Layer, ...]] = {}
     drop: set[str] = set()
-    for soft in layers:
-        if not isinstance(soft, Softmax) or soft.planes or soft.output.name in outputs:
+    for hi in layers:
+        x = hi.input if isinstance(hi, Rescale) else None
+        lo = [ly for ly in readers.get(x.name, ()) if ly is not hi] if x is not None else []
+        if len(lo) != 1 or not is_split(hi, lo[0]) or x.name in outputs:
             continue
-        p = soft.output
-        split = sorted(readers.get(p.name, []), key=lambda ly: not isinstance(ly, Rescale))
-        if len(split) != 2 or not is_split(*split):
-            continue
-        hi, lo = split
+        lo = lo[0]
         groups = _plane_pairs(hi, lo, readers, outputs)
-        if not groups or not all(_sums_fit(p, mm.b) for mm, _, _ in groups):
+        if not groups:
+            continue
+        soft = made_by.get(x.name)
+        fused_softmax = (isinstance(soft, Softmax) and not soft.planes
+                         and len(readers[x.name]) == 2)
+        if not all(_sums_fit(x, mm.b, fused_softmax) for mm, _, _ in groups):
             continue
         name = hi.name[:-len("/hi")] if hi.name.endswith("/hi") else hi.name
-        k = int(p.shape[-1])
-        rows = tuple(p.shape[:-2]) + (2 * int(p.shape[-2]), k)
-        planes = QTensor(f"{name}/planes", rows, p.scale, 0)
         a = groups[0][0].a                                # the matmul's (B, M, K) view
-        a2 = QTensor(planes.name, (a.shape[0], 2 * a.shape[1], k), p.scale, 0)
-        made = [dataclasses.replace(soft, output=planes, planes=True)]
+        bt, m, k = (int(d) for d in a.shape)
+        a2 = QTensor(f"{name}/planes", (bt, 2 * m, k), x.scale, 0)
+        if fused_softmax:
+            rows = tuple(x.shape[:-2]) + (2 * int(x.shape[-2]), k)
+            made: list[Layer] = [dataclasses.replace(soft, output=dataclasses.replace(
+                a2, shape=rows), planes=True)]
+        else:                     # stacked planes (hi rows, lo rows), then interleaved
+            stacked = QTensor(f"{name}/stacked", (bt, 2 * m, k), x.scale, 0)
+            made = [BytePlanes(stacked.name, dataclasses.replace(x, shape=(bt, m, k)),
+                               stacked),
+                    Permute(f"{name}/interleave", dataclasses.replace(stacked, shape=(
+                        bt * 2 * m, k)), a2, (bt, 2, m, k), (0, 2, 1, 3))]
         for mm, _, join in groups:
             y = join.output
-            mult, shift = sem.quantize_multipliers(np.array([p.scale * mm.b.scale / y.scale]))
+            mult, shift = sem.quantize_multipliers(np.array([x.scale * mm.b.scale / y.scale]))
             made.append(BatchMatmul(join.name, a2, mm.b, y,
                                     Requant(mult, shift, y.zero_point, join.requant.clip),
                                     on_device=True, planes=True))
         if lowering_supports(tuple(made), cfg) is not None:
             continue
-        swap[soft.name] = made[0]
-        for (mm, mm_lo, join), fused in zip(groups, made[1:]):
-            swap[join.name] = fused
+        planes = len(made) - len(groups)
+        if fused_softmax:
+            swap[soft.name] = tuple(made[:planes])
+        else:
+            swap[hi.name] = tuple(made[:planes])
+        for (mm, mm_lo, join), fused in zip(groups, made[planes:]):
+            swap[join.name] = (fused,)
             drop |= {mm.name, mm_lo.name}
-        drop |= {hi.name, lo.name}
-    return [swap.get(ly.name, ly) for ly in layers if ly.name not in drop]
+        drop |= {lo.name} | (set() if not fused_softmax else {hi.name})
+    return [out for ly in layers if ly.name not in drop or ly.name in swap
+            for out in swap.get(ly.name, (ly,))]
 
 
 def _plane_pairs(hi: Layer, lo: Layer, readers: dict[str, list[Layer]], outputs: set[str]
@@ -278,11 +303,14 @@ def _plane_pairs(hi: Layer, lo: Layer, readers: dict[str, list[Layer]], outputs:
     return out
 
 
-def _sums_fit(p: QTensor, b: QTensor) -> bool:
+def _sums_fit(x: QTensor, b: QTensor, softmax: bool) -> bool:
     """True if the planes' joined sums (and ``256 * sum(hi b)`` on the way) stay within
-    int32 for the softmax codes ``p``: non-negative, a row summing to at most ``1 / s_p``
-    plus half a code an element (rounding), no code above int16."""
-    k = int(p.shape[-1])
-    total = min(sem.INT16_MAX * k, 1.01 / p.scale + k)   # a row's codes, at most
-    # |256 sum(hi b)| <= 256 * 128 * sum(a / 256 + 1/2): the largest partial of the join
-    return _CODE * (total + _CODE * k) < 2 ** 31 and b.zero_point == 0
+    int32 for the int16 codes ``x`` against int8 codes ``b`` (zero point 0): a softmax's
+    codes are non-negative, a row summing to at most ``1 / s_x`` plus half a code an
+    element (rounding); any other's reach 32768."""
+    k = int(x.shape[-1])
+    if softmax:
+        total = min(sem.INT16_MAX * k, 1.01 / x.scale + k)   # a row's codes, at most
+        # |256 sum(hi b)| <= 256 * 128 * sum(a / 256 + 1/2): the largest partial of the join
+        return _CODE * (total + _CODE * k) < 2 ** 31 and b.zero_point == 0
+    return (PLANE + 1) * _CODE * _CODE * k < 2 ** 31 and b.zero_point == 0

@@ -21,12 +21,15 @@ from hypothesis import given  # noqa: E402
 from hypothesis import strategies as st  # noqa: E402
 
 from dsa_tvm.layers import ir as L  # noqa: E402
+from dsa_tvm.layers.ir import WIDE_CLIP  # noqa: E402
 from dsa_tvm.layers.plane_split import is_split, split_layers  # noqa: E402
 from dsa_tvm.layers.reference import split_planes  # noqa: E402
 from dsa_tvm.llm.traffic import program_reads  # noqa: E402
 from dsa_tvm.lowering.cache_planes import cache_planes  # noqa: E402
 from dsa_tvm.lowering.region import compile_region  # noqa: E402
 from relay_passes.kinds.matmul_planes import (  # noqa: E402
+    double_plane_layers,
+    fuse_plane_matmuls,
     matmul_plane_layers,
     split_before_moves,
 )
@@ -140,3 +143,52 @@ def test_what_is_not_a_cache_split_is_left_alone():
     assert cache_planes(kept) == (kept, {})
     narrow, _ = _decode_attention(1, cfg.block_in, 1, cfg.block_in, True, 2, 0)
     assert cache_planes(narrow) == (narrow, {})
+
+
+@pytest.mark.parametrize("preset", ["default", "large"])
+@FEW
+@given(heads=st.integers(1, 3), m=st.integers(1, 6), tiles=st.integers(1, 3),
+       seed=st.integers(0, 2**31 - 1))
+def test_int16_q_against_int16_k_joins_its_planes_in_one_matmul_per_k_plane(
+        preset, heads, m, tiles, seed):
+    """Q on int16 too (not a softmax's): its planes stacked (BytePlanes), interleaved by a
+    move, and joined exactly in each K plane's matmul (``fuse_plane_matmuls``): K's tiles
+    read once a plane, bit-exact against the unfused layers' reference."""
+    cfg = CFGS[preset]
+    width, n = cfg.block_in * 2, tiles * cfg.block_in
+    a = L.QTensor("q", (heads, m, width), 2.0 / 32767, 0, "int16")
+    b = L.QTensor("kt", (heads, width, n), S16, 0, "int16")
+    y = L.QTensor("y", (heads, m, n), 0.05, 0, "int16")
+    layers = list(double_plane_layers("qk", a, b, y, WIDE_CLIP, True))
+    tiles_of = {}
+    for ly in layers:     # each plane of K as weight tiles, once
+        if isinstance(ly, L.BatchMatmul) and ly.b.name not in tiles_of:
+            t = dataclasses.replace(ly.b, name=ly.b.name + ">tiles")
+            tiles_of[ly.b.name] = (L.Permute(f"tiles{len(tiles_of)}", ly.b, t,
+                                             tuple(ly.b.shape), (0, 1, 2), weight_tiles=True), t)
+    made = {ly.output.name for ly in layers}
+    body = []
+    for ly in layers:
+        if isinstance(ly, L.BatchMatmul):
+            perm, t = tiles_of[ly.b.name]
+            if perm not in body and ly.b.name in made:
+                body.append(perm)
+            ly = dataclasses.replace(ly, b=t)
+        body.append(ly)
+    fused = fuse_plane_matmuls(body, {y.name}, cfg)
+    kinds = [type(ly).__name__ for ly in fused]
+    assert kinds.count("BytePlanes") == 1 and kinds.count("BatchMatmul") == 2, kinds
+    assert all(ly.planes for ly in fused if isinstance(ly, L.BatchMatmul))
+    rng = np.random.default_rng(seed)
+    xs = {"q": _codes(a.shape, rng), "kt": _codes(b.shape, rng)}
+    reg = region([a, b], fused, [y])
+    res_fused = check(reg, cfg, rng, xs=xs)
+    unfused = run_region(region([a, b], body, [y]), xs)[y.name]
+    exact = (xs["q"].astype(np.float64) @ xs["kt"].astype(np.float64)) * a.scale * b.scale
+    want = np.clip(np.round(exact / y.scale), -32768, 32767)
+    got = run_region(reg, xs)[y.name]
+    # each K plane's product rounds once onto its grid (two int16 output steps: a grid
+    # spanning twice the range), then the join: within 3 steps, as the unfused planes
+    err, err_unfused = np.abs(got - want), np.abs(unfused - want)
+    assert err.max() <= 3 and err_unfused.max() <= 3, (err, err_unfused)
+    assert res_fused.cycles > 0

@@ -1,6 +1,6 @@
 """Attention's int16 probabilities as byte planes the softmax writes itself, joined in the
 batch matmul's accumulator (``Softmax.planes``, ``BatchMatmul.planes``, fused by
-``matmul_planes.fuse_softmax_planes``): bit-exact on every preset, exactly the int16
+``matmul_planes.fuse_plane_matmuls``): bit-exact on every preset, exactly the int16
 probabilities' product with V, V's tiles read once, the int16 codes never in DRAM."""
 
 from __future__ import annotations
@@ -16,7 +16,11 @@ from dsa_tvm.layers import ir as L
 from dsa_tvm.layers.reference import apply_requant, byte_planes, join_planes
 from dsa_tvm.lowering.region import lowering_supports
 from dsa_tvm.quant.api import SOFTMAX_OUT_WIDE
-from relay_passes.kinds.matmul_planes import _sums_fit, fuse_softmax_planes, matmul_plane_layers
+from relay_passes.kinds.matmul_planes import (
+    _sums_fit,
+    fuse_plane_matmuls,
+    matmul_plane_layers,
+)
 
 from .test_lowering import check, region
 from .test_norm_lowering import NORM_CFGS
@@ -90,7 +94,7 @@ def test_the_fused_planes_read_v_once_and_write_no_int16():
     assert cost["fused"][0] < cost["split"][0], cost
     assert cost["fused"][1] < cost["split"][1], cost
     # the split path's layers, fused, are the pair above
-    again = fuse_softmax_planes(list(split.layers), {mm.output.name}, cfg)
+    again = fuse_plane_matmuls(list(split.layers), {mm.output.name}, cfg)
     assert [type(ly).__name__ for ly in again] == ["Softmax", "Permute", "BatchMatmul"]
     assert again[0].planes and again[2].planes
 
@@ -105,15 +109,15 @@ def test_what_the_fusion_cannot_take_keeps_the_separate_planes():
     p = L.QTensor("p", (1, 2, 24), soft.output.scale, 0, "int16")
     layers = [L.Softmax("sm", soft.input, p, soft.params), tiles,
               *matmul_plane_layers("pv", p, mm.b, mm.output, mm.requant.clip, True)]
-    assert len(fuse_softmax_planes(layers, {mm.output.name}, cfg)) == 3
-    assert len(fuse_softmax_planes(layers, {mm.output.name, "p"}, cfg)) == len(layers)
-    assert _sums_fit(p, mm.b)
+    assert len(fuse_plane_matmuls(layers, {mm.output.name}, cfg)) == 3
+    assert len(fuse_plane_matmuls(layers, {mm.output.name, "p"}, cfg)) == len(layers)
+    assert _sums_fit(p, mm.b, True)
     tiny = L.QTensor("p", (1, 2, 70000), 1e-9, 0, "int16")
-    assert not _sums_fit(tiny, mm.b)
+    assert not _sums_fit(tiny, mm.b, True) and not _sums_fit(tiny, mm.b, False)
     long = _fused(3, 3, 2048, 64)          # edge: a 2048-code row's second tile does not fit
     soft, tiles, mm = long.layers
     p = L.QTensor("p", (3, 3, 2048), soft.output.scale, 0, "int16")
     layers = [L.Softmax("sm", soft.input, p, soft.params), tiles,
               *matmul_plane_layers("pv", p, mm.b, mm.output, mm.requant.clip, True)]
-    assert len(fuse_softmax_planes(layers, {mm.output.name}, NORM_CFGS["edge"])) == len(layers)
-    assert len(fuse_softmax_planes(layers, {mm.output.name}, cfg)) == 3
+    assert len(fuse_plane_matmuls(layers, {mm.output.name}, NORM_CFGS["edge"])) == len(layers)
+    assert len(fuse_plane_matmuls(layers, {mm.output.name}, cfg)) == 3

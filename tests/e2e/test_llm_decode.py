@@ -465,18 +465,19 @@ def test_wide_inputs_run_every_projection_on_byte_planes_bit_exact():
     assert not any(ly.planes for ly in denses if ly.output.shape[-1] == vocab)
 
 
-def test_wide_kv_keeps_an_int16_cache_and_decodes_in_one_launch_bit_exact():
-    """``wide_kv=True`` puts K and V with their cache on int16 grids
-    (``llm.residual.kv_cache``): the host keeps int16 codes and hands each cache over as
-    two byte planes (``lowering.cache_planes``), a decode step splits only the new rows and
-    appends each plane's tiles in place, QK^T and P @ V run on the planes (P @ V's joined
-    with the softmax's own planes), one launch a step, every launch bit-exact."""
+def test_wide_qkv_keeps_an_int16_cache_and_decodes_in_one_launch_bit_exact():
+    """``wide_qkv=True`` puts Q, K and V with their cache on int16 grids
+    (``llm.residual.attention_operands``): the host keeps int16 codes and hands each cache
+    over as two byte planes (``lowering.cache_planes``), a decode step splits only the new
+    rows and appends each plane's tiles in place, QK^T and P @ V run one planes matmul per
+    plane of the cache (Q's planes interleaved by a move, P's written by the softmax), one
+    launch a step, every launch bit-exact."""
     from dsa_tvm.layers.ir import BatchMatmul, TilesAppend
     from dsa_tvm.llm.model import CompiledLLM
     from dsa_tvm.llm.source import TINY, Source, tiny_llama
 
     # head width 32: whole 16-lane blocks, so the rotary chain and the cache are the DSA's
-    model = CompiledLLM(Source(TINY, tiny_llama(0, heads=2, kv_heads=1), None), wide_kv=True,
+    model = CompiledLLM(Source(TINY, tiny_llama(0, heads=2, kv_heads=1), None), wide_qkv=True,
                         **BUCKETS)
     gen = model.generate(PROMPT, max_new_tokens=3)
     assert_steps_bit_exact(model, gen.ids[:1])
@@ -491,16 +492,20 @@ def test_wide_kv_keeps_an_int16_cache_and_decodes_in_one_launch_bit_exact():
     ops = [ly["op"] for ly in d.program.meta["layers"]]
     assert ops.count("TilesAppend") == 4 * model.arch.layers and "Concat" not in ops
     mms = [ly for ly in d.region.layers if isinstance(ly, BatchMatmul)]
-    assert sum(ly.planes for ly in mms) == 2 * model.arch.layers   # P @ V, a plane of V each
+    assert len(mms) == 4 * model.arch.layers and all(ly.planes for ly in mms)
+    assert all(ly.input.dtype == "int16" for ly in d.region.layers if type(ly).__name__ == "Rope")
     narrow = CompiledLLM(Source(TINY, tiny_llama(0, heads=2, kv_heads=1), None), **BUCKETS)
     thin = narrow.generate(PROMPT, max_new_tokens=2)
     (nd,) = narrow.reports[(1, BUCKETS["context_buckets"][0])].regions
     assert not any("planes" in io for io in nd.program.meta["io"].values())
     assert not any(isinstance(ly, TilesAppend) for ly in nd.region.layers)
-    # the first decode step reads twice the cache bytes, counted as the cache (llm.traffic)
+    # a decode step reads each plane's tiles once, counted as the cache (llm.traffic): the
+    # cache's bytes doubled, less K's column sums (Q on int16 has zero point 0)
     wide_step, thin_step = (next(s for s in g.steps if s.kind == "decode") for g in (gen, thin))
-    assert wide_step.context == thin_step.context and thin_step.read_kv > 0
-    assert wide_step.read_kv == 2 * thin_step.read_kv
+    planes = sum(r.nbytes for r in d.program.regions if r.kind == "input"
+                 and r.name.endswith(("#hi", "#lo")))
+    assert wide_step.context == thin_step.context and wide_step.read_kv == planes
+    assert thin_step.read_kv < planes <= 2 * thin_step.read_kv
 
 
 def test_q_on_int16_runs_its_rotary_embedding_and_qk_on_the_dsa():
