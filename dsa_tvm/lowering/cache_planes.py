@@ -8,14 +8,16 @@ element-wise, so it commutes with the concat: the host, which holds the cache's 
 codes, splits them itself (``layers.reference.stacked_byte_planes``' arithmetic) and the
 region splits only the new rows. Each plane is then an int8 cache concat like any other,
 which :mod:`.cache_tiles` writes in place: the cache is read once a step, by the
-attention, its bytes doubled against an int8 cache.
+attention, its bytes doubled against an int8 cache. An int16 input that only a split
+reads (a prefill chunk's joined K or V, concatenated before the region) is split by the
+host the same way, so the host lays each plane out as weight tiles (:mod:`.host_tiles`).
 """
 
 from __future__ import annotations
 
 import dataclasses
 
-from ..layers.ir import Concat, Layer, QTensor, Region, layer_inputs
+from ..layers.ir import Concat, Layer, QTensor, Region, Rescale, layer_inputs
 from ..layers.plane_split import is_split, split_layers
 
 #: a plane input's name: the cache's, then this and the plane (``#hi``, ``#lo``); the
@@ -26,7 +28,8 @@ PLANE_TAG = "#"
 def cache_planes(region: Region) -> tuple[Region, dict[str, tuple[QTensor, QTensor]]]:
     """``region`` with each int16 cache concat whose output only a byte-plane split reads
     as a split of the new rows and one int8 concat per plane, the cache's planes region
-    inputs; and, by cache input name, its two plane inputs (hi, lo) the host makes."""
+    inputs, and each int16 input only a split reads as its planes; and, by input name,
+    its two plane inputs (hi, lo) the host makes."""
     inputs = {t.name for t in region.inputs}
     outputs = {t.name for t in region.outputs}
     readers: dict[str, list[Layer]] = {}
@@ -59,6 +62,17 @@ def cache_planes(region: Region) -> tuple[Region, dict[str, tuple[QTensor, QTens
                                dataclasses.replace(lo.output, shape=joined), c.axis))
         gone |= {hi.name, lo.name}
         planes[cache.name] = (cache_hi, cache_lo)
+    for hi in region.layers:       # an int16 input only a split reads (a prefill's K, V)
+        x = hi.input if isinstance(hi, Rescale) else None
+        if x is None or x.name not in inputs or x.name in outputs or x.name in planes:
+            continue
+        pair = readers.get(x.name, [])
+        lo = [ly for ly in pair if ly is not hi]
+        if (len(pair) != 2 or len(lo) != 1 or not is_split(hi, lo[0])
+                or {hi.output.name, lo[0].output.name} & outputs):
+            continue
+        gone |= {hi.name, lo[0].name}
+        planes[x.name] = (hi.output, lo[0].output)   # the host's planes, by their names
     if not planes:
         return region, {}
     layers = [out for ly in region.layers if ly.name not in gone

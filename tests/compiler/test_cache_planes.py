@@ -192,3 +192,23 @@ def test_int16_q_against_int16_k_joins_its_planes_in_one_matmul_per_k_plane(
     err, err_unfused = np.abs(got - want), np.abs(unfused - want)
     assert err.max() <= 3 and err_unfused.max() <= 3, (err, err_unfused)
     assert res_fused.cycles > 0
+
+
+@pytest.mark.parametrize("transposed", [True, False], ids=["K^T", "V"])
+def test_an_int16_operand_handed_over_whole_is_split_and_tiled_by_the_host(transposed):
+    """A prefill chunk's K or V, joined before the region: only the split reads the int16
+    input, so the host splits it and lays each plane out as weight tiles; the region
+    holds no split and no movement, bit-exact."""
+    cfg = CFGS["default"]
+    reg = _wide_attention(2, cfg.block_in, 5, cfg.block_in, transposed, 3, 0)
+    cat = reg.layers[0]
+    joined = dataclasses.replace(cat.output, name="j")
+    whole = region([reg.inputs[0], joined], reg.layers[1:])
+    rng = np.random.default_rng(2)
+    xs = {"a": rng.integers(-128, 128, tuple(reg.inputs[0].shape), dtype=np.int8),
+          "j": _codes(tuple(joined.shape), rng)}
+    check(whole, cfg, rng, xs=xs)
+    prog = compile_region(whole, cfg).program
+    ops = [ly["op"] for ly in prog.meta["layers"]]
+    assert ops == ["BatchMatmul", "BatchMatmul", "Add"], ops
+    assert all("weight_tiles" in note for note in prog.meta["io"]["j"]["planes"].values())
