@@ -242,14 +242,14 @@ def _compile_chosen(region: Region, inputs: list[str], io: dict, folded: dict,
                             "knobs": dict(knobs.__dict__)})
         plans.append(LayerPlan(layer, r.shape, knobs, time.perf_counter() - t0))
     b.finish()
-    made_by_host = {t.name for t in region.inputs} - set(inputs)   # noted in their cache's
+    made_by_host = {t.name for t in region.inputs} - set(inputs)   # noted under their source
     with paused_gc():
         b.instructions = insert_dependencies(b.instructions, cfg)
         prog = b.build()
     _renumber_layers(prog, layers_meta)
     prog.meta.update(
         kind="region", layers=layers_meta, hardware=cfg.as_dict(),
-        io={k: v for k, v in io.items() if k in inputs or k not in made_by_host},
+        io={k: v for k, v in io.items() if k not in made_by_host},
         inputs=inputs, outputs=[t.name for t in region.outputs])
     pack_sparse_weights(prog, cfg)
     pack_int4_weights(prog, cfg)

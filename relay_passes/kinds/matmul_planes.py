@@ -99,9 +99,11 @@ def join_factors(a: QTensor, b: QTensor, y: QTensor, clip: tuple[int, int]
 
 def _both_grid(y: QTensor, clip: tuple[int, int]) -> float:
     """The step of each of :func:`double_plane_layers`' two partial products (one per plane
-    of ``b``): ``2 R`` over int16. The lo plane's share, at most ``128 s_b sum |a|``, is
-    far inside ``2 R`` when ``a`` is a softmax's (its row sums to 1, ``R`` is about ``b``'s
-    range, ``32767 s_b`` on an int16 ``b``)."""
+    of ``b``): ``2 R`` over int16. The lo plane's share, at most ``128 s_b sum |a|`` (a
+    256th of ``b``'s range times a row's ``sum |a|``), is far inside ``2 R``: for P a row
+    sums to 1 and ``R`` is about ``b``'s range; for Q ``sum |q| <= sqrt(d) |q|`` against
+    scores near ``|q| |k|``. Beyond it the share would saturate (a wrong score, never a
+    wrapped one)."""
     return max(2 * output_range(y, clip) / sem.INT16_MAX, 1e-30)
 
 
