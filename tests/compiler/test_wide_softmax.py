@@ -48,6 +48,18 @@ def _inputs(b: int, m: int, k: int, n: int, seed: int, spread: float = 2.0):
     return s, v
 
 
+def _bit_exact_and_near_ort(ex, rep, model, dims, seed: int, spread: float) -> None:
+    """One launch bit-exact against the integer reference, and within the float softmax's
+    reach of onnxruntime: the i-exp's error on the probabilities (a few 1e-3 at most,
+    times sum |v|) and the output's rounding; the planes themselves cost 1/256 of a step."""
+    s, v = _inputs(*dims, seed, spread)
+    got = _one_launch_bit_exact(ex, rep, s, v)
+    ref = _ort(model, s=s, v=v)
+    k = dims[2]
+    bound = V_STEP * 1.6 + 4e-3 * np.abs(v).max() + 1e-3 * np.abs(v).max() * min(k, 64) / 8
+    assert np.abs(got - ref).max() <= bound, (np.abs(got - ref).max(), bound)
+
+
 @settings(max_examples=8, deadline=None)
 @given(b=st.integers(1, 3), m=st.integers(1, 5), k=st.one_of(st.integers(1, 40),
                                                               st.integers(41, 600)),
@@ -64,13 +76,7 @@ def test_int16_probabilities_run_in_one_launch_as_byte_planes(b, m, k, n, seed, 
     soft, tiles, mm = layers
     assert soft.planes and soft.output.dtype == "int8" and mm.planes   # the fused planes
     assert soft.output.shape[-2] == 2 * m and mm.b.name == tiles.output.name
-    s, v = _inputs(b, m, k, n, seed, spread)
-    got = _one_launch_bit_exact(ex, rep, s, v)
-    ref = _ort(model, s=s, v=v)
-    # the i-exp's error on the probabilities (a few 1e-3 at most, times sum |v|) and the
-    # output's rounding; the planes themselves cost 1/256 of a step
-    bound = V_STEP * 1.6 + 4e-3 * np.abs(v).max() + 1e-3 * np.abs(v).max() * min(k, 64) / 8
-    assert np.abs(got - ref).max() <= bound, (np.abs(got - ref).max(), bound)
+    _bit_exact_and_near_ort(ex, rep, model, (b, m, k, n), seed, spread)
 
 
 def test_int16_probabilities_beat_int8_ones_against_the_float_softmax():
@@ -107,11 +113,7 @@ def test_int16_v_runs_its_planes_against_the_probabilities_planes(b, m, k, n, se
     kinds = [type(ly).__name__ for ly in layers]
     assert kinds.count("BatchMatmul") == 2 and kinds[0] == "Softmax", kinds
     assert layers[0].planes and all(ly.planes for ly in layers if isinstance(ly, BatchMatmul))
-    s, v = _inputs(b, m, k, n, seed, spread)
-    got = _one_launch_bit_exact(ex, rep, s, v)
-    ref = _ort(model, s=s, v=v)
-    bound = V_STEP * 1.6 + 4e-3 * np.abs(v).max() + 1e-3 * np.abs(v).max() * min(k, 64) / 8
-    assert np.abs(got - ref).max() <= bound, (np.abs(got - ref).max(), bound)
+    _bit_exact_and_near_ort(ex, rep, model, (b, m, k, n), seed, spread)
 
 
 def test_what_the_planes_cannot_take_stays_on_the_cpu():
