@@ -349,6 +349,16 @@ class Region:
         return out
 
 
+def reader_layers(layers: list[Layer]) -> dict[str, list[Layer]]:
+    """The layers that read each tensor (by name), in ``layers``' order: what a rewrite
+    that replaces a tensor must check (who else reads it) before it may."""
+    out: dict[str, list[Layer]] = {}
+    for ly in layers:
+        for t in layer_inputs(ly):
+            out.setdefault(t.name, []).append(ly)
+    return out
+
+
 def layer_inputs(layer: Layer) -> list[QTensor]:
     """The tensors a layer reads: its QTensor fields (and tuples of them) but ``output``,
     in field order."""

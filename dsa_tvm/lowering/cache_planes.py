@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import dataclasses
 
-from ..layers.ir import Concat, Layer, QTensor, Region, Rescale, layer_inputs
+from ..layers.ir import Concat, Layer, QTensor, Region, Rescale, reader_layers
 from ..layers.plane_split import is_split, split_layers
 
 #: a plane input's name: the cache's, then this and the plane (``#hi``, ``#lo``); the
@@ -32,10 +32,7 @@ def cache_planes(region: Region) -> tuple[Region, dict[str, tuple[QTensor, QTens
     its two plane inputs (hi, lo) the host makes."""
     inputs = {t.name for t in region.inputs}
     outputs = {t.name for t in region.outputs}
-    readers: dict[str, list[Layer]] = {}
-    for ly in region.layers:
-        for t in layer_inputs(ly):
-            readers.setdefault(t.name, []).append(ly)
+    readers = reader_layers(region.layers)
     swap: dict[str, tuple[Layer, ...]] = {}
     gone: set[str] = set()
     planes: dict[str, tuple[QTensor, QTensor]] = {}

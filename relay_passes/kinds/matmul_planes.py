@@ -61,7 +61,7 @@ from dsa_tvm.layers.ir import (
     Requant,
     Rescale,
     Softmax,
-    layer_inputs,
+    reader_layers,
 )
 from dsa_tvm.layers.plane_split import PLANE, is_split, split_layers
 from dsa_tvm.lowering.region import lowering_supports
@@ -179,10 +179,7 @@ def split_before_moves(moves: list[Permute], layers: list[Layer]
     the movement can split its new rows alone (``lowering.cache_planes``). Exact: the
     split is element-wise."""
     made = {p.output.name: p for p in moves}
-    readers: dict[str, list[Layer]] = {}
-    for ly in layers:
-        for t in layer_inputs(ly):
-            readers.setdefault(t.name, []).append(ly)
+    readers = reader_layers(layers)
     split: list[Layer] = []
     swap: dict[str, Permute] = {}
     gone: set[str] = set()
@@ -224,10 +221,7 @@ def fuse_plane_matmuls(layers: list[Layer], outputs: set[str],
     :class:`BytePlanes` and a move interleaving its rows. Only when no tensor between them
     is read elsewhere or leaves the region (``outputs``), the joined sums fit int32 and
     ``cfg`` lowers them (the softmax's second staging tile must fit the accumulator)."""
-    readers: dict[str, list[Layer]] = {}
-    for ly in layers:
-        for t in layer_inputs(ly):
-            readers.setdefault(t.name, []).append(ly)
+    readers = reader_layers(layers)
     made_by = {ly.output.name: ly for ly in layers}
     swap: dict[str, tuple[Layer, ...]] = {}
     drop: set[str] = set()
