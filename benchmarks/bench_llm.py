@@ -89,6 +89,9 @@ def main() -> None:
     ap.add_argument("--wide-qkv", action="store_true",
                     help="Q, K and V with their cache on int16 grids (the host keeps int16 "
                          "codes, the attention runs byte planes of each)")
+    ap.add_argument("--wide-mlp-inputs", action="store_true",
+                    help="the gate and up projections' input on an int16 grid (of the "
+                         "linear inputs, the one that moves the perplexity)")
     ap.add_argument("--parts", default="accuracy,speed")
     ap.add_argument("--quants", default="w8a8,w4a8",
                     help="DSA quantizations, comma-separated (w8a8, w4a8, w4g32)")
@@ -134,6 +137,8 @@ def main() -> None:
         opts["wide_inputs"] = True
     if args.wide_qkv:
         opts["wide_qkv"] = True
+    if args.wide_mlp_inputs:
+        opts["wide_mlp_inputs"] = True
     gptq = None if args.gptq is None else args.gptq == "on"
     models = {q: load(args.model, hw=args.hw, quant=q, verbose=True, **opts, **buckets,
                       **({"gptq": gptq} if gptq is not None and q == "w4a8" else {}))

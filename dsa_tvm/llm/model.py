@@ -173,7 +173,8 @@ class CompiledLLM:
                  wide_residual: bool = True, wide_down: bool | None = None,
                  wide_attention: bool = True, wide_logits: bool = True,
                  wide_mlp: bool | None = None, wide_inputs: bool = False,
-                 wide_qkv: bool = False, gptq: bool | None = None,
+                 wide_qkv: bool = False, wide_mlp_inputs: bool = False,
+                 gptq: bool | None = None,
                  verbose: bool = False) -> None:
         from ..hw.config import load_config
 
@@ -236,6 +237,10 @@ class CompiledLLM:
         #: the host keeps int16 codes, each attention matmul runs on two byte planes of its
         #: cache (``lowering.cache_planes``), twice the cache's bytes a step
         self.wide_qkv = bool(wide_qkv)
+        #: the gate and up projections' input on an int16 grid (``llm.residual.mlp_inputs``;
+        #: ``wide_inputs`` takes every linear input): of the linear inputs the one that
+        #: moves the perplexity; its two denses run as byte planes (twice their array work)
+        self.wide_mlp_inputs = bool(wide_mlp_inputs)
         #: the linear layers' weight codes rounded by GPTQ (``llm.gptq``) on pydoc's text;
         #: False: nearest, as the quantizer rounds. None: GPTQ for W4A8 only (at W8A8 it
         #: measured no gain on SmolLM2)
@@ -355,6 +360,7 @@ class CompiledLLM:
             head_matmuls,
             linear_inputs,
             logits,
+            mlp_inputs,
             mlp_interior,
             residual_stream,
         )
@@ -365,6 +371,7 @@ class CompiledLLM:
                 | (logits(step) if self.wide_logits else set())
                 | (mlp_interior(step) if self.wide_mlp else set())
                 | (linear_inputs(step) if self.wide_inputs else set())
+                | (mlp_inputs(step) if self.wide_mlp_inputs else set())
                 | (attention_operands(step) if self.wide_qkv else set()))
         return dict(show_progress=False, quantize_norms=self.cfg.norm_units >= 1,
                     split_outliers=False, bias_correction=False,

@@ -447,7 +447,7 @@ def test_wide_inputs_run_every_projection_on_byte_planes_bit_exact():
     copy), and every launch stays bit-exact against the integer reference."""
     from dsa_tvm.frontend.intake import load_onnx
     from dsa_tvm.layers.ir import Dense
-    from dsa_tvm.llm.residual import linear_inputs
+    from dsa_tvm.llm.residual import linear_inputs, mlp_inputs
     from dsa_tvm.llm.step import export_step
 
     model = load("tiny", wide_inputs=True, **BUCKETS)
@@ -463,6 +463,13 @@ def test_wide_inputs_run_every_projection_on_byte_planes_bit_exact():
     vocab = model.arch.vocab
     assert all(ly.planes for ly in denses if ly.output.shape[-1] != vocab)
     assert not any(ly.planes for ly in denses if ly.output.shape[-1] == vocab)
+    # wide_mlp_inputs widens only gate's and up's input (the one shared norm output)
+    only = mlp_inputs(step)
+    assert only <= inputs and len(only) == model.arch.layers
+    assert all(sorted(n.name.split("/")[-2] for n in step.graph.node if t in n.input)
+               == ["gate_proj", "up_proj"] for t in only)
+    wide = load("tiny", wide_mlp_inputs=True, **BUCKETS).quantize_options(step)["wide_tensors"]
+    assert wide - load("tiny", **BUCKETS).quantize_options(step)["wide_tensors"] == only
 
 
 def test_wide_qkv_keeps_an_int16_cache_and_decodes_in_one_launch_bit_exact():
