@@ -20,6 +20,7 @@ from hypothesis import strategies as st  # noqa: E402
 
 from dsa_tvm.layers import ir as L  # noqa: E402
 from dsa_tvm.llm.traffic import program_reads  # noqa: E402
+from dsa_tvm.lowering.cache_tiles import cache_appends  # noqa: E402
 from dsa_tvm.lowering.region import compile_region  # noqa: E402
 
 from .test_device_matmul import _requant, _sym  # noqa: E402
@@ -84,6 +85,34 @@ def test_cache_of_whole_tiles_is_appended_in_place(preset, transposed, heads, wi
     # blocks of a tile's rows, one row of sums a column block
     assert _stored(prog, cfg, "c") == appended * cfg.block_out
     assert _stored(prog, cfg, "c#colsum") == (heads * n_new if za else 0)
+
+
+@pytest.mark.parametrize("preset", ["default", "edge"])
+def test_v_tiles_are_transposed_in_chunks_bit_exact(preset):
+    """V's new tiles are transposed on the array in chunks of half a ring of slots (one
+    LOAD and one GEMM a chunk, the two halves alternating): a tile count that is no whole
+    number of chunks stays bit-exact, and the transpose does not pay two DRAM latencies a
+    tile (each tile's load, GEMM and store in turn, as before the ring)."""
+    from dsa_tvm.isa.instructions import Gemm
+    from tir_schedules.kinds.permute import TRANSPOSE_RING, permute_recipe, transpose_ring
+
+    cfg = CFGS[preset]
+    reg, _ = _decode_attention(3, 2 * cfg.block_in, 40, 2 * cfg.block_in, False, 4, 0)
+    res = check(reg, cfg, np.random.default_rng(0))
+    prog = compile_region(reg, cfg).program
+    (meta,) = [ly for ly in prog.meta["layers"] if ly["op"] == "TilesAppend"]
+    (append,) = [ly for ly in cache_appends(reg, cfg).layers if isinstance(ly, L.TilesAppend)]
+    shape = permute_recipe(append, cfg, False).shape
+    tiles = shape.transpose_tiles
+    assert tiles == 3 * 2 * -(-40 // cfg.block_in)     # heads x width blocks x new row tiles
+    ring = transpose_ring(cfg, shape)
+    assert ring == min(TRANSPOSE_RING, tiles) and tiles % (ring // 2)
+    chunked = [ins for ins in prog.instructions[meta["first"]:meta["last"] + 1]
+               if isinstance(ins, Gemm)]
+    assert len(chunked) == -(-tiles // (ring // 2))
+    assert sum(g.steps for g in chunked) == tiles * cfg.block_out
+    span = int(res.schedule.end[meta["last"]] - res.schedule.start[meta["first"]])
+    assert span < tiles * 2 * cfg.latency_cycles
 
 
 def _stored(prog, cfg, name: str) -> int:

@@ -290,21 +290,25 @@ def _ring(s: PermShape, k: PermKnobs) -> tuple[list, int, int]:
 def estimate_perm_cycles(cfg: HardwareConfig, s: PermShape, k: PermKnobs) -> float:
     """Every byte in and out at the DRAM bandwidth, a load's and a store's latency per
     ring of in-flight transfers (:func:`emit_perm`); a tile transpose adds its tiles'
-    loads, GEMM rows and stores."""
+    loads and stores or GEMM rows, whichever is longer, and two latencies per ring of
+    tiles (:func:`transpose_ring`)."""
     bw, lat = cfg.bandwidth_bytes_per_cycle, cfg.latency_cycles
     transfers, _, slots = _ring(s, k)
     rings = ceil_div(len(transfers), slots)
     lane = 2 if s.wide else 1
     dma = sum(2 * g * n * s.block * lane / bw for _, _, g, n, _ in transfers) + rings * 2 * lat
-    tile = cfg.wgt_tile_bytes / bw + s.block * s.block / bw + 2 * lat
+    tile = max(cfg.wgt_tile_bytes / bw + s.block * s.block / bw, s.block)
+    flips = (s.transpose_tiles * tile + _chunks(cfg, s) * (cfg.gemm_fill_drain_cycles + 2 * lat)
+             if s.transpose_tiles else 0)
     sums = s.sum_groups * (s.sum_tiles * (cfg.wgt_tile_bytes / bw + lat + 1
                                           + cfg.gemm_fill_drain_cycles)
                            + cfg.alu_latency_cycles + 4 * s.block / bw + lat)
-    return dma + s.transpose_tiles * (tile + s.block + cfg.gemm_fill_drain_cycles) + sums
+    return dma + flips + sums
 
 
 def perm_instructions(cfg: HardwareConfig, s: PermShape, k: PermKnobs) -> int:
-    return (2 * len(_ring(s, k)[0]) + (1 + 3 * s.transpose_tiles if s.transpose_tiles else 0)
+    flips = (1 + 2 * _chunks(cfg, s) + s.transpose_tiles) if s.transpose_tiles else 0
+    return (2 * len(_ring(s, k)[0]) + flips
             + (2 + s.sum_groups * (2 + 2 * s.sum_tiles) if s.sum_groups else 0))
 
 
@@ -327,17 +331,42 @@ def emit_perm(b, cfg: HardwareConfig, s: PermShape, k: PermKnobs, regions: dict)
         _emit_column_sums(b, s, regions)
 
 
+#: tiles a transpose keeps in flight: two halves of its ring of weight slots and
+#: accumulator tiles alternate, one transposing while the other loads and stores
+TRANSPOSE_RING = 16
+
+
+def transpose_ring(cfg: HardwareConfig, s: PermShape) -> int:
+    """Weight slots and accumulator tiles a tile transpose rotates through: up to
+    :data:`TRANSPOSE_RING`, leaving two accumulator rows for the column sums after it."""
+    room = min(cfg.wgt_depth, (cfg.acc_depth - 2) // s.block)
+    return max(1, min(TRANSPOSE_RING, s.transpose_tiles, room))
+
+
+def _chunks(cfg: HardwareConfig, s: PermShape) -> int:
+    """LOAD + GEMM pairs of a tile transpose: half its ring of tiles each."""
+    return ceil_div(s.transpose_tiles, max(1, transpose_ring(cfg, s) // 2))
+
+
 def _emit_tile_transpose(b, s: PermShape, regions: dict) -> None:
     """Each staged tile W through the array against identity rows: acc[m][o] = W[o][m],
-    the tile transposed; two weight slots and two accumulator tiles alternate."""
+    the tile transposed. The tiles go in chunks of half the ring
+    (:func:`transpose_ring`): one LOAD and one GEMM a chunk (the array's fill and drain
+    paid once), the two halves alternating so a chunk's transfers overlap the next
+    one's GEMM instead of each tile paying a DRAM latency in turn."""
     n = s.block
     t, y = regions["t"], regions["y"]
+    ring = transpose_ring(b.cfg, s)
+    half = max(1, ring // 2)
     b.load(Buffer.INP, 0, b.addr(regions["eye"], Buffer.INP), 1, n, n)
-    for i in range(s.transpose_tiles):
-        slot, acc = i % 2, (i % 2) * n
-        b.load(Buffer.WGT, slot, b.addr(t, Buffer.WGT) + i, 1, 1, 1)
-        b.gemm(acc, 0, slot, [(n, 1, 1, 0)], reset=True)
-        b.store(Buffer.ACC8, acc, b.addr(y, Buffer.ACC8) + _tile(s, i) * n, 1, n, n)
+    for c, i0 in enumerate(range(0, s.transpose_tiles, half)):
+        cnt = min(half, s.transpose_tiles - i0)
+        slot = (c % 2) * half if ring > 1 else 0
+        b.load(Buffer.WGT, slot, b.addr(t, Buffer.WGT) + i0, 1, cnt, cnt)
+        b.gemm(slot * n, 0, slot, [(cnt, n, 0, 1), (n, 1, 1, 0)], reset=True)
+        for j in range(cnt):
+            b.store(Buffer.ACC8, (slot + j) * n, b.addr(y, Buffer.ACC8) + _tile(s, i0 + j) * n,
+                    1, n, n)
 
 
 def _tile(s: PermShape, i: int) -> int:
@@ -350,7 +379,8 @@ def _emit_column_sums(b, s: PermShape, regions: dict) -> None:
     last one's padded lanes left out: they hold whatever the padding rows were filled
     with), times ``column_sums``, stored as one int32 row."""
     n = s.block
-    ones, acc0 = n, 2 * n  # after the transpose's identity rows and accumulator tiles
+    # after the transpose's identity rows and its ring of accumulator tiles
+    ones, acc0 = n, (transpose_ring(b.cfg, s) if s.transpose_tiles else 2) * n
     b.load(Buffer.INP, ones, b.addr(regions["ones"], Buffer.INP), 1, 2, 2)
     y, c = regions["y"], regions["c"]
     for g in range(s.sum_groups):
