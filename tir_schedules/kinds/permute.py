@@ -203,8 +203,11 @@ def _padded_block_map(x: tuple[int, ...], rows: np.ndarray, block: int) -> np.nd
     bm = np.zeros(len(rows), np.int64)
     bm[~whole] = blocks[:, 0]
     top = int(bx.max())
-    for j in np.flatnonzero(whole):  # padding: continue the run (any block will do)
-        bm[j] = min(bm[j - 1] + 1, top) if j else 0
+    # padding: continue the run (any block will do), from block 0 again past the last one,
+    # so padding rows stay runs of consecutive blocks (one transfer each run), not one
+    # transfer a row of the last block (a decode step's new V tiles: 15 of 16 rows)
+    for j in np.flatnonzero(whole):
+        bm[j] = bm[j - 1] + 1 if j and bm[j - 1] < top else 0
     return bm
 
 
