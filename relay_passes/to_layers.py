@@ -213,20 +213,29 @@ def _row_views(layers: list[Layer], region: str) -> list[Layer]:
             if not isinstance(ly, (Add, AddConst, Rescale, Table, WideTable)):
                 continue
             ts = layer_inputs(ly) + [ly.output]
-            if any(len(t.shape) == 4 for t in ts) and {t.name for t in ts} & rows:
-                if isinstance(ly, Rescale):
-                    rq = _per_tensor(ly.requant)
-                    if rq is None:  # per-channel over NCHW channels: no rows view of it
-                        continue
-                    ly = dataclasses.replace(ly, requant=rq)
-                if isinstance(ly, Add):
-                    out[i] = dataclasses.replace(ly, a=as_rows(ly.a), b=as_rows(ly.b),
-                                                 output=as_rows(ly.output))
-                else:
-                    out[i] = dataclasses.replace(ly, input=as_rows(ly.input),
-                                                 output=as_rows(ly.output))
-                rows |= {t.name for t in ts}
-                changed = True
+            names = {t.name for t in ts}
+            if not names & rows:
+                continue
+            if all(len(t.shape) != 4 for t in ts):
+                # already rows (a join of two byte planes' products): its output is rows
+                # for a 4-D reader too
+                if not names <= rows:
+                    rows |= names
+                    changed = True
+                continue
+            if isinstance(ly, Rescale):
+                rq = _per_tensor(ly.requant)
+                if rq is None:  # per-channel over NCHW channels: no rows view of it
+                    continue
+                ly = dataclasses.replace(ly, requant=rq)
+            if isinstance(ly, Add):
+                out[i] = dataclasses.replace(ly, a=as_rows(ly.a), b=as_rows(ly.b),
+                                             output=as_rows(ly.output))
+            else:
+                out[i] = dataclasses.replace(ly, input=as_rows(ly.input),
+                                             output=as_rows(ly.output))
+            rows |= names
+            changed = True
     out = _norm_views(out)
     seen: dict[str, tuple[tuple[int, ...], str]] = {}
     for ly in out:

@@ -140,3 +140,18 @@ def test_a_decode_step_is_one_launch_on_default():
             for n in model.arch.input_names(16)]
     with pytest.raises(Exception, match="rotary table 'sin' .* beyond the bound 1"):
         vm["main"](*args)
+
+
+def test_wide_qkv_on_edge_keeps_its_regions_on_the_dsa_bit_exact():
+    """On ``edge`` (no norm units) the softmax runs on the host and a table reads QK^T's
+    joined byte planes as a 4-D tensor: the join's output is rows, so the table reads it as
+    rows too. (It once made the attention's region fail to lower and run on the CPU: a
+    4-D view beside the join's 3-D rows.) The rotary chains stay on the DSA and every launch
+    is bit-exact."""
+    model = load("tiny", hw="edge", wide_qkv=True, **BUCKETS)
+    gen = model.generate(PROMPT, max_new_tokens=3)
+    assert_steps_bit_exact(model, gen.ids[:1])
+    decode = model.reports[(1, BUCKETS["context_buckets"][0])]
+    assert "lowering failed" not in str(decode), str(decode)
+    layers = [ly for d in decode.regions if d.target == "dsa" for ly in d.region.layers]
+    assert sum(isinstance(ly, Rope) for ly in layers) == 2 * model.arch.layers
