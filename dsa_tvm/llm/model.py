@@ -479,6 +479,7 @@ class CompiledLLM:
     def prefill(self, ids: list[int], kv: KVCache) -> tuple[np.ndarray, list[StepRecord]]:
         """Run ``ids`` into the cache: the sink token, then chunks of the largest prefill
         bucket; the logits of every token."""
+        ids = self.token_ids(ids)
         logits, recs = [], []
         if kv.length == 0 and ids:
             lg, rec = self.run_step(ids[:1], kv)

@@ -171,6 +171,7 @@ def test_w4g32_runs_every_projection_as_a_grouped_dense(w8a8):
     (lambda m: m.run_step([1, 2], m.new_cache()), "first token runs alone"),
     (lambda m: m.generate([5, 256], 2), r"not in 0\.\.255"),
     (lambda m: m.perplexity([-1, 3]), r"not in 0\.\.255"),
+    (lambda m: m.prefill([1, 2, 300], m.new_cache()), r"not in 0\.\.255"),
     (lambda m: m.generate(PROMPT, -1), "max_new_tokens"),
     (lambda m: m.generate("y" * 16, 60), "exceeds the largest bucket"),
 ])
