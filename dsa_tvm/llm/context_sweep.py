@@ -6,7 +6,8 @@ tokens are decoded on the DSA. A decode step's timing does not depend on the cac
 contents, only on the bucket; the fill makes the numbers come from a real cache anyway.
 The roofline of a token is the bytes it must read (every weight once, int8 or packed
 int4 with any per-group factors: ``CompiledLLM.dram_weight_bytes``; the K and V rows of
-the bucket's slots) over the DRAM bandwidth; its fraction is that time over the
+the bucket's slots, at two bytes a code for an int16 cache: ``dram_kv_bytes``) over the
+DRAM bandwidth; its fraction is that time over the
 simulated one.
 """
 
@@ -73,9 +74,9 @@ def decode_point(model, bucket: int, steps: int = STEPS) -> DecodePoint:
         logits, rec = model.run_step([tok], kv, "decode")
         recs.append(rec)
         tok = int(np.argmax(logits[-1]))
-    cfg, arch = model.cfg, model.arch
+    cfg = model.cfg
     cyc = float(np.mean([r.cycles for r in recs]))
-    must = model.dram_weight_bytes + arch.kv_bytes(bucket + 1)
+    must = model.dram_weight_bytes + model.dram_kv_bytes(bucket + 1)
     roof = must / cfg.bandwidth_bytes_per_cycle
     mean = {k: float(np.mean([getattr(r, k) for r in recs]))
             for k in ("read_weights", "read_kv", "read_activations", "host_us")}

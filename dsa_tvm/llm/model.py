@@ -326,6 +326,12 @@ class CompiledLLM:
         codes = (a.weight_bytes(8) - head) // (2 if packs else 1) + head
         return codes + 4 * (a.weight_bytes(8) // group)
 
+    def dram_kv_bytes(self, slots: int) -> int:
+        """KV-cache bytes one decode step must read for ``slots`` cache slots (the
+        roofline's): int8 codes, or two bytes a code when the cache is int16
+        (``wide_qkv``: the host hands it over as two byte planes)."""
+        return self.arch.kv_bytes(slots) * (2 if self.wide_qkv else 1)
+
     def on_hardware(self, hw: Any) -> "CompiledLLM":
         """This model compiled for other hardware ``hw``: the int8 calibration and the
         quantized step graphs are shared (a study of many descriptions quantizes once);

@@ -513,6 +513,9 @@ def test_wide_qkv_keeps_an_int16_cache_and_decodes_in_one_launch_bit_exact():
     planes = sum(r.nbytes for r in d.program.regions if r.kind == "input"
                  and r.name.endswith(("#hi", "#lo")))
     assert wide_step.context == thin_step.context and wide_step.read_kv == planes
+    # the roofline's must-read counts two bytes a code, never more than the step reads
+    slots = wide_step.bucket[1] + 1
+    assert model.dram_kv_bytes(slots) == 2 * narrow.dram_kv_bytes(slots) <= planes
     assert thin_step.read_kv < planes <= 2 * thin_step.read_kv
 
 
