@@ -88,6 +88,22 @@ def lowering_supports(layer: Layer, cfg: HardwareConfig) -> str | None:
     return None
 
 
+def layers_supported(layers: tuple[Layer, ...], inputs: list[QTensor], output: QTensor,
+                     cfg: HardwareConfig) -> str | None:
+    """None if a region of ``layers`` (reading ``inputs``, writing ``output``) lowers for
+    ``cfg``, else why not: each layer after the host-side rewrites
+    :func:`compile_region` makes first (an int16 input only a byte-plane split reads split
+    by the host, inputs the host lays out as weight tiles), so a movement the host does
+    in their place is not asked of the device."""
+    region, _ = cache_planes(Region("check", list(inputs), [output], list(layers)))
+    region = cache_appends(region, cfg)
+    tiled = host_tiled_inputs(region)
+    if tiled:
+        region = without_movements(region, tiled)
+    return next((why for why in (lowering_supports(ly, cfg) for ly in region.layers) if why),
+                None)
+
+
 KnobChooser = Callable[[HardwareConfig, object], object]
 
 

@@ -16,7 +16,7 @@ import numpy as np
 from dsa_tvm.hw.config import HardwareConfig
 from dsa_tvm.isa.formats import DRAM_SIZE_BITS, PAD_BITS
 from dsa_tvm.layers.ir import Layer, QTensor
-from dsa_tvm.lowering.region import lowering_supports
+from dsa_tvm.lowering.region import layers_supported, lowering_supports
 
 from .match import Match, qtensor
 
@@ -149,7 +149,11 @@ def codegen_constraint(to_layer: ToLayer) -> Constraint:
     def test(m: Match, cfg: HardwareConfig) -> str | None:
         ins = [qtensor(f"in{i}", op.source_shape or op.shape, op.qp)
                for i, op in enumerate(m.inputs)]
-        return lowering_supports(to_layer(m, "layer", ins, qtensor("out", m.out_shape, m.out)), cfg)
+        out = qtensor("out", m.out_shape, m.out)
+        made = to_layer(m, "layer", ins, out)
+        if not isinstance(made, tuple):
+            return lowering_supports(made, cfg)
+        return layers_supported(made, ins, made[-1].output, cfg)
 
     return Constraint("codegen", "the DSA codegen lowers the layer and a schedule fits the "
                       "scratchpads (`dsa_tvm.lowering.region.lowering_supports`)", test)

@@ -549,3 +549,32 @@ def test_q_on_int16_runs_its_rotary_embedding_and_qk_on_the_dsa():
     # a decode step's Q in each layer (the names are the calibration step's, a decode one)
     assert len(wide) >= model.arch.layers and len(wide) <= len(ropes) // 2
     assert all(ly.output.dtype == "int16" and ly.input.zero_point == 0 for ly in wide)
+
+
+def test_wide_qkv_prefill_keeps_the_attention_on_the_dsa_bit_exact():
+    """A prefill chunk's K^T arrives transposed from the host as a region input; with K on
+    int16 the host splits it into byte planes and lays each out as weight tiles
+    (``lowering.cache_planes``). The match's codegen check asks the same of the region
+    (``lowering.region.layers_supported``), so a joined length that is no whole number
+    of blocks (15 new rows + 16 cached) keeps the attention's matmuls on the DSA: with two
+    KV heads they once fell back to the CPU ("a weight tile row is not one input block's
+    lanes in order"). Every launch bit-exact."""
+    from dsa_tvm.llm.model import CompiledLLM
+    from dsa_tvm.llm.source import TINY, Source, tiny_llama
+
+    model = CompiledLLM(Source(TINY, tiny_llama(0, layers=1, hidden=128, heads=4, kv_heads=2,
+                                                ffn=64), None),
+                        wide_qkv=True, prefill_buckets=(15,), context_buckets=(16,))
+    kv = model.new_cache()
+    ids = model.token_ids((PROMPT + " ") * 2)[:16]
+    model.run_step(ids[:1], kv)
+    model.run_step(ids[1:], kv, "prefill")
+    rep = model.reports[(15, 16)]
+    assert not [line for line in str(rep).splitlines()
+                if line.strip().startswith("CPU") and "relax.matmul" in line], str(rep)
+    regions = {(rep.compile_id, d.name): d.region for d in rep.regions if d.target == "dsa"}
+    assert model.last_launches
+    for launch in model.last_launches:
+        want = run_region(regions[launch.compile_id, launch.program.name], launch.inputs)
+        for name, got in launch.outputs.items():
+            np.testing.assert_array_equal(got, want[name])
