@@ -34,7 +34,7 @@ from ..isa.program import Program
 from ..isa.sync import insert_dependencies
 from ..layers.checks import weight_bytes
 from ..layers.host_pack import COLSUM, PARAMS, PLANES, ROWSUM, batch_dims
-from ..layers.ir import BatchMatmul, Layer, QTensor, Region, TilesAppend, layer_inputs
+from ..layers.ir import BatchMatmul, Layer, Permute, QTensor, Region, TilesAppend, layer_inputs
 from ..layers.layouts import blocked_shape, same_bytes
 from ..layers.rope_tables import IO_KEY as ROPE_TABLE
 from ..layers.rope_tables import io_entries as rope_table_entries
@@ -88,18 +88,28 @@ def lowering_supports(layer: Layer, cfg: HardwareConfig) -> str | None:
     return None
 
 
-def layers_supported(layers: tuple[Layer, ...], inputs: list[QTensor], output: QTensor,
-                     cfg: HardwareConfig) -> str | None:
-    """None if a region of ``layers`` (reading ``inputs``, writing ``output``) lowers for
-    ``cfg``, else why not: each layer after the host-side rewrites
-    :func:`compile_region` makes first (an int16 input only a byte-plane split reads split
-    by the host, inputs the host lays out as weight tiles), so a movement the host does
-    in their place is not asked of the device."""
-    region, _ = cache_planes(Region("check", list(inputs), [output], list(layers)))
+def host_rewrites(region: Region, cfg: HardwareConfig
+                  ) -> tuple[Region, dict[str, tuple[QTensor, QTensor]], dict[str, Permute]]:
+    """``region`` after the rewrites that hand work to the host, with what they hand over:
+    int16 inputs only byte-plane splits read, split by the host (``cache_planes``: input
+    name -> its two planes); cache concats whose new tiles the region writes in place
+    (``cache_appends``: ``TilesAppend`` layers); inputs the host lays out as weight tiles
+    (``host_tiled_inputs``: input name -> the movement it does instead)."""
+    region, planes = cache_planes(region)
     region = cache_appends(region, cfg)
     tiled = host_tiled_inputs(region)
     if tiled:
         region = without_movements(region, tiled)
+    return region, planes, tiled
+
+
+def layers_supported(layers: tuple[Layer, ...], inputs: list[QTensor], output: QTensor,
+                     cfg: HardwareConfig) -> str | None:
+    """None if a region of ``layers`` (reading ``inputs``, writing ``output``) lowers for
+    ``cfg``, else why not: each layer after :func:`host_rewrites`, as
+    :func:`compile_region` lowers them, so a movement the host does in their place is not
+    asked of the device."""
+    region, _, _ = host_rewrites(Region("check", list(inputs), [output], list(layers)), cfg)
     return next((why for why in (lowering_supports(ly, cfg) for ly in region.layers) if why),
                 None)
 
@@ -118,22 +128,18 @@ def compile_region(region: Region, cfg: HardwareConfig,
           for t in region.inputs + region.outputs}   # as the runtime sees them, before folding
     inputs = [t.name for t in region.inputs]
     region, folded = fold_region_inputs(region, cfg)
-    region, planes = cache_planes(region)
+    region, planes, tiled = host_rewrites(region, cfg)
     for name, pair in planes.items():   # split by the host: the planes are its inputs
         for t in pair:
             io[t.name] = {"shape": list(t.shape), "scale": t.scale, "zero_point": 0}
         io[name][PLANES] = {t.name: io[t.name] for t in pair}
     for name, note in rope_table_entries(region.layers).items():  # float, packed by the host
         io[name][ROPE_TABLE] = note
-    region = cache_appends(region, cfg)
     for ly in region.layers:
         if isinstance(ly, TilesAppend):   # the host lays the cache out in the joined tiles
             io[ly.cache.name]["weight_tiles"] = append_io_entry(ly)
-    tiled = host_tiled_inputs(region)
-    if tiled:   # the host lays these inputs out as weight tiles: no movement in the region
-        region = without_movements(region, tiled)
-        for name, p in tiled.items():
-            io[name]["weight_tiles"] = io_entry(p)
+    for name, p in tiled.items():   # the host lays these inputs out as weight tiles
+        io[name]["weight_tiles"] = io_entry(p)
     chosen = []
     for layer in region.layers:
         t0 = time.perf_counter()
