@@ -9,6 +9,7 @@ each tensor one view (row views).
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Callable
 
 import numpy as np
 from tvm import relax
@@ -126,6 +127,16 @@ def _as_height1(t: QTensor) -> QTensor:
     return dataclasses.replace(t, shape=(t.shape[0], t.shape[1], 1, t.shape[2]))
 
 
+def _viewed(ly: Layer, view: Callable[[QTensor], QTensor]) -> Layer:
+    """An element-wise layer (Add, Concat, or one with ``input``) with ``view`` applied to
+    every tensor it reads and writes: the same elements in the same order, another shape."""
+    if isinstance(ly, Concat):
+        return dataclasses.replace(ly, inputs=tuple(map(view, ly.inputs)), output=view(ly.output))
+    if isinstance(ly, Add):
+        return dataclasses.replace(ly, a=view(ly.a), b=view(ly.b), output=view(ly.output))
+    return dataclasses.replace(ly, input=view(ly.input), output=view(ly.output))
+
+
 def _height1_views(layers: list[Layer]) -> list[Layer]:
     """A conv1d runs as a conv2d of height 1 and sees its (N, C, W) tensors as
     (N, C, 1, W) (the same bytes); element-wise layers (Add, Rescale) that touch such a
@@ -144,21 +155,14 @@ def _height1_views(layers: list[Layer]) -> list[Layer]:
             ts = layer_inputs(ly) + [ly.output]
             if not (all(len(t.shape) == 3 for t in ts) and {t.name for t in ts} & h1):
                 continue
-            if isinstance(ly, Concat):
-                out[i] = dataclasses.replace(ly, inputs=tuple(map(_as_height1, ly.inputs)),
-                                             output=_as_height1(ly.output))
-            elif isinstance(ly, Add):
-                out[i] = dataclasses.replace(ly, a=_as_height1(ly.a), b=_as_height1(ly.b),
-                                             output=_as_height1(ly.output))
-            else:
-                out[i] = dataclasses.replace(ly, input=_as_height1(ly.input),
-                                             output=_as_height1(ly.output))
+            out[i] = _viewed(ly, _as_height1)
             h1 |= {t.name for t in ts}
             changed = True
     return out
 
 
 _NORMS = (Softmax, LayerNorm, RMSNorm)
+
 
 
 def _per_tensor(rq):
@@ -228,12 +232,7 @@ def _row_views(layers: list[Layer], region: str) -> list[Layer]:
                 if rq is None:  # per-channel over NCHW channels: no rows view of it
                     continue
                 ly = dataclasses.replace(ly, requant=rq)
-            if isinstance(ly, Add):
-                out[i] = dataclasses.replace(ly, a=as_rows(ly.a), b=as_rows(ly.b),
-                                             output=as_rows(ly.output))
-            else:
-                out[i] = dataclasses.replace(ly, input=as_rows(ly.input),
-                                             output=as_rows(ly.output))
+            out[i] = _viewed(ly, as_rows)
             rows |= names
             changed = True
     out = _norm_views(out)
