@@ -248,12 +248,13 @@ def bf16_agreement(ref, args) -> None:
     rows = []
     for prompt in PROMPTS[:args.prompts]:
         want = ref.generate(prompt, args.tokens).ids
-        ids = torch.tensor([ref.source.encode(prompt)])
+        prompt_ids = ref.source.encode(prompt)
+        ids = torch.tensor([prompt_ids])
         with torch.no_grad():
             out = half.generate(ids, max_new_tokens=args.tokens, do_sample=False,
-                                attention_mask=torch.ones_like(ids))[0, ids.shape[1]:]
-            forced = half(torch.tensor([ref.source.encode(prompt) + want[:-1]])).logits[0]
-        picks = forced[ids.shape[1] - 1:].argmax(-1).tolist()
+                                attention_mask=torch.ones_like(ids))[0, len(prompt_ids):]
+            forced = half(torch.tensor([prompt_ids + want[:-1]])).logits[0]
+        picks = forced[len(prompt_ids) - 1:].argmax(-1).tolist()
         rows.append((agreement(out.tolist(), want)[0],
                      float(np.mean([a == b for a, b in zip(picks, want)]))))
     print(f"greedy agreement BF16 (transformers) vs FP32: {np.mean([r[0] for r in rows]):.1%} "
