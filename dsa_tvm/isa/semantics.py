@@ -53,12 +53,23 @@ def _requantize_folded(y: np.ndarray, s: np.ndarray, zero_point: int, lo: int,
                        hi: int) -> np.ndarray:
     """:func:`requantize` of the int64 products ``y`` (modified) in four passes: the rounding
     half and the zero point added in one (``floor(v / 2**s) + zp == floor((v + zp * 2**s)
-    / 2**s)``), the shift, the clamp against scalars (numpy's fast case), the cast."""
+    / 2**s)``), the shift, the clamp against scalars (the ufuncs themselves: ``np.clip``'s
+    wrapper costs more than the pass on a tile), the cast."""
     one = np.left_shift(np.int64(1), s)
     y += (one >> 1) + np.int64(zero_point) * one
     y >>= s
-    np.clip(y, lo, hi, out=y)
+    np.maximum(y, lo, out=y)
+    np.minimum(y, hi, out=y)
     return y.astype(np.int32)
+
+
+def output_stage_int32(acc: np.ndarray, bias: np.ndarray, mult: np.ndarray,
+                       shift: np.ndarray, zero_point: int, lo: int, hi: int) -> np.ndarray:
+    """:func:`output_stage` of int32 arrays whose shifts the caller has checked lie in
+    0..FOLD_SHIFT_MAX (the simulator's REQUANT: a tile is a few dozen lanes, where each
+    numpy call's overhead is the cost): the same passes without the general checks."""
+    y = np.multiply(np.add(acc, bias, dtype=np.int32), mult, dtype=np.int64)  # int32 wrap
+    return _requantize_folded(y, shift.astype(np.int64), zero_point, lo, hi)
 
 
 def requantize(acc: np.ndarray, mult: np.ndarray | int, shift: np.ndarray | int,

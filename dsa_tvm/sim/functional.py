@@ -19,6 +19,7 @@ multiplies every input by one shared weight matrix.
 from __future__ import annotations
 
 import bisect
+from functools import lru_cache
 from typing import TYPE_CHECKING
 
 import numpy as np
@@ -42,6 +43,9 @@ from ..isa.sparse_tiles import unpack_n_m
 from . import int8_gemm
 from .errors import SimulationError
 from .plans import alu_plan, gemm_plan
+
+#: a REQUANT immediate's (zero point, lo, hi), parsed once per distinct immediate
+requant_imm = lru_cache(maxsize=1024)(sem.split_requant_imm)
 
 if TYPE_CHECKING:
     from ..hw.config import HardwareConfig
@@ -472,11 +476,15 @@ class Machine:
                 b3 = self._param(b, 2)
         if op == AluOp.REQUANT:
             lo, hi = sem.REQUANT_SHIFT_RANGE
-            if b3.view(np.uint32).max() > hi:  # negative shifts are huge as unsigned
+            top = b3.view(np.uint32).max()       # negative shifts are huge as unsigned
+            if top > hi:
                 bad = (b3 < lo) | (b3 > hi)
                 first = b.start if isinstance(b, slice) else int(b[0])
                 raise SimulationError(i, f"REQUANT shift {int(b3[bad][0])} (accumulator row "
                                          f"{first + 2}...) is outside {lo}..{hi}")
+            if not period and top <= sem.FOLD_SHIFT_MAX:   # the common case, checked here
+                acc[:, d] = sem.output_stage_int32(av, bv, b2, b3, *requant_imm(ins.imm))
+                return
         if period:
             lanes = av.shape[-1]
             av = av.reshape(self.batch, -1, period, lanes)

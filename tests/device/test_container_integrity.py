@@ -116,6 +116,36 @@ def test_runtime_launch_refuses_a_corrupt_program_constant(matmul_blob):
         launch(tvm.runtime.tensor(bad))
 
 
+def test_runtime_finds_a_launched_program_tensor_by_its_memory(matmul_blob, monkeypatch):
+    """A program tensor launched before is found without reading its bytes again (an LLM's
+    decode program carries its weights; copying and hashing them each launch cost a fifth
+    of a simulated token's wall time). Other memory with the same bytes is read once and
+    finds the same program; a tensor whose first bytes (the checksum) changed in place is
+    read again, checked and refused."""
+    import tvm
+
+    from dsa_tvm import runtime
+
+    prog = Program.from_bytes(matmul_blob[0], CFG)
+    prog.meta["hardware"] = CFG.as_dict()             # what a compiled module's programs carry
+    blob = prog.to_bytes(CFG)
+    reads = []
+    get = runtime._programs.get
+    monkeypatch.setattr(runtime._programs, "get", lambda b: reads.append(len(b)) or get(b))
+    t = tvm.runtime.tensor(np.frombuffer(blob, np.uint8))
+    key, prog, _ = runtime._programs.get_tensor(t)
+    assert reads == [len(blob)] and prog.name
+    assert runtime._programs.get_tensor(t)[:2] == (key, prog) and len(reads) == 1
+    twin = tvm.runtime.tensor(np.frombuffer(blob, np.uint8))
+    assert runtime._programs.get_tensor(twin)[0] == key and len(reads) == 2
+    edited = np.frombuffer(blob, np.uint8).copy()
+    edited[32] ^= 1                                  # the stored CRC32's lowest bit
+    t.copyfrom(edited)
+    with pytest.raises(ProgramError, match="checksum"):
+        runtime._programs.get_tensor(t)
+    assert len(reads) == 3
+
+
 # ----------------------------------------------------------------------------- DRAM layout
 
 def _layout_case(case: str) -> Program:

@@ -171,6 +171,25 @@ def test_output_stage_matches_python(acc, bias, mult, shift, zp, b1, b2):
     assert lo <= got <= hi
 
 
+@settings(max_examples=300, deadline=None)
+@given(st.data(), st.integers(1, 3), st.integers(1, 40), st.integers(0, sem.FOLD_SHIFT_MAX),
+       st.integers(-128, 127), st.booleans())
+def test_output_stage_int32_is_the_output_stage(data, rows, lanes, top_shift, zp, wide):
+    """The simulator's REQUANT fast path (int32 rows, shifts checked in 0..FOLD_SHIFT_MAX)
+    is :func:`output_stage` lane for lane, int32 wrap-around and saturation included."""
+    ints = st.integers(sem.INT32_MIN, sem.INT32_MAX)
+    acc, bias, mult = (np.array(data.draw(st.lists(ints, min_size=rows * lanes,
+                                                   max_size=rows * lanes)),
+                                np.int32).reshape(rows, lanes) for _ in range(3))
+    shift = np.array(data.draw(st.lists(st.integers(0, top_shift), min_size=lanes,
+                                        max_size=lanes)), np.int32)
+    lo, hi = (sem.INT16_MIN, sem.INT16_MAX) if wide else (-128, 127)
+    got = sem.output_stage_int32(acc, bias, mult, np.broadcast_to(shift, acc.shape), zp, lo, hi)
+    want = sem.output_stage(acc, bias, mult, shift, zp, lo, hi)
+    np.testing.assert_array_equal(got, want)
+    assert got.dtype == np.int32
+
+
 # ----------------------------------------------------------------------------- REQUANT immediate
 
 @pytest.mark.parametrize("zp,lo,hi,want", [
