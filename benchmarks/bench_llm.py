@@ -86,12 +86,14 @@ def main() -> None:
     ap.add_argument("--wide-inputs", action="store_true",
                     help="every linear layer's input (but the head's) on an int16 grid, each "
                          "dense run as two byte planes")
-    ap.add_argument("--wide-qkv", action="store_true",
-                    help="Q, K and V with their cache on int16 grids (the host keeps int16 "
-                         "codes, the attention runs byte planes of each)")
-    ap.add_argument("--wide-mlp-inputs", action="store_true",
-                    help="the gate and up projections' input on an int16 grid (of the "
-                         "linear inputs, the one that moves the perplexity)")
+    ap.add_argument("--narrow-qkv", action="store_true",
+                    help="Q, K and V with their cache on int8 grids (the default on a "
+                         "digital part since 2026-12-07: int16, the attention running byte "
+                         "planes of the cache)")
+    ap.add_argument("--narrow-mlp-inputs", action="store_true",
+                    help="the gate and up projections' input on an int8 grid (the default on "
+                         "a digital part since 2026-12-07: int16, the two denses run as byte "
+                         "planes)")
     ap.add_argument("--parts", default="accuracy,speed")
     ap.add_argument("--quants", default="w8a8,w4a8",
                     help="DSA quantizations, comma-separated (w8a8, w4a8, w4g32)")
@@ -135,10 +137,10 @@ def main() -> None:
         opts["wide_mlp"] = False
     if args.wide_inputs:
         opts["wide_inputs"] = True
-    if args.wide_qkv:
-        opts["wide_qkv"] = True
-    if args.wide_mlp_inputs:
-        opts["wide_mlp_inputs"] = True
+    if args.narrow_qkv:
+        opts["wide_qkv"] = False
+    if args.narrow_mlp_inputs:
+        opts["wide_mlp_inputs"] = False
     gptq = None if args.gptq is None else args.gptq == "on"
     models = {q: load(args.model, hw=args.hw, quant=q, verbose=True, **opts, **buckets,
                       **({"gptq": gptq} if gptq is not None and q == "w4a8" else {}))

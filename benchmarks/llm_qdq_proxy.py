@@ -329,6 +329,12 @@ def main() -> None:
                     "library's default since 2026-12-07: int16)")
     ap.add_argument("--narrow-down", action="store_true",
                     help="down_proj's input (the SiLU-gate product) on an int8 grid")
+    ap.add_argument("--narrow-qkv", action="store_true",
+                    help="Q, K and V with their cache on int8 grids (the library's default "
+                    "since 2026-12-07: int16)")
+    ap.add_argument("--narrow-mlp-inputs", action="store_true",
+                    help="the gate and up projections' input on an int8 grid (the library's "
+                    "default since 2026-12-07: int16)")
     ap.add_argument("--fp32", default="", type=regexes, help="comma-separated regexes of node names "
                     "kept FP32 (e.g. 'down_proj/MatMul,attend/')")
     ap.add_argument("--wide-extra", default="", help="comma-separated tensors also int16")
@@ -375,6 +381,7 @@ def main() -> None:
     m = QdqProxy(src, quant=a.quant, smooth=smooth, wide_residual=not a.narrow,
                  wide_down=not a.narrow_down, wide_attention=not a.narrow_attention,
                  wide_logits=not a.narrow_logits, wide_mlp=not a.narrow_mlp,
+                 wide_qkv=not a.narrow_qkv, wide_mlp_inputs=not a.narrow_mlp_inputs,
                  fp32=a.fp32,
                  wide_extra=tuple(filter(None, a.wide_extra.split(","))),
                  per_token=a.per_token,
@@ -393,6 +400,8 @@ def main() -> None:
           f"{'int8' if a.narrow_down else 'int16'} probabilities "
           f"{'int8' if a.narrow_attention else 'int16'} logits "
           f"{'int8' if a.narrow_logits else 'int16'} mlp {'int8' if a.narrow_mlp else 'int16'} "
+          f"qkv {'int8' if a.narrow_qkv else 'int16'} "
+          f"mlp input {'int8' if a.narrow_mlp_inputs else 'int16'} "
           f"smooth {smooth} "
           f"folds {m.smooth_folds} fp32 {','.join(a.fp32) or '-'} wide+ {a.wide_extra or '-'} "
           f"wide inputs {','.join(a.wide_inputs) or '-'} wide outputs {','.join(a.wide_outputs) or '-'} "

@@ -47,9 +47,10 @@ class LlmBench:
                              "new_tokens >= 1")
         # the digital model's steps run on the analog views too: down_proj's input int8
         # (byte planes would share crossbar columns between rows 256 times apart), and the
-        # MLP's interior int8, as an analog part's own model keeps them
+        # MLP's interior, its input and Q, K, V int8, as an analog part's own model keeps them
         opts = dict(prefill_buckets=(32,), context_buckets=(max(64, tokens),),
-                    **{"wide_down": False, "wide_mlp": False, **load_options})
+                    **{"wide_down": False, "wide_mlp": False, "wide_qkv": False,
+                       "wide_mlp_inputs": False, **load_options})
         ref = load(model, quant="fp32", **opts)
         self.ids = ref.token_ids(pydoc_text())[:tokens]
         self.prompts, self.new_tokens = prompts, new_tokens

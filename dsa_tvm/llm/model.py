@@ -173,7 +173,7 @@ class CompiledLLM:
                  wide_residual: bool = True, wide_down: bool | None = None,
                  wide_attention: bool = True, wide_logits: bool = True,
                  wide_mlp: bool | None = None, wide_inputs: bool = False,
-                 wide_qkv: bool = False, wide_mlp_inputs: bool = False,
+                 wide_qkv: bool | None = None, wide_mlp_inputs: bool | None = None,
                  gptq: bool | None = None,
                  verbose: bool = False) -> None:
         from ..hw.config import load_config
@@ -235,12 +235,17 @@ class CompiledLLM:
         self.wide_inputs = bool(wide_inputs)
         #: Q, K and V with their cache on int16 grids (``llm.residual.attention_operands``):
         #: the host keeps int16 codes, each attention matmul runs on two byte planes of its
-        #: cache (``lowering.cache_planes``), twice the cache's bytes a step
-        self.wide_qkv = bool(wide_qkv)
+        #: cache (``lowering.cache_planes``), twice the cache's bytes a step. None: on a
+        #: digital part (SmolLM2's W8A8 perplexity +4.0% -> +3.0% of FP32, docs/llm.md); a
+        #: CIM part keeps int8, as the analog study's digital twin does
+        self.wide_qkv = (not self.cfg.is_cim) if wide_qkv is None else bool(wide_qkv)
         #: the gate and up projections' input on an int16 grid (``llm.residual.mlp_inputs``;
         #: ``wide_inputs`` takes every linear input): of the linear inputs the one that
-        #: moves the perplexity; its two denses run as byte planes (twice their array work)
-        self.wide_mlp_inputs = bool(wide_mlp_inputs)
+        #: moves the perplexity; its two denses run as byte planes (twice their array work).
+        #: None: on a digital part (with ``wide_qkv``: +2.8% of FP32); a CIM part keeps int8,
+        #: since byte planes would share crossbar columns between rows 256 times apart
+        self.wide_mlp_inputs = ((not self.cfg.is_cim) if wide_mlp_inputs is None
+                                else bool(wide_mlp_inputs))
         #: the linear layers' weight codes rounded by GPTQ (``llm.gptq``) on pydoc's text;
         #: False: nearest, as the quantizer rounds. None: GPTQ for W4A8 only (at W8A8 it
         #: measured no gain on SmolLM2)

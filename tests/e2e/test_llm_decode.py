@@ -319,7 +319,8 @@ def test_residual_stream_is_int16_on_the_dsa(w8a8):
     stream = residual_stream(load_onnx(export_step(w8a8.step_model, 1, 16)).model)
     assert "x" in stream and len(stream) == 1 + 2 * 2 * w8a8.arch.layers
     narrow = load("tiny", wide_residual=False, wide_down=False, wide_attention=False,
-                  wide_logits=False, wide_mlp=False, **BUCKETS)
+                  wide_logits=False, wide_mlp=False, wide_qkv=False, wide_mlp_inputs=False,
+                  **BUCKETS)
     narrow.generate(PROMPT, max_new_tokens=2)
     assert not [ly for crep in narrow.reports.values() for d in crep.regions
                 if d.target == "dsa" for ly in d.region.layers
@@ -344,18 +345,26 @@ def test_down_proj_reads_the_gate_product_on_int16(w8a8):
         return [ly for crep in model.reports.values() for d in crep.regions
                 if d.target == "dsa" for ly in d.region.layers]
 
-    layers = layers_of(w8a8)
-    muls = [ly for ly in layers if type(ly).__name__ == "Mul"]
-    planes = [ly for ly in layers if type(ly).__name__ == "Dense" and ly.planes]
+    regions = [d.region.layers for crep in w8a8.reports.values() for d in crep.regions
+               if d.target == "dsa"]
+    muls = [ly for layers in regions for ly in layers if type(ly).__name__ == "Mul"]
     assert muls and all(ly.output.dtype == "int16" for ly in muls)
+    planes = []     # the plane denses that read a product (gate and up read the norm's)
+    for layers in regions:       # (tensor names are a region's own)
+        split = {ly.output.name: ly.input.name for ly in layers
+                 if type(ly).__name__ == "BytePlanes"}
+        products = {ly.output.name: ly for ly in layers if type(ly).__name__ == "Mul"}
+        planes += [(products[split[ly.input.name]], ly) for ly in layers
+                   if type(ly).__name__ == "Dense" and ly.planes
+                   and split.get(ly.input.name) in products]
     assert len(planes) == len(muls)
-    for mul, pl in zip(muls, planes):     # both byte planes of every product row
+    for mul, pl in planes:     # both byte planes of every product row
         assert np.prod(pl.input.shape[:-1]) == 2 * np.prod(mul.output.shape[:-1])
     # an analog part keeps the product int8 (its per-column bias correction would mix the
     # planes' rows), unless asked; the CIM study's digital model too
     assert w8a8.wide_down and not load("tiny", hw="cim-pcm", **BUCKETS).wide_down
     assert load("tiny", hw="cim-pcm", wide_down=True, **BUCKETS).wide_down
-    narrow = load("tiny", wide_down=False, **BUCKETS)
+    narrow = load("tiny", wide_down=False, wide_mlp_inputs=False, **BUCKETS)
     narrow.generate(PROMPT, max_new_tokens=2)
     assert not [ly for ly in layers_of(narrow) if type(ly).__name__ == "Dense" and ly.planes]
     assert all(ly.output.dtype == "int8" for ly in layers_of(narrow)
@@ -382,9 +391,12 @@ def test_attention_probabilities_are_int16_and_p_at_v_runs_as_byte_planes(w8a8):
     assert all(ly.output.scale == pytest.approx(SOFTMAX_OUT_WIDE.scale) for ly in soft)
     for layers in regions:
         planes = {ly.output.name for ly in layers if isinstance(ly, Softmax)}
-        pv = [ly for ly in layers if isinstance(ly, BatchMatmul) and ly.planes]
+        pv = [ly for ly in layers if isinstance(ly, BatchMatmul) and ly.planes
+              and ly.a.name in planes]
         assert {ly.a.name for ly in pv} == planes              # each softmax's P @ V
-    narrow = [ly for layers in regions_of(load("tiny", wide_attention=False, **BUCKETS))
+    # (QK^T runs on byte planes too with Q and K on int16, ``wide_qkv``)
+    narrow = [ly for layers in regions_of(load("tiny", wide_attention=False, wide_qkv=False,
+                                               **BUCKETS))
               for ly in layers]
     assert all(ly.output.dtype == "int8" and not ly.planes for ly in narrow
                if isinstance(ly, Softmax))
@@ -469,8 +481,11 @@ def test_wide_inputs_run_every_projection_on_byte_planes_bit_exact():
     assert only <= inputs and len(only) == model.arch.layers
     assert all(sorted(n.name.split("/")[-2] for n in step.graph.node if t in n.input)
                == ["gate_proj", "up_proj"] for t in only)
-    wide = load("tiny", wide_mlp_inputs=True, **BUCKETS).quantize_options(step)["wide_tensors"]
-    assert wide - load("tiny", **BUCKETS).quantize_options(step)["wide_tensors"] == only
+    wide = load("tiny", **BUCKETS).quantize_options(step)["wide_tensors"]   # the default
+    narrow = load("tiny", wide_mlp_inputs=False, **BUCKETS).quantize_options(step)
+    assert wide - narrow["wide_tensors"] == only
+    cim = load("tiny", hw="cim-pcm", **BUCKETS)     # an analog part keeps int8 there
+    assert not cim.wide_mlp_inputs and not cim.wide_qkv
 
 
 def test_wide_qkv_keeps_an_int16_cache_and_decodes_in_one_launch_bit_exact():
@@ -502,7 +517,8 @@ def test_wide_qkv_keeps_an_int16_cache_and_decodes_in_one_launch_bit_exact():
     mms = [ly for ly in d.region.layers if isinstance(ly, BatchMatmul)]
     assert len(mms) == 4 * model.arch.layers and all(ly.planes for ly in mms)
     assert all(ly.input.dtype == "int16" for ly in d.region.layers if type(ly).__name__ == "Rope")
-    narrow = CompiledLLM(Source(TINY, tiny_llama(0, heads=2, kv_heads=1), None), **BUCKETS)
+    narrow = CompiledLLM(Source(TINY, tiny_llama(0, heads=2, kv_heads=1), None),
+                         wide_qkv=False, **BUCKETS)
     thin = narrow.generate(PROMPT, max_new_tokens=2)
     (nd,) = narrow.reports[(1, BUCKETS["context_buckets"][0])].regions
     assert not any("planes" in io for io in nd.program.meta["io"].values())
@@ -539,7 +555,8 @@ def test_q_on_int16_runs_its_rotary_embedding_and_qk_on_the_dsa():
             return {**opts, "wide_tensors": set(opts["wide_tensors"]) | q}
 
     # head width 32: half a row is whole 16-lane blocks, so the rotary chain is the DSA's
-    model = WideQ(Source(TINY, tiny_llama(0, heads=2, kv_heads=1), None), **BUCKETS)
+    model = WideQ(Source(TINY, tiny_llama(0, heads=2, kv_heads=1), None), wide_qkv=False,
+                  **BUCKETS)
     gen = model.generate(PROMPT, max_new_tokens=3)
     assert_steps_bit_exact(model, gen.ids[:1])
     regions = [d for crep in model.reports.values() for d in crep.regions]

@@ -26,9 +26,10 @@ from tir_schedules.kinds import run_layer  # noqa: E402
 from .test_llm_decode import BUCKETS, PROMPT, assert_steps_bit_exact  # noqa: E402
 
 
-@pytest.fixture(scope="module")
-def edge():
-    return load("tiny", hw="edge", **BUCKETS)
+@pytest.fixture(scope="module", params=[True, False], ids=["int16-qkv", "int8-qkv"])
+def edge(request):
+    """The default (Q, K, V and the cache on int16, ``wide_qkv``) and the int8 path."""
+    return load("tiny", hw="edge", wide_qkv=request.param, **BUCKETS)
 
 
 def _ropes(model) -> dict[tuple, list[Rope]]:
@@ -54,7 +55,8 @@ def _float_rope(codes, ly: Rope, cos, sin) -> np.ndarray:
     s = np.asarray(sin, np.float64).reshape(p, d)
     rot = np.concatenate([-x[..., d // 2:], x[..., :d // 2]], -1)
     y = np.round((x * c + rot * s) / ly.output.scale) + ly.output.zero_point
-    return np.clip(y, -128, 127).reshape(ly.output.shape)
+    info = np.iinfo(ly.output.dtype)
+    return np.clip(y, info.min, info.max).reshape(ly.output.shape)
 
 
 def test_rotary_chains_run_on_the_dsa_bit_exact(edge):
@@ -70,6 +72,10 @@ def test_rotary_chains_run_on_the_dsa_bit_exact(edge):
     assert len(cats) == 2 * edge.arch.layers
     assert all(c.inputs[0].shape[1] == 16 and c.inputs[1].shape[1] == 1 for c in cats)
     assert "runtime tables" in str(decode)
+    # with Q, K and V on int16 a table reads QK^T's joined byte planes (edge has no norm
+    # units: the softmax is the host's) as rows, the join's form; a 4-D view beside them
+    # once made the region fail to lower and run on the CPU
+    assert "lowering failed" not in str(decode), str(decode)
     assert gen.steps[-1].launches <= 11   # 17 with both on the host
     assert_steps_bit_exact(edge, gen.ids[:1])
     checked = 0
@@ -88,6 +94,8 @@ def test_rotary_chains_run_on_the_dsa_bit_exact(edge):
             assert np.abs(env[ly.output.name].astype(np.float64) - want).max() <= 1
             checked += 1
     assert checked
+    assert all(ly.input.dtype == ("int16" if edge.wide_qkv else "int8")
+               for _, layers in ropes.values() for ly in layers)
 
 
 def cache_concats(layers: list) -> list:
@@ -113,7 +121,8 @@ def test_a_decode_step_is_one_launch_on_default():
     assert_steps_bit_exact(model, gen.ids[:1])
     ops = [ly["op"] for launch in model.last_launches
            for ly in launch.program.meta["layers"]]
-    assert ops.count("TilesAppend") == 2 * model.arch.layers and "Concat" not in ops
+    planes = 2 if model.wide_qkv else 1      # (the default: an int16 cache, two byte planes)
+    assert ops.count("TilesAppend") == 2 * planes * model.arch.layers and "Concat" not in ops
     # the concats on the host: the report says so, the tokens and the launches' bits are
     # the same
     host = CompiledLLM(source, "default", "w8a8", rows_concat="host", **BUCKETS)
@@ -141,17 +150,3 @@ def test_a_decode_step_is_one_launch_on_default():
     with pytest.raises(Exception, match="rotary table 'sin' .* beyond the bound 1"):
         vm["main"](*args)
 
-
-def test_wide_qkv_on_edge_keeps_its_regions_on_the_dsa_bit_exact():
-    """On ``edge`` (no norm units) the softmax runs on the host and a table reads QK^T's
-    joined byte planes as a 4-D tensor: the join's output is rows, so the table reads it as
-    rows too. (It once made the attention's region fail to lower and run on the CPU: a
-    4-D view beside the join's 3-D rows.) The rotary chains stay on the DSA and every launch
-    is bit-exact."""
-    model = load("tiny", hw="edge", wide_qkv=True, **BUCKETS)
-    gen = model.generate(PROMPT, max_new_tokens=3)
-    assert_steps_bit_exact(model, gen.ids[:1])
-    decode = model.reports[(1, BUCKETS["context_buckets"][0])]
-    assert "lowering failed" not in str(decode), str(decode)
-    layers = [ly for d in decode.regions if d.target == "dsa" for ly in d.region.layers]
-    assert sum(isinstance(ly, Rope) for ly in layers) == 2 * model.arch.layers
