@@ -32,6 +32,8 @@ def rshift_round(x: np.ndarray, shift: np.ndarray | int) -> np.ndarray:
     same for any larger magnitude.
     """
     x = np.asarray(x, dtype=np.int64)
+    if isinstance(shift, (int, np.integer)) and 0 <= shift <= 62:   # one shift (an ALU
+        return (x + ((1 << int(shift)) >> 1)) >> int(shift)          # immediate): no checks
     s = np.asarray(shift, dtype=np.int64)
     if s.size and (s.min() < 0 or s.max() > 62):
         s = np.clip(s, -32, 62)

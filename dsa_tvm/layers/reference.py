@@ -59,8 +59,17 @@ def stacked_byte_planes(y: np.ndarray) -> np.ndarray:
 
 
 def split_planes(y: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """(hi, lo) of int16 codes, int64: ``hi = clamp(rshift_round(y, 8), int8)``,
-    ``lo = clamp(y - 256 hi, int8)``."""
+    """(hi, lo) of int16 codes: ``hi = clamp(rshift_round(y, 8), int8)``,
+    ``lo = clamp(y - 256 hi, int8)``; int32 for an int16 (or int8) array, which is every
+    step's KV cache at decode (int32 passes, no lower clamp: neither plane can fall below
+    -128), else int64."""
+    y = np.asarray(y)
+    if y.dtype in (np.int16, np.int8):
+        y = y.astype(np.int32)
+        hi = (y + (1 << (PLANE_SHIFT - 1))) >> PLANE_SHIFT      # >= -128 for any int16
+        np.minimum(hi, sem.INT8_MAX, out=hi)
+        lo = y - (hi << PLANE_SHIFT)                             # in -128..255
+        return hi, np.minimum(lo, sem.INT8_MAX, out=lo)
     y = np.asarray(y, np.int64)
     hi = np.clip(sem.rshift_round(y, PLANE_SHIFT), sem.INT8_MIN, sem.INT8_MAX)
     return hi, np.clip(y - (hi << PLANE_SHIFT), sem.INT8_MIN, sem.INT8_MAX)

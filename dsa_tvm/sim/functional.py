@@ -47,6 +47,21 @@ from .plans import alu_plan, gemm_plan
 #: a REQUANT immediate's (zero point, lo, hi), parsed once per distinct immediate
 requant_imm = lru_cache(maxsize=1024)(sem.split_requant_imm)
 
+#: the simulator's common ALU ops on int32 rows, ``(dst, a, b, b2) -> result``: what
+#: ``sem.alu_apply`` computes (numpy's int32 arithmetic wraps as the ALU does), without its
+#: general dispatch, which costs more than the op on a tile's rows (tests/device check
+#: every op against the reference machine)
+_INT32_OPS = {
+    AluOp.ADD: lambda d, a, b, b2: a + b,
+    AluOp.SUB: lambda d, a, b, b2: a - b,
+    AluOp.MUL: lambda d, a, b, b2: a * b,
+    AluOp.MAC: lambda d, a, b, b2: d + a * b,
+    AluOp.MIN: lambda d, a, b, b2: np.minimum(a, b),
+    AluOp.MAX: lambda d, a, b, b2: np.maximum(a, b),
+    AluOp.SHR: lambda d, a, b, b2: sem.rshift_round(a, b),   # int64, wrapped on assignment
+    AluOp.CLIP: lambda d, a, b, b2: np.minimum(np.maximum(a, b), b2),
+}
+
 if TYPE_CHECKING:
     from ..hw.config import HardwareConfig
     from ..isa.program import Program
@@ -111,6 +126,9 @@ class Machine:
         # bit flipped), as the products take them: the loads flip the bits as they copy
         self.inp_bias = np.int8(-128) if self.int8 and arrays is None else None
         self._elems = {buf: self._elem(buf) for buf in Buffer}
+        #: a replay's ALU rows by instruction (kept in its plan, shared by every later run
+        #: of the program): an ALU op on a tile costs less than working its rows out again
+        self.alu_memo: dict[int, tuple] | None = None
 
     def is_const(self, lo: int, hi: int) -> bool:
         """Whether DRAM bytes lo..hi-1 lie in one constant region."""
@@ -171,6 +189,7 @@ class Machine:
         redundant loads and computing its shared-input GEMMs together."""
         skip, shared, runs = plan.skip, plan.gemms, plan.load_runs
         pending: dict[int, np.ndarray] = {}
+        self.alu_memo = plan.alu_steps
         for i in order:
             if i in skip:
                 continue
@@ -390,6 +409,12 @@ class Machine:
         return mat.reshape(lead + (nb, plan.nchunk, plan.chunk * bi, nn * bo)), None
 
     def alu(self, i: int, ins: Alu) -> None:
+        memo = self.alu_memo
+        steps = None if memo is None else memo.get(i)
+        if steps is not None:          # a replayed program: the rows worked out before
+            for d, a, b, period in steps:
+                self._alu_step(i, ins, d, a, b, period)
+            return
         plan = alu_plan(ins.loops, ins.a_base - ins.dst_base,
                         None if ins.use_imm else ins.b_base - ins.dst_base, ins.op,
                         self.cfg.block_out)
@@ -399,6 +424,7 @@ class Machine:
         elif plan.vectorized:
             n = plan.dst.shape[1]
             period = plan.b_period
+            steps = []
             for r in range(plan.dst.shape[0]):
                 if plan.b is None:
                     b = None
@@ -406,8 +432,12 @@ class Machine:
                     b = base + plan.b[r, :period]
                 else:
                     b = self._rows(base, plan.b, r, plan.b_run, n)
-                self._alu_step(i, ins, self._rows(base, plan.dst, r, plan.dst_run, n),
-                               self._rows(base, plan.a, r, plan.a_run, n), b, period)
+                steps.append((self._rows(base, plan.dst, r, plan.dst_run, n),
+                              self._rows(base, plan.a, r, plan.a_run, n), b, period))
+            for step in steps:
+                self._alu_step(i, ins, *step)
+            if memo is not None:
+                memo[i] = tuple(steps)
         else:  # reads rows this instruction writes elsewhere: step point by point
             d, a = plan.dst.T.reshape(-1), plan.a.T.reshape(-1)
             b = None if plan.b is None else plan.b.T.reshape(-1)
@@ -485,6 +515,9 @@ class Machine:
             if not period and top <= sem.FOLD_SHIFT_MAX:   # the common case, checked here
                 acc[:, d] = sem.output_stage_int32(av, bv, b2, b3, *requant_imm(ins.imm))
                 return
+        elif not period and op in _INT32_OPS:   # int32 operands: numpy's wrap is the ALU's
+            acc[:, d] = _INT32_OPS[op](dv, av, bv, b2)
+            return
         if period:
             lanes = av.shape[-1]
             av = av.reshape(self.batch, -1, period, lanes)

@@ -56,6 +56,8 @@ class ReplayPlan:
     skip: frozenset[int]
     gemms: dict[int, tuple[SharedGemm, int]]  # GEMM index -> (its group, its position)
     load_runs: dict[int, tuple[int, int, int]] = field(default_factory=dict)
+    #: ALU index -> its vectorized steps' rows (``Machine.alu``, filled on the first replay)
+    alu_steps: dict[int, tuple] = field(default_factory=dict)
 
 
 #: loads that may run together (a WGT load also keeps the weight-tile bookkeeping)

@@ -13,7 +13,7 @@ from hypothesis import strategies as st
 
 from dsa_tvm.isa import semantics as sem
 from dsa_tvm.layers import ir as L
-from dsa_tvm.layers.reference import join_planes_shifted, stacked_byte_planes
+from dsa_tvm.layers.reference import join_planes_shifted, split_planes, stacked_byte_planes
 from dsa_tvm.lowering.region import compile_region, lowering_supports
 from tir_schedules.kinds.planes import estimate_planes_cycles
 
@@ -88,6 +88,20 @@ def test_the_join_shifts_hi_left_and_rounds_the_lo_sums_half_up():
     np.testing.assert_array_equal(join_planes_shifted(acc, 3), [[336, -112]])
     big = np.array([[2**31 - 1], [128]], np.int64)                        # int32 wraps
     assert join_planes_shifted(big, 8)[0, 0] == sem.wrap_int32(2**31)
+
+
+def test_split_planes_on_int16_codes_is_the_definition_for_every_code():
+    """The int32 fast path the host takes for an int16 cache (each decode step splits the
+    whole cache) against the definition, ``hi = clamp(rshift_round(y, 8))``, ``lo =
+    clamp(y - 256 hi)``, on every int16 code: saturation from 32640 up included."""
+    y = np.arange(-32768, 32768, dtype=np.int64)
+    hi = np.clip(sem.rshift_round(y, 8), -128, 127)
+    lo = np.clip(y - 256 * hi, -128, 127)
+    for codes in (y.astype(np.int16), y.astype(np.int16).reshape(16, 64, 64)):
+        got_hi, got_lo = split_planes(codes)
+        np.testing.assert_array_equal(got_hi.reshape(-1), hi)
+        np.testing.assert_array_equal(got_lo.reshape(-1), lo)
+    assert split_planes(np.array([32767], np.int16))[1][0] == 127     # saturated: 32639
 
 
 def test_refusals_name_the_cause():
