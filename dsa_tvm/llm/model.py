@@ -72,6 +72,16 @@ DEFAULT_CALIBRATION = (
 )
 
 
+def check_switch(name: str, value: Any, default: bool) -> bool:
+    """An on/off option: ``default`` (the part's) for None; anything but a bool is refused,
+    since ``bool("no")`` would quietly turn it on."""
+    if value is None:
+        return default
+    if isinstance(value, (bool, np.bool_)):
+        return bool(value)
+    raise ValueError(f"{name} must be True, False or None (the part's default), got {value!r}")
+
+
 def check_quant(quant: str) -> None:
     """Refuse a quantization scheme that is not one of :data:`QUANTS`, naming them."""
     if quant not in QUANTS:
@@ -213,39 +223,39 @@ class CompiledLLM:
         self.smooth_group = check_group(QUANT_WEIGHT_GROUP.get(quant, 1) if smooth_group is None
                                         else smooth_group)
         #: the residual stream on int16 grids (``llm.residual``; False: int8, as before)
-        self.wide_residual = bool(wide_residual)
+        self.wide_residual = check_switch("wide_residual", wide_residual, True)
         #: down_proj's input (the SiLU-gate product) on an int16 grid, its dense run as two
         #: int8 byte planes (``llm.residual.gate_products``; False: int8). None: on a
         #: digital part; a CIM part keeps int8, since its per-column bias correction would
         #: mix the two planes' rows, whose errors count 256 times apart
-        self.wide_down = (not self.cfg.is_cim) if wide_down is None else bool(wide_down)
+        self.wide_down = check_switch("wide_down", wide_down, not self.cfg.is_cim)
         #: attention's probabilities on an int16 grid (NORM's ``out_wide``), P @ V run as
         #: two int8 byte planes (``llm.residual.attention_probabilities``; False: int8).
         #: A CIM part runs P @ V on its digital array too (V is no constant)
-        self.wide_attention = bool(wide_attention)
+        self.wide_attention = check_switch("wide_attention", wide_attention, True)
         #: the logits (the head's output) on an int16 grid (``llm.residual.logits``)
-        self.wide_logits = bool(wide_logits)
+        self.wide_logits = check_switch("wide_logits", wide_logits, True)
         #: the gated MLP's interior on int16 grids: gate and up write int16, the SiLU is an
         #: interpolated int16 table, the product reads int16 (``llm.residual.mlp_interior``;
         #: SmolLM2's KL from FP32 16% lower for 0.3% more decode cycles). None: on a digital
         #: part; a CIM part keeps its int8 outputs, as it keeps down_proj's input
-        self.wide_mlp = (not self.cfg.is_cim) if wide_mlp is None else bool(wide_mlp)
+        self.wide_mlp = check_switch("wide_mlp", wide_mlp, not self.cfg.is_cim)
         #: every linear layer's input (but the head's) on an int16 grid, each dense run as
         #: two int8 byte planes (``llm.residual.linear_inputs``): twice the array's work
-        self.wide_inputs = bool(wide_inputs)
+        self.wide_inputs = check_switch("wide_inputs", wide_inputs, False)
         #: Q, K and V with their cache on int16 grids (``llm.residual.attention_operands``):
         #: the host keeps int16 codes, each attention matmul runs on two byte planes of its
         #: cache (``lowering.cache_planes``), twice the cache's bytes a step. None: on a
         #: digital part (SmolLM2's W8A8 perplexity +4.0% -> +3.0% of FP32, docs/llm.md); a
         #: CIM part keeps int8, as the analog study's digital twin does
-        self.wide_qkv = (not self.cfg.is_cim) if wide_qkv is None else bool(wide_qkv)
+        self.wide_qkv = check_switch("wide_qkv", wide_qkv, not self.cfg.is_cim)
         #: the gate and up projections' input on an int16 grid (``llm.residual.mlp_inputs``;
         #: ``wide_inputs`` takes every linear input): of the linear inputs the one that
         #: moves the perplexity; its two denses run as byte planes (twice their array work).
         #: None: on a digital part (with ``wide_qkv``: +2.8% of FP32); a CIM part keeps int8,
         #: since byte planes would share crossbar columns between rows 256 times apart
-        self.wide_mlp_inputs = ((not self.cfg.is_cim) if wide_mlp_inputs is None
-                                else bool(wide_mlp_inputs))
+        self.wide_mlp_inputs = check_switch("wide_mlp_inputs", wide_mlp_inputs,
+                                            not self.cfg.is_cim)
         #: the linear layers' weight codes rounded by GPTQ (``llm.gptq``) on pydoc's text;
         #: False: nearest, as the quantizer rounds. None: GPTQ for W4A8 only (at W8A8 it
         #: measured no gain on SmolLM2)

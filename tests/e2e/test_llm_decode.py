@@ -197,6 +197,11 @@ def test_bad_model_and_options_are_refused(tmp_path):
         load(tmp_path / "missing.gguf", hw="defualt")
     with pytest.raises(ValueError, match="calibration must be a string or a sequence"):
         load("tiny", calibration=[b"bytes"])
+    # an on/off option takes a bool (bool("no") would turn it on) or None for the part's
+    for name in ("wide_qkv", "wide_mlp_inputs", "wide_residual", "wide_down"):
+        with pytest.raises(ValueError, match=f"{name} must be True, False or None"):
+            load("tiny", **{name: "no"}, **BUCKETS)
+    assert not load("tiny", wide_qkv=np.bool_(False), **BUCKETS).wide_qkv
     # one string is one calibration text (not one text per character)
     assert load("tiny", calibration="Some text.", **BUCKETS)._calibration == ("Some text.",)
     # a cache bucket that is no whole number of tiles works, but copies the cache: said
