@@ -43,7 +43,8 @@ from bench_llm import PROMPTS, pydoc_text
 
 from dsa_tvm.layers.group_grid import group_grid
 from dsa_tvm.llm.feeds import step_feeds
-from dsa_tvm.llm.model import QUANT_WEIGHT_BITS, SMOOTH, CompiledLLM, StepRecord
+from dsa_tvm.llm.model import QUANT_WEIGHT_BITS, SMOOTH, CompiledLLM
+from dsa_tvm.llm.records import StepRecord
 from dsa_tvm.llm.scoring import log_probs, paired_score
 from dsa_tvm.llm.smooth import FOLDS
 from dsa_tvm.llm.source import load_source

@@ -55,7 +55,8 @@ def filler_ids(model, count: int) -> list[int]:
 
 def decode_point(model, bucket: int, steps: int = STEPS) -> DecodePoint:
     """``steps`` DSA decode tokens with the cache filled to just below ``bucket`` slots."""
-    from .model import CompiledLLM, bandwidth_use
+    from .model import CompiledLLM
+    from .records import bandwidth_use
 
     if bucket not in model.context_buckets:
         raise ValueError(f"context {bucket} is not one of the model's cache buckets "
