@@ -58,6 +58,41 @@ PROMPTS = (
 #: buckets small enough that the run compiles four steps
 BUCKETS = dict(prefill_buckets=(16,), context_buckets=(128, 512))
 
+#: the library's int16 grids a run can put back on int8: flag -> (CompiledLLM option, its
+#: label, what it widens, int16 on a digital part only). One table for this script and
+#: llm_qdq_proxy.py, so a new grid option is one line here
+NARROW = {
+    "narrow": ("wide_residual", "residual", "the residual stream", False),
+    "narrow-down": ("wide_down", "down_proj input", "down_proj's input (the SiLU-gate "
+                    "product)", True),
+    "narrow-attention": ("wide_attention", "probabilities", "the attention's probabilities",
+                         False),
+    "narrow-logits": ("wide_logits", "logits", "the logits", False),
+    "narrow-mlp": ("wide_mlp", "mlp", "the gated MLP's interior (gate, up, the SiLU)", True),
+    "narrow-qkv": ("wide_qkv", "qkv", "Q, K and V with their cache", True),
+    "narrow-mlp-inputs": ("wide_mlp_inputs", "mlp input", "the gate and up projections' "
+                          "input", True),
+}
+
+
+def add_narrow_flags(ap: argparse.ArgumentParser, flags: tuple[str, ...]) -> None:
+    """``--narrow-*`` switches of :data:`NARROW` on ``ap``."""
+    for flag in flags:
+        _, _, what, digital = NARROW[flag]
+        ap.add_argument(f"--{flag}", action="store_true",
+                        help=f"{what} on int8 grids (the library's default"
+                             f"{' on a digital part' if digital else ''}: int16)")
+
+
+def narrow_options(args: argparse.Namespace, flags: tuple[str, ...]) -> dict[str, bool]:
+    """The CompiledLLM options the given ``--narrow-*`` flags turn off (the rest: the
+    library's defaults)."""
+    return {NARROW[f][0]: False for f in flags if getattr(args, f.replace("-", "_"))}
+
+
+#: the grids this script can narrow (the proxy takes every one)
+BENCH_NARROW = ("narrow-attention", "narrow-mlp", "narrow-qkv", "narrow-mlp-inputs")
+
 
 def agreement(a: list[int], b: list[int]) -> tuple[float, int]:
     """Share of positions where both chose the same token, and the first position where
@@ -80,22 +115,10 @@ def main() -> None:
     ap.add_argument("--ppl-tokens", type=int, default=2048,
                     help="tokens of pydoc_data.topics scored (256 is worth +-3%% of perplexity "
                     "between two schemes; 2048 about +-1%%)")
-    ap.add_argument("--narrow-attention", action="store_true",
-                    help="the attention's probabilities on int8 grids (not int16)")
-    ap.add_argument("--narrow-mlp", action="store_true",
-                    help="the gated MLP's interior on int8 grids (the default since "
-                         "2026-12-07: int16, the SiLU an interpolated int16 table)")
+    add_narrow_flags(ap, BENCH_NARROW)
     ap.add_argument("--wide-inputs", action="store_true",
                     help="every linear layer's input (but the head's) on an int16 grid, each "
                          "dense run as two byte planes")
-    ap.add_argument("--narrow-qkv", action="store_true",
-                    help="Q, K and V with their cache on int8 grids (the default on a "
-                         "digital part since 2026-12-07: int16, the attention running byte "
-                         "planes of the cache)")
-    ap.add_argument("--narrow-mlp-inputs", action="store_true",
-                    help="the gate and up projections' input on an int8 grid (the default on "
-                         "a digital part since 2026-12-07: int16, the two denses run as byte "
-                         "planes)")
     ap.add_argument("--parts", default="accuracy,speed")
     ap.add_argument("--quants", default="w8a8,w4a8",
                     help="DSA quantizations, comma-separated (w8a8, w4a8, w4g32)")
@@ -138,16 +161,9 @@ def main() -> None:
     if args.smooth_folds:
         opts["smooth_folds"] = tuple(args.smooth_folds.split(","))
     opts["rows_concat"] = args.rows_concat
-    if args.narrow_attention:
-        opts["wide_attention"] = False
-    if args.narrow_mlp:
-        opts["wide_mlp"] = False
+    opts.update(narrow_options(args, BENCH_NARROW))
     if args.wide_inputs:
         opts["wide_inputs"] = True
-    if args.narrow_qkv:
-        opts["wide_qkv"] = False
-    if args.narrow_mlp_inputs:
-        opts["wide_mlp_inputs"] = False
     gptq = None if args.gptq is None else args.gptq == "on"
     models = {q: load(args.model, hw=args.hw, quant=q, verbose=True, **opts, **buckets,
                       **({"gptq": gptq} if gptq is not None and q == "w4a8" else {}))

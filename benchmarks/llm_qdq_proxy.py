@@ -39,7 +39,7 @@ import numpy as np
 import onnx
 import onnx.numpy_helper
 import onnxruntime as ort
-from bench_llm import PROMPTS, pydoc_text
+from bench_llm import NARROW, PROMPTS, add_narrow_flags, narrow_options, pydoc_text
 
 from dsa_tvm.layers.group_grid import group_grid
 from dsa_tvm.llm.feeds import step_feeds
@@ -320,22 +320,7 @@ def main() -> None:
                     "(default: the library's, dsa_tvm.llm.model.SMOOTH)")
     ap.add_argument("--smooth-folds", default=None, help="comma-separated, of "
                     f"{', '.join(FOLDS)} (default: the library's)")
-    ap.add_argument("--narrow", action="store_true", help="the residual stream on int8 grids")
-    ap.add_argument("--narrow-logits", action="store_true",
-                    help="the logits on an int8 grid (the default: int16)")
-    ap.add_argument("--narrow-attention", action="store_true",
-                    help="the attention's probabilities on int8 grids (not int16)")
-    ap.add_argument("--narrow-mlp", action="store_true",
-                    help="the gated MLP's interior (gate, up, the SiLU) on int8 grids (the "
-                    "library's default since 2026-12-07: int16)")
-    ap.add_argument("--narrow-down", action="store_true",
-                    help="down_proj's input (the SiLU-gate product) on an int8 grid")
-    ap.add_argument("--narrow-qkv", action="store_true",
-                    help="Q, K and V with their cache on int8 grids (the library's default "
-                    "since 2026-12-07: int16)")
-    ap.add_argument("--narrow-mlp-inputs", action="store_true",
-                    help="the gate and up projections' input on an int8 grid (the library's "
-                    "default since 2026-12-07: int16)")
+    add_narrow_flags(ap, tuple(NARROW))
     ap.add_argument("--fp32", default="", type=regexes, help="comma-separated regexes of node names "
                     "kept FP32 (e.g. 'down_proj/MatMul,attend/')")
     ap.add_argument("--wide-extra", default="", help="comma-separated tensors also int16")
@@ -379,10 +364,7 @@ def main() -> None:
     src = load_source("smollm2")
     buckets = {**BUCKETS, "context_buckets": tuple(sorted({128, a.window}))}
     ref = CompiledLLM(src, quant="fp32", **buckets)
-    m = QdqProxy(src, quant=a.quant, smooth=smooth, wide_residual=not a.narrow,
-                 wide_down=not a.narrow_down, wide_attention=not a.narrow_attention,
-                 wide_logits=not a.narrow_logits, wide_mlp=not a.narrow_mlp,
-                 wide_qkv=not a.narrow_qkv, wide_mlp_inputs=not a.narrow_mlp_inputs,
+    m = QdqProxy(src, quant=a.quant, smooth=smooth, **narrow_options(a, tuple(NARROW)),
                  fp32=a.fp32,
                  wide_extra=tuple(filter(None, a.wide_extra.split(","))),
                  per_token=a.per_token,
@@ -397,12 +379,9 @@ def main() -> None:
     ids = src.encode(pydoc_text())[:a.ppl_tokens]
     want, targets = log_probs(ref, ids)
     r = paired_score(log_probs(m, ids)[0], want, targets)
-    print(f"{a.quant} residual {'int8' if a.narrow else 'int16'} down_proj input "
-          f"{'int8' if a.narrow_down else 'int16'} probabilities "
-          f"{'int8' if a.narrow_attention else 'int16'} logits "
-          f"{'int8' if a.narrow_logits else 'int16'} mlp {'int8' if a.narrow_mlp else 'int16'} "
-          f"qkv {'int8' if a.narrow_qkv else 'int16'} "
-          f"mlp input {'int8' if a.narrow_mlp_inputs else 'int16'} "
+    grids = " ".join(f"{label} {'int16' if getattr(m, option) else 'int8'}"
+                     for option, label, _, _ in NARROW.values())
+    print(f"{a.quant} {grids} "
           f"smooth {smooth} "
           f"folds {m.smooth_folds} fp32 {','.join(a.fp32) or '-'} wide+ {a.wide_extra or '-'} "
           f"wide inputs {','.join(a.wide_inputs) or '-'} wide outputs {','.join(a.wide_outputs) or '-'} "
