@@ -14,6 +14,11 @@ State, and why it stays small and consistent under threads:
   (the cache holds the tensor, so no other can take its place) without reading,
   copying and hashing its bytes again: an LLM's decode program carries its 135 MB of
   weights, which cost a fifth of a simulated token's wall time each launch;
+* each thread keeps its last packing of every input that packs by gathering (a KV
+  cache's weight tiles, bounded by :data:`~dsa_tvm.layers.pack_memo.MEMO_BYTES`), so
+  the next step repacks only the cache positions that changed
+  (:class:`~dsa_tvm.layers.pack_memo.PackMemo`; not inside a launch batch, whose runs
+  start later);
 * launches are recorded per thread and per compile (each program carries its
   compile's id), and only those of each executable's last model run: a run ends when
   a program of it launches again, and a thread keeps the runs of its
@@ -44,6 +49,7 @@ from .isa.program import LAUNCH, PREFIX_BYTES, Program, recorded_config
 from .launch_batch import batch_of_this_thread
 from .layers.host_pack import pack_region_input
 from .layers.layouts import unpack_activation
+from .layers.pack_memo import PackMemo
 from .layers.rope_tables import IO_KEY as ROPE_TABLE
 from .sim.simulator import SimResult, Simulator
 
@@ -199,6 +205,15 @@ _programs = _ProgramCache()
 _local = threading.local()
 
 
+def thread_pack_memo() -> PackMemo:
+    """The calling thread's last packings of the inputs that pack by gathering (a KV
+    cache repacks only the positions that changed since the step before)."""
+    memo = getattr(_local, "pack_memo", None)
+    if memo is None:
+        memo = _local.pack_memo = PackMemo()
+    return memo
+
+
 def _runs() -> _ThreadRuns:
     runs = getattr(_local, "runs", None)
     if runs is None:
@@ -294,6 +309,7 @@ def launch(*args: Any) -> None:
         raise RuntimeError(f"dsa.launch of '{prog.name}' takes {len(names_in)} inputs and "
                            f"{len(names_out)} outputs, got {len(args) - 1} tensors")
     block = sim.config.block_in
+    batch = batch_of_this_thread()
     feeds, logical_in, logical_out = {}, {}, {}
     for name, t in zip(names_in, args[1:1 + len(names_in)]):
         x = t.numpy()
@@ -307,9 +323,10 @@ def launch(*args: Any) -> None:
                                f"{np.dtype(dtype).name}{list(want)}, got "
                                f"{x.dtype}{list(x.shape)}")
         logical_in[name] = x
-        feeds.update(pack_region_input(name, x, prog.meta["io"][name], block,
-                                       sim.config.block_out))
-    batch = batch_of_this_thread()
+        if batch is None:   # the memo's arrays change at the next launch: run them now
+            feeds.update(thread_pack_memo().pack(key, name, x, io, block, sim.config.block_out))
+        else:
+            feeds.update(pack_region_input(name, x, io, block, sim.config.block_out))
     if batch is not None and not sim.config.is_cim:   # a CIM read's noise is per run
         res = batch.run(key, prog, sim, feeds)
     else:
@@ -349,5 +366,6 @@ def program_cache_bounds(max_entries: int | None = None, max_bytes: int | None =
 def release_programs() -> None:
     """Forget every unpacked program and its simulator (a CIM part's programmed crossbars
     with them): a study that compiles one model for many descriptions frees each one's
-    memory before the next."""
+    memory before the next (and the calling thread's kept input packings)."""
     _programs.clear()
+    thread_pack_memo().clear()

@@ -86,7 +86,7 @@ def column_sum_rows(b: np.ndarray, factor: int, block_out: int) -> np.ndarray:
     return sem.wrap_int32(int(factor) * sums).astype(np.int32).reshape(bt * nb, block_out)
 
 
-def _padded(cache: np.ndarray, spec: dict) -> np.ndarray:
+def padded_cache(cache: np.ndarray, spec: dict) -> np.ndarray:
     """A KV cache in the joined shape of its concat, the new rows' places zero (the region
     writes their tiles: ``lowering.cache_tiles``)."""
     out = np.zeros(spec["joined"], cache.dtype)
@@ -110,7 +110,7 @@ def pack_region_input(name: str, x: np.ndarray, io: dict, block_in: int,
         return out
     if "weight_tiles" in io:
         spec = io["weight_tiles"]
-        b = x if APPEND not in spec else _padded(x, spec[APPEND])
+        b = x if APPEND not in spec else padded_cache(x, spec[APPEND])
         b = moved(b, spec.get("steps", ()), spec["shape"])   # the region's movement, on the host
         out = {name: weight_tiles(b, block_in, block_out)}
         if spec["column_sums"]:

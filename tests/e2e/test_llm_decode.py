@@ -15,6 +15,7 @@ pytest.importorskip("transformers")
 
 from dsa_tvm.llm import load  # noqa: E402
 from dsa_tvm.llm.source import load_source  # noqa: E402
+from dsa_tvm.runtime import thread_pack_memo  # noqa: E402
 from tir_schedules.kinds import run_region  # noqa: E402
 
 BUCKETS = dict(context_buckets=(16, 64), prefill_buckets=(16,))
@@ -61,8 +62,9 @@ def test_fp32_step_logits_match_the_full_forward():
 
 
 def assert_steps_bit_exact(model, next_ids: list[int]) -> None:
-    """The sink token on the host, then a prefill and a decode step whose every DSA launch
-    equals the integer reference of its region, bit for bit."""
+    """The sink token on the host, then a prefill and two decode steps whose every DSA
+    launch equals the integer reference of its region, bit for bit (the second decode
+    step's cache repacked from the first's: ``layers.pack_memo``)."""
     regions = {}   # region names repeat across the buckets' compiles: key by compile too
     for crep in model.reports.values():
         regions.update({(crep.compile_id, d.name): d.region for d in crep.regions
@@ -70,7 +72,9 @@ def assert_steps_bit_exact(model, next_ids: list[int]) -> None:
     kv = model.new_cache()
     model.run_step(model.source.encode(PROMPT)[:1], kv)
     assert not model.last_launches   # the sink token runs on the host
-    for kind, ids in (("prefill", model.source.encode(PROMPT)[1:]), ("decode", next_ids)):
+    updates = thread_pack_memo().updates
+    for kind, ids in (("prefill", model.source.encode(PROMPT)[1:]), ("decode", next_ids),
+                      ("decode", next_ids)):
         model.run_step(ids, kv, kind)
         assert model.last_launches
         for launch in model.last_launches:
@@ -78,6 +82,7 @@ def assert_steps_bit_exact(model, next_ids: list[int]) -> None:
             want = run_region(region, launch.inputs)
             for name, got in launch.outputs.items():
                 np.testing.assert_array_equal(got, want[name])
+    assert thread_pack_memo().updates > updates
 
 
 def test_dsa_launches_are_bit_exact_and_buckets_compile_once(w8a8):
