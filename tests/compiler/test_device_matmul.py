@@ -14,7 +14,7 @@ import pytest
 
 pytest.importorskip("tvm")
 
-from hypothesis import given  # noqa: E402
+from hypothesis import HealthCheck, given, settings  # noqa: E402
 from hypothesis import strategies as st  # noqa: E402
 
 from dsa_tvm.isa import semantics as sem  # noqa: E402
@@ -128,3 +128,41 @@ def test_operand_the_host_tiles_is_read_once_and_bit_exact(preset, transposed, h
     assert [ly["name"] for ly in prog.meta["layers"]] == ["mm"]
     assert not prog.regions_of("scratch")   # no tiles written to DRAM and read back
     assert {r.name for r in prog.regions_of("input")} == {"a", "c"} | ({"c#colsum"} if za else set())
+
+
+@pytest.mark.parametrize("preset", ["default", "edge"])
+@settings(max_examples=10, deadline=None, suppress_health_check=list(HealthCheck))
+@given(transposed=st.booleans(), heads=st.integers(1, 3), seq=st.integers(1, 70),
+       m=st.integers(1, 9), za=st.sampled_from([0, -128]), per_channel=st.booleans(),
+       data=st.data())
+def test_any_tiling_of_a_cache_matmul_is_bit_exact(preset, transposed, heads, seq, m, za,
+                                                   per_channel, data):
+    """Every tiling the knobs allow, row tiles outside the output-block tiles or inside
+    (``rows_outer``), with a per-tensor requantize (one table block serves every column
+    block: ``MatmulShape.uniform``) or one multiplier per column (the whole table)."""
+    from tir_schedules.kinds import recipe
+    from tir_schedules.kinds.matmul import MatmulShape
+
+    cfg = CFGS[preset]
+    width = cfg.block_in
+    cache = _sym("c", (heads, seq, width))
+    if transposed:
+        a, reduced, n, perm = L.QTensor("a", (heads, m, width), 0.05, za), width, seq, (0, 2, 1)
+    else:
+        a, reduced, n, perm = L.QTensor("a", (heads, m, seq), 0.05, za), seq, width, (0, 1, 2)
+    b = _sym("b", (heads, reduced, n))
+    tiles = L.Permute("tiles", cache, b, (heads, seq, width), perm, weight_tiles=True,
+                      column_sums=-za)
+    y = L.QTensor("y", (heads, m, n), 0.1, 3)
+    rq = _requant(1 / (8 * reduced))
+    if per_channel:
+        scales = np.linspace(0.5, 2.0, n) / (8 * reduced)
+        ms = [sem.quantize_multiplier(float(s)) for s in scales]
+        rq = L.Requant(np.array([v[0] for v in ms], np.int32),
+                       np.array([v[1] for v in ms], np.int32), 3, (-128, 127))
+    mm = L.BatchMatmul("mm", a, b, y, rq, on_device=True)
+    shape = recipe(mm, cfg, consts=False).shape
+    assert shape.uniform == (not per_channel)
+    knobs = data.draw(st.sampled_from(recipe(mm, cfg, consts=False).kind.candidates(cfg, shape)))
+    check(region([a, cache], [tiles, mm]), cfg, np.random.default_rng(seq * 7 + m),
+          lambda c, s: knobs if isinstance(s, MatmulShape) else None)

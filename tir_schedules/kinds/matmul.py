@@ -68,6 +68,8 @@ class MatmulShape:
     corrected: bool = True  # host-packed operands: + the row corrections r (else none)
     columns: bool = False   # on the device with zp_a != 0: + a column correction c[t, nb]
     planes: bool = False    # a: interleaved byte planes (2m rows), joined before the requant
+    uniform: bool = False   # one requant for every column and batch (on the device, per
+    #                         tensor): one block of the table serves them all
 
 
 def _rows(s: "MatmulShape", m: int) -> int:
@@ -80,6 +82,10 @@ class MatmulKnobs:
     tile_m: int          # rows per tile (divides M)
     tile_nb: int         # output blocks per tile (divides NB)
     double_buffer: bool
+    #: row tiles outside the output-block tiles: each row tile read once and the weight
+    #: tiles once a row tile (a decode step's P @ V: a few rows against a long cache),
+    #: instead of the weight tiles once and each row tile once an output-block tile
+    rows_outer: bool = False
 
 
 def batch_matmul(s: MatmulShape) -> tirx.PrimFunc:
@@ -88,7 +94,8 @@ def batch_matmul(s: MatmulShape) -> tirx.PrimFunc:
     bi, bo = s.block_in, s.block_out
     x = te.placeholder((s.batch, _rows(s, s.m), s.kb, bi), "int8", name="x")
     w = te.placeholder((s.batch, s.nb, s.kb, bo, bi), "int8", name="w")
-    params = te.placeholder((s.batch, s.nb, 3, bo), "int32", name="params")
+    params = te.placeholder((1, 1, 3, bo) if s.uniform else (s.batch, s.nb, 3, bo), "int32",
+                            name="params")
     rk = te.reduce_axis((0, s.kb), "kb")
     ri = te.reduce_axis((0, bi), "i")
     acc = te.compute(
@@ -111,9 +118,13 @@ def batch_matmul(s: MatmulShape) -> tirx.PrimFunc:
     else:
         acc2 = acc
     lo, hi = s.clip
+
+    def table(t, nb, j, o):
+        return params[0, 0, j, o] if s.uniform else params[t, nb, j, o]
+
     rq = te.compute(acc2.shape, lambda t, m, nb, o: tirx.call_pure_extern(
-        "int32", SCALAR_REQUANT, acc2[t, m, nb, o], params[t, nb, 0, o], params[t, nb, 1, o],
-        params[t, nb, 2, o], s.output_zp, lo, hi), name="requant")
+        "int32", SCALAR_REQUANT, acc2[t, m, nb, o], table(t, nb, 0, o), table(t, nb, 1, o),
+        table(t, nb, 2, o), s.output_zp, lo, hi), name="requant")
     out = te.compute(acc2.shape, lambda *i: rq(*i).astype(_out_dtype(s)), name="y")
     return te.create_prim_func([x, w, r, params, out] if s.corrected or s.columns
                                else [x, w, params, out])
@@ -145,7 +156,7 @@ def matmul_footprint(s: MatmulShape, k: MatmulKnobs) -> dict[str, int]:
             "acc": nbuf * ((3 * tile + k.tile_m) if s.corrected
                            else (3 * tile + k.tile_nb) if s.columns
                            else 4 * tile if s.planes else 2 * tile)
-            + nbuf * 3 * k.tile_nb}
+            + nbuf * 3 * (1 if s.uniform else k.tile_nb)}
 
 
 def matmul_fits(cfg: HardwareConfig, s: MatmulShape, k: MatmulKnobs) -> str | None:
@@ -173,13 +184,16 @@ def estimate_matmul_cycles(cfg: HardwareConfig, s: MatmulShape, k: MatmulKnobs) 
     w_bytes = k.tile_nb * s.kb * cfg.wgt_tile_bytes
     in_bytes = k.tile_m * (_rows(s, 1) * s.kb * cfg.block_in + 4 * cfg.block_out * s.corrected)
     out_bytes = rows * cfg.block_out * (2 if _out_dtype(s) == "int16" else 1)
-    dma = s.batch * tiles_n * (w_bytes + tiles_m * (in_bytes + out_bytes)) / bw + tiles * lat * 0.1
+    moved = (tiles_m * (in_bytes + tiles_n * (w_bytes + out_bytes)) if k.rows_outer
+             else tiles_n * (w_bytes + tiles_m * (in_bytes + out_bytes)))
+    dma = s.batch * moved / bw + tiles * lat * 0.1
     return max(compute, dma) if k.double_buffer else compute + dma
 
 
 def candidate_matmul_knobs(cfg: HardwareConfig, s: MatmulShape) -> list[MatmulKnobs]:
     return [k for db in (True, False) for tn in divisors(s.nb) for tm in divisors(s.m)
-            if matmul_fits(cfg, s, k := MatmulKnobs(tm, tn, db)) is None]
+            for ro in (False, True)
+            if matmul_fits(cfg, s, k := MatmulKnobs(tm, tn, db, ro)) is None]
 
 
 def default_matmul_knobs(cfg: HardwareConfig, s: MatmulShape) -> MatmulKnobs:
@@ -192,17 +206,22 @@ def default_matmul_knobs(cfg: HardwareConfig, s: MatmulShape) -> MatmulKnobs:
 
 def matmul_instructions(cfg: HardwareConfig, s: MatmulShape, k: MatmulKnobs) -> int:
     tiles_m, tiles_n = s.m // k.tile_m, s.nb // k.tile_nb
-    # per output-block tile: weights, table; per row tile: rows, corrections, GEMM,
-    # correction add, REQUANT, store (no corrections: 4; planes: + the join's MUL and MAC)
-    return s.batch * tiles_n * (2 + s.columns + tiles_m * (4 + s.corrected + _fixes(s)
-                                                           + 2 * s.planes)) + 1
+    # per output-block tile: weights, table (column corrections); per row tile: rows
+    # (row corrections); per tile: GEMM, correction add, REQUANT, store (planes: + the
+    # join's MUL and MAC)
+    per_tile = 3 + _fixes(s) + 2 * s.planes
+    per_n, per_m = 2 + s.columns, 1 + s.corrected
+    if k.rows_outer:
+        return s.batch * tiles_m * (per_m + tiles_n * (per_n + per_tile)) + 1
+    return s.batch * tiles_n * (per_n + tiles_m * (per_m + per_tile)) + 1
 
 
 # ----------------------------------------------------------------------------- schedule
 def schedule_batch_matmul(func: tirx.PrimFunc, cfg: HardwareConfig, s: MatmulShape,
                           k: MatmulKnobs) -> s_tir.Schedule:
     """Per batch: output-block tiles outermost (weight tiles and table stay resident),
-    row tiles inside; GEMM, correction add and requant tensorized."""
+    row tiles inside, or the other way round (``rows_outer``: each row tile stays
+    resident); GEMM, correction add and requant tensorized."""
     problem = matmul_fits(cfg, s, k)
     if problem:
         raise ValueError(f"batch matmul tiling {k} does not fit '{cfg.name}': {problem}")
@@ -216,7 +235,8 @@ def schedule_batch_matmul(func: tirx.PrimFunc, cfg: HardwareConfig, s: MatmulSha
     m_o, m_i = sch.split(m, [None, _rows(s, k.tile_m)])
     nb_o, nb_i = sch.split(nb, [None, k.tile_nb])
     ws = pixels_inner(cfg)  # weight-stationary: the rows stream past one weight tile
-    sch.reorder(t, nb_o, m_o, *((nb_i, kb, m_i) if ws else (m_i, nb_i, kb)), o, i)
+    outer, inner = (m_o, nb_o) if k.rows_outer else (nb_o, m_o)
+    sch.reorder(t, outer, inner, *((nb_i, kb, m_i) if ws else (m_i, nb_i, kb)), o, i)
     for blk in (mm, *tails):
         sch.set_scope(blk, 0, SCOPE_ACC)
     x_s = sch.cache_read(mm, 0, SCOPE_INP)
@@ -224,7 +244,7 @@ def schedule_batch_matmul(func: tirx.PrimFunc, cfg: HardwareConfig, s: MatmulSha
     sch.compute_at(x_s, m_o)
     sch.compute_at(w_s, nb_o)
     for blk in (*tails, y):
-        sch.reverse_compute_at(blk, m_o)
+        sch.reverse_compute_at(blk, inner)
     if _fixes(s):  # row corrections per row tile, column corrections per column tile
         r_s = sch.cache_read(corr, 1, SCOPE_ACC)
         sch.compute_at(r_s, m_o if s.corrected else nb_o)
@@ -265,9 +285,11 @@ def matmul_recipe(layer: BatchMatmul, cfg: HardwareConfig, consts: bool) -> Reci
     rq = layer.requant
     nb = ceil_div(b[-1], cfg.block_out)
     columns = layer.on_device and layer.a.zero_point != 0
+    mult, shift = rq.per_channel(b[-1])
+    uniform = layer.on_device and bool((mult == mult[0]).all() and (shift == shift[0]).all())
     shape = MatmulShape(bt, m, ceil_div(k, cfg.block_in), nb, cfg.block_in, cfg.block_out,
                         rq.zero_point, rq.clip, corrected=not layer.on_device, columns=columns,
-                        planes=planes)
+                        planes=planes, uniform=uniform)
     if not layer.on_device:
         return Recipe(KIND, shape, {"x": layer.a},
                       host={"w": layer.b.name, "params": layer.b.name + PARAMS,
@@ -277,9 +299,14 @@ def matmul_recipe(layer: BatchMatmul, cfg: HardwareConfig, consts: bool) -> Reci
                                f"0, got {layer.b.zero_point}")
     # b arrives as weight tiles made in the region (a weight_tiles Permute, which also
     # writes -zp_a * sum_k b when zp_a != 0); zp_b = 0 leaves no other data-dependent term:
-    # the table is the requant with bias 0
-    params = np.broadcast_to(requant_table(layer, 0, b[-1], cfg.block_out),
-                             (bt, nb, 3, cfg.block_out)) if consts else None
+    # the table is the requant with bias 0; per tensor, one block of it for every column
+    # block (a padded column's sum is 0 whatever its multiplier: its output is the zero
+    # point either way), read once a column tile instead of a block a column block
+    if uniform:
+        params = requant_table(layer, 0, cfg.block_out, cfg.block_out)[None]
+    else:
+        params = np.broadcast_to(requant_table(layer, 0, b[-1], cfg.block_out),
+                                 (bt, nb, 3, cfg.block_out))
     return Recipe(KIND, shape, {"x": layer.a, "w": layer.b},
                   consts={"params": np.ascontiguousarray(params)} if consts else {},
                   host={"c": layer.b.name + COLSUM} if columns else {})
