@@ -62,6 +62,16 @@ def tile_positions(shape: tuple[int, ...], spec: dict, block_in: int,
     return pos
 
 
+def _read_only(tiles: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+    """Views of the kept arrays a caller cannot write (a write would corrupt the next
+    step's packing without a word)."""
+    out = {}
+    for name, arr in tiles.items():
+        out[name] = view = arr.view()
+        view.flags.writeable = False
+    return out
+
+
 @dataclass
 class _Entry:
     x: np.ndarray                   # the input the tiles were made from
@@ -76,8 +86,9 @@ class _Entry:
 
 class PackMemo:
     """One thread's last packing of each (program, input) that packs by gathering. The
-    arrays :meth:`pack` returns are rewritten by the next call for the same key: copy
-    them before that (the simulator copies its inputs into DRAM as a run starts)."""
+    arrays :meth:`pack` returns are read-only views the next call for the same key
+    rewrites: copy them before that (the simulator copies its inputs into DRAM as a run
+    starts)."""
 
     def __init__(self, max_bytes: int = MEMO_BYTES) -> None:
         self.max_bytes = max_bytes
@@ -107,7 +118,7 @@ class PackMemo:
         entry.x = x.copy()
         self._entries.move_to_end((key, name))
         self.updates += 1
-        return dict(entry.tiles)
+        return _read_only(entry.tiles)
 
     def _full(self, key: bytes, name: str, x: np.ndarray, io: dict, spec: dict,
               block_in: int, block_out: int) -> dict[str, np.ndarray]:
@@ -118,7 +129,7 @@ class PackMemo:
         if pos is not None:
             self._entries[(key, name)] = _Entry(x.copy(), tiles, pos, PLANES in io)
             self._evict()
-        return dict(tiles)
+        return _read_only(tiles)
 
     def _positions_of(self, shape: tuple[int, ...], spec: dict, block_in: int,
                       block_out: int) -> np.ndarray | None:

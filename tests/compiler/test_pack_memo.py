@@ -7,6 +7,7 @@ the int16 extremes, another shape."""
 from __future__ import annotations
 
 import numpy as np
+import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -123,3 +124,18 @@ def test_the_memo_stays_within_its_bytes():
         memo.pack(b"p", f"v{i}", np.full((1, 64, 64), i, np.int16), io, 16, 16)
     assert sum(e.nbytes for e in memo._entries.values()) <= 100_000
     assert len(memo._entries) >= 1
+
+
+def test_the_arrays_handed_out_are_read_only():
+    """A caller writing into them would corrupt the next step's packing silently: the
+    write is refused instead."""
+    io = cache_io((1, 8, 16), transpose=False, wide=True)
+    memo = PackMemo()
+    x = np.zeros((1, 8, 16), np.int16)
+    for _ in range(2):   # the full packing, then an update
+        out = memo.pack(b"p", "v0", x, io, 16, 16)
+        for arr in out.values():
+            with pytest.raises(ValueError, match="read-only"):
+                arr[...] = 1
+        x = x.copy()
+        x[0, 2] = 77
