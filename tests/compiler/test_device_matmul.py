@@ -130,20 +130,10 @@ def test_operand_the_host_tiles_is_read_once_and_bit_exact(preset, transposed, h
     assert {r.name for r in prog.regions_of("input")} == {"a", "c"} | ({"c#colsum"} if za else set())
 
 
-@pytest.mark.parametrize("preset", ["default", "edge"])
-@settings(max_examples=10, deadline=None, suppress_health_check=list(HealthCheck))
-@given(transposed=st.booleans(), heads=st.integers(1, 3), seq=st.integers(1, 70),
-       m=st.integers(1, 9), za=st.sampled_from([0, -128]), per_channel=st.booleans(),
-       data=st.data())
-def test_any_tiling_of_a_cache_matmul_is_bit_exact(preset, transposed, heads, seq, m, za,
-                                                   per_channel, data):
-    """Every tiling the knobs allow, row tiles outside the output-block tiles or inside
-    (``rows_outer``), with a per-tensor requantize (one table block serves every column
-    block: ``MatmulShape.uniform``) or one multiplier per column (the whole table)."""
-    from tir_schedules.kinds import recipe
-    from tir_schedules.kinds.matmul import MatmulShape
-
-    cfg = CFGS[preset]
+def cache_matmul(cfg, transposed: bool, heads: int, seq: int, m: int, za: int,
+                 requant: str) -> tuple[L.Region, L.BatchMatmul]:
+    """A decode attention matmul over a host-tiled cache (q @ K^T or P @ V) with a
+    per-tensor requantize, one per column, or one per column that all agree."""
     width = cfg.block_in
     cache = _sym("c", (heads, seq, width))
     if transposed:
@@ -155,14 +145,46 @@ def test_any_tiling_of_a_cache_matmul_is_bit_exact(preset, transposed, heads, se
                       column_sums=-za)
     y = L.QTensor("y", (heads, m, n), 0.1, 3)
     rq = _requant(1 / (8 * reduced))
-    if per_channel:
-        scales = np.linspace(0.5, 2.0, n) / (8 * reduced)
+    if requant != "tensor":
+        scales = np.linspace(0.5, 2.0 if requant == "columns" else 0.5, n) / (8 * reduced)
         ms = [sem.quantize_multiplier(float(s)) for s in scales]
         rq = L.Requant(np.array([v[0] for v in ms], np.int32),
                        np.array([v[1] for v in ms], np.int32), 3, (-128, 127))
     mm = L.BatchMatmul("mm", a, b, y, rq, on_device=True)
+    return region([a, cache], [tiles, mm]), mm
+
+
+def test_columns_that_agree_read_one_table_block():
+    """37 keys, one multiplier per key, all equal: one table block (the column count is
+    neither 1 nor a block)."""
+    from tir_schedules.kinds import recipe
+
+    cfg = CFGS["default"]
+    reg, mm = cache_matmul(cfg, True, 2, 37, 3, 0, "equal columns")
+    r = recipe(mm, cfg, consts=True)
+    assert r.shape.uniform and r.consts["params"].shape == (1, 1, 3, cfg.block_out)
+    check(reg, cfg, np.random.default_rng(0))
+
+
+@pytest.mark.parametrize("preset", ["default", "edge"])
+@settings(max_examples=10, deadline=None, suppress_health_check=list(HealthCheck))
+@given(transposed=st.booleans(), heads=st.integers(1, 3), seq=st.integers(1, 70),
+       m=st.integers(1, 9), za=st.sampled_from([0, -128]),
+       requant=st.sampled_from(["tensor", "columns", "equal columns"]),
+       data=st.data())
+def test_any_tiling_of_a_cache_matmul_is_bit_exact(preset, transposed, heads, seq, m, za,
+                                                   requant, data):
+    """Every tiling the knobs allow, row tiles outside the output-block tiles or inside
+    (``rows_outer``), with a per-tensor requantize (one table block serves every column
+    block: ``MatmulShape.uniform``), one multiplier per column (the whole table), or one
+    per column that all agree (uniform too)."""
+    from tir_schedules.kinds import recipe
+    from tir_schedules.kinds.matmul import MatmulShape
+
+    cfg = CFGS[preset]
+    reg, mm = cache_matmul(cfg, transposed, heads, seq, m, za, requant)
     shape = recipe(mm, cfg, consts=False).shape
-    assert shape.uniform == (not per_channel)
+    assert shape.uniform == (requant != "columns" or mm.output.shape[-1] == 1)
     knobs = data.draw(st.sampled_from(recipe(mm, cfg, consts=False).kind.candidates(cfg, shape)))
-    check(region([a, cache], [tiles, mm]), cfg, np.random.default_rng(seq * 7 + m),
+    check(reg, cfg, np.random.default_rng(seq * 7 + m),
           lambda c, s: knobs if isinstance(s, MatmulShape) else None)

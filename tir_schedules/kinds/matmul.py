@@ -34,6 +34,7 @@ from dsa_tvm.intmath import ceil_div
 from dsa_tvm.layers.checks import elements
 from dsa_tvm.layers.host_pack import COLSUM, PARAMS, ROWSUM, batch_dims
 from dsa_tvm.layers.ir import WIDE_CLIP, BatchMatmul
+from dsa_tvm.layers.layouts import pack_output_stage
 from dsa_tvm.layers.reference import PLANE_SHIFT, apply_requant, centered, join_planes
 
 from ..intrinsics import (
@@ -302,8 +303,10 @@ def matmul_recipe(layer: BatchMatmul, cfg: HardwareConfig, consts: bool) -> Reci
     # the table is the requant with bias 0; per tensor, one block of it for every column
     # block (a padded column's sum is 0 whatever its multiplier: its output is the zero
     # point either way), read once a column tile instead of a block a column block
-    if uniform:
-        params = requant_table(layer, 0, cfg.block_out, cfg.block_out)[None]
+    if uniform:   # (a per-column requant whose columns agree is uniform too)
+        bo = cfg.block_out
+        params = pack_output_stage(np.zeros(bo, np.int64), np.full(bo, mult[0], np.int32),
+                                   np.full(bo, shift[0], np.int32), bo)[None]
     else:
         params = np.broadcast_to(requant_table(layer, 0, b[-1], cfg.block_out),
                                  (bt, nb, 3, cfg.block_out))
