@@ -97,6 +97,14 @@ def padded_cache(cache: np.ndarray, spec: dict) -> np.ndarray:
     return out
 
 
+def tiles_operand(x: np.ndarray, spec: dict) -> np.ndarray:
+    """The matmul operand a ``weight_tiles`` note's input becomes before it is tiled: a KV
+    cache padded to its concat's joined shape (``append``), then the region's movement,
+    done on the host."""
+    b = x if APPEND not in spec else padded_cache(x, spec[APPEND])
+    return moved(b, spec.get("steps", ()), spec["shape"])
+
+
 def pack_region_input(name: str, x: np.ndarray, io: dict, block_in: int,
                       block_out: int) -> dict[str, np.ndarray]:
     """The DRAM regions one region input fills, by region name."""
@@ -110,8 +118,7 @@ def pack_region_input(name: str, x: np.ndarray, io: dict, block_in: int,
         return out
     if "weight_tiles" in io:
         spec = io["weight_tiles"]
-        b = x if APPEND not in spec else padded_cache(x, spec[APPEND])
-        b = moved(b, spec.get("steps", ()), spec["shape"])   # the region's movement, on the host
+        b = tiles_operand(x, spec)
         out = {name: weight_tiles(b, block_in, block_out)}
         if spec["column_sums"]:
             out[name + COLSUM] = column_sum_rows(b, spec["column_sums"], block_out)

@@ -20,8 +20,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from .host_pack import APPEND, PLANES, pack_region_input, padded_cache, weight_tiles
-from .ir import moved
+from .host_pack import PLANES, pack_region_input, tiles_operand, weight_tiles
 from .reference import split_planes
 
 #: repack in full when more than this share of an input's elements changed
@@ -51,9 +50,7 @@ def tile_positions(shape: tuple[int, ...], spec: dict, block_in: int,
     ``None`` if some element lands twice or not at all (then no element-wise update)."""
     n = int(np.prod(shape, dtype=np.int64))
     numbers = np.arange(1, n + 1, dtype=np.int64).reshape(shape)
-    b = padded_cache(numbers, spec[APPEND]) if APPEND in spec else numbers
-    flat = weight_tiles(moved(b, spec.get("steps", ()), spec["shape"]), block_in,
-                        block_out).reshape(-1)
+    flat = weight_tiles(tiles_operand(numbers, spec), block_in, block_out).reshape(-1)
     at = np.flatnonzero(flat)
     if at.size != n or np.bincount(flat[at], minlength=n + 1)[1:].min(initial=1) != 1:
         return None
@@ -100,22 +97,22 @@ class PackMemo:
              block_out: int) -> dict[str, np.ndarray]:
         """:func:`pack_region_input`'s arrays for ``x``, from the last ones when only a
         few elements changed since."""
-        spec = gather_spec(io)
-        if spec is None:
-            return pack_region_input(name, x, io, block_in, block_out)
-        entry = self._entries.get((key, name))
+        entry = self._entries.get((key, name))   # kept: its program's note gathers
         if entry is None or entry.x.shape != x.shape or entry.x.dtype != x.dtype:
+            spec = gather_spec(io)
+            if spec is None:
+                return pack_region_input(name, x, io, block_in, block_out)
             return self._full(key, name, x, io, spec, block_in, block_out)
-        flat = x.reshape(-1)
-        changed = np.flatnonzero(flat != entry.x.reshape(-1))
+        flat, kept = x.reshape(-1), entry.x.reshape(-1)   # kept: the memo's own copy
+        changed = np.flatnonzero(flat != kept)
         if changed.size > FULL_SHARE * flat.size:
-            return self._full(key, name, x, io, spec, block_in, block_out)
+            return self._full(key, name, x, io, gather_spec(io), block_in, block_out)
         if changed.size:
             at, values = entry.pos[changed], flat[changed]
             for tiles, v in zip(entry.tiles.values(),
                                 split_planes(values) if entry.planes else (values,)):
                 np.put(tiles, at, v.astype(tiles.dtype))
-        entry.x = x.copy()
+            kept[changed] = values
         self._entries.move_to_end((key, name))
         self.updates += 1
         return _read_only(entry.tiles)
