@@ -21,6 +21,9 @@ same test crops (top-1 agreement, logit cosine) and compiled for the ``default``
   on the calibration crops (``qat.adaround``, ``--adaround``), which training then starts
   from. The exported model is run on the DSA and checked equal to
   the prepared module (bit for bit) on two test crops.
+- W4A8 g16 (``w4_grouped``, ``mixed_grouped``): the same, with the pointwise convs and the
+  classifier on a 4-bit grid per 16 input channels with an offset (``--weight-group``; the
+  DSA's grouped dense, run on the image itself), the other layers per channel.
 
 The transformer rows (all-MiniLM-L6-v2 on English sentences: embedding cosine and
 nearest-neighbour agreement) are ``compress_text.py``'s; ``minilm_grouped`` has its int4
@@ -110,12 +113,14 @@ def ptq_row(label: str, bits: int, calib: list[np.ndarray], test: torch.Tensor,
 
 
 def qat_rows(label: str, net, bits: int, mixed_target: float | None, train, heldout, cal,
-             sens_batch, test, ref, steps: int, args) -> list[dict]:
+             sens_batch, test, ref, steps: int, args, group: int = 0) -> list[dict]:
+    """``group`` > 0: the pointwise convs and the classifier on per-group grids of that many
+    input channels (the DSA's grouped dense), the other layers per channel."""
     t = time.perf_counter()
     low = bits < 8 or mixed_target is not None  # the 4-bit recipe: clip, learn the clip
     p = qat.prepare(net, (train[0][0][:1],), cal, bits=8 if mixed_target else bits,
                     learn_scales=True, learn_weight_scales=low,
-                    weight_clip=args.weight_clip if low else "max")
+                    weight_clip=args.weight_clip if low else "max", weight_group=group)
     note = ""
     if mixed_target is not None:
         base = qat.precision.output_cosine(p, sens_batch, qat.precision.fp32_outputs(p, sens_batch))
@@ -291,8 +296,12 @@ def main() -> None:
                     help="2:4 rows: how the zeros are chosen: the smallest weights, or "
                          "SparseGPT's masks with the kept weights refit on the training data "
                          "(default)")
+    ap.add_argument("--weight-group", type=int, default=16, choices=(16, 32, 64, 128),
+                    help="EfficientNet-Lite0's grouped rows: input channels per weight grid of "
+                         "the pointwise convs and the classifier (default 16)")
     ap.add_argument("--rows",
-                    default="ptq,int8,w4,mixed,sparse,minilm,minilm_sparse,minilm_grouped",
+                    default="ptq,int8,w4,mixed,w4_grouped,mixed_grouped,sparse,minilm,"
+                            "minilm_sparse,minilm_grouped",
                     help="row groups to run, comma-separated (default: all)")
     ap.add_argument("--png", default="bench_compress.png")
     args = ap.parse_args()
@@ -315,6 +324,11 @@ def main() -> None:
         "w4": lambda: qat_rows("W4A8 all 4-bit", d()["net"], 4, None, *d()["qat"], steps, args),
         "mixed": lambda: qat_rows("W4A8 mixed", d()["net"], 4, args.target_drop, *d()["qat"],
                                   steps, args),
+        "w4_grouped": lambda: qat_rows(f"W4A8 g{args.weight_group}", d()["net"], 4, None,
+                                       *d()["qat"], steps, args, group=args.weight_group),
+        "mixed_grouped": lambda: qat_rows(f"W4A8 g{args.weight_group} mixed", d()["net"], 4,
+                                          args.target_drop, *d()["qat"], steps, args,
+                                          group=args.weight_group),
         "sparse": lambda: sparse_rows(d()["net"], *d()["sparse"], steps, args),
         "minilm": lambda: minilm_rows(args, steps),
         "minilm_sparse": lambda: minilm_sparse_rows(args, steps, SPARSE_HW),

@@ -38,8 +38,9 @@ def add_parser(sub) -> None:
                    help="weights x activations; mixed: 4-bit weights except the layers the "
                         "sensitivity analysis keeps at 8 (see --target-drop)")
     q.add_argument("--weight-group", type=int, default=0, metavar="G",
-                   help="linear layers' weights per group of G input rows (16, 32, 64, 128) "
-                        "with an offset: the DSA's grouped dense (default 0: per channel)")
+                   help="linear layers' and 1x1 convs' weights per group of G input rows "
+                        "(16, 32, 64, 128) with an offset: the DSA's grouped dense (default "
+                        "0: per channel)")
     q.add_argument("--sparsity", metavar="N:M",
                    help="prune to N nonzero weights of every aligned M input channels (e.g. "
                         "2:4) before training; depthwise and few-channel layers stay dense")

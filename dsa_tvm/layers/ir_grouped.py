@@ -33,8 +33,8 @@ class GroupedDense:
     shifted by ``shift + 8``, all of them summed (``x = 256 hi + lo``)."""
 
     name: str
-    input: QTensor           # (..., K); planes: (..., 2M, K)
-    output: QTensor          # (..., N); planes: (..., M, N)
+    input: QTensor           # (..., K) or an NCHW image (a 1x1 conv); planes: (..., 2M, K)
+    output: QTensor          # (..., N) or an NCHW image; planes: (..., M, N)
     weight: np.ndarray       # int8 [N, K] (int4 codes for Q4_1)
     group: int               # input rows per group
     scales: np.ndarray       # int16 [N, ceil(K / group)]
@@ -50,5 +50,6 @@ class GroupedDense:
 
     @property
     def macs(self) -> int:
-        rows = int(np.prod(self.input.shape[:-1]))   # planes: both planes' rows
-        return rows * self.weight.shape[0] * self.weight.shape[1]
+        # every input element meets each output channel once (an NCHW image's pixels are
+        # its rows; planes: both planes' rows)
+        return int(np.prod(self.input.shape, dtype=np.int64)) * int(self.weight.shape[0])

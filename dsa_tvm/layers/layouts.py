@@ -60,6 +60,22 @@ def rows_view(t):
     return replace(t, shape=(rows, int(shape[-1])))
 
 
+def pixel_rows(x: np.ndarray) -> np.ndarray:
+    """An NCHW image as the rows of its pixels, (N*H*W, C): the bytes the DSA keeps it in,
+    so a 1x1 convolution is a dense over them; a matrix (..., K) is returned as is."""
+    if x.ndim != 4:
+        return x
+    return np.ascontiguousarray(x.transpose(0, 2, 3, 1).reshape(-1, x.shape[1]))
+
+
+def from_pixel_rows(y: np.ndarray, shape: tuple[int, ...]) -> np.ndarray:
+    """Rows of pixels (N*H*W, C) back into the NCHW image ``shape`` (a matrix: a reshape)."""
+    if len(shape) != 4:
+        return y.reshape(shape)
+    n, c, h, w = shape
+    return np.ascontiguousarray(y.reshape(n, h, w, c).transpose(0, 3, 1, 2))
+
+
 def broadcast_dims(a: tuple[int, ...], b: tuple[int, ...]) -> tuple[int, int, int, int] | str:
     """(n, hw, nb, hwb) of ``b`` broadcasting to ``a`` in the blocked layout (the pixels
     of NCHW, the rows of ``(..., C)``), or why it cannot.

@@ -1,4 +1,4 @@
-"""A linear layer with per-group weight grids (``prepare(..., weight_group=32)``): the
+"""A linear layer or a pointwise conv with per-group weight grids (``prepare(..., weight_group=32)``): the
 DSA's grouped dense (``layers.group_grid``: a scale and an offset per group of input
 rows, GGUF Q4_1's form) inside the forward pass.
 
@@ -38,15 +38,31 @@ def check_group(group: int) -> None:
                        f"{', '.join(map(str, sorted(GRID_GROUPS)))} input rows (or 0: per channel)")
 
 
+def pointwise(layer: "WeightedLayer") -> bool:
+    """A 1x1 convolution that is a dense over the image's pixels (stride 1, no padding,
+    groups 1): the compiler runs it as the grouped dense on the image itself."""
+    c = layer.conv
+    return (layer.kind == "conv2d" and tuple(layer.weight.shape[2:]) == (1, 1)
+            and layer.pad is None and int(c.get("groups", 1)) == 1
+            and all(_pair(c.get(k, d)) == (d, d) for k, d in
+                    (("stride", 1), ("padding", 0), ("dilation", 1))))
+
+
 def fits(layer: "WeightedLayer", group: int) -> bool:
-    """A linear layer whose input rows split into whole groups."""
+    """A linear layer or a pointwise conv whose input rows (channels) split into whole
+    groups."""
     k = layer.weight.shape[1]
-    return layer.kind == "linear" and k >= group and k % group == 0
+    return (layer.kind == "linear" or pointwise(layer)) and k >= group and k % group == 0
+
+
+def _pair(v) -> tuple[int, int]:
+    return (int(v), int(v)) if isinstance(v, int) else tuple(int(d) for d in v)
 
 
 def weight_values(layer: "WeightedLayer") -> np.ndarray:
     """The weights on their groups' grids, [N, K] float32 (what the export writes)."""
     w = layer.masked_weight().detach().numpy().astype(np.float64)
+    w = w.reshape(w.shape[0], -1)      # a pointwise conv's (O, I, 1, 1) as [N, K]
     if not np.isfinite(w).all():
         raise NonFiniteError(f"layer {layer.name}: weights became NaN or infinite (learning "
                              f"rate too high? lower lr)")
@@ -67,13 +83,24 @@ def forward(layer: "WeightedLayer", x: torch.Tensor) -> torch.Tensor:
     export mode: MatMul with the float32 grid weight (+ a float bias), quantized."""
     values = weight_values(layer)
     bias = layer.quant_bias()
+    conv = layer.kind == "conv2d"
     if layer.mode == "export":
+        if conv:   # Conv with the float32 grid weight and bias: the compiler's grouped 1x1
+            w = torch.from_numpy(values.reshape(tuple(layer.weight.shape)))
+            b = None if bias is None else bias.detach().clone()
+            return layer.out.quantize(activation(F.conv2d(x, w, b), layer.act))
         y = torch.matmul(x, torch.from_numpy(np.ascontiguousarray(values.T)))
         if bias is not None:
             y = y + bias.detach().clone()
         return layer.out.quantize(activation(y, layer.act))
-    w_fq = straight_through(layer.masked_weight(), torch.from_numpy(values))
-    approx = layer.out.quantize(activation(F.linear(x, w_fq, bias), layer.act))
+    w_fq = straight_through(layer.masked_weight(),
+                            torch.from_numpy(values).reshape(layer.weight.shape))
+    y = F.conv2d(x, w_fq, bias) if conv else F.linear(x, w_fq, bias)
+    approx = layer.out.quantize(activation(y, layer.act))
+    if conv:       # the image's pixels are the grouped dense's rows
+        rows = x.permute(0, 2, 3, 1)
+        exact = _exact(layer, rows, compiler_grid(layer, values), bias)
+        return straight_through(approx, exact.permute(0, 3, 1, 2))
     return straight_through(approx, _exact(layer, x, compiler_grid(layer, values), bias))
 
 

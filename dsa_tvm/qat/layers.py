@@ -362,11 +362,14 @@ class WeightedLayer(_Integer):
         """PTQ's bias correction (``quant.bias_correction``): fold the mean output shift that
         rounding the weights causes, predicted from the calibration inputs' channel means,
         into the bias (a layer without one gets one)."""
-        if self.input_means is None or self.input_means.count == 0 or self.group:
-            return   # a grouped layer's offsets follow each group's mean already
-        s_w, wq, _, _ = self.quant_params()
+        if self.input_means is None or self.input_means.count == 0:
+            return
         w = self.masked_weight().detach().numpy().astype(np.float64)
-        dw = w - dequantized_weights(wq, s_w, 0)
+        if self.group:   # the grid's own rounding, whatever its offsets
+            dw = w - grouped.weight_values(self).reshape(w.shape).astype(np.float64)
+        else:
+            s_w, wq, _, _ = self.quant_params()
+            dw = w - dequantized_weights(wq, s_w, 0)
         mean = self.input_means.mean()
         shift = (conv_shift(dw, mean, int(self.conv.get("groups", 1))) if self.kind == "conv2d"
                  else dense_shift(dw, mean, True))

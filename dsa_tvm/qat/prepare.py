@@ -382,8 +382,9 @@ def prepare(module: nn.Module | Any, example_inputs: Any, calibration_data: Iter
     ``split_outliers``: PTQ's outlier split, a linear layer's outlier output channels and
     its FP32 input's outlier features in FP32 side paths on the host (:mod:`.outliers`;
     for transformers); ``weight_group``
-    (16, 32, 64 or 128): linear layers' weights on a ``bits``-bit grid per that many input
-    rows with an offset, the DSA's grouped dense (:mod:`.grouped`; 0: per channel).
+    (16, 32, 64 or 128): the weights of linear layers and pointwise (1x1, stride 1, no
+    padding) convs on a ``bits``-bit grid per that many input rows (channels) with an
+    offset, the DSA's grouped dense (:mod:`.grouped`; 0: per channel).
     """
     if bits not in WEIGHT_BITS:
         raise QatError(f"bits={bits!r}: weights are int8 or int4; pass 8 or 4")

@@ -33,6 +33,11 @@ from .match import (
 from .scales import clip_bounds
 from .spec import ACTS, Kind, act, dq, q, variant_name
 
+#: what a float weight must be to run as a grouped dense, and the fix when it is not
+GRID_HELP = (f"({' or '.join(map(str, GRID_BITS))} bits, groups of "
+             f"{'/'.join(map(str, GRID_GROUPS))} input rows): quantize it "
+             f"(quantize_onnx(..., weight_group=32)) or it stays on the CPU")
+
 
 def _pattern(bias: bool, act_name: str | None, merged: bool = False) -> DFPattern:
     w = is_const()
@@ -48,7 +53,7 @@ def _variants(merged: bool = False) -> list[tuple[str, DFPattern]]:
             for a in (ACTS if not merged else (None,))]
 
 
-def _float_const(r: Reader, expr, what: str) -> Operand:
+def float_const(r: Reader, expr, what: str) -> Operand:
     value = const_value(r.value(expr))
     if value.dtype != np.float32:
         raise NotAMatch(f"{what} is {value.dtype}, not a float32 constant")
@@ -59,10 +64,10 @@ def _float_const(r: Reader, expr, what: str) -> Operand:
 def _read(r: Reader, root: Root, merged: bool = False) -> Match:
     fused, body = r.activation(root.body)
     add = r.call(body, "relax.add")
-    bias = _float_const(r, add.args[1], "the bias") if add is not None else None
+    bias = float_const(r, add.args[1], "the bias") if add is not None else None
     op = r.need(add.args[0] if add is not None else body, "relax.matmul")
     perm = r.call(op.args[1], "relax.permute_dims")
-    w = _float_const(r, perm.args[0] if perm is not None else op.args[1], "the weight")
+    w = float_const(r, perm.args[0] if perm is not None else op.args[1], "the weight")
     x = r.operand(op.args[0], moves=merged)
     if merged:
         check_head_merge(r, x)
@@ -80,9 +85,7 @@ def _on_grid(m: Match, cfg: HardwareConfig) -> str | None:
     if w.ndim != 2:
         return f"a {w.ndim}-D float weight (a grouped dense takes a 2-D one)"
     if find_grid(_weight_nk(m)) is None:
-        return (f"the float32 weight {w.shape} is on no per-group grid ({' or '.join(map(str, GRID_BITS))} "
-                f"bits, groups of {'/'.join(map(str, GRID_GROUPS))} input rows): quantize it "
-                f"(quantize_onnx(..., weight_group=32)) or it stays on the CPU")
+        return f"the float32 weight {w.shape} is on no per-group grid {GRID_HELP}"
     n = _weight_nk(m).shape[0]
     if m.bias is not None and m.bias.value.size != n:
         return f"bias of {m.bias.value.size} values for {n} output channels"

@@ -154,6 +154,42 @@ def test_the_device_is_bit_exact_and_physical(preset, m, groups, n, zp, wide, se
 
 @pytest.mark.parametrize("preset", list(CFGS))
 @settings(max_examples=3, deadline=None, suppress_health_check=list(HealthCheck))
+@given(batch=st.integers(1, 2), h=st.integers(1, 7), w=st.integers(1, 9),
+       groups=st.integers(1, 3), n=st.integers(1, 40), zp=st.integers(-128, 127),
+       seed=st.integers(0, 2**31))
+def test_a_pointwise_conv_runs_on_the_image_bit_exact(preset, batch, h, w, groups, n, zp, seed):
+    """An NCHW image in and out (a 1x1 conv, ``grouped_conv1x1``): the DSA keeps it as
+    rows of pixels, so the grouped dense runs on it unchanged. The device equals the
+    reference, the reference equals the same layer over the pixels as matrix rows
+    (the image transposed in numpy) and the float conv within one code, and no bound is
+    broken."""
+    cfg = CFGS[preset]
+    rng = np.random.default_rng(seed)
+    k = 2 * cfg.block_in * groups
+    wgt, bias = rng.normal(0, 0.05, (n, k)), rng.normal(0, 0.2, n)
+    x = L.QTensor("x", (batch, k, h, w), 0.02, zp)
+    y = L.QTensor("y", (batch, n, h, w), 0.04, -3)
+    ly = grouped_dense("gd", x, y, group_grid(wgt, 2 * cfg.block_in), bias)
+    xs = rng.integers(-128, 128, x.shape, dtype=np.int8)
+    res = check(region([x], [ly]), cfg, rng, xs={"x": xs})
+    got = run_layer(ly, {"x": xs})
+    rows = _layer(rng, batch * h * w, k, n, 2 * cfg.block_in, zp)
+    rows = grouped_dense("gd", rows.input, rows.output, group_grid(wgt, 2 * cfg.block_in), bias)
+    flat = xs.transpose(0, 2, 3, 1).reshape(-1, k)
+    want = run_layer(rows, {"x": flat}).reshape(batch, h, w, n).transpose(0, 3, 1, 2)
+    np.testing.assert_array_equal(got, want)
+    real = _float_output(rows, flat, group_grid(wgt, 2 * cfg.block_in).values(), bias)
+    assert np.abs(real.reshape(batch, h, w, n).transpose(0, 3, 1, 2) - got).max() <= 1
+    (entry,) = compile_region(region([x], [ly]), cfg).program.meta["layers"]
+    c = res.counters
+    assert not violations(ly.macs, c["cycles"], c["dram_read_bytes"], c["dram_write_bytes"],
+                          entry["min_read_bytes"], entry["min_write_bytes"],
+                          cfg.block_in * cfg.block_out)
+    assert ly.macs == batch * h * w * k * n
+
+
+@pytest.mark.parametrize("preset", list(CFGS))
+@settings(max_examples=3, deadline=None, suppress_health_check=list(HealthCheck))
 @given(m=st.integers(1, 5), groups=st.integers(1, 4), n=st.integers(1, 40),
        seed=st.integers(0, 2**31))
 def test_an_int16_input_runs_as_byte_planes_bit_exact(preset, m, groups, n, seed):

@@ -2,8 +2,8 @@
 4-bit grid per G input rows with an offset, the DSA's grouped dense. The exported model,
 compiled for the DSA, gives the prepared module's codes bit for bit (an MLP: no host op
 between the layers; a tiny encoder: within the host float ops' tolerance), before and
-after training; convolutions and layers whose input rows do not split into whole groups
-stay per channel; a group the compiler cannot find is refused."""
+after training; convolutions other than pointwise ones and layers whose input rows do
+not split into whole groups stay per channel; a group the compiler cannot find is refused."""
 
 from __future__ import annotations
 
@@ -108,11 +108,13 @@ def test_tiny_encoder_with_smoothing_and_outliers_on_the_dsa() -> None:
 
 
 def test_convolutions_stay_per_channel_and_bad_groups_are_refused() -> None:
+    """Convolutions stay per channel, except a pointwise one (test_qat_grouped_conv.py)."""
     net = tiny_net()
     x = torch.randn(2, 3, 16, 16)
     p = qat.prepare(net, (x[:1],), [(x,)], bits=4, weight_group=16)
     groups = {m.name: (m.kind, m.group) for m in p.modules() if isinstance(m, WeightedLayer)}
-    assert all(g == 0 for kind, g in groups.values() if kind == "conv2d")
+    assert all(g == 0 for name, (kind, g) in groups.items() if kind == "conv2d" and name != "pw")
+    assert groups["pw"] == ("conv2d", 16)
     assert groups["fc"] == ("linear", 16)
     with pytest.raises(qat.QatError, match="weight_group=24.*16, 32, 64, 128"):
         qat.prepare(net, (x[:1],), bits=4, weight_group=24)

@@ -30,7 +30,7 @@ from dsa_tvm.isa import semantics as sem
 from dsa_tvm.isa.instructions import ALU_LEVELS, GEMM_LEVELS
 from dsa_tvm.layers.checks import elements, with_weights
 from dsa_tvm.layers.ir import WIDE_CLIP, GroupedDense
-from dsa_tvm.layers.layouts import image_dims, pack_conv_weights
+from dsa_tvm.layers.layouts import from_pixel_rows, image_dims, pack_conv_weights, pixel_rows
 from dsa_tvm.layers.reference import PLANE_SHIFT, apply_requant
 
 from ..counts import copy_count, nest_count, reduction_count
@@ -297,7 +297,8 @@ def grouped_recipe(layer: GroupedDense, cfg: HardwareConfig, consts: bool) -> Re
     if problem:
         raise UnsupportedLayer(f"{layer.name}: {problem}")
     n_out, k = (int(d) for d in layer.weight.shape)
-    rows = image_dims(layer.output.shape)[2]
+    n, _, h, w = image_dims(layer.output.shape)
+    rows = n * h * w                     # a matrix's rows, or an image's pixels (a 1x1 conv)
     rq = layer.requant
     shape = GroupedShape(rows, k // bi, ceil_div(n_out, bo), layer.group // bi, bi, bo,
                          layer.shift, rq.zero_point, rq.clip, layer.planes)
@@ -320,6 +321,13 @@ def grouped_recipe(layer: GroupedDense, cfg: HardwareConfig, consts: bool) -> Re
 def run_grouped_dense(ly: GroupedDense, env: dict[str, np.ndarray]) -> np.ndarray:
     """The integer reference (``layers.ir.GroupedDense``), in the ALU's own arithmetic."""
     x = env[ly.input.name].astype(np.int64)
+    if x.ndim == 4:                      # an NCHW image: a 1x1 conv over its pixels' rows
+        n, c, h, w = x.shape
+        rows_ly = dataclasses.replace(
+            ly, input=dataclasses.replace(ly.input, shape=(n * h * w, c)),
+            output=dataclasses.replace(ly.output, shape=(n * h * w, int(ly.weight.shape[0]))))
+        y = run_grouped_dense(rows_ly, {ly.input.name: pixel_rows(x)})
+        return from_pixel_rows(y, tuple(ly.output.shape))
     w = ly.weight.astype(np.int64)
     lead, m = x.shape[:-2], x.shape[-2] // (2 if ly.planes else 1)
     planes = ([(x[..., :m, :], ly.shift), (x[..., m:, :], ly.shift + PLANE_SHIFT)]
