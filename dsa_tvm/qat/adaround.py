@@ -28,6 +28,7 @@ from torch import nn
 
 from ..quant.calibrate import progress
 from ..quant.qparams import weight_qmax
+from . import grouped
 from .errors import QatError
 from .layers import WeightedLayer, set_mode
 from .precision import weighted_layers
@@ -96,30 +97,43 @@ def _soft(v: torch.Tensor) -> torch.Tensor:
     return torch.clamp(torch.sigmoid(v) * (ZETA - GAMMA) + GAMMA, 0.0, 1.0)
 
 
+def _grid_of(layer: WeightedLayer) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor,
+                                              tuple[int, int], torch.Tensor]:
+    """(codes below each weight, step, offset, code range, which weights may round up),
+    in the weight's shape: ``weight = step * code + offset``, per channel (offset 0) or
+    per group of a grouped layer's grid."""
+    w = layer.masked_weight().detach().double()
+    if layer.group:
+        base, step, offset, limits, free = grouped.rounding_base(layer)
+        as_w = lambda a: torch.from_numpy(np.ascontiguousarray(a)).reshape(w.shape)  # noqa: E731
+        return as_w(base), as_w(step), as_w(offset), limits, as_w(free)
+    shape = (-1,) + (1,) * (w.dim() - 1)
+    s = torch.from_numpy(layer.quant_params()[0].astype(np.float64)).reshape(shape)
+    qmax = weight_qmax(layer.bits)
+    return (torch.floor(w / s), s.expand_as(w), torch.zeros_like(w), (-qmax, qmax),
+            torch.ones_like(w, dtype=torch.bool))
+
+
 def _round_layer(layer: WeightedLayer, xq: torch.Tensor, xf: torch.Tensor, iters: int,
                  batch: int, lr: float, reg: float, gen: torch.Generator) -> LayerRounding:
-    s_w = layer.quant_params()[0]
     w = layer.masked_weight().detach().double()
-    shape = (-1,) + (1,) * (w.dim() - 1)
-    s = torch.from_numpy(s_w.astype(np.float64)).reshape(shape)
-    base = torch.floor(w / s)
-    frac = (w / s - base).clamp(1e-4, 1 - 1e-4)
+    base, s, offset, (lo, hi), free = _grid_of(layer)
+    frac = ((w - offset) / torch.where(s > 0, s, 1.0) - base).clamp(1e-4, 1 - 1e-4)
     # h(v) starts at the fraction: the soft weight starts at the FP32 weight
     v = nn.Parameter(-torch.log((ZETA - GAMMA) / (frac - GAMMA) - 1).float())
-    keep = torch.ones_like(w, dtype=torch.bool)   # pruned and side-path weights stay 0
+    keep = free.clone()   # pruned and side-path weights stay 0, a group's ends stay put
     if layer.mask is not None:
         keep &= layer.mask.bool()
     if layer.side_rows is not None:
         keep = keep.index_fill(0, layer.side_rows, False)
-    qmax = weight_qmax(layer.bits)
     b = None if layer.bias is None else layer.bias.detach()
-    s32, base32, keep32 = s.float(), base.float(), keep.float()
+    s32, base32, keep32, off32 = s.float(), base.float(), keep.float(), offset.float()
     with torch.no_grad():
         target = layer._op(xf, layer.masked_weight().detach(), b)
     norm = target.pow(2).mean().clamp_min(1e-12)
 
     def weights(h: torch.Tensor) -> torch.Tensor:
-        return s32 * torch.clamp(base32 + h * keep32, -qmax, qmax)
+        return s32 * torch.clamp(base32 + h * keep32, lo, hi) + off32
 
     def error(h: torch.Tensor, rows: slice | torch.Tensor = slice(None)) -> torch.Tensor:
         return (layer._op(xq[rows], weights(h), b) - target[rows]).pow(2).mean() / norm
@@ -172,7 +186,7 @@ def adaround(module: nn.Module, batches: Sequence[Batch], *, bits: Sequence[int]
     except (RuntimeError, TypeError, ValueError) as e:
         raise QatError(f"the module does not run on the given batches ({type(e).__name__}: "
                        f"{e}); pass inputs shaped as prepare's example inputs") from None
-    names = [n for n in order if layers[n].bits in bits and not layers[n].group]
+    names = [n for n in order if layers[n].bits in bits]
     gen = torch.Generator().manual_seed(seed)
     report = RoundingReport()
     was_training = module.training

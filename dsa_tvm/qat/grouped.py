@@ -59,14 +59,48 @@ def _pair(v) -> tuple[int, int]:
     return (int(v), int(v)) if isinstance(v, int) else tuple(int(d) for d in v)
 
 
-def weight_values(layer: "WeightedLayer") -> np.ndarray:
-    """The weights on their groups' grids, [N, K] float32 (what the export writes)."""
+def _flat_weights(layer: "WeightedLayer") -> np.ndarray:
     w = layer.masked_weight().detach().numpy().astype(np.float64)
-    w = w.reshape(w.shape[0], -1)      # a pointwise conv's (O, I, 1, 1) as [N, K]
     if not np.isfinite(w).all():
         raise NonFiniteError(f"layer {layer.name}: weights became NaN or infinite (learning "
                              f"rate too high? lower lr)")
-    return group_grid(w, layer.group, layer.bits).values().astype(np.float32)
+    return w.reshape(w.shape[0], -1)   # a pointwise conv's (O, I, 1, 1) as [N, K]
+
+
+def weight_values(layer: "WeightedLayer") -> np.ndarray:
+    """The weights on their groups' grids, [N, K] float32 (what the export writes):
+    nearest, or the learned rounding (``round_up``, :func:`rounding_base`)."""
+    if layer.round_up is None:
+        return group_grid(_flat_weights(layer), layer.group, layer.bits).values().astype(
+            np.float32)
+    base, step, offset, (lo, hi), free = rounding_base(layer)
+    up = layer.round_up.numpy().reshape(base.shape) & free
+    codes = np.clip(base + up, lo, hi)
+    return (step * codes + offset).astype(np.float32)
+
+
+def rounding_base(layer: "WeightedLayer") -> tuple[np.ndarray, np.ndarray, np.ndarray,
+                                                   tuple[int, int], np.ndarray]:
+    """What learned rounding (``qat.adaround``) chooses on: per weight [N, K], the code
+    below it on its group's nearest-rounding grid, that grid's step and offset, the codes'
+    range, and which weights may round up. Each group's smallest and largest weight keep
+    the grid's end codes (a constant group its one code), so every group still spans its
+    whole grid and ``find_grid`` finds that grid in the export, as for nearest rounding."""
+    w = _flat_weights(layer)
+    grid = group_grid(w, layer.group, layer.bits)
+    n, k = w.shape
+    rep = lambda a: np.repeat(a, layer.group, axis=1)[:, :k]  # noqa: E731
+    step, offset = rep(grid.step), rep(grid.offset)
+    pad = np.full((n, grid.step.shape[1] * layer.group), np.nan)
+    pad[:, :k] = w
+    blocks = pad.reshape(n, -1, layer.group)
+    w_lo, w_hi = rep(np.nanmin(blocks, axis=2)), rep(np.nanmax(blocks, axis=2))
+    half = 2 ** (layer.bits - 1)
+    safe = np.where(step > 0, step, 1.0)
+    free = (step > 0) & (w != w_lo) & (w != w_hi)
+    # a weight on the grid stays on its code; the pinned ones keep their nearest codes
+    base = np.where(free, np.floor((w - offset) / safe + 1e-9), grid.codes)
+    return base, step, offset, (-half, half - 1), free
 
 
 def compiler_grid(layer: "WeightedLayer", values: np.ndarray) -> GroupGrid:

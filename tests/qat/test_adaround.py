@@ -6,6 +6,8 @@ from __future__ import annotations
 import numpy as np
 import pytest
 import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from dsa_tvm import qat
 from dsa_tvm.qat.errors import QatError
@@ -89,6 +91,63 @@ def test_training_after_rounding_keeps_the_export_exact():
     qat.distill(p, net, _data(4, 2), _data(1, 3), steps=8, lr=1e-4, eval_every=4,
                 show_progress=False)
     _dsa_equals_module(p, torch.randn(1, 3, 16, 16, generator=torch.Generator().manual_seed(6)))
+
+
+@pytest.mark.parametrize("bits", [4, 8])
+def test_grouped_layers_learn_their_rounding_on_their_group_grids(bits):
+    """The pointwise conv and the classifier on per-group grids: codes move by one at most
+    on the nearest grid's steps and offsets, the layers' error falls, and the DSA (grouped
+    dense on the image and on the rows) still gives the module bit for bit."""
+    from dsa_tvm.qat import grouped
+
+    _net, p, cal = _prepared(bits, weight_group=16)
+    layers = {n: ly for n, ly in weighted_layers(p).items() if ly.group}
+    assert sorted(layers) == ["fc", "pw"]
+    nearest = {n: grouped.weight_values(ly).copy() for n, ly in layers.items()}
+    rep = qat.adaround(p, cal, bits=(bits,), iters=150, show_progress=False)
+    rounded = {r.name: r for r in rep.layers}
+    assert set(layers) <= set(rounded)
+    assert sum(rounded[n].error_learned for n in layers) < sum(rounded[n].error_nearest
+                                                               for n in layers)
+    for n, ly in layers.items():
+        _base, step, offset, _limits, _free = grouped.rounding_base(ly)
+        got = grouped.weight_values(ly).astype(np.float64)
+        moved = np.rint((got - nearest[n]) / np.where(step > 0, step, 1.0))
+        assert np.abs(moved).max() <= 1
+        codes = (got - offset) / np.where(step > 0, step, 1.0)
+        np.testing.assert_allclose(codes, np.rint(codes), atol=1e-3)   # on the same grid
+    assert any(not np.array_equal(grouped.weight_values(ly), nearest[n])
+               for n, ly in layers.items())      # the module computes the learned codes
+    _dsa_equals_module(p, torch.randn(1, 3, 16, 16, generator=torch.Generator().manual_seed(7)))
+
+
+@settings(max_examples=40, deadline=None)
+@given(n=st.integers(1, 6), groups=st.integers(1, 4), group=st.sampled_from([16, 32]),
+       bits=st.sampled_from([4, 8]), magnitude=st.floats(-6, 3), share_up=st.floats(0, 1),
+       coarse=st.booleans(), seed=st.integers(0, 2**31))
+def test_any_learned_rounding_stays_on_a_grid_the_compiler_finds(n, groups, group, bits,
+                                                                   magnitude, share_up,
+                                                                   coarse, seed):
+    """Whatever ``round_up`` says (all up, all down, any mix; tiny and huge weights; groups
+    already on a coarser grid), each value is within one step of nearest rounding and
+    ``find_grid`` finds a grid holding all of them: the export compiles as trained."""
+    import types
+
+    from dsa_tvm.layers.group_grid import find_grid, group_grid
+    from dsa_tvm.qat import grouped
+
+    rng = np.random.default_rng(seed)
+    w = rng.normal(0, 1, (n, groups * group)) * 10.0 ** magnitude
+    if coarse:   # a group on a grid of a few levels already (Q4_0-like)
+        w[:, :group] = rng.integers(-3, 4, (n, group)) * 10.0 ** magnitude
+    layer = types.SimpleNamespace(masked_weight=lambda: torch.from_numpy(w), name="l",
+                                  group=group, bits=bits,
+                                  round_up=torch.from_numpy(rng.random(w.shape) < share_up))
+    got = grouped.weight_values(layer).astype(np.float64)
+    step = grouped.rounding_base(layer)[1]
+    near = group_grid(w, group, bits).values()
+    assert np.all(np.abs(got - near) <= step * (1 + 1e-6) + 1e-6 * np.abs(w).max())
+    assert find_grid(got.astype(np.float32)) is not None
 
 
 def test_changing_a_layers_width_or_mask_drops_its_rounding():
