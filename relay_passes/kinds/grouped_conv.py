@@ -15,11 +15,11 @@ import numpy as np
 from tvm.relax.dpl import DFPattern, is_const, is_op, wildcard
 
 from dsa_tvm.hw.config import HardwareConfig
-from dsa_tvm.layers.group_grid import find_grid, grouped_dense
+from dsa_tvm.layers.group_grid import GRID_BITS, GRID_GROUPS, find_grid, grouped_dense
 from dsa_tvm.layers.ir import GroupedDense, QTensor
 
 from .common import Constraint, common_constraints
-from .grouped_dense import GRID_HELP, float_const
+from .grouped_dense import float_const
 from .match import Match, NotAMatch, Reader, Root, qtensor
 from .scales import clip_bounds
 from .spec import ACTS, Kind, act, dq, q, variant_name
@@ -69,7 +69,11 @@ def _pointwise(m: Match, cfg: HardwareConfig) -> str | None:
 
 def _on_grid(m: Match, cfg: HardwareConfig) -> str | None:
     if find_grid(_weight_nk(m)) is None:
-        return f"the float32 weight {tuple(m.weight.value.shape)} is on no per-group grid {GRID_HELP}"
+        return (f"the float32 weight {tuple(m.weight.value.shape)} is on no per-group grid "
+                f"({' or '.join(map(str, GRID_BITS))} bits, groups of "
+                f"{'/'.join(map(str, GRID_GROUPS))} input channels): quantize it "
+                f"(quantize_onnx, or qat.prepare(..., weight_group=16) then qat.export) or "
+                f"it stays on the CPU")
     n = m.weight.value.shape[0]
     if m.bias is not None and m.bias.value.size != n:
         return f"bias of {m.bias.value.size} values for {n} output channels"

@@ -33,11 +33,6 @@ from .match import (
 from .scales import clip_bounds
 from .spec import ACTS, Kind, act, dq, q, variant_name
 
-#: what a float weight must be to run as a grouped dense, and the fix when it is not
-GRID_HELP = (f"({' or '.join(map(str, GRID_BITS))} bits, groups of "
-             f"{'/'.join(map(str, GRID_GROUPS))} input rows): quantize it "
-             f"(quantize_onnx(..., weight_group=32)) or it stays on the CPU")
-
 
 def _pattern(bias: bool, act_name: str | None, merged: bool = False) -> DFPattern:
     w = is_const()
@@ -85,7 +80,9 @@ def _on_grid(m: Match, cfg: HardwareConfig) -> str | None:
     if w.ndim != 2:
         return f"a {w.ndim}-D float weight (a grouped dense takes a 2-D one)"
     if find_grid(_weight_nk(m)) is None:
-        return f"the float32 weight {w.shape} is on no per-group grid {GRID_HELP}"
+        return (f"the float32 weight {w.shape} is on no per-group grid ({' or '.join(map(str, GRID_BITS))} "
+                f"bits, groups of {'/'.join(map(str, GRID_GROUPS))} input rows): quantize it "
+                f"(quantize_onnx(..., weight_group=32)) or it stays on the CPU")
     n = _weight_nk(m).shape[0]
     if m.bias is not None and m.bias.value.size != n:
         return f"bias of {m.bias.value.size} values for {n} output channels"
