@@ -1,6 +1,6 @@
-"""A linear layer or a pointwise conv with per-group weight grids (``prepare(..., weight_group=32)``): the
-DSA's grouped dense (``layers.group_grid``: a scale and an offset per group of input
-rows, GGUF Q4_1's form) inside the forward pass.
+"""A linear layer or a pointwise conv with per-group weight grids
+(``prepare(..., weight_group=32)``): the DSA's grouped dense (``layers.group_grid``: a
+scale and an offset per group of input rows, GGUF Q4_1's form) inside the forward pass.
 
 Each step the weights are rounded onto their groups' grids (minimum to maximum, as
 ``quantize_onnx(..., weight_group=...)`` rounds them), straight through for the
@@ -42,10 +42,11 @@ def pointwise(layer: "WeightedLayer") -> bool:
     """A 1x1 convolution that is a dense over the image's pixels (stride 1, no padding,
     groups 1): the compiler runs it as the grouped dense on the image itself."""
     c = layer.conv
+    pad = c.get("padding", 0)
+    no_pad = pad in ("valid", "same") if isinstance(pad, str) else _pair(pad) == (0, 0)
     return (layer.kind == "conv2d" and tuple(layer.weight.shape[2:]) == (1, 1)
-            and layer.pad is None and int(c.get("groups", 1)) == 1
-            and all(_pair(c.get(k, d)) == (d, d) for k, d in
-                    (("stride", 1), ("padding", 0), ("dilation", 1))))
+            and layer.pad is None and int(c.get("groups", 1)) == 1 and no_pad
+            and _pair(c.get("stride", 1)) == (1, 1))
 
 
 def fits(layer: "WeightedLayer", group: int) -> bool:

@@ -3,8 +3,8 @@ constant on a per-group grid (a scale and an offset per group of input channels)
 
 A 1x1 convolution with stride 1 and no padding is a dense over the image's pixels, and the
 DSA keeps an NCHW image as exactly those rows (``layers.layouts``: one row of channel
-blocks per pixel). So a pointwise conv whose weights the QAT export or the quantizer left
-on a group grid (``qat.prepare(..., weight_group=16)``) runs as the grouped dense
+blocks per pixel). So a pointwise conv whose weights the QAT export left on a group grid
+(``qat.prepare(..., weight_group=16)``) runs as the grouped dense
 (``layers.group_grid``) on the image itself, with no layout change on either side. Any
 other float-weight convolution stays on the CPU, named.
 """
