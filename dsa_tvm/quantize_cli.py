@@ -46,9 +46,9 @@ def add_parser(sub) -> None:
                    help="4: W4A8, int4 weight codes (half the DRAM bytes on a part with "
                         "dram.int4_weights); 8: int8 (default)")
     q.add_argument("--weight-group", type=_positive_int, default=None, metavar="G",
-                   help="MatMul weights on a --weight-bits grid per group of G input rows with "
-                        "a minimum (GGUF Q4_1's form; the DSA's grouped dense), not per "
-                        "output channel")
+                   help="MatMul and 1x1 Conv weights on a --weight-bits grid per group of G "
+                        "input rows (channels) with a minimum (GGUF Q4_1's form; the DSA's "
+                        "grouped dense), not per output channel")
     q.add_argument("--no-keep-grids", action="store_true",
                    help="re-round MatMul weights that already lie on a per-group grid (a "
                         "weight-only int4 model) like any other, instead of keeping them as "

@@ -102,7 +102,7 @@ class QuantizedModel:
 
     def _weights_kind(self) -> str:
         if self.options.weight_group:
-            return f"per-{self.options.weight_group}-row-group (MatMul)"
+            return f"per-{self.options.weight_group}-row-group (MatMul, 1x1 Conv)"
         return "per-channel" if self.options.per_channel else "per-tensor"
 
     def summary(self) -> str:
@@ -195,11 +195,13 @@ def quantize_onnx(model: onnx.ModelProto | str | Path | Intake, calibration_data
     residual stream: the DSA adds int16 codes, its norms read them, a dense writes them);
     the model is upgraded to opset 21 for their int16 Q/DQ, and each one is kept quantized
     even where no int8 op reads it.
-    ``weight_group``: MatMul weights on a ``weight_bits``-bit grid per group of that many
-    input rows, from each group's minimum to its maximum (GGUF Q4_1's ``d * q + min``),
-    left as float32 on the grid (QDQ's int8 codes cannot carry an offset per group); the
-    DSA's grouped dense finds the grid again. ``wide_weights``: MatMul node names whose
-    groups take 8 bits (an LLM's head). Other weighted layers stay per channel.
+    ``weight_group``: MatMul weights, and pointwise Conv weights (1x1, stride 1, no
+    padding, groups 1, whole groups of input channels), on a ``weight_bits``-bit grid per
+    group of that many input rows, from each group's minimum to its maximum (GGUF Q4_1's
+    ``d * q + min``), left as float32 on the grid (QDQ's int8 codes cannot carry an
+    offset per group); the DSA's grouped dense finds the grid again (a conv's with its
+    bias corrected for the grid's rounding). ``wide_weights``: MatMul or Conv node names
+    whose groups take 8 bits (an LLM's head). Other weighted layers stay per channel.
     ``keep_grids``: a MatMul weight that already lies on such a grid (a weight-only int4
     model: onnxruntime's MatMulNBits or blocked DequantizeLinear, unpacked by intake) stays
     exactly as shipped, whatever ``weight_bits`` says; ``False`` re-rounds it like any other.
@@ -239,9 +241,11 @@ def quantize_onnx(model: onnx.ModelProto | str | Path | Intake, calibration_data
                      - {i.name for i in fp32.graph.input})
     if unknown:
         raise ValueError(f"wide_tensors names no tensor of the model: {unknown[:5]}")
-    unknown = sorted(opts.wide_weights - {n.name for n in fp32.graph.node if n.op_type == "MatMul"})
+    unknown = sorted(opts.wide_weights - {n.name for n in fp32.graph.node
+                                          if n.op_type in ("MatMul", "Conv")})
     if unknown:
-        raise ValueError(f"wide_weights names no MatMul node of the model: {unknown[:5]}")
+        raise ValueError(f"wide_weights names no MatMul or Conv node of the model: "
+                         f"{unknown[:5]}")
     g = Graph(fp32)
     plan = make_plan(g, opts.keep_fp32 | set(side), None, quantize_adds,
                      quantize_norms=quantize_norms, wide=opts.wide_tensors)

@@ -92,7 +92,8 @@ def insert_qdq(model: onnx.ModelProto, plan: Plan, act_qparams: dict[str, ActQua
         if keep_grids and _kept_on_grid(q, g, a, n):
             continue
         if weight_group and _grouped(q, g, a, n, weight_group,
-                                     8 if n.name in wide_weights else weight_bits):
+                                     8 if n.name in wide_weights else weight_bits,
+                                     input_means):
             continue
         ints = anchor_ints(g, a, per_channel, input_means, qp_of(n.input[0]).scale,
                            weight_bits)
@@ -150,19 +151,47 @@ def insert_qdq(model: onnx.ModelProto, plan: Plan, act_qparams: dict[str, ActQua
 
 
 def _grouped(q: onnx.ModelProto, g: Graph, a: Anchor, n: onnx.NodeProto, group: int,
-             bits: int) -> bool:
-    """A MatMul's 2-D weight replaced by its float32 values on a ``bits``-bit grid per
-    ``group`` input rows with a minimum (GGUF Q4_1's form, ``layers.group_grid``): a QDQ
-    graph's int8 codes cannot carry a scale and an offset per group, so the weight stays
-    float and the DSA's grouped dense finds the grid again. False (untouched) for any
+             bits: int, input_means: dict[str, np.ndarray] | None = None) -> bool:
+    """A MatMul's 2-D weight, or a pointwise Conv's, replaced by its float32 values on a
+    ``bits``-bit grid per ``group`` input rows (channels) with a minimum (GGUF Q4_1's form,
+    ``layers.group_grid``): a QDQ graph's int8 codes cannot carry a scale and an offset
+    per group, so the weight stays float and the DSA's grouped dense finds the grid again
+    (a 1x1 conv runs as that dense over the image's pixels). False (untouched) for any
     other anchor."""
     w = _matmul_weight(g, a, n)
+    if w is not None:
+        grid = group_grid(np.asarray(w, np.float64).T, group, bits)
+        n.input[1] = _add_init(q, f"{n.name}/W_grouped", grid.values().T.astype(np.float32))
+        _bias_second(q, a, n)
+        return True
+    w = _pointwise_weight(g, a, n, group)
     if w is None:
         return False
-    grid = group_grid(np.asarray(w, np.float64).T, group, bits)
-    n.input[1] = _add_init(q, f"{n.name}/W_grouped", grid.values().T.astype(np.float32))
-    _bias_second(q, a, n)
+    values = group_grid(w.reshape(w.shape[0], -1), group, bits).values().reshape(w.shape)
+    n.input[1] = _add_init(q, f"{n.name}/W_grouped", values.astype(np.float32))
+    if input_means is not None and n.input[0] in input_means:
+        # the grid's rounding moves each channel's mean output; its offsets do not undo it
+        bias = np.zeros(w.shape[0]) if a.bias is None else g.const(a.bias).reshape(-1)
+        bias = bias + conv_shift(w - values, input_means[n.input[0]], 1)
+        while len(n.input) < 3:
+            n.input.append("")
+        n.input[2] = _add_init(q, f"{n.name}/B_corrected", bias.astype(np.float32))
     return True
+
+
+def _pointwise_weight(g: Graph, a: Anchor, n: onnx.NodeProto, group: int) -> np.ndarray | None:
+    """A Conv's float64 (O, I, 1, 1) weight if the conv is a dense over its image's pixels
+    (stride 1, no padding, groups 1) whose I channels split into whole groups."""
+    w = g.const(a.weight)
+    if n.op_type != "Conv" or w is None or w.ndim != 4 or tuple(w.shape[2:]) != (1, 1):
+        return None
+    pad = g.attr(n, "auto_pad", b"NOTSET")
+    pad = pad.decode() if isinstance(pad, bytes) else str(pad)
+    if (int(g.attr(n, "group", 1)) != 1 or any(int(v) != 1 for v in g.attr(n, "strides", [1]))
+            or any(int(v) for v in g.attr(n, "pads", [0])) or pad not in ("NOTSET", "VALID")
+            or w.shape[1] % group):
+        return None
+    return np.asarray(w, np.float64)
 
 
 def _kept_on_grid(q: onnx.ModelProto, g: Graph, a: Anchor, n: onnx.NodeProto) -> bool:

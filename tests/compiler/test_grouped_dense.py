@@ -304,6 +304,66 @@ def test_quantized_per_group_the_model_runs_on_the_dsa_as_onnxruntime_runs_it():
         assert np.abs(y - sess.run(None, {"x": x})[0]).max() <= step * 1.01
 
 
+def _pointwise_cnn():
+    """Conv 3x3 -> Relu -> Conv 1x1 (32 -> 24, bias) -> Relu -> Conv 1x1 (24 -> 8, no bias)
+    -> Conv 1x1 stride 2 (8 -> 8): the first 1x1 splits into groups of 16 channels."""
+    from .. import qdq_models as Q
+
+    rng = np.random.default_rng(1)
+    inits = {"W0": Q.rand(rng, 32, 3, 3, 3), "W1": Q.rand(rng, 24, 32, 1, 1),
+             "B1": Q.rand(rng, 24) + 0.5, "W2": Q.rand(rng, 8, 24, 1, 1),
+             "W3": Q.rand(rng, 8, 8, 1, 1)}
+    nodes = [Q.node("Conv", ["x", "W0"], ["c0"], name="stem", pads=[1] * 4),
+             Q.node("Relu", ["c0"], ["r0"]),
+             Q.node("Conv", ["r0", "W1", "B1"], ["c1"], name="expand"),
+             Q.node("Relu", ["c1"], ["r1"]),
+             Q.node("Conv", ["r1", "W2"], ["c2"], name="project"),
+             Q.node("Conv", ["c2", "W3"], ["out"], name="down", strides=[2, 2])]
+    fp32 = Q.make_model(nodes, inits, {"x": (1, 3, 6, 6)}, {"out": None})
+    return fp32, [(rng.standard_normal((1, 3, 6, 6)) + 0.3).astype(np.float32)
+                  for _ in range(4)]
+
+
+def test_quantized_per_group_pointwise_convs_run_on_the_dsa_as_onnxruntime_runs_them():
+    """``quantize_onnx(weight_group=16)`` puts the 1x1 conv whose 32 input channels split
+    into groups on a grid (its bias corrected for the grid's rounding), and leaves the
+    others per channel (24 channels, a stride); the DSA runs it as a grouped dense on the
+    image, each launch bit-exact against the integer reference, the output within one step
+    of onnxruntime on the same graph."""
+    import onnx
+    import onnxruntime as ort
+
+    from dsa_tvm.quant.api import quantize_onnx
+    from tir_schedules.kinds import run_region
+
+    fp32, cal = _pointwise_cnn()
+    inits0 = {i.name: onnx.numpy_helper.to_array(i) for i in fp32.graph.initializer}
+    qm = quantize_onnx(fp32, cal, show_progress=False, weight_bits=4, weight_group=16)
+    inits = {i.name: onnx.numpy_helper.to_array(i) for i in qm.model.graph.initializer}
+    w = inits["expand/W_grouped"].reshape(24, 32)
+    np.testing.assert_allclose(group_grid(w, 16, 4).values(), w, rtol=0, atol=1e-6)
+    assert not np.array_equal(inits["expand/B_corrected"], inits0["B1"])
+    assert not any(k.startswith(("project/W_grouped", "down/W_grouped", "stem/W_grouped"))
+                   for k in inits)
+    assert "per-16-row-group (MatMul, 1x1 Conv)" in qm.summary()
+    rep, run = _on_dsa(qm)
+    kinds = [type(ly).__name__ for r in rep.regions if r.target == "dsa"
+             for ly in r.region.layers]
+    assert kinds.count("GroupedDense") == 1 and kinds.count("Conv2d") == 3, kinds
+    so = ort.SessionOptions()
+    so.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL
+    sess = ort.InferenceSession(qm.model.SerializeToString(), so)
+    step = float(inits["out/scale"])
+    regions = [r.region for r in rep.regions if r.target == "dsa"]
+    for x in cal:
+        y, launches = run(x)
+        for reg, launch in zip(regions, launches):
+            want = run_region(reg, launch.inputs)
+            for name, got in launch.outputs.items():
+                np.testing.assert_array_equal(got, want[name])
+        assert np.abs(y - sess.run(None, {"x": x})[0]).max() <= step * 1.01
+
+
 def test_a_float_weight_on_no_grid_stays_on_the_cpu_named():
     import onnx
 
@@ -329,7 +389,7 @@ def test_a_bad_weight_group_is_refused_naming_it(bad):
     fp32, cal = _mlp()
     with pytest.raises(ValueError, match="weight_group must be a whole number"):
         quantize_onnx(fp32, cal, show_progress=False, weight_group=bad)
-    with pytest.raises(ValueError, match=r"wide_weights names no MatMul node.*'head'"):
+    with pytest.raises(ValueError, match=r"wide_weights names no MatMul or Conv node.*'head'"):
         quantize_onnx(fp32, cal, show_progress=False, weight_group=32, wide_weights={"head"})
 
 
@@ -344,7 +404,7 @@ def test_cli_quantize_weight_group_writes_the_grids(tmp_path, capsys):
     np.savez(tmp_path / "cal.npz", x=np.stack(cal))
     assert main(["quantize", str(src), "--calib", str(tmp_path / "cal.npz"), "--weight-bits",
                  "4", "--weight-group", "32", "--quiet"]) == 0
-    assert "per-32-row-group (MatMul) int4 weights" in capsys.readouterr().out
+    assert "per-32-row-group (MatMul, 1x1 Conv) int4 weights" in capsys.readouterr().out
     q = onnx.load(str(tmp_path / "mlp_w4g32.onnx"))      # the default name says what it is
     grids = [onnx.numpy_helper.to_array(i) for i in q.graph.initializer
              if i.name.endswith("/W_grouped")]
