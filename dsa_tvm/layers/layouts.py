@@ -62,16 +62,12 @@ def rows_view(t):
 
 def pixel_rows(x: np.ndarray) -> np.ndarray:
     """An NCHW image as the rows of its pixels, (N*H*W, C): the bytes the DSA keeps it in,
-    so a 1x1 convolution is a dense over them; a matrix (..., K) is returned as is."""
-    if x.ndim != 4:
-        return x
+    so a 1x1 convolution is a dense over them."""
     return np.ascontiguousarray(x.transpose(0, 2, 3, 1).reshape(-1, x.shape[1]))
 
 
 def from_pixel_rows(y: np.ndarray, shape: tuple[int, ...]) -> np.ndarray:
-    """Rows of pixels (N*H*W, C) back into the NCHW image ``shape`` (a matrix: a reshape)."""
-    if len(shape) != 4:
-        return y.reshape(shape)
+    """Rows of pixels (N*H*W, C) back into the NCHW image ``shape``."""
     n, c, h, w = shape
     return np.ascontiguousarray(y.reshape(n, h, w, c).transpose(0, 3, 1, 2))
 

@@ -25,6 +25,8 @@ from dsa_tvm import qat
 from dsa_tvm.layers.group_grid import group_grid
 from dsa_tvm.qat.layers import WeightedLayer
 
+from .test_qat_grouped import on_dsa
+
 ACTS = {"relu": nn.ReLU(), "relu6": nn.ReLU6(), "none": nn.Identity()}
 
 
@@ -43,14 +45,6 @@ class Pointwise(nn.Module):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         y = torch.relu(self.bn(self.stem(x)))
         return self.project(self.dw(self.act(self.expand(y))))
-
-
-def on_dsa(model, x: np.ndarray) -> tuple[np.ndarray, list[str]]:
-    with dsa_tvm.options(offload="all"):
-        ex = dsa_tvm.compile(model, "default", verbose=False)
-    kinds = [type(ly).__name__ for r in dsa_tvm.last_compile_report().regions
-             if r.target == "dsa" for ly in r.region.layers]
-    return relax.VirtualMachine(ex, tvm.cpu())["main"](tvm.runtime.tensor(x)).numpy(), kinds
 
 
 @settings(max_examples=6, deadline=None, suppress_health_check=[HealthCheck.too_slow])
