@@ -46,7 +46,7 @@ import numpy as np
 
 from .semantics import quantize_multiplier, rshift_round
 
-__all__ = ["EXP_FRAC", "NormParams", "SoftmaxParams", "int_exp", "int_norm",
+__all__ = ["EXP_FRAC", "EXP_ZERO_SPAN", "NormParams", "SoftmaxParams", "int_exp", "int_norm",
            "int_reciprocal", "int_rsqrt", "int_softmax", "norm_params", "softmax_params",
            "MAX_ROW"]
 
@@ -100,6 +100,21 @@ def int_exp(x_w: np.ndarray) -> np.ndarray:
     p = x + (z << EXP_FRAC)
     poly = (p + _QB) * (p + _QB) + _QC
     return rshift_round(poly, z + EXP_SHIFT)
+
+
+def _exp_zero_periods() -> int:
+    """The ln2 periods ``z`` from which :func:`int_exp` is exactly 0 (its largest value for
+    a given ``z`` is at ``p = 0``: ``(QB**2 + QC) >> (z + EXP_SHIFT)``, rounded)."""
+    z = 0
+    while rshift_round(np.int64(_QB * _QB + _QC), z + EXP_SHIFT) > 0:
+        z += 1
+    return z
+
+
+#: a softmax input this far (in real units) or more below its row's maximum contributes
+#: exactly 0 to :func:`int_softmax` (i-exp underflows; one ln2 period of margin for the
+#: rounding of the working value), so an input grid need not reach below it
+EXP_ZERO_SPAN = (_exp_zero_periods() + 1) * math.log(2)
 
 
 def int_reciprocal(s: np.ndarray) -> tuple[np.ndarray, np.ndarray]:

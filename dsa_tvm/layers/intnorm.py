@@ -6,6 +6,7 @@ semantics, which the simulator runs); this module re-exports them for the layer 
 
 from ..isa.intnorm import (  # noqa: F401
     EXP_FRAC,
+    EXP_ZERO_SPAN,
     MAX_ROW,
     NormParams,
     SoftmaxParams,
@@ -18,5 +19,5 @@ from ..isa.intnorm import (  # noqa: F401
     softmax_params,
 )
 
-__all__ = ["EXP_FRAC", "NormParams", "SoftmaxParams", "int_exp", "int_norm", "int_reciprocal",
-           "int_rsqrt", "int_softmax", "norm_params", "softmax_params", "MAX_ROW"]
+__all__ = ["EXP_FRAC", "EXP_ZERO_SPAN", "NormParams", "SoftmaxParams", "int_exp", "int_norm",
+           "int_reciprocal", "int_rsqrt", "int_softmax", "norm_params", "softmax_params", "MAX_ROW"]

@@ -256,8 +256,9 @@ def quantize_onnx(model: onnx.ModelProto | str | Path | Intake, calibration_data
     mean_axes = {a.node.input[0]: 1 if a.node.op_type in ("Conv", "ConvTranspose") else -1
                  for a in plan.anchors.values()}
     observe = sorted({plan.pre_act[t][0] if t in plan.pre_act else t for t in plan.tensors})
+    softmax_in = frozenset(f.inputs[0] for f in plan.followers if f.node.op_type == "Softmax")
     observers, chans = calibrate(fp32, feeds, observe, method, show_progress,
-                                 mean_axes if bias_correction else None, **extra)
+                                 mean_axes if bias_correction else None, softmax_in, **extra)
     ranges = {}
     for t in plan.tensors:
         if t in plan.pre_act:   # clamp the pre-activation range to the activation's bounds

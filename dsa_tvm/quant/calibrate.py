@@ -16,8 +16,9 @@ import onnx
 from onnx import TensorProto, helper
 
 from ..frontend.onnx_graph import Graph
+from ..isa.intnorm import EXP_ZERO_SPAN
 from ..ort_session import session
-from .observers import ChannelMeanObserver, Observer, make_observer
+from .observers import ChannelMeanObserver, Observer, SoftmaxInputObserver, make_observer
 
 Feed = dict[str, np.ndarray]
 
@@ -73,11 +74,16 @@ def check_finite(v: np.ndarray, tensor: str, batch: int) -> None:
 
 def calibrate(model: onnx.ModelProto, feeds: Sequence[Feed], tensors: Sequence[str],
               method: str = "minmax", show_progress: bool = True,
-              channel_means: dict[str, int] | None = None, **observer_options
+              channel_means: dict[str, int] | None = None,
+              softmax_inputs: frozenset[str] = frozenset(), **observer_options
               ) -> tuple[dict[str, Observer], dict[str, ChannelMeanObserver]]:
     """One range observer per tensor in ``tensors`` and one per-channel observer per
-    ``channel_means`` entry (tensor -> channel axis), updated with every calibration feed."""
+    ``channel_means`` entry (tensor -> channel axis), updated with every calibration feed.
+    ``softmax_inputs``: tensors an integer softmax reads; their ranges stop where the
+    [norm] unit's exponential is 0 (:class:`~.observers.SoftmaxInputObserver`)."""
     observers = {t: make_observer(method, **observer_options) for t in tensors}
+    for t in softmax_inputs.intersection(observers):
+        observers[t] = SoftmaxInputObserver(observers[t], EXP_ZERO_SPAN)
     means = {t: ChannelMeanObserver(ax) for t, ax in (channel_means or {}).items()}
     names = list(dict.fromkeys(list(tensors) + list(means)))
     for i, vals in enumerate(run_with_intermediates(model, feeds, names,

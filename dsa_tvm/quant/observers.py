@@ -203,6 +203,50 @@ def kl_divergence_at(hist: np.ndarray, i: int, levels: int) -> float:
     return float(np.sum(p[m] * np.log(p[m] / qm)))
 
 
+#: a softmax input at or below this is an additive mask's value, not a score (real
+#: attention scores lie within tens of units of zero; masks add -1e4, -1e9 or float32's
+#: minimum)
+MASKED = -1000.0
+
+
+class SoftmaxInputObserver(Observer):
+    """A softmax input's range for the [norm] unit, where an additive attention mask's
+    values (at or below :data:`MASKED`) must not set the grid: they would stretch it so far
+    that every real score rounds to one code. ``base`` (the method's observer) sees them
+    moved up to a floor ``span`` below the smallest row maximum (the last axis is the row;
+    ``span``: ``isa.intnorm.EXP_ZERO_SPAN``, from where the unit's exponential is exactly
+    0), or to the smallest real score when that is lower. So the grid holds every real
+    score, and a masked value, saturating at the grid's minimum, still contributes 0.
+    Without mask values this is the method's observer unchanged."""
+
+    def __init__(self, base: Observer, span: float) -> None:
+        super().__init__()
+        self.base, self.span = base, span
+
+    def update(self, x: np.ndarray) -> None:
+        x = np.asarray(x, np.float32)
+        if x.size == 0:
+            return
+        masked = x <= MASKED
+        if masked.any():
+            row_max = x.max(axis=-1)
+            live = row_max[row_max > MASKED]
+            if live.size == 0:  # every row masked entirely: nothing real to hold
+                return
+            floor = float(live.min()) - self.span
+            real = x[~masked]
+            x = np.where(masked, np.float32(min(floor, float(real.min()))), x)
+        super().update(x)
+        self.base.update(x)
+
+    def range(self) -> tuple[float, float]:
+        if not self.seen:
+            raise ValueError(f"a softmax input was masked entirely (every value <= {MASKED:g}) "
+                             f"on every calibration batch: calibrate on inputs with at least "
+                             f"one unmasked position")
+        return self.base.range()
+
+
 def make_observer(method: str, **options) -> Observer:
     """An observer for calibration ``method`` (one of :data:`METHODS`)."""
     if method == "minmax":
