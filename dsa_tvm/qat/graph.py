@@ -24,6 +24,9 @@ MOVEMENT_FUNCTIONS = (torch.flatten, torch.reshape)
 MOVEMENT_METHODS = ("view", "reshape", "flatten", "contiguous")
 DROPOUT_MODULES = (nn.Dropout, nn.Dropout2d, nn.AlphaDropout)
 DROPOUT_FUNCTIONS = (F.dropout, F.dropout2d)
+MATMUL_FUNCTIONS = (torch.matmul, operator.matmul)
+SOFTMAX_FUNCTIONS = (F.softmax, torch.softmax)
+TRANSPOSE_FUNCTIONS = (torch.permute, torch.transpose)
 
 
 def module(n: fx.Node, modules: Modules) -> nn.Module | None:
@@ -202,6 +205,41 @@ def is_max_pool(n: fx.Node, modules: Modules) -> bool:
         return not m.return_indices
     return n.op == "call_function" and n.target is F.max_pool2d and \
         not arg(n, 6, "return_indices", False)
+
+
+def is_activation_matmul(n: fx.Node) -> bool:
+    """``a @ b`` of two computed tensors (attention's ``Q @ K^T``, ``P @ V``); a product
+    with a parameter is a linear layer's business."""
+    if len(n.args) != 2 or n.kwargs or not all(is_tensor(a) and a.op != "get_attr"
+                                               for a in n.args):
+        return False
+    return (n.op == "call_function" and n.target in MATMUL_FUNCTIONS) or \
+        (n.op == "call_method" and n.target == "matmul")
+
+
+def is_last_axis_softmax(n: fx.Node, modules: Modules) -> bool:
+    """A softmax over the last axis (the [norm] unit's row), as a module, function or
+    method."""
+    m = module(n, modules)
+    if isinstance(m, nn.Softmax):
+        dim = m.dim
+    elif (n.op == "call_function" and n.target in SOFTMAX_FUNCTIONS) or \
+            (n.op == "call_method" and n.target == "softmax"):
+        dim = arg(n, 1, "dim")
+        if n.kwargs.get("dtype") is not None:   # a cast the unit does not make
+            return False
+    else:
+        return False
+    src = n.args[0] if n.args else None
+    if not isinstance(dim, int) or not is_tensor(src):
+        return False
+    return dim % len(src.meta["tensor_meta"].shape) == len(src.meta["tensor_meta"].shape) - 1
+
+
+def is_transpose(n: fx.Node) -> bool:
+    """A permute / transpose: int8 values moved, not changed."""
+    return (n.op == "call_function" and n.target in TRANSPOSE_FUNCTIONS) or \
+        (n.op == "call_method" and n.target in ("permute", "transpose"))
 
 
 def is_dropout(n: fx.Node, modules: Modules) -> bool:

@@ -23,6 +23,7 @@ from torch.fx.passes.shape_prop import ShapeProp
 from ..quant.observers import METHODS
 from ..quant.qparams import WEIGHT_BITS
 from . import graph as G
+from .attention import FixedGrid, MatMulLayer, SoftmaxInputGrid, SoftmaxLayer
 from .errors import QatError
 from .grouped import check_group
 from .grouped import fits as group_fits
@@ -105,9 +106,10 @@ class _Rewriter:
     """Builds the prepared graph node by node (old graph order is topological)."""
 
     def __init__(self, gm: fx.GraphModule, bits: int, method: str, symmetric: bool,
-                 smooth: float | None = None) -> None:
+                 smooth: float | None = None, quantize_norms: bool = False) -> None:
         self.gm, self.bits, self.method, self.symmetric = gm, bits, method, symmetric
         self.smooth = smooth
+        self.quantize_norms = quantize_norms
         self.smoothed: dict[fx.Node, tuple[Smooth, fx.Node]] = {}  # FP32 node -> its grid
         self.modules = dict(gm.named_modules())
         self.graph = fx.Graph()
@@ -145,14 +147,14 @@ class _Rewriter:
         self.modules[name] = mod
         return self.graph.call_module(name, args)
 
-    def on_grid(self, old: fx.Node) -> tuple[fx.Node, Grid]:
-        """The new node of ``old`` on an int8 grid (a quantizing Grid added once if its
-        producer is FP32)."""
+    def on_grid(self, old: fx.Node, kind: type[Grid] = Grid) -> tuple[fx.Node, Grid]:
+        """The new node of ``old`` on an int8 grid (a quantizing ``kind`` of Grid added once
+        if its producer is FP32)."""
         new = self.env[old]
         if new in self.grid:
             return new, self.grid[new]
         if new not in self.quantized:
-            g = Grid(self.method, self.symmetric)
+            g = kind(self.method, self.symmetric)
             q = self.add(f"{old.name}_quant", g, (new,))
             self.grid[q] = g
             self.quantized[new] = q
@@ -236,6 +238,20 @@ class _Rewriter:
         self.integer(n, chain, layer, (x,), kind)
         return True
 
+    def attention(self, n: fx.Node) -> bool:
+        """Attention's integer ops (``quantize_norms``): a product of two activations, a
+        last-axis softmax. False when ``n`` is neither."""
+        if G.is_activation_matmul(n):
+            (a, ga), (b, gb) = self.on_grid(n.args[0]), self.on_grid(n.args[1])
+            layer: _Integer = MatMulLayer(ga, gb, self.method, self.symmetric)
+            self.integer(n, [n], layer, (a, b), "batch_matmul")
+            return True
+        if G.is_last_axis_softmax(n, self.modules):
+            x, gx = self.on_grid(n.args[0], SoftmaxInputGrid)
+            self.integer(n, [n], SoftmaxLayer(gx, self.method, self.symmetric), (x,), "softmax")
+            return True
+        return False
+
     def fp32(self, n: fx.Node, why: str) -> None:
         self.env[n] = self.copy(n)
         self.report.fp32.append((n.name, G.describe(n, self.modules), why))
@@ -248,6 +264,8 @@ class _Rewriter:
             self.env[n] = self.copy(n)
             return
         if self.weighted(n):
+            return
+        if self.quantize_norms and self.attention(n):
             return
         if G.is_add(n, self.modules) and all(isinstance(a, fx.Node) and self.env[a] in self.grid
                                for a in n.args[:2]):
@@ -280,7 +298,8 @@ class _Rewriter:
             self.grid[self.env[n]] = g
             self.report.layers.append((n.name, "clip"))
             return
-        if on_grid and (G.is_movement(n, self.modules) or G.is_max_pool(n, self.modules)):
+        if on_grid and (G.is_movement(n, self.modules) or G.is_max_pool(n, self.modules)
+                        or (self.quantize_norms and G.is_transpose(n))):
             g = self.grid[self.env[src]]
             moved = self.copy(n)
             self.env[n] = self.add(f"{n.name}_grid", SameGrid(g), (moved,))
@@ -360,7 +379,8 @@ def prepare(module: nn.Module | Any, example_inputs: Any, calibration_data: Iter
             symmetric_activations: bool = False,
             layer_bits: dict[str, int] | None = None,
             bias_correction: bool = True, smooth: float | None = None,
-            split_outliers: bool = False, weight_group: int = 0) -> fx.GraphModule:
+            split_outliers: bool = False, weight_group: int = 0,
+            quantize_norms: bool = False) -> fx.GraphModule:
     """``module`` rewritten so its forward pass is the DSA's integer computation, with
     straight-through gradients for fine-tuning.
 
@@ -384,7 +404,10 @@ def prepare(module: nn.Module | Any, example_inputs: Any, calibration_data: Iter
     for transformers); ``weight_group``
     (16, 32, 64 or 128): the weights of linear layers and pointwise (1x1, stride 1, no
     padding) convs on a ``bits``-bit grid per that many input rows (channels) with an
-    offset, the DSA's grouped dense (:mod:`.grouped`; 0: per channel).
+    offset, the DSA's grouped dense (:mod:`.grouped`; 0: per channel);
+    ``quantize_norms``: as PTQ's, attention's ops integer too (:mod:`.attention`: products
+    of two activations and the last-axis softmax, for a DSA with ``[norm]`` units; PTQ
+    always makes the products int8, QAT only with this option).
     """
     if bits not in WEIGHT_BITS:
         raise QatError(f"bits={bits!r}: weights are int8 or int4; pass 8 or 4")
@@ -402,7 +425,7 @@ def prepare(module: nn.Module | Any, example_inputs: Any, calibration_data: Iter
     gm = module if converted else _trace(module)
     ShapeProp(gm).propagate(*args)
     check_alpha(smooth)
-    rw = _Rewriter(gm, bits, method, symmetric_activations, smooth)
+    rw = _Rewriter(gm, bits, method, symmetric_activations, smooth, quantize_norms)
     for n in gm.graph.nodes:
         rw.visit(n)
     out = fx.GraphModule(gm, rw.graph, class_name=f"Qat{type(module).__name__}")
@@ -434,7 +457,7 @@ def prepare(module: nn.Module | Any, example_inputs: Any, calibration_data: Iter
                        f"fixed batch: export it with a dynamic batch, or pass batches of "
                        f"its input shape") from None
     for g in grids(out):
-        g.gain.requires_grad_(learn_scales)
+        g.gain.requires_grad_(learn_scales and not isinstance(g, FixedGrid))
     for m in out.modules():
         if isinstance(m, WeightedLayer):
             m.weight_gain.requires_grad_(learn_weight_scales)
