@@ -43,6 +43,7 @@ import torch
 import tvm
 from compress_text import (  # a sibling: benchmarks/ is on sys.path
     minilm_grouped_rows,
+    minilm_norms_rows,
     minilm_rows,
     minilm_sparse_rows,
 )
@@ -301,7 +302,7 @@ def main() -> None:
                          "the pointwise convs and the classifier (default 16)")
     ap.add_argument("--rows",
                     default="ptq,int8,w4,mixed,w4_grouped,mixed_grouped,sparse,minilm,"
-                            "minilm_sparse,minilm_grouped",
+                            "minilm_norms,minilm_sparse,minilm_grouped",
                     help="row groups to run, comma-separated (default: all)")
     ap.add_argument("--png", default="bench_compress.png")
     args = ap.parse_args()
@@ -331,6 +332,7 @@ def main() -> None:
                                           group=args.weight_group),
         "sparse": lambda: sparse_rows(d()["net"], *d()["sparse"], steps, args),
         "minilm": lambda: minilm_rows(args, steps),
+        "minilm_norms": lambda: minilm_norms_rows(args, steps),
         "minilm_sparse": lambda: minilm_sparse_rows(args, steps, SPARSE_HW),
         "minilm_grouped": lambda: minilm_grouped_rows(args, steps)}
     wanted = args.rows.split(",")

@@ -76,10 +76,15 @@ class OnDsa:
         return rep.total_cycles, sum(r.dram_read + r.dram_written for r in rep.rows)
 
 
-def ptq_row(label: str, bits: int, cal: list[str], test, ref: np.ndarray, group: int = 0) -> dict:
+def ptq_row(label: str, bits: int, cal: list[str], test, ref: np.ndarray, group: int = 0,
+            norms: bool | set[str] = False) -> dict:
+    """``norms``: ``quantize_norms`` (True), or {"softmax"}: LayerNorm kept FP32."""
     t = time.perf_counter()
-    qm = quantize_onnx(onnx.load(str(minilm_path())), minilm_feeds(cal), weight_bits=bits,
-                       weight_group=group, show_progress=False)
+    model = onnx.load(str(minilm_path()))
+    keep = ([n.name for n in model.graph.node if n.op_type == "LayerNormalization"]
+            if norms and norms is not True and "layer_norm" not in norms else [])
+    qm = quantize_onnx(model, minilm_feeds(cal), weight_bits=bits, weight_group=group,
+                       show_progress=False, quantize_norms=bool(norms), keep_fp32=keep)
     dsa = OnDsa(qm.model)
     nn_agree, cos = agreement(dsa(*test), ref)
     cycles, nbytes = dsa.cost(*test)
@@ -133,14 +138,16 @@ def _checked(p, test, hw="default") -> tuple[OnDsa, str]:
 
 def qat_rows(label: str, net, bits: int, sparse: bool, data: dict, test, ref: np.ndarray,
              steps: int, args, sparse_hw=None, group: int = 0,
-             mixed_drop: float | None = None, sparse_drop: float | None = None) -> list[dict]:
+             mixed_drop: float | None = None, sparse_drop: float | None = None,
+             norms: bool | set[str] = False) -> list[dict]:
     t = time.perf_counter()
     # PTQ's outlier split (the FFN outputs' few huge channels in FP32 beside the layer);
     # at 4 bits also SmoothQuant's scale migration into the weights (measured: it helps
     # W4A8's start, 0.897 -> 0.910 cosine, and costs int8's a little, 0.992 -> 0.990)
     p = qat.prepare(net, (data["cal"][0][:1], data["cal"][1][:1]), [data["cal"]],
                     bits=8 if mixed_drop is not None else bits, learn_scales=True,
-                    split_outliers=True, smooth=0.5 if bits == 4 else None, weight_group=group)
+                    split_outliers=True, smooth=0.5 if bits == 4 else None, weight_group=group,
+                    quantize_norms=norms)
     note = ""
     if mixed_drop is not None:   # the most sensitive projections stay 8-bit
         sens = data["heldout"]
@@ -214,6 +221,21 @@ def minilm_rows(args, steps: int) -> list[dict]:
             ptq_row("MiniLM PTQ W4A8", 4, cal_s, test, ref)]
     rows += qat_rows("MiniLM int8", net, 8, False, data, test, ref, steps, args)
     rows += qat_rows("MiniLM W4A8", net, 4, False, data, test, ref, steps, args)
+    return rows
+
+
+def minilm_norms_rows(args, steps: int) -> list[dict]:
+    """MiniLM int8 with the attention matmuls and softmax on the DSA's integer units, then
+    LayerNorm too (``quantize_norms``), PTQ against QAT: the LayerNorm outputs lose PTQ's
+    outlier split (they are int8 now, not FP32 values a side path can read), which QAT
+    trains for."""
+    net, test, ref, data, cal_s = _minilm_data(args, steps)
+    rows = [ptq_row("MiniLM PTQ int8 softmax", 8, cal_s, test, ref, norms={"softmax"}),
+            ptq_row("MiniLM PTQ int8 norms", 8, cal_s, test, ref, norms=True)]
+    rows += qat_rows("MiniLM int8 softmax", net, 8, False, data, test, ref, steps, args,
+                     norms={"softmax"})
+    rows += qat_rows("MiniLM int8 norms", net, 8, False, data, test, ref, steps, args,
+                     norms=True)
     return rows
 
 

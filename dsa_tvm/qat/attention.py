@@ -21,8 +21,9 @@ import torch
 
 from ..isa.intnorm import EXP_ZERO_SPAN, int_softmax, softmax_params
 from ..quant.api import SOFTMAX_OUT
-from ..quant.observers import SoftmaxInputObserver, make_observer
+from ..quant.observers import MASKED, SoftmaxInputObserver, make_observer
 from . import exact
+from .errors import QatError
 from .fake_quant import codes, straight_through
 from .layers import Grid, _Integer
 
@@ -38,6 +39,17 @@ class SoftmaxInputGrid(Grid):
     def reset(self) -> None:
         self.observer = SoftmaxInputObserver(make_observer(self.method), EXP_ZERO_SPAN)
         self.calibrated = False
+
+    def observe(self, x: torch.Tensor) -> None:
+        """As :meth:`Grid.observe`, but -inf is allowed: an attention mask's value."""
+        inf = float("inf")
+        super().observe(torch.nan_to_num(x, nan=float("nan"), posinf=inf, neginf=MASKED))
+
+    def calibrate(self) -> None:
+        try:
+            super().calibrate()
+        except ValueError as e:
+            raise QatError(str(e)) from None
 
 
 class FixedGrid(Grid):

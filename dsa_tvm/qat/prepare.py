@@ -27,6 +27,7 @@ from .attention import FixedGrid, MatMulLayer, SoftmaxInputGrid, SoftmaxLayer
 from .errors import QatError
 from .grouped import check_group
 from .grouped import fits as group_fits
+from .layernorm import LayerNormLayer, layer_norm_params
 from .layers import (
     WEIGHT_CLIPS,
     AddLayer,
@@ -106,7 +107,7 @@ class _Rewriter:
     """Builds the prepared graph node by node (old graph order is topological)."""
 
     def __init__(self, gm: fx.GraphModule, bits: int, method: str, symmetric: bool,
-                 smooth: float | None = None, quantize_norms: bool = False) -> None:
+                 smooth: float | None = None, quantize_norms: frozenset[str] = frozenset()) -> None:
         self.gm, self.bits, self.method, self.symmetric = gm, bits, method, symmetric
         self.smooth = smooth
         self.quantize_norms = quantize_norms
@@ -240,15 +241,27 @@ class _Rewriter:
 
     def attention(self, n: fx.Node) -> bool:
         """Attention's integer ops (``quantize_norms``): a product of two activations, a
-        last-axis softmax. False when ``n`` is neither."""
+        last-axis softmax, a LayerNorm module. False when ``n`` is none of them."""
         if G.is_activation_matmul(n):
             (a, ga), (b, gb) = self.on_grid(n.args[0]), self.on_grid(n.args[1])
             layer: _Integer = MatMulLayer(ga, gb, self.method, self.symmetric)
             self.integer(n, [n], layer, (a, b), "batch_matmul")
             return True
-        if G.is_last_axis_softmax(n, self.modules):
+        if "softmax" in self.quantize_norms and G.is_last_axis_softmax(n, self.modules):
             x, gx = self.on_grid(n.args[0], SoftmaxInputGrid)
             self.integer(n, [n], SoftmaxLayer(gx, self.method, self.symmetric), (x,), "softmax")
+            return True
+        m = G.module(n, self.modules)
+        if "layer_norm" in self.quantize_norms and isinstance(m, nn.LayerNorm) and \
+                len(n.args) == 1 and G.is_tensor(n.args[0]):
+            width = int(n.args[0].meta["tensor_meta"].shape[-1])
+            found = layer_norm_params(m, width)
+            if isinstance(found, str):
+                self.fp32(n, found)
+                return True
+            x, gx = self.on_grid(n.args[0])
+            layer = LayerNormLayer(gx, *found, width, self.method, self.symmetric)
+            self.integer(n, [n], layer, (x,), "layer_norm")
             return True
         return False
 
@@ -360,6 +373,24 @@ def calibrate(module: fx.GraphModule, batches: Iterable[Sequence[torch.Tensor]],
     return count
 
 
+#: the row ops ``prepare(..., quantize_norms=...)`` can make integer
+NORM_KINDS = ("softmax", "layer_norm")
+
+
+def norm_kinds(choice: bool | Iterable[str]) -> frozenset[str]:
+    """``quantize_norms`` as a set of kinds (True: every one; False: none)."""
+    if isinstance(choice, bool):
+        return frozenset(NORM_KINDS if choice else ())
+    if isinstance(choice, str):
+        choice = [choice]
+    kinds = frozenset(choice)
+    unknown = sorted(kinds - set(NORM_KINDS))
+    if unknown:
+        raise QatError(f"quantize_norms: unknown kind(s) {unknown}; pass True, False or some "
+                       f"of {NORM_KINDS}")
+    return kinds
+
+
 def _module(module: Any) -> tuple[nn.Module, bool]:
     """(the FP32 module, whether onnx2torch built it): an ``onnx.ModelProto`` or a path
     is converted (:mod:`.from_onnx`)."""
@@ -380,7 +411,7 @@ def prepare(module: nn.Module | Any, example_inputs: Any, calibration_data: Iter
             layer_bits: dict[str, int] | None = None,
             bias_correction: bool = True, smooth: float | None = None,
             split_outliers: bool = False, weight_group: int = 0,
-            quantize_norms: bool = False) -> fx.GraphModule:
+            quantize_norms: bool | Iterable[str] = False) -> fx.GraphModule:
     """``module`` rewritten so its forward pass is the DSA's integer computation, with
     straight-through gradients for fine-tuning.
 
@@ -405,9 +436,11 @@ def prepare(module: nn.Module | Any, example_inputs: Any, calibration_data: Iter
     (16, 32, 64 or 128): the weights of linear layers and pointwise (1x1, stride 1, no
     padding) convs on a ``bits``-bit grid per that many input rows (channels) with an
     offset, the DSA's grouped dense (:mod:`.grouped`; 0: per channel);
-    ``quantize_norms``: as PTQ's, attention's ops integer too (:mod:`.attention`: products
-    of two activations and the last-axis softmax, for a DSA with ``[norm]`` units; PTQ
-    always makes the products int8, QAT only with this option).
+    ``quantize_norms``: as PTQ's, for a DSA with ``[norm]`` units: last-axis softmax and
+    ``nn.LayerNorm`` integer (:mod:`.attention`, :mod:`.layernorm`), and with them the
+    products of two activations (PTQ always makes those int8; QAT only with this option);
+    True for both, or the kinds to make integer, e.g. ``{"softmax"}`` (LayerNorm's int8
+    output loses the outlier split on post-norm BERTs, see docs/qat.md).
     """
     if bits not in WEIGHT_BITS:
         raise QatError(f"bits={bits!r}: weights are int8 or int4; pass 8 or 4")
@@ -425,7 +458,7 @@ def prepare(module: nn.Module | Any, example_inputs: Any, calibration_data: Iter
     gm = module if converted else _trace(module)
     ShapeProp(gm).propagate(*args)
     check_alpha(smooth)
-    rw = _Rewriter(gm, bits, method, symmetric_activations, smooth, quantize_norms)
+    rw = _Rewriter(gm, bits, method, symmetric_activations, smooth, norm_kinds(quantize_norms))
     for n in gm.graph.nodes:
         rw.visit(n)
     out = fx.GraphModule(gm, rw.graph, class_name=f"Qat{type(module).__name__}")

@@ -94,7 +94,10 @@ def calibrate(model: onnx.ModelProto, feeds: Sequence[Feed], tensors: Sequence[s
             if v is None:
                 raise KeyError(f"tensor '{t}' was not computed during calibration")
             v = np.asarray(v, np.float32)
-            check_finite(v, t, i)
+            # a softmax input may hold -inf: an attention mask's, which the observer leaves out
+            masks = t in softmax_inputs
+            check_finite(np.nan_to_num(v, nan=np.nan, posinf=np.inf, neginf=0.0) if masks else v,
+                         t, i)
             if t in observers:
                 observers[t].update(v)
             if t in means:

@@ -125,3 +125,113 @@ def test_without_the_option_attention_stays_fp32(norms):
     p = qat.prepare(net, (x,), quantize_norms=norms)
     kinds = {k for _, k in p.qat_report.layers}
     assert ("softmax" in kinds) == norms and ("batch_matmul" in kinds) == norms
+
+
+def test_norm_kinds_can_be_chosen():
+    x = torch.randn(2, 4, 24)
+
+    class _Both(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.block = _NormBlock()
+
+        def forward(self, x):
+            h = self.block(x)
+            return torch.softmax(torch.matmul(h, h.transpose(-1, -2)), -1)
+
+    p = qat.prepare(_Both().eval(), (x,), quantize_norms={"softmax"})
+    kinds = [k for _, k in p.qat_report.layers]
+    assert "softmax" in kinds and "batch_matmul" in kinds and "layer_norm" not in kinds
+    p = qat.prepare(_Both().eval(), (x,), quantize_norms="layer_norm")
+    kinds = [k for _, k in p.qat_report.layers]
+    assert "layer_norm" in kinds and "softmax" not in kinds
+    with pytest.raises(qat.QatError, match="unknown kind.*rms_norm"):
+        qat.prepare(_Both().eval(), (x,), quantize_norms={"rms_norm"})
+
+
+class _NormBlock(nn.Module):
+    """Post-norm residual block: LayerNorm after a projection, a residual add, LayerNorm."""
+
+    def __init__(self, d: int = 24) -> None:
+        super().__init__()
+        self.fc1, self.fc2 = nn.Linear(d, d), nn.Linear(d, d)
+        self.ln1, self.ln2 = nn.LayerNorm(d), nn.LayerNorm(d, eps=1e-5)
+        with torch.no_grad():
+            self.ln1.weight.uniform_(0.5, 2.0)
+            self.ln1.bias.normal_(0, 0.2)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        h = self.ln1(self.fc1(x))
+        return self.ln2(self.fc2(h) + h)
+
+
+def test_layer_norm_on_the_dsa_equals_the_prepared_module_bit_for_bit():
+    torch.manual_seed(2)
+    net = _NormBlock().eval()
+    x = torch.randn(8, 5, 24)
+    p = qat.prepare(net, (x[:1],), [(x,)], quantize_norms=True)
+    assert [k for _, k in p.qat_report.layers] == [
+        "linear", "layer_norm", "linear", "add", "layer_norm"]
+    qat.set_mode(p, "float")
+    with torch.no_grad():
+        np.testing.assert_array_equal(p(x).numpy(), net(x).numpy())
+    qat.set_mode(p, "quant")
+    opt = torch.optim.Adam(p.parameters(), lr=1e-2)
+    for _ in range(3):   # gamma and beta train, through the integer norm's float gradient
+        loss = (p(x) - net(x).detach()).pow(2).mean()
+        opt.zero_grad()
+        loss.backward()
+        assert p.qat_ln1.weight.grad.abs().sum() > 0 and p.qat_ln2.bias.grad.abs().sum() > 0
+        opt.step()
+    model = qat.export(p)
+    with torch.no_grad():
+        want = p(x[:1]).numpy()
+    np.testing.assert_array_equal(_run(model, x[:1].numpy()), want)
+    kinds = [type(ly).__name__ for r in dsa_tvm.last_compile_report().regions
+             if r.target == "dsa" for ly in r.region.layers]
+    assert kinds.count("LayerNorm") == 2, kinds
+    with torch.no_grad():   # and close to FP32 (int8 in and out of each norm)
+        cos = torch.nn.functional.cosine_similarity(p(x), net(x), dim=-1).min()
+    assert cos > 0.97, cos
+
+
+def test_layer_norm_over_two_axes_stays_fp32():
+    class _Wide(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.fc, self.ln = nn.Linear(8, 8), nn.LayerNorm((3, 8))
+
+        def forward(self, x):
+            return self.ln(self.fc(x))
+
+    x = torch.randn(2, 3, 8)
+    p = qat.prepare(_Wide().eval(), (x,), quantize_norms=True)
+    assert [k for _, k in p.qat_report.layers] == ["linear"]
+    assert any("last axis only" in why for *_, why in p.qat_report.fp32), p.qat_report.fp32
+
+
+class _Masked(nn.Module):
+    """Scores with a -inf mask (``masked_fill``'s usual value) before the softmax."""
+
+    def __init__(self, d: int = 16) -> None:
+        super().__init__()
+        self.q, self.k = nn.Linear(d, d), nn.Linear(d, d)
+
+    def forward(self, x: torch.Tensor, bias: torch.Tensor) -> torch.Tensor:
+        return torch.softmax(torch.matmul(self.q(x), self.k(x).transpose(-1, -2)) + bias, -1)
+
+
+def test_minus_infinity_masks_calibrate_and_nan_is_refused():
+    torch.manual_seed(3)
+    x = torch.randn(4, 6, 16)
+    bias = torch.zeros(4, 1, 6)
+    bias[::2, :, 4:] = float("-inf")
+    p = qat.prepare(_Masked().eval(), (x[:1], bias[:1]), [(x, bias)], quantize_norms=True)
+    (g,) = [m for m in p.modules() if isinstance(m, SoftmaxInputGrid)]
+    assert MASKED < -g.zero_point * g.s - 128 * g.s < 0
+    with torch.no_grad():
+        got = p(x, bias)
+    assert (got[::2, :, 4:] == 0).all()    # masked keys: exactly 0 from the integer unit
+    bias[1, 0, 0] = float("nan")
+    with pytest.raises(qat.QatError, match="NaN"):
+        qat.prepare(_Masked().eval(), (x[:1], bias[:1]), [(x, bias)], quantize_norms=True)

@@ -137,3 +137,30 @@ def test_masked_attention_keeps_its_probabilities():
         assert np.abs(p - want).max() < 8 / 256
         y, y_ref = sess.run(["y"], feed)[0], ref.run(None, feed)[0]
         assert float((y * y_ref).sum() / np.linalg.norm(y) / np.linalg.norm(y_ref)) > 0.995
+
+
+def _log_masked(t: int = 8) -> onnx.ModelProto:
+    """The mask made in the graph, ``log(keep)``: 0 where a key is kept, -inf where not."""
+    net = _attention(t)
+    nodes = [qm.node("Log", ["keep"], ["m"], name="log_mask"), *net.graph.node]
+    del net.graph.node[:]
+    net.graph.node.extend(nodes)
+    (m,) = [i for i in net.graph.input if i.name == "m"]
+    m.name = "keep"
+    return net
+
+
+def test_a_minus_infinity_mask_calibrates_and_nan_still_stops():
+    from dsa_tvm.quant.api import quantize_onnx
+
+    rng = np.random.default_rng(1)
+    feeds = [_feed(rng) for _ in range(4)]
+    for f in feeds:
+        f["keep"] = (f.pop("m") == 0).astype(np.float32)
+    q = quantize_onnx(_log_masked(), feeds, show_progress=False, quantize_norms=True,
+                      split_outliers=False)
+    assert MASKED < q.ranges["sm"][0] < 0
+    feeds[2]["keep"][..., -1] = -1.0     # log(-1): NaN inside the graph
+    with pytest.raises(ValueError, match="NaN"):
+        quantize_onnx(_log_masked(), feeds, show_progress=False, quantize_norms=True,
+                      split_outliers=False)
