@@ -27,7 +27,9 @@ same test crops (top-1 agreement, logit cosine) and compiled for the ``default``
 
 The transformer rows (all-MiniLM-L6-v2 on English sentences: embedding cosine and
 nearest-neighbour agreement) are ``compress_text.py``'s; ``minilm_grouped`` has its int4
-weights per group of 32 input rows (the DSA's grouped dense), PTQ and QAT. Prints a table ("agree": top-1
+weights per group of 32 input rows (the DSA's grouped dense), PTQ and QAT; ``minilm_norms``
+runs the attention matmuls, softmax and then LayerNorm on the DSA's integer units
+(``quantize_norms``), PTQ and QAT. Prints a table ("agree": top-1
 agreement for EfficientNet-Lite0, nearest-neighbour agreement for MiniLM) and writes
 ``bench_compress.png``.
 """
