@@ -379,11 +379,15 @@ NORM_KINDS = ("softmax", "layer_norm")
 
 def norm_kinds(choice: bool | Iterable[str]) -> frozenset[str]:
     """``quantize_norms`` as a set of kinds (True: every one; False: none)."""
-    if isinstance(choice, bool):
+    if choice is None or isinstance(choice, bool):
         return frozenset(NORM_KINDS if choice else ())
     if isinstance(choice, str):
         choice = [choice]
-    kinds = frozenset(choice)
+    try:
+        kinds = frozenset(choice)
+    except TypeError:
+        raise QatError(f"quantize_norms={choice!r}: pass True, False or some of "
+                       f"{NORM_KINDS}") from None
     unknown = sorted(kinds - set(NORM_KINDS))
     if unknown:
         raise QatError(f"quantize_norms: unknown kind(s) {unknown}; pass True, False or some "
