@@ -55,6 +55,9 @@ def add_parser(sub) -> None:
                         "shipped (grouped dense on the DSA: fewer bytes, more cycles a row)")
     q.add_argument("--no-bias-correction", action="store_true")
     q.add_argument("--no-outlier-split", action="store_true")
+    q.add_argument("--quantize-norms", action="store_true",
+                   help="Softmax, LayerNormalization and RMSNorm int8 on the DSA's [norm] units "
+                        "(default: FP32 on the CPU)")
     q.add_argument("--sensitivity", action="store_true", help="rank layers by what FP32 would buy")
     q.add_argument("--target-cosine", type=_cosine,
                    help="automatic mixed precision: keep the worst layers in FP32 until reached")
@@ -133,7 +136,7 @@ def _quantize(args: argparse.Namespace) -> int:
                        num_batches=args.num_batches, preprocess=args.preprocess,
                        percentile=args.percentile, bias_correction=not args.no_bias_correction,
                        split_outliers=not args.no_outlier_split, show_progress=not args.quiet,
-                       keep_grids=not args.no_keep_grids)
+                       keep_grids=not args.no_keep_grids, quantize_norms=args.quantize_norms)
     print(qm.summary())
     suffix = (f"_w{args.weight_bits}g{args.weight_group}.onnx" if args.weight_group
               else "_w4a8.onnx" if args.weight_bits == 4 else "_int8.onnx")

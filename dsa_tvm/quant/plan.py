@@ -513,6 +513,9 @@ def fp32_reasons(g: Graph, p: Plan, quantize_adds: bool = True) -> dict[str, tup
                 why = "no int8 op reads its output (an int8 step would only add error)"
             else:
                 why = "an input is not int8 (no int8 op produces it)"
+        elif n.op_type in ("Softmax", "LayerNormalization") and ins:
+            why = ("FP32 on the CPU; the DSA's [norm] units run it with quantize_norms=True "
+                   "(dsa-tvm quantize --quantize-norms) when it normalizes the last axis")
         elif not ins:
             why = "computes from constants only"
         elif n.op_type in TABLE_OPS and all(i in p.tensors for i in ins):

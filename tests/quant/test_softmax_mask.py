@@ -164,3 +164,25 @@ def test_a_minus_infinity_mask_calibrates_and_nan_still_stops():
     with pytest.raises(ValueError, match="NaN"):
         quantize_onnx(_log_masked(), feeds, show_progress=False, quantize_norms=True,
                       split_outliers=False)
+
+
+def test_cli_quantize_norms_puts_the_softmax_on_int8(tmp_path):
+    from dsa_tvm.cli import main
+
+    rng = np.random.default_rng(2)
+    src = tmp_path / "att.onnx"
+    onnx.save(_attention(), src)
+    feeds = [_feed(rng) for _ in range(4)]
+    np.savez(tmp_path / "cal.npz", s=np.concatenate([f["s"] for f in feeds]),
+             m=np.concatenate([f["m"] for f in feeds]))
+    for flag, int8 in (([], False), (["--quantize-norms"], True)):  # the softmax's input
+        out = tmp_path / f"q{int8}.onnx"
+        assert main(["quantize", str(src), "--calib", str(tmp_path / "cal.npz"), "-o", str(out),
+                     "--quiet", "--no-outlier-split", *flag]) == 0
+        q = onnx.load(str(out))
+        quantized = {n.input[0].removesuffix("/fp32") for n in q.graph.node
+                     if n.op_type == "QuantizeLinear"}
+        assert ("sm" in quantized) == int8, quantized
+    from dsa_tvm.quant.api import quantize_onnx
+    q = quantize_onnx(_attention(), feeds, show_progress=False, split_outliers=False)
+    assert "quantize_norms=True" in q.summary()   # the FP32 softmax says how to move it
