@@ -77,14 +77,16 @@ class OnDsa:
 
 
 def ptq_row(label: str, bits: int, cal: list[str], test, ref: np.ndarray, group: int = 0,
-            norms: bool | set[str] = False) -> dict:
-    """``norms``: ``quantize_norms`` (True), or {"softmax"}: LayerNorm kept FP32."""
+            norms: bool | set[str] = False, wide_norms: bool = False) -> dict:
+    """``norms``: ``quantize_norms`` (True), or {"softmax"}: LayerNorm kept FP32;
+    ``wide_norms``: the norms' tensors int16."""
     t = time.perf_counter()
     model = onnx.load(str(minilm_path()))
     keep = ([n.name for n in model.graph.node if n.op_type == "LayerNormalization"]
             if norms and norms is not True and "layer_norm" not in norms else [])
     qm = quantize_onnx(model, minilm_feeds(cal), weight_bits=bits, weight_group=group,
-                       show_progress=False, quantize_norms=bool(norms), keep_fp32=keep)
+                       show_progress=False, quantize_norms=bool(norms), keep_fp32=keep,
+                       wide_norms=wide_norms)
     dsa = OnDsa(qm.model)
     nn_agree, cos = agreement(dsa(*test), ref)
     cycles, nbytes = dsa.cost(*test)
@@ -231,7 +233,9 @@ def minilm_norms_rows(args, steps: int) -> list[dict]:
     trains for."""
     net, test, ref, data, cal_s = _minilm_data(args, steps)
     rows = [ptq_row("MiniLM PTQ int8 softmax", 8, cal_s, test, ref, norms={"softmax"}),
-            ptq_row("MiniLM PTQ int8 norms", 8, cal_s, test, ref, norms=True)]
+            ptq_row("MiniLM PTQ int8 norms", 8, cal_s, test, ref, norms=True),
+            ptq_row("MiniLM PTQ int8 norms, int16 stream", 8, cal_s, test, ref, norms=True,
+                    wide_norms=True)]
     rows += qat_rows("MiniLM int8 softmax", net, 8, False, data, test, ref, steps, args,
                      norms={"softmax"})
     rows += qat_rows("MiniLM int8 norms", net, 8, False, data, test, ref, steps, args,

@@ -58,6 +58,9 @@ def add_parser(sub) -> None:
     q.add_argument("--quantize-norms", action="store_true",
                    help="Softmax, LayerNormalization and RMSNorm int8 on the DSA's [norm] units "
                         "(default: FP32 on the CPU)")
+    q.add_argument("--wide-norms", action="store_true",
+                   help="with --quantize-norms: the norms' inputs and outputs and the residual "
+                        "adds before them int16 (a BERT's residual stream)")
     q.add_argument("--sensitivity", action="store_true", help="rank layers by what FP32 would buy")
     q.add_argument("--target-cosine", type=_cosine,
                    help="automatic mixed precision: keep the worst layers in FP32 until reached")
@@ -136,7 +139,8 @@ def _quantize(args: argparse.Namespace) -> int:
                        num_batches=args.num_batches, preprocess=args.preprocess,
                        percentile=args.percentile, bias_correction=not args.no_bias_correction,
                        split_outliers=not args.no_outlier_split, show_progress=not args.quiet,
-                       keep_grids=not args.no_keep_grids, quantize_norms=args.quantize_norms)
+                       keep_grids=not args.no_keep_grids, quantize_norms=args.quantize_norms,
+                       wide_norms=args.wide_norms)
     print(qm.summary())
     suffix = (f"_w{args.weight_bits}g{args.weight_group}.onnx" if args.weight_group
               else "_w4a8.onnx" if args.weight_bits == 4 else "_int8.onnx")

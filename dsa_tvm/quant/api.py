@@ -23,6 +23,7 @@ from .checks import check_keep_fp32, check_percentile
 from .data import as_feeds, check_num_batches, check_preprocess
 from .fold import fold_batch_norms, fold_channel_scales
 from .insert import bias_scale_floors, insert_qdq
+from .norm_stream import norm_stream
 from .observers import METHODS
 from .outliers import split_candidates, split_outliers
 from .plan import Plan, fp32_reasons, make_plan
@@ -177,7 +178,8 @@ def quantize_onnx(model: onnx.ModelProto | str | Path | Intake, calibration_data
                   verbose: bool = False, shapes: Shapes | None = None,
                   quantize_norms: bool = False, weight_bits: int = 8,
                   wide_tensors: Iterable[str] = (), weight_group: int = 0,
-                  wide_weights: Iterable[str] = (), keep_grids: bool = True) -> QuantizedModel:
+                  wide_weights: Iterable[str] = (), keep_grids: bool = True,
+                  wide_norms: bool = False) -> QuantizedModel:
     """Post-training int8 quantization of an FP32 ONNX model into QDQ form.
 
     ``calibration_data``: feeds, arrays, an ``.npz`` or a folder of images (see
@@ -205,6 +207,9 @@ def quantize_onnx(model: onnx.ModelProto | str | Path | Intake, calibration_data
     ``keep_grids``: a MatMul weight that already lies on such a grid (a weight-only int4
     model: onnxruntime's MatMulNBits or blocked DequantizeLinear, unpacked by intake) stays
     exactly as shipped, whatever ``weight_bits`` says; ``False`` re-rounds it like any other.
+    ``wide_norms`` (with ``quantize_norms``): every norm's input and output, and the inputs
+    of the residual Add that makes its input, int16 (:mod:`.norm_stream`; a post-norm BERT's
+    residual stream, whose outlier features one int8 grid cannot hold).
     ``shapes``: fixed shapes for dynamic inputs, e.g. ``{"x": (1, 3, 48, 320)}``; the model goes
     through :func:`dsa_tvm.load_onnx` first (any opset it can upgrade; notes in ``summary()``).
     """
@@ -217,6 +222,9 @@ def quantize_onnx(model: onnx.ModelProto | str | Path | Intake, calibration_data
     if isinstance(weight_group, bool) or not isinstance(weight_group, int) or weight_group < 0:
         raise ValueError(f"weight_group must be a whole number of input rows (0: per channel), "
                          f"got {weight_group!r}")
+    if wide_norms and not quantize_norms:
+        raise ValueError("wide_norms widens the norms' tensors for the [norm] units: pass "
+                         "quantize_norms=True with it")
     taken = load_onnx(model, shapes)
     src = taken.model
     opts = QuantOptions(method, per_channel, symmetric_activations, frozenset(keep_fp32),
@@ -237,6 +245,8 @@ def quantize_onnx(model: onnx.ModelProto | str | Path | Intake, calibration_data
     side: list[str] = []
     if split_outliers:
         fp32, side = _split_outliers(fp32, feeds, show_progress)
+    if wide_norms:
+        opts = replace(opts, wide_tensors=opts.wide_tensors | norm_stream(Graph(fp32)))
     unknown = sorted(opts.wide_tensors - {t for n in fp32.graph.node for t in n.output}
                      - {i.name for i in fp32.graph.input})
     if unknown:

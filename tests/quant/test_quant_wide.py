@@ -90,3 +90,16 @@ def test_a_model_the_converter_cannot_upgrade_gets_the_fix(monkeypatch):
     monkeypatch.setattr(version_converter, "convert_version", fail)
     with pytest.raises(ValueError, match="export it at opset 21, or quantize without"):
         quantize_onnx(_net(), _feeds(), show_progress=False, wide_tensors={"r"})
+
+
+def test_wide_norms_widens_each_norms_stream_and_needs_quantize_norms():
+    """``wide_norms``: each norm's input and output, and the residual Add's inputs before
+    it, int16 (``_net``: the LayerNorm reads ``r = h0 + x``; the RMSNorm reads ``h1``)."""
+    q = quantize_onnx(_net(), _feeds(), show_progress=False, quantize_norms=True,
+                      wide_norms=True)
+    zps = _zero_points(q.model)
+    wide = {t for t, z in zps.items() if z.dtype == np.int16}
+    assert wide == {"x", "h0", "r", "ln", "h1", "rms"}, wide   # x: the Add's other input
+    assert zps["h2"].dtype == zps["y"].dtype == np.int8    # the softmax's stay int8
+    with pytest.raises(ValueError, match="pass quantize_norms=True"):
+        quantize_onnx(_net(), _feeds(), show_progress=False, wide_norms=True)
