@@ -45,8 +45,9 @@ def _model(kind: str):
     return g.build([("x", (1, T, D))], [(y, (1, T, D))], "tokens")
 
 
-def _compile_run(model, cfg, feeds):
-    qm = quantize_onnx(model, feeds, show_progress=False, quantize_norms=True)
+def _compile_run(model, cfg, feeds, wide_norms: bool = False):
+    qm = quantize_onnx(model, feeds, show_progress=False, quantize_norms=True,
+                       wide_norms=wide_norms)
     ex = tvm.compile(qm.to_relax(), target=dsa_tvm.target(cfg))
     crep = dsa_tvm.compile_report(ex)
     take_launches()
@@ -88,17 +89,24 @@ def test_norm_between_matmuls_in_one_region(kind, layer):
     assert any("no [norm] units" in c.reason for c in crep.partition.cpu_ops), str(crep.partition)
 
 
-def test_encoder_block_norms_and_softmax_on_the_dsa():
+@pytest.mark.parametrize("wide_norms", [False, True])
+def test_encoder_block_norms_and_softmax_on_the_dsa(wide_norms):
     """A BERT encoder block: both LayerNorms and the softmax on the DSA, every launch exact
-    against the integer reference, the output within the integer kernels' error of FP32."""
+    against the integer reference, the output within the integer kernels' error of FP32;
+    with ``wide_norms`` the norms read and write int16 (their stream's grids)."""
     from dsa_tvm.models.quantize import run_onnxruntime
 
     model = transformer_encoder(seq_len=8, hidden=32, heads=2, ffn=64)
     feeds = _feeds((1, 8, 32))
     cfg = dsa_tvm.load_config("default").replace(norm_units=1, **FAST_DSA)
-    got, launches, crep = _compile_run(model, cfg, feeds)
+    got, launches, crep = _compile_run(model, cfg, feeds, wide_norms)
+    norms = [ly for d in crep.regions if d.target == "dsa" and d.region is not None
+             for ly in d.region.layers if type(ly).__name__ == "LayerNorm"]
+    assert len(norms) == 2, str(crep.partition)
+    assert {(ly.input.dtype, ly.output.dtype) for ly in norms} == (
+        {("int16", "int16")} if wide_norms else {("int8", "int8")})
     types = [t for r in _layer_types(crep) for t in r]
-    assert types.count("LayerNorm") == 2 and types.count("Softmax") == 1, str(crep.partition)
+    assert types.count("Softmax") == 1, str(crep.partition)
     _exact(launches, crep)
     ref = run_onnxruntime(model, feeds[0], optimize=False)[0]
     cos = float((got * ref).sum() / np.sqrt((got * got).sum() * (ref * ref).sum()))
