@@ -38,7 +38,10 @@ def test_zoo_model_runs_bit_exact(results, name):
     assert not r.failed, f"{name} failed at {r.stage}: {r.error}\n{r.trace}"
     assert r.launches >= 1 and r.cycles >= r.bound > 0
     assert r.ref_steps == 0, f"{name}: a DSA launch is {r.ref_steps} codes off its reference"
-    assert r.ort_steps is not None and r.ort_steps <= 1.0 + 1e-3
+    # integer softmax / LayerNorm on the [norm] units replace onnxruntime's float ones
+    # (gpt2): their bound is 2 steps (tests/e2e/test_networks.py); CNNs within one
+    bound = 2.0 if r.dsa_ops.get("Softmax") else 1.0
+    assert r.ort_steps is not None and r.ort_steps <= bound + 1e-3
     assert r.cos_fp32 > 0.99
     assert r.report_macs == r.onnx_macs, "the run report and the ONNX graph disagree on MACs"
 
