@@ -224,7 +224,7 @@ def quantize_onnx(model: onnx.ModelProto | str | Path | Intake, calibration_data
                          f"got {weight_group!r}")
     if wide_norms and not quantize_norms:
         raise ValueError("wide_norms widens the norms' tensors for the [norm] units: pass "
-                         "quantize_norms=True with it")
+                         "quantize_norms=True with it (CLI: --quantize-norms --wide-norms)")
     taken = load_onnx(model, shapes)
     src = taken.model
     opts = QuantOptions(method, per_channel, symmetric_activations, frozenset(keep_fp32),
