@@ -24,7 +24,7 @@ from ..quant.api import SOFTMAX_OUT
 from ..quant.observers import MASKED, SoftmaxInputObserver, make_observer
 from . import exact
 from .errors import QatError
-from .fake_quant import codes, straight_through
+from .fake_quant import codes
 from .layers import Grid, _Integer
 
 
@@ -80,17 +80,14 @@ class MatMulLayer(_Integer):
         b.symmetric = True   # zero point 0, as PTQ plans the second operand
 
     def forward(self, a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
-        if self.mode in ("float", "observe"):
-            return self.finish(torch.matmul(a, b))
-        approx = self.out.quantize(torch.matmul(a, b))
-        if self.mode == "export":
-            return approx
+        return self.settle(torch.matmul(a, b), lambda: self._codes(a, b))
+
+    def _codes(self, a: torch.Tensor, b: torch.Tensor) -> np.ndarray:
         ga, gb, g_out = self.inputs[0], self.inputs[1], self.out
         acc = exact.int_product(torch.matmul, codes(a, ga.scale), codes(b, gb.scale),
                                 int(a.shape[-1]), exact.MAX_CENTRED)
         factor = np.array([ga.s * gb.s / g_out.s])
-        q = exact.output_stage(acc, 0, factor, g_out.zero_point, (-128, 127), -1)
-        return straight_through(approx, g_out.dequantize(q))
+        return exact.output_stage(acc, 0, factor, g_out.zero_point, (-128, 127), -1)
 
 
 class SoftmaxLayer(_Integer):
@@ -101,13 +98,9 @@ class SoftmaxLayer(_Integer):
         self.out = FixedGrid(SOFTMAX_OUT.scale, SOFTMAX_OUT.zero_point)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        y = torch.softmax(x, dim=-1)
-        if self.mode in ("float", "observe"):
-            return y
-        approx = self.out.quantize(y)
-        if self.mode == "export":
-            return approx
+        return self.settle(torch.softmax(x, dim=-1), lambda: self._codes(x))
+
+    def _codes(self, x: torch.Tensor) -> np.ndarray:
         g_in, g_out = self.inputs[0], self.out
         p = softmax_params(g_in.s, g_out.s, g_out.zero_point)
-        q = int_softmax(g_in.centred(x) + g_in.zero_point, g_in.zero_point, p)
-        return straight_through(approx, g_out.dequantize(q))
+        return int_softmax(g_in.centred(x) + g_in.zero_point, g_in.zero_point, p)

@@ -233,7 +233,8 @@ def is_last_axis_softmax(n: fx.Node, modules: Modules) -> bool:
     src = n.args[0] if n.args else None
     if not isinstance(dim, int) or not is_tensor(src):
         return False
-    return dim % len(src.meta["tensor_meta"].shape) == len(src.meta["tensor_meta"].shape) - 1
+    rank = len(src.meta["tensor_meta"].shape)
+    return dim % rank == rank - 1
 
 
 def is_transpose(n: fx.Node) -> bool:

@@ -17,7 +17,6 @@ from torch import nn
 
 from ..isa.intnorm import int_norm, norm_params
 from .errors import QatError
-from .fake_quant import straight_through
 from .layers import Grid, _Integer
 
 
@@ -46,11 +45,9 @@ class LayerNormLayer(_Integer):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         y = F.layer_norm(x, (self.width,), self.weight, self.bias, self.eps)
-        if self.mode in ("float", "observe"):
-            return self.finish(y)
-        approx = self.out.quantize(y)
-        if self.mode == "export":
-            return approx
+        return self.settle(y, lambda: self._codes(x))
+
+    def _codes(self, x: torch.Tensor) -> np.ndarray:
         g_in, g_out = self.inputs[0], self.out
         try:   # eps as the export writes it (ONNX's float32 attribute), which the compiler folds
             p = norm_params(self.width, g_in.s, float(np.float32(self.eps)),
@@ -59,6 +56,4 @@ class LayerNormLayer(_Integer):
         except ValueError as e:
             raise QatError(f"layer {self.name}: {e}; the [norm] unit cannot fold it (prepare "
                            f"without quantize_norms to keep LayerNorm in FP32)") from None
-        q = int_norm(g_in.centred(x) + g_in.zero_point, g_in.zero_point, p)
-        return straight_through(approx, g_out.dequantize(q))
-
+        return int_norm(g_in.centred(x) + g_in.zero_point, g_in.zero_point, p)

@@ -14,6 +14,7 @@ Every layer runs in one of four modes (set by :func:`dsa_tvm.qat.prepare.set_mod
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 
 import numpy as np
 import torch
@@ -182,6 +183,18 @@ class _Integer(nn.Module):
         if self.mode == "observe":
             self.out.observe(y)
         return y
+
+    def settle(self, y: torch.Tensor, exact_codes: Callable[[], np.ndarray]) -> torch.Tensor:
+        """The layer's output from its float result ``y`` in every mode: float modes ``y``
+        (activated, observed); export ``y`` on the output grid (its Q/DQ); quant the output
+        codes ``exact_codes()`` (called only then) dequantized, with the fake-quantized
+        ``y``'s gradient."""
+        if self.mode in ("float", "observe"):
+            return self.finish(y)
+        approx = self.out.quantize(activation(y, self.act))
+        if self.mode == "export":
+            return approx
+        return straight_through(approx, self.out.dequantize(exact_codes()))
 
 
 def side_path(layer: "WeightedLayer", x: torch.Tensor) -> torch.Tensor:
@@ -454,17 +467,14 @@ class AddLayer(_Integer):
     """A residual add of two int8 activations (+ ReLU/Clip), ``relay_passes.kinds.add``."""
 
     def forward(self, a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
-        if self.mode in ("float", "observe"):
-            return self.finish(a + b)
-        approx = self.out.quantize(activation(a + b, self.act))
-        if self.mode == "export":
-            return approx
+        return self.settle(a + b, lambda: self._codes(a, b))
+
+    def _codes(self, a: torch.Tensor, b: torch.Tensor) -> np.ndarray:
         ga, gb = self.inputs
         s_y = self.out.s
         am, bm, n = add_multipliers(ga.s / s_y, gb.s / s_y)
-        q = exact.add_codes(ga.centred(a), gb.centred(b), am, bm, n, self.out.zero_point,
-                            self.out.bounds(self.act))
-        return straight_through(approx, self.out.dequantize(q))
+        return exact.add_codes(ga.centred(a), gb.centred(b), am, bm, n, self.out.zero_point,
+                               self.out.bounds(self.act))
 
 
 class MeanLayer(_Integer):
@@ -476,18 +486,14 @@ class MeanLayer(_Integer):
         self.keepdim = keepdim
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        y = x.mean(dim=(2, 3), keepdim=self.keepdim)
-        if self.mode in ("float", "observe"):
-            return self.finish(y)
-        approx = self.out.quantize(y)
-        if self.mode == "export":
-            return approx
+        return self.settle(x.mean(dim=(2, 3), keepdim=self.keepdim), lambda: self._codes(x))
+
+    def _codes(self, x: torch.Tensor) -> np.ndarray:
         g_in, g_out = self.inputs[0], self.out
         h, w = x.shape[2:]
         acc = g_in.centred(x).sum(axis=(2, 3), keepdims=self.keepdim)
         factor = np.array([g_in.s / (g_out.s * h * w)])
-        q = exact.output_stage(acc, 0, factor, g_out.zero_point, (-128, 127), 1)
-        return straight_through(approx, g_out.dequantize(q))
+        return exact.output_stage(acc, 0, factor, g_out.zero_point, (-128, 127), 1)
 
 
 def set_mode(module: nn.Module, mode: str) -> None:

@@ -236,8 +236,11 @@ class SoftmaxInputObserver(Observer):
             floor = float(live.min()) - self.span
             real = x[~masked]
             x = np.where(masked, np.float32(min(floor, float(real.min()))), x)
-        super().update(x)
         self.base.update(x)
+
+    @property
+    def seen(self) -> bool:
+        return self.base.seen
 
     def range(self) -> tuple[float, float]:
         if not self.seen:
