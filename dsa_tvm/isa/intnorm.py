@@ -46,7 +46,8 @@ import numpy as np
 
 from .semantics import quantize_multiplier, rshift_round
 
-__all__ = ["EXP_FRAC", "EXP_ZERO_SPAN", "NormParams", "SoftmaxParams", "int_exp", "int_norm",
+__all__ = ["BETA_BITS", "BETA_STEPS", "EXP_FRAC", "EXP_ZERO_SPAN", "NormParams", "SoftmaxParams",
+           "int_exp", "int_norm",
            "int_reciprocal", "int_rsqrt", "int_softmax", "norm_params", "softmax_params",
            "MAX_ROW"]
 
@@ -186,6 +187,13 @@ def int_rsqrt(v: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     return np.where(v > 0, r, 0), np.where(v > 0, e, 0)
 
 
+#: how far beta may reach, in output steps, for int8 (False) and int16 (True) outputs:
+#: 16 times the codes' range, beyond which the output saturates whatever the row
+BETA_STEPS = {False: 1 << 12, True: 1 << 20}
+#: the unit's beta words hold +-2**BETA_BITS (``norm_unit``)
+BETA_BITS = 58
+
+
 @dataclass(frozen=True)
 class NormParams:
     """Integer parameters of one LayerNorm (``center``) or RMSNorm over the last axis."""
@@ -199,8 +207,10 @@ class NormParams:
 
 
 def norm_params(n: int, in_scale: float, eps: float, gamma, beta, out_scale: float,
-                out_zp: int, center: bool) -> NormParams:
-    """Fold scales, eps, gamma and beta; ValueError when they do not fit the unit."""
+                out_zp: int, center: bool, out_wide: bool = False) -> NormParams:
+    """Fold scales, eps, gamma and beta; ValueError when they do not fit the unit.
+    ``out_wide``: int16 codes out (NORM's ``out_wide``), whose beta may reach 16 times
+    the int16 range in output steps, not int8's (:data:`BETA_STEPS`)."""
     if not 1 <= n <= MAX_ROW:
         raise ValueError(f"norm row of {n} not in 1..{MAX_ROW}")
     g = np.broadcast_to(np.asarray(gamma, np.float64).reshape(-1), (n,)) / out_scale
@@ -212,7 +222,11 @@ def norm_params(n: int, in_scale: float, eps: float, gamma, beta, out_scale: flo
     if not np.all(np.isfinite(g)) or not np.all(np.isfinite(b)) or gmax >= 2 ** 30:
         raise ValueError(f"gamma / output scale up to {gmax:g} does not fit the norm unit")
     frac = 30 if gmax == 0 else int(min(30, 30 - math.ceil(math.log2(gmax + 1))))
-    b = np.clip(b, -2 ** 12, 2 ** 12)  # beyond +-2**12 output steps it saturates anyway
+    steps = BETA_STEPS[out_wide]
+    b = np.clip(b, -steps, steps)   # beyond it the output saturates anyway
+    # beta * 2**(16 + frac) within the unit's +-2**58 (norm_unit): an int8 output's frac
+    # is never limited; an int16 output's gamma / scale is large, so its frac is small
+    frac = min(frac, BETA_BITS - _UF - int(math.log2(steps)))
     eps_steps = eps / in_scale ** 2 * (n * n if center else n)
     return NormParams(center, int(min(round(eps_steps), 2 ** 58)),
                       np.round(g * 2 ** frac).astype(np.int64),

@@ -32,7 +32,7 @@ HEADER_WORDS = 8
 PASSES: dict[NormOp, int] = {NormOp.SOFTMAX: 3, NormOp.LAYERNORM: 2, NormOp.RMSNORM: 2}
 #: bounds the parameters must keep for the integer semantics to hold in int64
 _EPS_MAX = 1 << 58
-_BETA_MAX = 1 << 58
+_BETA_MAX = 1 << inn.BETA_BITS
 _MASK32 = (1 << 32) - 1
 
 

@@ -5,6 +5,8 @@ semantics, which the simulator runs); this module re-exports them for the layer 
 (the integer reference, the front end's parameter folding)."""
 
 from ..isa.intnorm import (  # noqa: F401
+    BETA_BITS,
+    BETA_STEPS,
     EXP_FRAC,
     EXP_ZERO_SPAN,
     MAX_ROW,
@@ -19,5 +21,6 @@ from ..isa.intnorm import (  # noqa: F401
     softmax_params,
 )
 
-__all__ = ["EXP_FRAC", "EXP_ZERO_SPAN", "NormParams", "SoftmaxParams", "int_exp", "int_norm",
+__all__ = ["BETA_BITS", "BETA_STEPS", "EXP_FRAC", "EXP_ZERO_SPAN", "NormParams", "SoftmaxParams",
+           "int_exp", "int_norm",
            "int_reciprocal", "int_rsqrt", "int_softmax", "norm_params", "softmax_params", "MAX_ROW"]

@@ -209,7 +209,7 @@ def _params(m: NormMatch):
         return inn.softmax_params(s_in, s_out, zp_out)
     n = int(m.inputs[0].shape[-1])
     return inn.norm_params(n, s_in, m.eps, m.gamma, m.beta, s_out, zp_out,
-                           m.kind == "layer_norm")
+                           m.kind == "layer_norm", m.out.dtype == "int16")
 
 
 def _fold(m: Match, cfg: HardwareConfig) -> str | None:

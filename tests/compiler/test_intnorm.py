@@ -179,6 +179,24 @@ def test_layernorm_constant_rows_give_beta_and_saturate():
     assert y.min() == -128 and y.max() == 127
 
 
+@pytest.mark.parametrize("beta_steps", [3000, 5000, 30000, -31000])
+def test_an_int16_output_reaches_its_beta(beta_steps):
+    """An int16 output (NORM's out_wide) takes a beta far beyond int8's reach: 5,000 steps
+    is one embedding LayerNorm feature of all-MiniLM-L6-v2 on its int16 grid, which the
+    int8 clip (4,096 steps) moved by 904 steps for every token."""
+    n, s_in, s_out = 48, 0.01, 2e-4
+    rng = np.random.default_rng(0)
+    q = rng.integers(-20000, 20000, (4, n))
+    x = q * s_in
+    g, b = rng.normal(0, 0.05, n), np.zeros(n)
+    b[7] = beta_steps * s_out
+    f = (x - x.mean(-1, keepdims=True)) / np.sqrt(x.var(-1, keepdims=True) + 1e-5) * g + b
+    want = np.clip(np.round(f / s_out), -32768, 32767)
+    p = inn.norm_params(n, s_in, 1e-5, g, b, s_out, 0, True, out_wide=True)
+    assert np.abs(inn.int_norm(q, 0, p, out_wide=True) - want).max() <= 1
+    assert np.abs(p.beta).max() <= 2 ** inn.BETA_BITS
+
+
 def test_hostile_parameters_raise():
     with pytest.raises(ValueError):
         inn.softmax_params(1e12, 1 / 256, -128)  # input scale beyond the REQUANT range
