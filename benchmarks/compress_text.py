@@ -141,7 +141,7 @@ def _checked(p, test, hw="default") -> tuple[OnDsa, str]:
 def qat_rows(label: str, net, bits: int, sparse: bool, data: dict, test, ref: np.ndarray,
              steps: int, args, sparse_hw=None, group: int = 0,
              mixed_drop: float | None = None, sparse_drop: float | None = None,
-             norms: bool | set[str] = False) -> list[dict]:
+             norms: bool | set[str] = False, wide_norms: bool = False) -> list[dict]:
     t = time.perf_counter()
     # PTQ's outlier split (the FFN outputs' few huge channels in FP32 beside the layer);
     # at 4 bits also SmoothQuant's scale migration into the weights (measured: it helps
@@ -149,7 +149,7 @@ def qat_rows(label: str, net, bits: int, sparse: bool, data: dict, test, ref: np
     p = qat.prepare(net, (data["cal"][0][:1], data["cal"][1][:1]), [data["cal"]],
                     bits=8 if mixed_drop is not None else bits, learn_scales=True,
                     split_outliers=True, smooth=0.5 if bits == 4 else None, weight_group=group,
-                    quantize_norms=norms)
+                    quantize_norms=norms, wide_norms=wide_norms)
     note = ""
     if mixed_drop is not None:   # the most sensitive projections stay 8-bit
         sens = data["heldout"]
@@ -240,6 +240,8 @@ def minilm_norms_rows(args, steps: int) -> list[dict]:
                      norms={"softmax"})
     rows += qat_rows("MiniLM int8 norms", net, 8, False, data, test, ref, steps, args,
                      norms=True)
+    rows += qat_rows("MiniLM int8 norms, int16 stream", net, 8, False, data, test, ref, steps,
+                     args, norms=True, wide_norms=True)
     return rows
 
 

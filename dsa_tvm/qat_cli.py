@@ -81,6 +81,12 @@ def add_parser(sub) -> None:
     q.add_argument("--noise-scale", type=float, default=1.0,
                    help="with --analog: the device noise while training, as a multiple of "
                         "the description's")
+    q.add_argument("--quantize-norms", action="store_true",
+                   help="attention's matmuls, softmax and LayerNorm integer, as the DSA's "
+                        "[norm] units run them (default: FP32 on the CPU)")
+    q.add_argument("--wide-norms", action="store_true",
+                   help="with --quantize-norms: every LayerNorm's input and output and the "
+                        "residual adds before them on int16 grids (a transformer's stream)")
     q.add_argument("--seed", type=int, default=0)
     q.add_argument("--out", help="QDQ ONNX to write (default: MODEL-qat-BITS.onnx here)")
     q.add_argument("--quiet", action="store_true", help="no progress bar")
@@ -181,7 +187,8 @@ def cmd_qat(args: argparse.Namespace) -> int:
     try:
         p = qat.prepare(net, (train[0],), cal, bits=bits, learn_scales=True,
                         learn_weight_scales=args.bits != "w8a8", weight_clip=args.weight_clip,
-                        weight_group=args.weight_group)
+                        weight_group=args.weight_group, quantize_norms=args.quantize_norms,
+                        wide_norms=args.wide_norms)
     except qat.QatError as e:
         raise CliError(str(e)) from None
     print(p.qat_report.summary())

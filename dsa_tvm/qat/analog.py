@@ -247,6 +247,8 @@ def _digital_reason(layer: WeightedLayer, skip: Callable[[str], bool]) -> str | 
         return "depthwise: the vector unit"
     if layer.group:
         return f"weights per group of {layer.group} rows: the grouped dense (no crossbar form)"
+    if layer.inputs[0].wide:
+        return "an int16 input: the digital dense's byte planes (the DACs take int8)"
     return None
 
 

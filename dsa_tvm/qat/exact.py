@@ -15,6 +15,7 @@ import numpy as np
 import torch
 
 from ..isa import semantics as sem
+from ..layers.reference import join_planes_shifted, split_planes
 
 #: float32 holds every integer below this exactly
 F32_EXACT = 1 << 24
@@ -39,6 +40,18 @@ def int_product(op: Callable[[torch.Tensor, torch.Tensor], torch.Tensor], x: tor
         return op(x.double(), w.double()).numpy().astype(np.int64)
 
 
+def plane_product(op: Callable[[torch.Tensor, torch.Tensor], torch.Tensor], x: torch.Tensor,
+                  w: torch.Tensor, reduction: int, w_max: int, lo_shift: int) -> np.ndarray:
+    """``op(x, w)`` for int16 codes ``x`` (zero point 0) as the DSA's dense computes it
+    (``relay_passes.kinds.dense_planes``): ``x`` split into int8 byte planes (``x`` from
+    32640 up counts as 32639), each plane's exact product, joined in the accumulator with
+    the lo plane's sums shifted right by ``lo_shift`` (int32)."""
+    hi, lo = split_planes(x.numpy().astype(np.int64))
+    sums = [int_product(op, torch.from_numpy(p.astype(np.float32)), w, reduction, w_max)
+            for p in (hi, lo)]
+    return join_planes_shifted(np.stack(sums, axis=-2), lo_shift)[..., 0, :]
+
+
 def output_stage(acc: np.ndarray, bias: np.ndarray | int, factors: np.ndarray, zero_point: int,
                  clip: tuple[int, int], axis: int) -> np.ndarray:
     """int8 codes of accumulators (int32 or int64): the simulator's
@@ -61,5 +74,4 @@ def add_codes(a: np.ndarray, b: np.ndarray, a_mult: int, b_mult: int, shift: int
     """The DSA's Add of centred codes: ``(a * a_mult + b * b_mult) >> shift`` rounded,
     plus the zero point, clamped (``layers.ir.Add``)."""
     acc = sem.wrap_int32(a.astype(np.int64) * a_mult + b.astype(np.int64) * b_mult)
-    y = sem.requantize(acc, 1, shift, zero_point)
-    return np.clip(y, clip[0], clip[1])
+    return sem.requantize(acc, 1, shift, zero_point, clip[0], clip[1])

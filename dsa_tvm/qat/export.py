@@ -3,7 +3,8 @@
 The TorchScript exporter traces the module in ``export`` mode, where every integer
 layer writes its own codes and scales (:mod:`.onnx_ops`): int8 (or int4-valued) weight
 codes per output channel, int32 biases at input x weight scale, a Q/DQ pair on every
-activation grid. The DSA compiled from it computes the prepared module's integers.
+activation grid (int16 ones, ``wide_norms``, need opset 21: the model is then upgraded).
+The DSA compiled from it computes the prepared module's integers.
 """
 
 from __future__ import annotations
@@ -16,8 +17,9 @@ import onnx
 import torch
 from torch import fx
 
+from ..quant.api import WIDE_OPSET, with_opset
 from .errors import QatError
-from .layers import set_mode
+from .layers import grids, set_mode
 
 OPSET = 17
 
@@ -44,6 +46,8 @@ def export(module: fx.GraphModule, path: str | Path | None = None,
         set_mode(module, "quant")
         module.train(was_training)
     model = onnx.load_from_string(buf.getvalue())
+    if any(g.wide for g in grids(module)):   # int16 Q/DQ
+        model = with_opset(model, WIDE_OPSET, "prepare without wide_norms")
     if path is not None:
         onnx.save(model, str(path))
     return model

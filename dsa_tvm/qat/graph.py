@@ -207,14 +207,16 @@ def is_max_pool(n: fx.Node, modules: Modules) -> bool:
         not arg(n, 6, "return_indices", False)
 
 
-def is_activation_matmul(n: fx.Node) -> bool:
-    """``a @ b`` of two computed tensors (attention's ``Q @ K^T``, ``P @ V``); a product
-    with a parameter is a linear layer's business."""
+def is_activation_matmul(n: fx.Node, modules: Modules | None = None) -> bool:
+    """``a @ b`` of two computed tensors (attention's ``Q @ K^T``, ``P @ V``), as a
+    function, method or ONNX's MatMul; a product with a parameter is a linear layer's
+    business."""
     if len(n.args) != 2 or n.kwargs or not all(is_tensor(a) and a.op != "get_attr"
                                                for a in n.args):
         return False
     return (n.op == "call_function" and n.target in MATMUL_FUNCTIONS) or \
-        (n.op == "call_method" and n.target == "matmul")
+        (n.op == "call_method" and n.target == "matmul") or \
+        onnx_kind(n, modules or {}) == "OnnxMatMul"
 
 
 def is_last_axis_softmax(n: fx.Node, modules: Modules) -> bool:
@@ -237,10 +239,12 @@ def is_last_axis_softmax(n: fx.Node, modules: Modules) -> bool:
     return dim % rank == rank - 1
 
 
-def is_transpose(n: fx.Node) -> bool:
-    """A permute / transpose: int8 values moved, not changed."""
+def is_transpose(n: fx.Node, modules: Modules | None = None) -> bool:
+    """A permute / transpose (function, method or ONNX's Transpose): int8 values moved,
+    not changed."""
     return (n.op == "call_function" and n.target in TRANSPOSE_FUNCTIONS) or \
-        (n.op == "call_method" and n.target in ("permute", "transpose"))
+        (n.op == "call_method" and n.target in ("permute", "transpose")) or \
+        onnx_kind(n, modules or {}) == "OnnxTranspose"
 
 
 def is_dropout(n: fx.Node, modules: Modules) -> bool:

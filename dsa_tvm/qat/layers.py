@@ -21,9 +21,12 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from relay_passes.kinds.add import add_multipliers
+from relay_passes.kinds.add import ADD_MULT_BITS, WIDE_ADD_MULT_BITS, add_multipliers
+from relay_passes.kinds.dense_planes import joined_bias, plane_lo_shift
 from relay_passes.kinds.scales import quantized_bound
 
+from ..isa import semantics as sem
+from ..layers.qtensor import WIDE_CLIP
 from ..quant.bias_correction import conv_shift, dense_shift
 from ..quant.insert import quant_dequant as dequantized_weights
 from ..quant.observers import ChannelMeanObserver, make_observer
@@ -51,13 +54,16 @@ WEIGHT_CLIPS = ("max", "mse")
 class Grid(nn.Module):
     """One activation's int8 grid: an observer during calibration, then a scale (learnable
     when ``learn_scale``) and a zero point. As a graph node it quantizes its input (the
-    model's inputs, and float values entering an integer layer)."""
+    model's inputs, and float values entering an integer layer). ``bits`` 16: a symmetric
+    int16 grid (:meth:`widen`; a transformer's norm stream, ``prepare(..., wide_norms=
+    True)``)."""
 
     def __init__(self, method: str = "minmax", symmetric: bool = False) -> None:
         super().__init__()
         self.mode = "float"
         self.method = method
         self.symmetric = symmetric
+        self.bits = 8
         self.observer = make_observer(method)
         # scale = base * (1 + gain): the calibrated scale exactly while gain is 0, and an
         # optimizer step moves it by a share of itself, whatever its magnitude (Adam's steps
@@ -73,6 +79,20 @@ class Grid(nn.Module):
     @property
     def scale(self) -> torch.Tensor:
         return self.base * (1 + self.gain)
+
+    @property
+    def wide(self) -> bool:
+        return self.bits == 16
+
+    @property
+    def qrange(self) -> tuple[int, int]:
+        """The codes' range: int8's, or int16's on a wide grid."""
+        return WIDE_CLIP if self.wide else (sem.INT8_MIN, sem.INT8_MAX)
+
+    def widen(self) -> None:
+        """Make this an int16 grid, symmetric as PTQ's wide tensors (zero point 0: a
+        dense's byte planes need it). Before calibration: the scale is ``max|x| / 32767``."""
+        self.bits, self.symmetric = 16, True
 
     @property
     def s(self) -> float:
@@ -98,7 +118,8 @@ class Grid(nn.Module):
 
     def calibrate(self) -> None:
         """Scale and zero point from the observed range (``quant.qparams``, as PTQ)."""
-        qp = activation_qparams(*self.observer.range(), symmetric=self.symmetric)
+        qp = activation_qparams(*self.observer.range(), symmetric=self.symmetric,
+                                bits=self.bits)
         self.base = torch.tensor(qp.scale, dtype=torch.float32)
         self.gain.data.zero_()
         self.zero_point = qp.zero_point
@@ -107,11 +128,11 @@ class Grid(nn.Module):
     def quantize(self, y: torch.Tensor) -> torch.Tensor:
         """``y`` on this grid, fake-quantized (quant mode) or as a Q/DQ pair (export)."""
         if self.mode == "export":
-            return quant_dequant(y, self.s, self.zero_point)
-        return fake_quant(y, self.scale, self.zero_point)
+            return quant_dequant(y, self.s, self.zero_point, self.bits)
+        return fake_quant(y, self.scale, self.zero_point, *self.qrange)
 
     def dequantize(self, q: np.ndarray) -> torch.Tensor:
-        """Float values of int8 codes ``q`` (DequantizeLinear: ``(q - zp) * scale``)."""
+        """Float values of int8 (int16) codes ``q`` (DequantizeLinear: ``(q - zp) * scale``)."""
         c = torch.from_numpy(np.asarray(q, np.int64) - self.zero_point).to(torch.float32)
         return c * self.scale.detach()
 
@@ -120,9 +141,13 @@ class Grid(nn.Module):
         return codes(x, self.scale).numpy().astype(np.int64)
 
     def bounds(self, act: tuple[float, float] | None) -> tuple[int, int]:
-        """A fused activation's clamp as int8 codes on this grid (the compiler's rule)."""
+        """A fused activation's clamp as int8 codes on this grid (the compiler's rule; a wide
+        grid takes none: REQUANT's wide mode clamps to int16 only)."""
         if act is None:
-            return (-128, 127)
+            return self.qrange
+        if self.wide:
+            raise QatError("an int16 grid cannot hold a fused activation's clamp (the DSA's "
+                           "wide REQUANT clamps to int16 only)")
         s = self.s
         return (quantized_bound(act[0], s, self.zero_point),
                 quantized_bound(act[1], s, self.zero_point))
@@ -451,12 +476,21 @@ class WeightedLayer(_Integer):
                bq: np.ndarray | None) -> torch.Tensor:
         g_in, g_out = self.inputs[0], self.out
         xc = codes(x, g_in.scale)  # integer-valued float32
-        if self.analog is not None:
+        factors = g_in.s * s_w.astype(np.float64) / g_out.s
+        product = (lambda a, w: self._op(a, w, None), xc, wq.to(torch.float32),
+                   int(wq[0].numel()), weight_qmax(self.bits))
+        if g_in.wide:   # int16 rows: two byte planes joined in the accumulator
+            shift = plane_lo_shift(wq.numpy(), np.zeros(1) if bq is None else bq)
+            if self.kind != "linear" or self.analog is not None or shift is None:
+                raise QatError(f"layer {self.name}: an int16 input is read only by a digital "
+                               f"linear layer whose byte planes' sums fit int32")
+            acc = exact.plane_product(*product, shift)
+            factors = factors * (1 << shift)
+            bq = None if bq is None else joined_bias(bq, shift)
+        elif self.analog is not None:
             acc = self.analog(self, xc, wq)
         else:
-            acc = exact.int_product(lambda a, w: self._op(a, w, None), xc, wq.to(torch.float32),
-                                    int(wq[0].numel()), weight_qmax(self.bits))
-        factors = g_in.s * s_w.astype(np.float64) / g_out.s
+            acc = exact.int_product(*product)
         axis = acc.ndim - 1 if self.channel_axis < 0 else self.channel_axis
         q = exact.output_stage(acc, 0 if bq is None else bq, factors, g_out.zero_point,
                                g_out.bounds(self.act), axis)
@@ -472,7 +506,9 @@ class AddLayer(_Integer):
     def _codes(self, a: torch.Tensor, b: torch.Tensor) -> np.ndarray:
         ga, gb = self.inputs
         s_y = self.out.s
-        am, bm, n = add_multipliers(ga.s / s_y, gb.s / s_y)
+        am, bm, n = add_multipliers(ga.s / s_y, gb.s / s_y,
+                                    bits=tuple(WIDE_ADD_MULT_BITS if g.wide else ADD_MULT_BITS
+                                               for g in (ga, gb)))
         return exact.add_codes(ga.centred(a), gb.centred(b), am, bm, n, self.out.zero_point,
                                self.out.bounds(self.act))
 

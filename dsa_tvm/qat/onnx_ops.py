@@ -25,7 +25,9 @@ class _DequantizedConstant(torch.autograd.Function):
 class _QuantDequant(torch.autograd.Function):
     @staticmethod
     def forward(ctx, x, scale, zero_point):
-        return torch.fake_quantize_per_tensor_affine(x, float(scale), int(zero_point), -128, 127)
+        info = torch.iinfo(zero_point.dtype)
+        return torch.fake_quantize_per_tensor_affine(x, float(scale), int(zero_point), info.min,
+                                                     info.max)
 
     @staticmethod
     def symbolic(g, x, scale, zero_point):
@@ -44,7 +46,9 @@ def dequantized_constant(codes: torch.Tensor, scale: torch.Tensor, axis: int = 0
     return _DequantizedConstant.apply(value, codes, scale, zp, axis)
 
 
-def quant_dequant(x: torch.Tensor, scale: float, zero_point: int) -> torch.Tensor:
-    """An activation on its int8 grid, exported as QuantizeLinear -> DequantizeLinear."""
+def quant_dequant(x: torch.Tensor, scale: float, zero_point: int, bits: int = 8) -> torch.Tensor:
+    """An activation on its int8 (``bits`` 16: int16) grid, exported as QuantizeLinear ->
+    DequantizeLinear (the zero point's type is the codes')."""
+    dtype = torch.int16 if bits == 16 else torch.int8
     return _QuantDequant.apply(x, torch.tensor(scale, dtype=torch.float32),
-                               torch.tensor(zero_point, dtype=torch.int8))
+                               torch.tensor(zero_point, dtype=dtype))

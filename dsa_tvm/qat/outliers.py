@@ -13,7 +13,9 @@ PTQ also splits a linear layer's outlier *input* features where its input is mad
 FP32 (a LayerNorm's or GELU's output): the grid holds the input with those features
 zeroed (``Grid.mask``) and ``layers.input_side_path`` adds ``x[..., I] @ W[:, I].T`` from
 the unquantized input. On all-MiniLM-L6-v2 one to three features of every FFN layer's
-input (LayerNorm gain outliers, and GELU outputs of the outlier channels).
+input (LayerNorm gain outliers, and GELU outputs of the outlier channels). A linear layer
+reading the int16 norm stream (``wide_norms``) is split the same way, onto an int8 grid of
+its own, as PTQ plans it.
 """
 
 from __future__ import annotations
@@ -62,12 +64,61 @@ def split_all(module: fx.GraphModule, batches: Sequence[Sequence[torch.Tensor]],
     FP32 pass over ``batches``: ({layer: input features}, {layer: output channels}). The
     module must be in ``float`` mode. Neither split changes an FP32 value, so one pass
     serves both; the output plan is taken again after the input split, which can only
-    shrink it (a split reader also reads its grid's FP32 input, as integers)."""
+    shrink it (a split reader also reads its grid's FP32 input, as integers).
+
+    A linear layer writing the int16 norm stream (``wide_norms``) may be split too, as PTQ
+    splits it: then its integer part writes an int8 grid of its own and the FP32 sum is
+    requantized onto the stream's int16 grid (:func:`_regrid`)."""
     opts = opts or OutlierOptions()
-    inputs = _input_plan(module)
-    seen_in, seen_out = channel_absmax(module, batches, list(inputs), _output_plan(module))
+    regrid = _wide_output_plan(module)
+    inputs, wide = _input_plan(module, set(regrid)), _wide_input_plan(module)
+    seen_in, seen_out = channel_absmax(module, batches, list(inputs) + list(wide),
+                                       _output_plan(module, set(regrid)))
+    for layer, n in regrid.items():
+        if _finds(seen_out.get(layer), opts) or any(
+                layer in readers and _finds(seen_in.get(g), opts)
+                for g, (_, readers) in inputs.items()):
+            _regrid(module, layer, n)
+        else:   # written as int16 directly: a split's FP32 sum has nowhere to go
+            inputs = {g: v for g, v in inputs.items() if layer not in v[1]}
     split_in = _apply_input_split(module, inputs, seen_in, opts)
+    split_in.update(_apply_wide_input_split(module, wide, seen_in, opts))
     return split_in, _apply_output_split(_output_plan(module), seen_out, opts)
+
+
+def _free_name(module: nn.Module, base: str) -> str:
+    name, i = base, 0
+    while hasattr(module, name):
+        i += 1
+        name = f"{base}_{i}"
+    return name
+
+
+def _finds(absmax: np.ndarray | None, opts: OutlierOptions) -> bool:
+    return absmax is not None and outlier_channels(absmax, opts).size > 0
+
+
+def _wide_output_plan(module: fx.GraphModule) -> dict[WeightedLayer, fx.Node]:
+    """{linear layer: its node} for the unsplit linear layers writing an int16 grid."""
+    mods = dict(module.named_modules())
+    return {m: n for n in module.graph.nodes
+            if n.op == "call_module" and isinstance(m := mods.get(n.target), WeightedLayer)
+            and m.kind == "linear" and m.out.wide and m.side_rows is None
+            and m.side_cols is None}
+
+
+def _regrid(module: fx.GraphModule, layer: WeightedLayer, n: fx.Node) -> None:
+    """``layer`` writes an int8 grid of its own; its int16 grid becomes a node after it
+    (quantizing the sum of the integer part and its side paths), read where it was read:
+    PTQ's ``main`` tensor and the int16 Q/DQ of the split layer's sum."""
+    wide = layer.out
+    layer.out = Grid(wide.method, getattr(module, "qat_symmetric", False))
+    name = _free_name(module, f"{n.name}_sum")
+    module.add_submodule(name, wide)
+    with module.graph.inserting_after(n):
+        q = module.graph.call_module(name, (n,))
+    n.replace_all_uses_with(q, delete_user_cb=lambda u: u is not q)
+    module.recompile()
 
 
 def split_outliers(module: fx.GraphModule, batches: Sequence[Sequence[torch.Tensor]],
@@ -81,12 +132,13 @@ def split_outliers(module: fx.GraphModule, batches: Sequence[Sequence[torch.Tens
                                opts or OutlierOptions())
 
 
-def _output_plan(module: fx.GraphModule) -> list[WeightedLayer]:
+def _output_plan(module: fx.GraphModule, regrid: set[WeightedLayer] = frozenset()
+                 ) -> list[WeightedLayer]:
     """The linear layers an output split may touch (no side path yet, output not read as
-    integers)."""
+    integers unless the layer is in ``regrid``)."""
     mods = dict(module.named_modules())
     read_as_integers = {mods[n.target] for n in module.graph.nodes
-                        if n.op == "call_module" and _integer_readers(n, mods)}
+                        if n.op == "call_module" and _integer_readers(n, mods)} - regrid
     return [m for m in module.modules() if isinstance(m, WeightedLayer) and m.kind == "linear"
             and m.side_rows is None and m not in read_as_integers]
 
@@ -109,17 +161,18 @@ def _integer_readers(n: fx.Node, mods: dict[str, nn.Module]) -> bool:
                for u in n.users)
 
 
-def _splittable(q: fx.Node, mods: dict[str, nn.Module]) -> list[WeightedLayer]:
+def _splittable(q: fx.Node, mods: dict[str, nn.Module],
+                regrid: set[WeightedLayer] = frozenset()) -> list[WeightedLayer]:
     """The linear layers reading grid node ``q``, when its input may be split: every
     reader is such a layer without an input split yet, and none of their outputs is read
-    as integers (the side path's FP32 sum is no grid value)."""
+    as integers (the side path's FP32 sum is no grid value), unless it is in ``regrid``."""
     layers = []
     for u in q.users:
         m = mods.get(u.target) if u.op == "call_module" else None
         if not (isinstance(m, WeightedLayer) and m.kind == "linear" and m.side_cols is None
                 and len(u.args) == 1 and u.args[0] is q):
             return []
-        if _integer_readers(u, mods):
+        if _integer_readers(u, mods) and m not in regrid:
             return []
         layers.append(m)
     return layers
@@ -136,14 +189,15 @@ def split_input_outliers(module: fx.GraphModule, batches: Sequence[Sequence[torc
                               opts or OutlierOptions())
 
 
-def _input_plan(module: fx.GraphModule) -> dict[Grid, tuple[fx.Node, list[WeightedLayer]]]:
+def _input_plan(module: fx.GraphModule, regrid: set[WeightedLayer] = frozenset()
+                ) -> dict[Grid, tuple[fx.Node, list[WeightedLayer]]]:
     """{grid: (its node, its linear readers)} for every grid an input split may touch."""
     mods = dict(module.named_modules())
     todo = {}
     for q in module.graph.nodes:
         g = mods.get(q.target) if q.op == "call_module" else None
         if isinstance(g, Grid) and g.mask is None and isinstance(q.args[0], fx.Node):
-            readers = _splittable(q, mods)
+            readers = _splittable(q, mods, regrid)
             if readers:
                 todo[g] = (q, readers)
     return todo
@@ -166,6 +220,49 @@ def _apply_input_split(module: fx.GraphModule,
         for layer in readers:
             layer.side_cols = torch.from_numpy(cols)
             out[layer.name] = cols.tolist()
+    if out:
+        module.recompile()
+    return out
+
+
+def _wide_input_plan(module: fx.GraphModule) -> dict[WeightedLayer, fx.Node]:
+    """{linear layer: its node} for the linear layers reading an int16 grid (the norm
+    stream, ``prepare(..., wide_norms=True)``) whose output is not read as integers."""
+    mods = dict(module.named_modules())
+    todo = {}
+    for n in module.graph.nodes:
+        m = mods.get(n.target) if n.op == "call_module" else None
+        if isinstance(m, WeightedLayer) and m.kind == "linear" and m.side_cols is None and \
+                m.inputs[0].wide and len(n.args) == 1 and not _integer_readers(n, mods):
+            todo[m] = n
+    return todo
+
+
+def _apply_wide_input_split(module: fx.GraphModule, todo: dict[WeightedLayer, fx.Node],
+                            seen: dict[nn.Module, np.ndarray], opts: OutlierOptions,
+                            ) -> dict[str, list[int]]:
+    """PTQ's input split where a linear layer reads the int16 stream: with outlier
+    features, the layer reads the stream with them zeroed on an int8 grid of its own (its
+    int8 output grid then holds the ordinary features' sums, not the outliers') and adds
+    them from the stream's values in an FP32 side path, as ``quantize_onnx(...,
+    wide_norms=True)`` plans it (a Mul by the mask and an int8 Q/DQ on the host)."""
+    out = {}
+    for layer, n in todo.items():
+        cols = outlier_channels(seen[layer], opts) if layer in seen else np.zeros(0, np.int64)
+        if not cols.size:
+            continue
+        g = Grid(layer.out.method, getattr(module, "qat_symmetric", False))
+        g.mask = torch.ones(len(seen[layer]))
+        g.mask[torch.from_numpy(cols)] = 0.0
+        name = _free_name(module, f"{n.name}_main")
+        module.add_submodule(name, g)
+        src = n.args[0]
+        with module.graph.inserting_before(n):
+            q = module.graph.call_module(name, (src,))
+        n.args = (q, src)
+        object.__setattr__(layer, "inputs", [g])
+        layer.side_cols = torch.from_numpy(cols)
+        out[layer.name] = cols.tolist()
     if out:
         module.recompile()
     return out

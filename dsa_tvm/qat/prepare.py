@@ -42,6 +42,7 @@ from .layers import (
 from .outliers import split_all as _split_outliers
 from .precision import set_bits
 from .smooth import Smooth, check_alpha, migrate
+from .wide import widen_stream
 
 
 @dataclass
@@ -54,6 +55,8 @@ class QatReport:
     removed: list[tuple[str, str]] = field(default_factory=list)    # (node, why)
     side_paths: dict[str, list[int]] = field(default_factory=dict)  # layer -> FP32 channels
     side_inputs: dict[str, list[int]] = field(default_factory=dict)  # layer -> FP32 features
+    wide: list[str] = field(default_factory=list)                  # grids on int16
+    narrow: list[tuple[str, str]] = field(default_factory=list)    # (grid, why it stays int8)
 
     def summary(self) -> str:
         kinds: dict[str, int] = {}
@@ -64,6 +67,9 @@ class QatReport:
         if self.folded:
             lines.append(f"folded into their convolution / linear layer: {len(self.folded)} "
                          f"(batch norms, activations, zero padding)")
+        if self.wide:
+            lines.append(f"int16 grids (the norm stream): {len(self.wide)}")
+        lines += [f"  int8, not int16: {n}: {why}" for n, why in self.narrow]
         lines += [f"  removed: {n}: {why}" for n, why in self.removed]
         lines += [f"  FP32: {n} ({op}): {why}" for n, op, why in self.fp32]
         lines += [f"  FP32 side path: {n}: output channels {rows} (outliers, as PTQ splits "
@@ -242,7 +248,7 @@ class _Rewriter:
     def attention(self, n: fx.Node) -> bool:
         """Attention's integer ops (``quantize_norms``): a product of two activations, a
         last-axis softmax, a LayerNorm module. False when ``n`` is none of them."""
-        if G.is_activation_matmul(n):
+        if G.is_activation_matmul(n, self.modules):
             (a, ga), (b, gb) = self.on_grid(n.args[0]), self.on_grid(n.args[1])
             layer: _Integer = MatMulLayer(ga, gb, self.method, self.symmetric)
             self.integer(n, [n], layer, (a, b), "batch_matmul")
@@ -251,14 +257,13 @@ class _Rewriter:
             x, gx = self.on_grid(n.args[0], SoftmaxInputGrid)
             self.integer(n, [n], SoftmaxLayer(gx, self.method, self.symmetric), (x,), "softmax")
             return True
-        m = G.module(n, self.modules)
-        if "layer_norm" in self.quantize_norms and isinstance(m, nn.LayerNorm) and \
-                len(n.args) == 1 and G.is_tensor(n.args[0]):
-            width = int(n.args[0].meta["tensor_meta"].shape[-1])
-            found = layer_norm_params(m, width)
+        found = layer_norm_params(n, self.modules, self.attr) \
+            if "layer_norm" in self.quantize_norms else None
+        if found is not None:
             if isinstance(found, str):
                 self.fp32(n, found)
                 return True
+            width = int(n.args[0].meta["tensor_meta"].shape[-1])
             x, gx = self.on_grid(n.args[0])
             layer = LayerNormLayer(gx, *found, width, self.method, self.symmetric)
             self.integer(n, [n], layer, (x,), "layer_norm")
@@ -312,7 +317,7 @@ class _Rewriter:
             self.report.layers.append((n.name, "clip"))
             return
         if on_grid and (G.is_movement(n, self.modules) or G.is_max_pool(n, self.modules)
-                        or (self.quantize_norms and G.is_transpose(n))):
+                        or (self.quantize_norms and G.is_transpose(n, self.modules))):
             g = self.grid[self.env[src]]
             moved = self.copy(n)
             self.env[n] = self.add(f"{n.name}_grid", SameGrid(g), (moved,))
@@ -415,7 +420,8 @@ def prepare(module: nn.Module | Any, example_inputs: Any, calibration_data: Iter
             layer_bits: dict[str, int] | None = None,
             bias_correction: bool = True, smooth: float | None = None,
             split_outliers: bool = False, weight_group: int = 0,
-            quantize_norms: bool | Iterable[str] = False) -> fx.GraphModule:
+            quantize_norms: bool | Iterable[str] = False,
+            wide_norms: bool = False) -> fx.GraphModule:
     """``module`` rewritten so its forward pass is the DSA's integer computation, with
     straight-through gradients for fine-tuning.
 
@@ -444,7 +450,10 @@ def prepare(module: nn.Module | Any, example_inputs: Any, calibration_data: Iter
     ``nn.LayerNorm`` integer (:mod:`.attention`, :mod:`.layernorm`), and with them the
     products of two activations (PTQ always makes those int8; QAT only with this option);
     True for both, or the kinds to make integer, e.g. ``{"softmax"}`` (LayerNorm's int8
-    output loses the outlier split on post-norm BERTs, see docs/qat.md).
+    output loses the outlier split on post-norm BERTs, see docs/qat.md); ``wide_norms``
+    (with LayerNorm in ``quantize_norms``): the norm stream on int16 grids as PTQ's
+    ``wide_norms`` puts it, every integer LayerNorm's input and output and the residual
+    add's inputs before it (:mod:`.wide`; the export is then at opset 21).
     """
     if bits not in WEIGHT_BITS:
         raise QatError(f"bits={bits!r}: weights are int8 or int4; pass 8 or 4")
@@ -453,6 +462,11 @@ def prepare(module: nn.Module | Any, example_inputs: Any, calibration_data: Iter
         raise QatError(f"calibration method {method!r} is not one of {METHODS}")
     if weight_clip not in WEIGHT_CLIPS:
         raise QatError(f"weight_clip={weight_clip!r}: choose one of {WEIGHT_CLIPS}")
+    kinds = norm_kinds(quantize_norms)
+    if wide_norms and "layer_norm" not in kinds:
+        raise QatError("wide_norms widens the integer LayerNorms' streams: pass quantize_norms="
+                       "True (or a set with 'layer_norm') with it (CLI: --quantize-norms "
+                       "--wide-norms)")
     module, converted = _module(module)
     args = _as_args(example_inputs)
     # a copy: FP32 ops keep their parameters, which training must not move in the caller's
@@ -462,7 +476,7 @@ def prepare(module: nn.Module | Any, example_inputs: Any, calibration_data: Iter
     gm = module if converted else _trace(module)
     ShapeProp(gm).propagate(*args)
     check_alpha(smooth)
-    rw = _Rewriter(gm, bits, method, symmetric_activations, smooth, norm_kinds(quantize_norms))
+    rw = _Rewriter(gm, bits, method, symmetric_activations, smooth, kinds)
     for n in gm.graph.nodes:
         rw.visit(n)
     out = fx.GraphModule(gm, rw.graph, class_name=f"Qat{type(module).__name__}")
@@ -475,11 +489,17 @@ def prepare(module: nn.Module | Any, example_inputs: Any, calibration_data: Iter
     out.qat_weight_clip = weight_clip
     out.qat_smooth = smooth
     out.qat_outliers = split_outliers
+    out.qat_symmetric = symmetric_activations
     batches = [args] if calibration_data is None else [_as_args(b) for b in calibration_data]
     out.qat_weight_group = weight_group
     for m in out.modules():
         if isinstance(m, WeightedLayer) and weight_group and group_fits(m, weight_group):
             m.group = weight_group
+    if wide_norms:
+        rw.report.wide, rw.report.narrow = widen_stream(out)
+        if not rw.report.wide and not rw.report.narrow:
+            rw.report.narrow.append(("the norm stream", "no integer LayerNorm in the model, so "
+                                     "wide_norms widens nothing"))
     if layer_bits:
         set_bits(out, layer_bits)
     try:

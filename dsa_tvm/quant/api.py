@@ -339,8 +339,10 @@ def attention_operands(g: onnx.GraphProto) -> set[str]:
 WIDE_OPSET = 21
 
 
-def _with_opset(model: onnx.ModelProto, version: int) -> onnx.ModelProto:
-    """``model`` at opset ``version`` or newer (onnx.version_converter)."""
+def with_opset(model: onnx.ModelProto, version: int,
+               fix: str = "quantize without wide_tensors") -> onnx.ModelProto:
+    """``model`` at opset ``version`` or newer (onnx.version_converter); ``fix``: the way
+    around, for the error when it cannot."""
     have = next((int(o.version) for o in model.opset_import if o.domain in ("", "ai.onnx")), 0)
     if have >= version:
         return model
@@ -352,7 +354,7 @@ def _with_opset(model: onnx.ModelProto, version: int) -> onnx.ModelProto:
         first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
         raise ValueError(f"int16 (wide) tensors need opset {version}, and onnx.version_"
                          f"converter cannot upgrade this model from opset {have} ({first}): "
-                         f"export it at opset {version}, or quantize without wide_tensors"
+                         f"export it at opset {version}, or {fix}"
                          ) from e
     del out.graph.value_info[:]
     # the axes it moves into Constant inputs become initializers the planner reads
@@ -362,7 +364,7 @@ def _with_opset(model: onnx.ModelProto, version: int) -> onnx.ModelProto:
 def _build(fp32: onnx.ModelProto, opts: QuantOptions, ranges: dict[str, tuple[float, float]],
            folded: list[str], means: dict[str, np.ndarray], side: list[str]) -> QuantizedModel:
     if opts.wide_tensors:
-        fp32 = _with_opset(fp32, WIDE_OPSET)
+        fp32 = with_opset(fp32, WIDE_OPSET)
     g = Graph(fp32)
     plan = make_plan(g, opts.keep_fp32 | set(side), set(ranges), opts.quantize_adds,
                      quantize_norms=opts.quantize_norms, wide=opts.wide_tensors)

@@ -73,3 +73,21 @@ class PoolNet(nn.Module):
         b = torch.relu(a)
         c = self.act(nn.functional.relu6(a))
         return self.c3(b) + c + a
+
+
+class TinyViT(nn.Module):
+    """Patches (a strided conv), one post-norm attention block with its residual, mean
+    over the tokens, a classifier: what ``--quantize-norms --wide-norms`` acts on."""
+
+    def __init__(self, d: int = 16) -> None:
+        super().__init__()
+        self.patch = nn.Conv2d(3, d, 4, stride=4)
+        self.ln1, self.ln2 = nn.LayerNorm(d), nn.LayerNorm(d)
+        self.q, self.k, self.v, self.o = (nn.Linear(d, d) for _ in range(4))
+        self.head = nn.Linear(d, 10)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        h = self.ln1(self.patch(x).flatten(2).transpose(1, 2))
+        att = torch.softmax(torch.matmul(self.q(h), self.k(h).transpose(-1, -2)), dim=-1)
+        h = self.ln2(self.o(torch.matmul(att, self.v(h))) + h)
+        return self.head(h.mean(1))

@@ -10,7 +10,7 @@ from PIL import Image
 
 from dsa_tvm.cli import main
 
-from .nets import tiny_net
+from .nets import TinyViT, tiny_net
 
 
 def _folder(tmp_path):
@@ -140,3 +140,29 @@ def test_qat_cli_weight_group_exports_the_linear_layer_on_its_grid(tmp_path, cap
     assert main(["qat", str(tmp_path / "tiny.pt"), "--data", str(tmp_path / "imgs"),
                  "--size", "16", "--weight-group", "24"]) != 0
     assert "weight_group=24" in capsys.readouterr().err
+
+
+def test_qat_cli_quantize_norms_wide_norms_trains_the_stream_on_int16(tmp_path, capsys):
+    """``--quantize-norms --wide-norms``: a ViT-like block's attention and LayerNorms
+    integer, its norm stream on int16 grids; the export carries int16 Q/DQ at opset 21."""
+    torch.manual_seed(0)
+    torch.save(TinyViT().eval(), tmp_path / "vit.pt")
+    out = tmp_path / "v.onnx"
+    argv = ["qat", str(tmp_path / "vit.pt"), "--data", str(_folder(tmp_path)), "--size", "16",
+            "--steps", "2", "--quiet", "--out", str(out), "--quantize-norms"]
+    assert main(argv + ["--wide-norms"]) == 0, capsys.readouterr().err
+    cap = capsys.readouterr()
+    assert "layer_norm x2" in cap.out and "softmax x1" in cap.out, cap.out
+    # the patch conv's output (ln1's input) stays int8: a convolution writes no int16
+    assert "int16 grids (the norm stream): 4" in cap.out, cap.out
+    assert "int8, not int16: ln1 input: written by WeightedLayer patch" in cap.out, cap.out
+    model = onnx.load(str(out))
+    assert model.opset_import[0].version == 21
+    int16 = {i.name for i in model.graph.initializer if i.data_type == onnx.TensorProto.INT16}
+    assert sum(n.op_type == "QuantizeLinear" and n.input[2] in int16
+               for n in model.graph.node) >= 4
+    argv[argv.index("--quantize-norms")] = "--wide-norms"
+    assert main(argv) == 2
+    err = capsys.readouterr().err
+    assert "pass quantize_norms=True" in err and "--quantize-norms" in err, err
+    assert "Traceback" not in err
