@@ -29,7 +29,8 @@ The transformer rows (all-MiniLM-L6-v2 on English sentences: embedding cosine an
 nearest-neighbour agreement) are ``compress_text.py``'s; ``minilm_grouped`` has its int4
 weights per group of 32 input rows (the DSA's grouped dense), PTQ and QAT; ``minilm_norms``
 runs the attention matmuls, softmax and then LayerNorm on the DSA's integer units
-(``quantize_norms``), PTQ and QAT. Prints a table ("agree": top-1
+(``quantize_norms``), then the norm stream on int16 grids (``wide_norms``), PTQ and QAT.
+Prints a table ("agree": top-1
 agreement for EfficientNet-Lite0, nearest-neighbour agreement for MiniLM) and writes
 ``bench_compress.png``.
 """

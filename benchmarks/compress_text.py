@@ -230,7 +230,7 @@ def minilm_norms_rows(args, steps: int) -> list[dict]:
     """MiniLM int8 with the attention matmuls and softmax on the DSA's integer units, then
     LayerNorm too (``quantize_norms``), PTQ against QAT: the LayerNorm outputs lose PTQ's
     outlier split (they are int8 now, not FP32 values a side path can read), which QAT
-    trains for."""
+    trains for; then the norm stream on int16 grids (``wide_norms``), which keeps it."""
     net, test, ref, data, cal_s = _minilm_data(args, steps)
     rows = [ptq_row("MiniLM PTQ int8 softmax", 8, cal_s, test, ref, norms={"softmax"}),
             ptq_row("MiniLM PTQ int8 norms", 8, cal_s, test, ref, norms=True),
