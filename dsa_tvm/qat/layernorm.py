@@ -52,6 +52,8 @@ def layer_norm_params(n: fx.Node, modules: dict[str, nn.Module], attr: Callable[
 class LayerNormLayer(_Integer):
     """LayerNorm over the last axis with its own gamma and beta (trainable)."""
 
+    center = True   # False: RMSNorm (:mod:`.rmsnorm`)
+
     def __init__(self, x: Grid, weight: torch.Tensor | None, bias: torch.Tensor | None,
                  eps: float, width: int, method: str, symmetric: bool) -> None:
         super().__init__([x], None, method, symmetric)
@@ -62,17 +64,21 @@ class LayerNormLayer(_Integer):
         self.eps = eps
         self.width = width
 
+    def float_op(self, x: torch.Tensor) -> torch.Tensor:
+        """The float op (calibration, the gradient, the export's ops)."""
+        return F.layer_norm(x, (self.width,), self.weight, self.bias, self.eps)
+
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        y = F.layer_norm(x, (self.width,), self.weight, self.bias, self.eps)
-        return self.settle(y, lambda: self._codes(x))
+        return self.settle(self.float_op(x), lambda: self._codes(x))
 
     def _codes(self, x: torch.Tensor) -> np.ndarray:
         g_in, g_out = self.inputs[0], self.out
-        try:   # eps as the export writes it (ONNX's float32 attribute), which the compiler folds
+        beta = None if self.bias is None else self.bias.detach().numpy()
+        try:   # eps as the export writes it (a float32 constant), which the compiler folds
             p = norm_params(self.width, g_in.s, float(np.float32(self.eps)),
-                            self.weight.detach().numpy(), self.bias.detach().numpy(), g_out.s,
-                            g_out.zero_point, True, g_out.wide)
+                            self.weight.detach().numpy(), beta, g_out.s, g_out.zero_point,
+                            self.center, g_out.wide)
         except ValueError as e:
             raise QatError(f"layer {self.name}: {e}; the [norm] unit cannot fold it (prepare "
-                           f"without quantize_norms to keep LayerNorm in FP32)") from None
+                           f"without quantize_norms to keep the norm in FP32)") from None
         return int_norm(g_in.centred(x) + g_in.zero_point, g_in.zero_point, p, g_out.wide)

@@ -41,6 +41,7 @@ from .layers import (
 )
 from .outliers import split_all as _split_outliers
 from .precision import set_bits
+from .rmsnorm import FloatRMSNorm, RMSNormLayer, is_rms_norm_module, rms_norm_params
 from .smooth import Smooth, check_alpha, migrate
 from .wide import widen_stream
 
@@ -79,9 +80,17 @@ class QatReport:
         return "\n".join(lines)
 
 
+class _Tracer(fx.Tracer):
+    """fx's tracer, with RMSNorm modules kept as one node (:mod:`.rmsnorm` checks what
+    they compute, rather than matching six decomposed ops)."""
+
+    def is_leaf_module(self, m: nn.Module, qualname: str) -> bool:
+        return is_rms_norm_module(m) or super().is_leaf_module(m, qualname)
+
+
 def _trace(module: nn.Module) -> fx.GraphModule:
     try:
-        return fx.symbolic_trace(module)
+        return fx.GraphModule(module, _Tracer().trace(module), type(module).__name__)
     except Exception as e:  # noqa: BLE001 - fx raises many kinds; all mean "not traceable"
         raise QatError(f"torch.fx cannot trace {type(module).__name__}: {str(e).splitlines()[0]}; "
                        f"move data-dependent control flow out of forward(), or wrap the "
@@ -270,6 +279,28 @@ class _Rewriter:
             return True
         return False
 
+    def rms_norm(self, n: fx.Node) -> bool:
+        """An RMSNorm node: integer (``quantize_norms`` with "rms_norm"), or FP32 in ops the
+        exporter writes. False when ``n`` is none."""
+        found = rms_norm_params(n, self.modules)
+        if found is None:
+            return False
+        if isinstance(found, str) or "rms_norm" not in self.quantize_norms:
+            m = G.module(n, self.modules)
+            if isinstance(m, nn.RMSNorm):   # aten::rms_norm has no ONNX export at opset 17
+                self.env[n] = self.add(n.name, FloatRMSNorm(m), (self.env[n.args[0]],))
+            else:
+                self.env[n] = self.copy(n)
+            why = found if isinstance(found, str) else \
+                "quantize_norms without 'rms_norm': the norm runs in FP32 on the host"
+            self.report.fp32.append((n.name, G.describe(n, self.modules), why))
+            return True
+        width = int(n.args[0].meta["tensor_meta"].shape[-1])
+        x, gx = self.on_grid(n.args[0])
+        self.integer(n, [n], RMSNormLayer(gx, *found, width, self.method, self.symmetric), (x,),
+                     "rms_norm")
+        return True
+
     def fp32(self, n: fx.Node, why: str) -> None:
         self.env[n] = self.copy(n)
         self.report.fp32.append((n.name, G.describe(n, self.modules), why))
@@ -284,6 +315,8 @@ class _Rewriter:
         if self.weighted(n):
             return
         if self.quantize_norms and self.attention(n):
+            return
+        if self.rms_norm(n):
             return
         if G.is_add(n, self.modules) and all(isinstance(a, fx.Node) and self.env[a] in self.grid
                                for a in n.args[:2]):
@@ -379,7 +412,7 @@ def calibrate(module: fx.GraphModule, batches: Iterable[Sequence[torch.Tensor]],
 
 
 #: the row ops ``prepare(..., quantize_norms=...)`` can make integer
-NORM_KINDS = ("softmax", "layer_norm")
+NORM_KINDS = ("softmax", "layer_norm", "rms_norm")
 
 
 def norm_kinds(choice: bool | Iterable[str]) -> frozenset[str]:
@@ -446,13 +479,14 @@ def prepare(module: nn.Module | Any, example_inputs: Any, calibration_data: Iter
     (16, 32, 64 or 128): the weights of linear layers and pointwise (1x1, stride 1, no
     padding) convs on a ``bits``-bit grid per that many input rows (channels) with an
     offset, the DSA's grouped dense (:mod:`.grouped`; 0: per channel);
-    ``quantize_norms``: as PTQ's, for a DSA with ``[norm]`` units: last-axis softmax and
-    ``nn.LayerNorm`` integer (:mod:`.attention`, :mod:`.layernorm`), and with them the
-    products of two activations (PTQ always makes those int8; QAT only with this option);
-    True for both, or the kinds to make integer, e.g. ``{"softmax"}`` (LayerNorm's int8
+    ``quantize_norms``: as PTQ's, for a DSA with ``[norm]`` units: last-axis softmax,
+    LayerNorm and RMSNorm integer (:mod:`.attention`, :mod:`.layernorm`, :mod:`.rmsnorm`),
+    and with them the products of two activations (PTQ always makes those int8; QAT only
+    with this option); True for all, or the kinds to make integer, e.g. ``{"softmax"}``
+    (LayerNorm's int8
     output loses the outlier split on post-norm BERTs, see docs/qat.md); ``wide_norms``
-    (with LayerNorm in ``quantize_norms``): the norm stream on int16 grids as PTQ's
-    ``wide_norms`` puts it, every integer LayerNorm's input and output and the residual
+    (with a norm in ``quantize_norms``): the norm stream on int16 grids as PTQ's
+    ``wide_norms`` puts it, every integer norm's input and output and the residual
     add's inputs before it (:mod:`.wide`; the export is then at opset 21).
     """
     if bits not in WEIGHT_BITS:
@@ -463,10 +497,10 @@ def prepare(module: nn.Module | Any, example_inputs: Any, calibration_data: Iter
     if weight_clip not in WEIGHT_CLIPS:
         raise QatError(f"weight_clip={weight_clip!r}: choose one of {WEIGHT_CLIPS}")
     kinds = norm_kinds(quantize_norms)
-    if wide_norms and "layer_norm" not in kinds:
-        raise QatError("wide_norms widens the integer LayerNorms' streams: pass quantize_norms="
-                       "True (or a set with 'layer_norm') with it (CLI: --quantize-norms "
-                       "--wide-norms)")
+    if wide_norms and not kinds & {"layer_norm", "rms_norm"}:
+        raise QatError("wide_norms widens the integer norms' streams: pass quantize_norms="
+                       "True (or a set with 'layer_norm' or 'rms_norm') with it (CLI: "
+                       "--quantize-norms --wide-norms)")
     module, converted = _module(module)
     args = _as_args(example_inputs)
     # a copy: FP32 ops keep their parameters, which training must not move in the caller's
@@ -498,7 +532,7 @@ def prepare(module: nn.Module | Any, example_inputs: Any, calibration_data: Iter
     if wide_norms:
         rw.report.wide, rw.report.narrow = widen_stream(out)
         if not rw.report.wide and not rw.report.narrow:
-            rw.report.narrow.append(("the norm stream", "no integer LayerNorm in the model, so "
+            rw.report.narrow.append(("the norm stream", "no integer norm in the model, so "
                                      "wide_norms widens nothing"))
     if layer_bits:
         set_bits(out, layer_bits)

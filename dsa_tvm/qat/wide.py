@@ -8,8 +8,8 @@ The DSA carries that stream in int16: the [norm] unit's ``in_wide``/``out_wide``
 adds, and a dense reading int16 rows as two int8 byte planes joined in its accumulator
 (``layers.WeightedLayer`` computes them so, :func:`.exact.plane_product`).
 
-Widened, by structure: every integer LayerNorm's input and output grid, and both input
-grids of the integer add that makes a norm's input. A grid stays int8 where the DSA has
+Widened, by structure: every integer norm's (LayerNorm's, RMSNorm's) input and output
+grid, and both input grids of the integer add that makes a norm's input. A grid stays int8 where the DSA has
 no int16 form for a layer writing or reading it (the reason goes in the report); a
 per-group linear layer reading one goes back to per-channel weights (the grouped dense
 reads int8 rows).
@@ -24,7 +24,8 @@ from .layers import AddLayer, Grid, SameGrid, WeightedLayer, _Integer
 
 
 def stream(module: fx.GraphModule) -> dict[Grid, str]:
-    """{grid: what it is} for the norm stream of a prepared module's integer LayerNorms."""
+    """{grid: what it is} for the norm stream of a prepared module's integer norms
+    (:class:`.rmsnorm.RMSNormLayer` is a LayerNormLayer)."""
     made_by = {id(m.out): m for m in module.modules() if isinstance(m, _Integer)}
     out: dict[Grid, str] = {}
     for m in module.modules():
@@ -48,7 +49,7 @@ def _writer_refuses(m: _Integer | None) -> str | None:
     if isinstance(m, WeightedLayer) and m.kind == "linear" and m.act is None and not m.group:
         return None
     return (f"written by {type(m).__name__} {m.name}: only a linear layer, an add or a "
-            f"LayerNorm without a fused activation writes int16 codes")
+            f"norm without a fused activation writes int16 codes")
 
 
 def _reader_refuses(m: object) -> str | None:
@@ -57,7 +58,7 @@ def _reader_refuses(m: object) -> str | None:
     if isinstance(m, WeightedLayer) and m.kind == "linear" and m.analog is None:
         return None
     name = getattr(m, "name", "") or type(m).__name__
-    return (f"read by {type(m).__name__} {name}: only a linear layer, an add or a LayerNorm "
+    return (f"read by {type(m).__name__} {name}: only a linear layer, an add or a norm "
             f"reads int16 codes")
 
 

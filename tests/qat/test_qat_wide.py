@@ -125,7 +125,7 @@ def test_a_fused_activation_keeps_its_grid_int8_and_the_mixed_add_stays_exact():
     x = torch.randn(8, 6, 24)
     p = qat.prepare(net, (x[:1],), [(x,)], quantize_norms=True, wide_norms=True)
     assert p.qat_report.narrow == [("add input 0", "written by WeightedLayer fc2: only a "
-                                    "linear layer, an add or a LayerNorm without a fused "
+                                    "linear layer, an add or a norm without a fused "
                                     "activation writes int16 codes")]
     (add,) = [m for m in p.modules() if isinstance(m, AddLayer)]
     assert [g.wide for g in add.inputs] == [False, True] and add.out.wide
@@ -139,7 +139,7 @@ def test_a_fused_activation_keeps_its_grid_int8_and_the_mixed_add_stays_exact():
 def test_wide_norms_needs_integer_layer_norms():
     x = torch.randn(2, 4, 24)
     for norms in (False, {"softmax"}):
-        with pytest.raises(qat.QatError, match="wide_norms.*quantize_norms=True"):
+        with pytest.raises(qat.QatError, match="wide_norms.*pass quantize_norms=True"):
             qat.prepare(_NormBlock().eval(), (x,), quantize_norms=norms, wide_norms=True)
 
 
@@ -147,7 +147,7 @@ def test_wide_norms_without_a_layer_norm_says_so():
     x = torch.randn(2, 4, 24)
     p = qat.prepare(nn.Sequential(nn.Linear(24, 8)).eval(), (x,), quantize_norms=True,
                     wide_norms=True)
-    assert "int8, not int16: the norm stream: no integer LayerNorm" in p.qat_report.summary()
+    assert "int8, not int16: the norm stream: no integer norm" in p.qat_report.summary()
     assert qat.export(p).opset_import[0].version == 17   # nothing int16 to write
 
 
