@@ -42,6 +42,11 @@ def export(module: fx.GraphModule, path: str | Path | None = None,
             warnings.simplefilter("ignore")
             torch.onnx.export(module, args, buf, input_names=names, opset_version=OPSET,
                               do_constant_folding=True, dynamo=False)
+    except torch.onnx.errors.UnsupportedOperatorError as e:
+        first = str(e).strip().splitlines()[0]
+        raise QatError(f"export: {first} (an op the prepared module runs in FP32): write it "
+                       f"in plainer PyTorch ops in the module, or move it out of the module"
+                       ) from None
     finally:
         set_mode(module, "quant")
         module.train(was_training)

@@ -126,3 +126,17 @@ def test_an_fp32_nn_rms_norm_still_exports(shape):
     with torch.no_grad():
         want = p(x).numpy()
     np.testing.assert_allclose(_onnx_run(qat.export(p), x.numpy()), want, rtol=1e-5, atol=1e-5)
+
+
+def test_an_op_the_exporter_cannot_write_gets_a_qat_error():
+    class _Functional(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.fc = nn.Linear(16, 16)
+
+        def forward(self, x):
+            return self.fc(nn.functional.rms_norm(x, (16,)))
+
+    p = qat.prepare(_Functional().eval(), (torch.randn(2, 16),))
+    with pytest.raises(qat.QatError, match="aten::rms_norm.*plainer PyTorch ops"):
+        qat.export(p)
