@@ -145,8 +145,8 @@ def test_norm_kinds_can_be_chosen():
     p = qat.prepare(_Both().eval(), (x,), quantize_norms="layer_norm")
     kinds = [k for _, k in p.qat_report.layers]
     assert "layer_norm" in kinds and "softmax" not in kinds
-    with pytest.raises(qat.QatError, match="unknown kind.*rms_norm"):
-        qat.prepare(_Both().eval(), (x,), quantize_norms={"rms_norm"})
+    with pytest.raises(qat.QatError, match="unknown kind.*group_norm.*'rms_norm'"):
+        qat.prepare(_Both().eval(), (x,), quantize_norms={"group_norm"})
     with pytest.raises(qat.QatError, match="pass True, False or some of"):
         qat.prepare(_Both().eval(), (x,), quantize_norms=1)
     assert "softmax" not in {k for _, k in qat.prepare(_Both().eval(), (x,),
