@@ -1,5 +1,6 @@
 """What every ``dsa-tvm`` subcommand shares: the error a bad argument raises, reading a
-model argument, the ``--hw`` type and the exit code of a handled Ctrl-C.
+model argument, the ``--hw`` type, the exit code of a handled Ctrl-C and the norm flags
+``quantize`` and ``qat`` both take.
 
 Kept apart from ``cli.py`` (which registers the subcommands) so the subcommands
 (``tune_cli.py``) import it without importing the command line that imports them.
@@ -71,3 +72,16 @@ def at_least(minimum: int):
 
 #: --trials, --workers, --limit
 at_least_one = at_least(1)
+
+
+def add_norm_args(parser: argparse.ArgumentParser, also: str = "") -> None:
+    """``--quantize-norms`` and ``--wide-norms`` (``quantize_norms`` / ``wide_norms`` of
+    ``quantize_onnx`` and ``qat.prepare``); ``also``: what else the first one makes
+    integer."""
+    parser.add_argument("--quantize-norms", action="store_true",
+                        help=f"softmax, LayerNorm and RMSNorm{also} integer on the DSA's [norm] "
+                             f"units (default: FP32 on the CPU)")
+    parser.add_argument("--wide-norms", action="store_true",
+                        help="with --quantize-norms: every norm's input and output and the "
+                             "residual adds before them on int16 grids (a transformer's "
+                             "residual stream)")

@@ -18,7 +18,7 @@ import argparse
 import sys
 from pathlib import Path
 
-from .cli_common import CliError, at_least_one
+from .cli_common import CliError, add_norm_args, at_least_one
 from .quant.data import PREPROCESS
 
 PRETRAINED = {"efficientnet-lite0": ("efficientnet", 224)}
@@ -81,12 +81,7 @@ def add_parser(sub) -> None:
     q.add_argument("--noise-scale", type=float, default=1.0,
                    help="with --analog: the device noise while training, as a multiple of "
                         "the description's")
-    q.add_argument("--quantize-norms", action="store_true",
-                   help="attention's matmuls, softmax and LayerNorm integer, as the DSA's "
-                        "[norm] units run them (default: FP32 on the CPU)")
-    q.add_argument("--wide-norms", action="store_true",
-                   help="with --quantize-norms: every LayerNorm's input and output and the "
-                        "residual adds before them on int16 grids (a transformer's stream)")
+    add_norm_args(q, also=", and the attention matmuls,")
     q.add_argument("--seed", type=int, default=0)
     q.add_argument("--out", help="QDQ ONNX to write (default: MODEL-qat-BITS.onnx here)")
     q.add_argument("--quiet", action="store_true", help="no progress bar")

@@ -17,6 +17,7 @@ from pathlib import Path
 
 import onnx
 
+from .cli_common import add_norm_args
 from .frontend.intake import add_shape_arg, load_onnx, parse_shape_args
 from .models import calibration_data
 from .quant import quantize_onnx
@@ -55,12 +56,7 @@ def add_parser(sub) -> None:
                         "shipped (grouped dense on the DSA: fewer bytes, more cycles a row)")
     q.add_argument("--no-bias-correction", action="store_true")
     q.add_argument("--no-outlier-split", action="store_true")
-    q.add_argument("--quantize-norms", action="store_true",
-                   help="Softmax, LayerNormalization and RMSNorm int8 on the DSA's [norm] units "
-                        "(default: FP32 on the CPU)")
-    q.add_argument("--wide-norms", action="store_true",
-                   help="with --quantize-norms: the norms' inputs and outputs and the residual "
-                        "adds before them int16 (a BERT's residual stream)")
+    add_norm_args(q)
     q.add_argument("--sensitivity", action="store_true", help="rank layers by what FP32 would buy")
     q.add_argument("--target-cosine", type=_cosine,
                    help="automatic mixed precision: keep the worst layers in FP32 until reached")

@@ -94,6 +94,11 @@ def _free_name(module: nn.Module, base: str) -> str:
     return name
 
 
+def _int8_grid(module: fx.GraphModule, layer: WeightedLayer) -> Grid:
+    """A fresh int8 grid beside ``layer``, calibrated as prepare calibrates activations."""
+    return Grid(layer.out.method, getattr(module, "qat_symmetric", False))
+
+
 def _finds(absmax: np.ndarray | None, opts: OutlierOptions) -> bool:
     return absmax is not None and outlier_channels(absmax, opts).size > 0
 
@@ -112,7 +117,7 @@ def _regrid(module: fx.GraphModule, layer: WeightedLayer, n: fx.Node) -> None:
     (quantizing the sum of the integer part and its side paths), read where it was read:
     PTQ's ``main`` tensor and the int16 Q/DQ of the split layer's sum."""
     wide = layer.out
-    layer.out = Grid(wide.method, getattr(module, "qat_symmetric", False))
+    layer.out = _int8_grid(module, layer)
     name = _free_name(module, f"{n.name}_sum")
     module.add_submodule(name, wide)
     with module.graph.inserting_after(n):
@@ -251,7 +256,7 @@ def _apply_wide_input_split(module: fx.GraphModule, todo: dict[WeightedLayer, fx
         cols = outlier_channels(seen[layer], opts) if layer in seen else np.zeros(0, np.int64)
         if not cols.size:
             continue
-        g = Grid(layer.out.method, getattr(module, "qat_symmetric", False))
+        g = _int8_grid(module, layer)
         g.mask = torch.ones(len(seen[layer]))
         g.mask[torch.from_numpy(cols)] = 0.0
         name = _free_name(module, f"{n.name}_main")

@@ -23,10 +23,16 @@ from .layernorm import LayerNormLayer
 from .layers import AddLayer, Grid, SameGrid, WeightedLayer, _Integer
 
 
-def stream(module: fx.GraphModule) -> dict[Grid, str]:
+def _writers(module: fx.GraphModule) -> dict[int, _Integer]:
+    """{id of a grid: the integer layer writing it}."""
+    return {id(m.out): m for m in module.modules() if isinstance(m, _Integer)}
+
+
+def stream(module: fx.GraphModule, made_by: dict[int, _Integer] | None = None
+           ) -> dict[Grid, str]:
     """{grid: what it is} for the norm stream of a prepared module's integer norms
-    (:class:`.rmsnorm.RMSNormLayer` is a LayerNormLayer)."""
-    made_by = {id(m.out): m for m in module.modules() if isinstance(m, _Integer)}
+    (:class:`.rmsnorm.RMSNormLayer` is a LayerNormLayer); ``made_by``: :func:`_writers`."""
+    made_by = _writers(module) if made_by is None else made_by
     out: dict[Grid, str] = {}
     for m in module.modules():
         if not isinstance(m, LayerNormLayer):
@@ -44,7 +50,7 @@ def stream(module: fx.GraphModule) -> dict[Grid, str]:
 def _writer_refuses(m: _Integer | None) -> str | None:
     """Why the layer writing a grid cannot write int16 codes (None: it can; no layer: an
     FP32 value quantized on the host)."""
-    if m is None or isinstance(m, (AddLayer, LayerNormLayer)) and m.act is None:
+    if m is None or (isinstance(m, (AddLayer, LayerNormLayer)) and m.act is None):
         return None
     if isinstance(m, WeightedLayer) and m.kind == "linear" and m.act is None and not m.group:
         return None
@@ -65,7 +71,7 @@ def _reader_refuses(m: object) -> str | None:
 def widen_stream(module: fx.GraphModule) -> tuple[list[str], list[tuple[str, str]]]:
     """Put the norm stream's grids on int16 (before calibration). Returns (the grids
     widened, [(a grid kept int8, why)])."""
-    made_by = {id(m.out): m for m in module.modules() if isinstance(m, _Integer)}
+    made_by = _writers(module)
     readers: dict[int, list[object]] = {}
     for m in module.modules():
         if isinstance(m, _Integer):
@@ -74,7 +80,7 @@ def widen_stream(module: fx.GraphModule) -> tuple[list[str], list[tuple[str, str
         elif isinstance(m, SameGrid):
             readers.setdefault(id(m.grid), []).append(m)
     widened, narrow = [], []
-    for g, what in stream(module).items():
+    for g, what in stream(module, made_by).items():
         why = _writer_refuses(made_by.get(id(g)))
         for r in readers.get(id(g), []):
             why = why or _reader_refuses(r)
